@@ -1,0 +1,176 @@
+// Package unixsock holds the Unix socket helpers every service uses: socket
+// identity (the generation), confinement of endpoints to allowed directories,
+// and listeners with safe permissions.
+package unixsock
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+)
+
+// MaxPathLen is the longest path a Unix socket address can hold on Linux
+// (sun_path is 108 bytes including the terminating NUL).
+const MaxPathLen = 107
+
+// Identity identifies one socket file: it changes when the file is recreated
+// and survives chmod and chown.
+type Identity struct {
+	Dev   uint64
+	Ino   uint64
+	Birth int64 // birth time in ns, 0 when the filesystem has none
+	Mtime int64 // modification time in ns, used when Birth is 0
+}
+
+// Generation renders the identity as an opaque string.
+func (id Identity) Generation() string {
+	if id.Birth != 0 {
+		return fmt.Sprintf("%x:%x:b%d", id.Dev, id.Ino, id.Birth)
+	}
+	return fmt.Sprintf("%x:%x:m%d", id.Dev, id.Ino, id.Mtime)
+}
+
+// Stat returns the identity and mode of the file at path, following symlinks.
+func Stat(path string) (Identity, fs.FileMode, error) {
+	var stx unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_SYNC_AS_STAT,
+		unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BTIME|unix.STATX_MTIME, &stx)
+	if err != nil {
+		return Identity{}, 0, &fs.PathError{Op: "statx", Path: path, Err: err}
+	}
+	id := Identity{
+		Dev:   unix.Mkdev(stx.Dev_major, stx.Dev_minor),
+		Ino:   stx.Ino,
+		Mtime: stx.Mtime.Sec*1e9 + int64(stx.Mtime.Nsec),
+	}
+	if stx.Mask&unix.STATX_BTIME != 0 {
+		id.Birth = stx.Btime.Sec*1e9 + int64(stx.Btime.Nsec)
+	}
+	var mode fs.FileMode
+	switch stx.Mode & unix.S_IFMT {
+	case unix.S_IFSOCK:
+		mode = fs.ModeSocket
+	case unix.S_IFDIR:
+		mode = fs.ModeDir
+	case unix.S_IFLNK:
+		mode = fs.ModeSymlink
+	case unix.S_IFIFO:
+		mode = fs.ModeNamedPipe
+	case unix.S_IFREG:
+		mode = 0
+	default:
+		mode = fs.ModeIrregular
+	}
+	return id, mode | fs.FileMode(stx.Mode&0o777), nil
+}
+
+// IsSocket reports whether path is (or links to) a Unix socket.
+func IsSocket(path string) bool {
+	_, mode, err := Stat(path)
+	return err == nil && mode&fs.ModeSocket != 0
+}
+
+// Confiner decides which paths may be dialled: those that resolve, after
+// following symlinks, inside one of its directories.
+type Confiner struct {
+	dirs []string // absolute, cleaned, symlinks resolved where possible
+}
+
+// NewConfiner returns a Confiner for the given directories. Relative
+// directories are made absolute.
+func NewConfiner(dirs []string) (*Confiner, error) {
+	c := &Confiner{}
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return nil, fmt.Errorf("allowed directory %q: %w", d, err)
+		}
+		c.dirs = append(c.dirs, abs)
+		if r, err := filepath.EvalSymlinks(abs); err == nil && r != abs {
+			c.dirs = append(c.dirs, r)
+		}
+	}
+	if len(c.dirs) == 0 {
+		return nil, fmt.Errorf("no allowed endpoint directory: %w", errdefs.ErrInvalidArgument)
+	}
+	return c, nil
+}
+
+// Dirs returns the allowed directories.
+func (c *Confiner) Dirs() []string { return append([]string(nil), c.dirs...) }
+
+// Within reports whether the cleaned absolute path p lies inside an allowed
+// directory (without touching the filesystem).
+func (c *Confiner) Within(p string) bool {
+	for _, d := range c.dirs {
+		if p == d || strings.HasPrefix(p, d+string(filepath.Separator)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Resolve checks that path is absolute, has no ".." component, and resolves
+// (following symlinks) inside an allowed directory. It returns the resolved
+// path. Errors wrap errdefs.ErrInvalidArgument.
+func (c *Confiner) Resolve(path string) (string, error) {
+	if !filepath.IsAbs(path) {
+		return "", fmt.Errorf("endpoint %q is not an absolute path: %w", path, errdefs.ErrInvalidArgument)
+	}
+	for _, part := range strings.Split(path, string(filepath.Separator)) {
+		if part == ".." {
+			return "", fmt.Errorf("endpoint %q contains \"..\": %w", path, errdefs.ErrInvalidArgument)
+		}
+	}
+	clean := filepath.Clean(path)
+	if !c.Within(clean) {
+		return "", fmt.Errorf("endpoint %q is outside the allowed directories %v: %w", path, c.dirs, errdefs.ErrInvalidArgument)
+	}
+	resolved, err := filepath.EvalSymlinks(clean)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("endpoint %q does not exist: %w", path, errdefs.ErrInvalidArgument)
+		}
+		return "", fmt.Errorf("endpoint %q: %v: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	if !c.Within(resolved) {
+		return "", fmt.Errorf("endpoint %q resolves to %q, outside the allowed directories %v: %w", path, resolved, c.dirs, errdefs.ErrInvalidArgument)
+	}
+	return resolved, nil
+}
+
+// Listen creates a Unix socket listener at path with mode 0600, removing a
+// stale socket first. The parent directory is created with mode 0750.
+func Listen(path string) (net.Listener, error) {
+	if len(path) > MaxPathLen {
+		return nil, fmt.Errorf("socket path %q is %d bytes, longer than the %d-byte limit: %w", path, len(path), MaxPathLen, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
+	}
+	old := unix.Umask(0o177)
+	l, err := net.Listen("unix", path)
+	unix.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = l.Close()
+		return nil, err
+	}
+	return l, nil
+}
