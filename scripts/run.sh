@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Runs the nodeplug stack as local processes until Ctrl-C (make run).
+#
+# Everything lives under .run/ in the checkout: the root dir (plugins_registry/,
+# device-plugins/), and one log per process in .run/logs/. No root privileges
+# and no /var/lib are needed. Ctrl-C (or SIGTERM) stops every process this
+# script started; each removes its own sockets.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BIN=${BIN:-$PWD/bin}
+RUN_DIR=${NODEPLUG_RUN_DIR:-$PWD/.run}
+ROOT=$RUN_DIR/root
+LOGS=$RUN_DIR/logs
+GRPCURL=${GRPCURL:-grpcurl}
+mkdir -p "$ROOT" "$LOGS"
+export NODEPLUG_ROOT_DIR=$ROOT
+
+pids=()
+names=()
+stopping=0
+cleanup() {
+  stopping=1
+  if [ ${#pids[@]} -gt 0 ]; then
+    echo
+    echo "stopping ${names[*]}"
+    # Reverse order: the plugin first, the watcher last.
+    for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  fi
+  left=$(find "$ROOT" -type s 2>/dev/null || true)
+  if [ -n "$left" ]; then echo "warning: sockets left behind:"; echo "$left"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start() {
+  local name=$1
+  shift
+  "$BIN/$name" "$@" >"$LOGS/$name.log" 2>&1 &
+  pids+=($!)
+  names+=("$name")
+}
+
+wait_healthy() {
+  local name=$1 deadline=$((SECONDS + 30))
+  until "$BIN/$name" healthcheck >/dev/null 2>&1; do
+    if ! kill -0 "${pids[-1]}" 2>/dev/null && [ "$name" = "${names[-1]}" ]; then
+      echo "$name exited; its log ($LOGS/$name.log) ends with:"; tail -20 "$LOGS/$name.log"; exit 1
+    fi
+    if ((SECONDS > deadline)); then
+      echo "$name is not healthy after 30s; see $LOGS/$name.log"; tail -20 "$LOGS/$name.log"; exit 1
+    fi
+    sleep 0.2
+  done
+  echo "  $name is serving"
+}
+
+echo "starting nodeplug under $ROOT"
+start nodeplug-watcher
+wait_healthy nodeplug-watcher
+start nodeplug-devicemanager
+wait_healthy nodeplug-devicemanager
+start nodeplug-reconciler
+wait_healthy nodeplug-reconciler
+start nodeplug-sampleplugin --mode plugins-registry --resource example.com/sample --devices 4
+echo -n "  waiting for example.com/sample to register"
+deadline=$((SECONDS + 30))
+until "$BIN/nodeplugctl" resources -o json 2>/dev/null | grep -q '"allocatable": *"\?4'; do
+  if ((SECONDS > deadline)); then
+    echo; echo "the sample plugin did not register within 30s; logs are in $LOGS"; exit 1
+  fi
+  echo -n "."
+  sleep 0.3
+done
+echo " done"
+
+cat <<INFO
+
+nodeplug is running (logs in $LOGS, root dir $ROOT).
+
+  gRPC      watcher 127.0.0.1:50051   reconciler 127.0.0.1:50052   devicemanager 127.0.0.1:50053
+  metrics   http://127.0.0.1:9451/metrics  http://127.0.0.1:9452/metrics  http://127.0.0.1:9453/metrics
+
+Look inside:
+  bin/nodeplugctl plugins
+  bin/nodeplugctl resources
+  bin/nodeplugctl allocate --pod pod-1 --container main example.com/sample=2
+  bin/nodeplugctl allocations
+  bin/nodeplugctl watch plugins
+  $GRPCURL -plaintext 127.0.0.1:50051 list
+  $GRPCURL -plaintext 127.0.0.1:50052 nodeplug.reconciler.v1.ReconcilerService/ListPlugins
+  $GRPCURL -plaintext 127.0.0.1:50053 nodeplug.devicemanager.v1.DeviceManagerService/ListResources
+
+Press Ctrl-C to stop.
+INFO
+
+# Wait until a process exits (then report it) or Ctrl-C arrives.
+set +e
+wait -n "${pids[@]}"
+status=$?
+set -e
+if [ "$stopping" = 0 ]; then
+  for i in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+      echo "${names[$i]} exited with status $status; its log ends with:"; tail -20 "$LOGS/${names[$i]}.log"
+    fi
+  done
+  exit 1
+fi

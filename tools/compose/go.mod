@@ -1,0 +1,3 @@
+module github.com/nodeplug/nodeplug/tools/compose
+
+go 1.26

@@ -1,0 +1,3 @@
+module github.com/nodeplug/nodeplug/tools/jaeger
+
+go 1.26
