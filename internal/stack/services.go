@@ -1,0 +1,117 @@
+package stack
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// Stack runs the three services over one root dir. The first start of a
+// service binds a free port; a restart reuses its address, so clients (the
+// reconciler, tests) reconnect to the same place.
+type Stack struct {
+	Bin  string   // directory holding the binaries
+	Root string   // --root-dir
+	Env  []string // extra environment for every service
+
+	mu    sync.Mutex
+	procs map[string]*Process
+	addrs map[string]string
+}
+
+// New returns a stack that has not started anything yet.
+func New(bin, root string, env ...string) *Stack {
+	return &Stack{Bin: bin, Root: root, Env: env, procs: map[string]*Process{}, addrs: map[string]string{}}
+}
+
+// StartAll starts the watcher, the devicemanager and the reconciler, each
+// once the previous one listens.
+func (s *Stack) StartAll(ctx context.Context) error {
+	for _, name := range Services {
+		if err := s.Start(ctx, name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Start starts (or restarts) one service and waits until it listens.
+func (s *Stack) Start(ctx context.Context, name string) error {
+	s.mu.Lock()
+	listen := s.addrs[name]
+	if listen == "" {
+		listen = "127.0.0.1:0"
+	}
+	args := []string{"--root-dir", s.Root, "--listen", listen, "--metrics-listen", "127.0.0.1:0"}
+	if name == "reconciler" {
+		w, d := s.addrs["watcher"], s.addrs["devicemanager"]
+		if w == "" || d == "" {
+			s.mu.Unlock()
+			return fmt.Errorf("start the watcher and the devicemanager before the reconciler")
+		}
+		args = append(args, "--watcher-addr", w, "--devicemanager-addr", d)
+	}
+	s.mu.Unlock()
+
+	var p *Process
+	var err error
+	// A restart may race the old listener's teardown; retry briefly.
+	for attempt := 0; ; attempt++ {
+		p, err = Start(filepath.Join(s.Bin, "nodeplug-"+name), args, s.Env)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		var addr string
+		addr, err = p.GRPCAddr(wctx)
+		cancel()
+		if err == nil {
+			s.mu.Lock()
+			s.procs[name] = p
+			s.addrs[name] = addr
+			s.mu.Unlock()
+			return nil
+		}
+		p.Kill()
+		if attempt >= 20 || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Addr returns a service's gRPC address.
+func (s *Stack) Addr(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.addrs[name]
+}
+
+// Process returns a service's current process.
+func (s *Stack) Process(name string) *Process {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procs[name]
+}
+
+// Kill SIGKILLs one service.
+func (s *Stack) Kill(name string) {
+	if p := s.Process(name); p != nil {
+		p.Kill()
+	}
+}
+
+// StopAll stops every service with SIGTERM, in reverse start order.
+func (s *Stack) StopAll() {
+	for i := len(Services) - 1; i >= 0; i-- {
+		if p := s.Process(Services[i]); p != nil {
+			_ = p.Stop(10 * time.Second)
+		}
+	}
+}

@@ -1,0 +1,211 @@
+// Package stack starts nodeplug's service binaries as real processes and
+// finds their bound addresses from their logs. The end-to-end tests and
+// nodeplug-bench use it.
+package stack
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Services are the three service binaries, in start order.
+var Services = []string{"watcher", "devicemanager", "reconciler"}
+
+// Packages maps binary names to their Go packages.
+var Packages = map[string]string{
+	"nodeplug-watcher":       "./services/watcher",
+	"nodeplug-reconciler":    "./services/reconciler",
+	"nodeplug-devicemanager": "./services/devicemanager",
+	"nodeplug-sampleplugin":  "./cmd/nodeplug-sampleplugin",
+	"nodeplugctl":            "./cmd/nodeplugctl",
+}
+
+// ModuleRoot returns the directory of nodeplug's go.mod.
+func ModuleRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the source tree")
+	}
+	return filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Build builds the named binaries (keys of Packages) into dir.
+func Build(ctx context.Context, dir string, names ...string) error {
+	root, err := ModuleRoot()
+	if err != nil {
+		return err
+	}
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, n := range names {
+		pkg, ok := Packages[n]
+		if !ok {
+			return fmt.Errorf("unknown binary %q", n)
+		}
+		args = append(args, pkg)
+	}
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	// go build names binaries after their directory; rename to the real names.
+	for _, n := range names {
+		base := filepath.Base(Packages[n])
+		if base != n {
+			if err := os.Rename(filepath.Join(dir, base), filepath.Join(dir, n)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Process is one running binary.
+type Process struct {
+	Name string
+	Cmd  *exec.Cmd
+
+	mu      sync.Mutex
+	log     bytes.Buffer
+	addrs   map[string]string // log message → addr
+	waitErr error
+	done    chan struct{}
+	addrCh  chan struct{}
+}
+
+// Start runs bin with args and extra env (KEY=VALUE). Logs must be JSON
+// (Start adds --log-format json); stderr is kept for Logs and scanned for
+// the bound addresses.
+func Start(bin string, args []string, env []string) (*Process, error) {
+	p := &Process{Name: filepath.Base(bin), addrs: map[string]string{}, done: make(chan struct{}), addrCh: make(chan struct{}, 1)}
+	p.Cmd = exec.Command(bin, append([]string{"--log-format", "json"}, args...)...)
+	p.Cmd.Env = append(os.Environ(), env...)
+	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stderr, err := p.Cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	p.Cmd.Stdout = io.Discard
+	if err := p.Cmd.Start(); err != nil {
+		return nil, err
+	}
+	go p.scan(stderr)
+	return p, nil
+}
+
+func (p *Process) scan(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var rec struct {
+			Msg  string `json:"msg"`
+			Addr string `json:"addr"`
+		}
+		p.mu.Lock()
+		p.log.Write(line)
+		p.log.WriteByte('\n')
+		if json.Unmarshal(line, &rec) == nil && rec.Addr != "" {
+			p.addrs[rec.Msg] = rec.Addr
+			select {
+			case p.addrCh <- struct{}{}:
+			default:
+			}
+		}
+		p.mu.Unlock()
+	}
+	err := p.Cmd.Wait()
+	p.mu.Lock()
+	p.waitErr = err
+	p.mu.Unlock()
+	close(p.done)
+}
+
+// Addr waits until the process has logged msg with an addr attribute (for
+// the services: "gRPC listening" or "metrics listening") and returns it.
+func (p *Process) Addr(ctx context.Context, msg string) (string, error) {
+	for {
+		p.mu.Lock()
+		a, ok := p.addrs[msg]
+		p.mu.Unlock()
+		if ok {
+			return a, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%s did not log %q: %w\n%s", p.Name, msg, ctx.Err(), p.Logs())
+		case <-p.done:
+			return "", fmt.Errorf("%s exited (%v) before logging %q\n%s", p.Name, p.Err(), msg, p.Logs())
+		case <-p.addrCh:
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// GRPCAddr is Addr(ctx, "gRPC listening").
+func (p *Process) GRPCAddr(ctx context.Context) (string, error) { return p.Addr(ctx, "gRPC listening") }
+
+// Logs returns everything the process wrote to stderr so far.
+func (p *Process) Logs() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// LogLines returns the decoded JSON log records whose msg contains substr.
+func (p *Process) LogLines(substr string) []map[string]any {
+	var out []map[string]any
+	for _, line := range strings.Split(p.Logs(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if m, _ := rec["msg"].(string); strings.Contains(m, substr) {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Err is the process's exit error, once Done is closed.
+func (p *Process) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waitErr
+}
+
+// Kill sends SIGKILL and waits for the exit.
+func (p *Process) Kill() {
+	_ = p.Cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Stop sends SIGTERM and waits up to timeout for the exit, then kills.
+func (p *Process) Stop(timeout time.Duration) error {
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return p.Err()
+	case <-time.After(timeout):
+		p.Kill()
+		return fmt.Errorf("%s did not stop within %v after SIGTERM", p.Name, timeout)
+	}
+}

@@ -1,0 +1,177 @@
+// Package e2e tests nodeplug as its users run it: the real service binaries
+// as separate processes, real plugins on real Unix sockets, traces exported
+// over OTLP to a receiver in the test process.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+)
+
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(func() int {
+		dir, err := os.MkdirTemp("", "npbin")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		binDir = dir
+		return m.Run()
+	}())
+}
+
+// env is one running stack with its clients.
+type env struct {
+	t    *testing.T
+	root string
+	st   *stack.Stack
+	dm   dmv1.DeviceManagerServiceClient
+	rc   rcv1.ReconcilerServiceClient
+}
+
+func newEnv(t *testing.T, extraEnv ...string) *env {
+	t.Helper()
+	root, err := os.MkdirTemp("", "np")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	st := stack.New(binDir, root, extraEnv...)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		st.StopAll()
+		if t.Failed() {
+			for _, s := range stack.Services {
+				if p := st.Process(s); p != nil {
+					t.Logf("%s log:\n%s", s, p.Logs())
+				}
+			}
+		}
+	})
+	if err := st.StartAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, root: root, st: st}
+	dmConn, err := rpcutil.NewClient(st.Addr("devicemanager"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dmConn.Close() })
+	rcConn, err := rpcutil.NewClient(st.Addr("reconciler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rcConn.Close() })
+	e.dm = dmv1.NewDeviceManagerServiceClient(dmConn)
+	e.rc = rcv1.NewReconcilerServiceClient(rcConn)
+	return e
+}
+
+// plugin starts a device plugin. In plugins_registry mode its socket is in
+// plugins_registry; in legacy mode it is in device-plugins and the plugin
+// calls Register on kubelet.sock.
+func (e *env) plugin(name, resource string, devices int, legacy bool) *deviceplugin.Plugin {
+	e.t.Helper()
+	dir := filepath.Join(e.root, "plugins_registry")
+	if legacy {
+		dir = filepath.Join(e.root, "device-plugins")
+	}
+	p, err := deviceplugin.New(deviceplugin.Options{Resource: resource, SocketPath: filepath.Join(dir, name+".sock"), Devices: devices})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(p.Stop)
+	if legacy {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := p.Register(ctx, filepath.Join(dir, "kubelet.sock")); err != nil {
+			e.t.Fatalf("legacy Register: %v", err)
+		}
+	}
+	return p
+}
+
+// resource returns the named resource from ListResources, or nil.
+func (e *env) resource(name string) *dmv1.Resource {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := e.dm.ListResources(ctx, &dmv1.ListResourcesRequest{})
+	if err != nil {
+		return nil
+	}
+	for _, r := range resp.GetResources() {
+		if r.GetName() == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// eventually polls cond until it returns nil or a minute passes.
+func eventually(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (e *env) waitAllocatable(name string, n int64) {
+	e.t.Helper()
+	eventually(e.t, "resource "+name+" allocatable", func() error {
+		r := e.resource(name)
+		if r == nil {
+			return fmt.Errorf("resource %s absent", name)
+		}
+		if r.GetAllocatable() != n {
+			return fmt.Errorf("allocatable %d, want %d", r.GetAllocatable(), n)
+		}
+		return nil
+	})
+}
+
+// pluginBySocket returns the reconciler's view of one socket.
+func (e *env) pluginBySocket(path string) *rcv1.Plugin {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := e.rc.ListPlugins(ctx, &rcv1.ListPluginsRequest{})
+	if err != nil {
+		return nil
+	}
+	for _, p := range resp.GetPlugins() {
+		if p.GetSocketPath() == path {
+			return p
+		}
+	}
+	return nil
+}

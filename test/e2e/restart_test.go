@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"context"
+
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+)
+
+// allocWatch follows WatchResources and records, per resource, the lowest
+// allocatable seen after the snapshot. It resubscribes when the stream ends
+// (the devicemanager restarting) and records the gaps.
+type allocWatch struct {
+	mu       sync.Mutex
+	min      map[string]int64
+	last     map[string]int64
+	streams  int
+	cancel   context.CancelFunc
+	finished chan struct{}
+}
+
+func watchAllocatable(e *env) *allocWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &allocWatch{min: map[string]int64{}, last: map[string]int64{}, cancel: cancel, finished: make(chan struct{})}
+	synced := make(chan struct{})
+	var once sync.Once
+	go func() {
+		defer close(w.finished)
+		for ctx.Err() == nil {
+			stream, err := e.dm.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+			if err != nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			w.mu.Lock()
+			w.streams++
+			w.mu.Unlock()
+			live := false
+			for {
+				resp, err := stream.Recv()
+				if err != nil {
+					break
+				}
+				if resp.GetSynced() != nil {
+					live = true
+					once.Do(func() { close(synced) })
+					continue
+				}
+				ch := resp.GetChange()
+				name := ch.GetResource().GetName()
+				v := ch.GetResource().GetAllocatable()
+				if ch.GetType() == dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_REMOVED {
+					v = 0
+				}
+				w.mu.Lock()
+				w.last[name] = v
+				if live {
+					if m, ok := w.min[name]; !ok || v < m {
+						w.min[name] = v
+					}
+				}
+				w.mu.Unlock()
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	select {
+	case <-synced:
+	case <-time.After(30 * time.Second):
+		e.t.Fatal("WatchResources never synced")
+	}
+	return w
+}
+
+func (w *allocWatch) stop() (minimum map[string]int64, streams int) {
+	w.cancel()
+	<-w.finished
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.min, w.streams
+}
+
+// TestRestartsKeepState kills each service in turn with SIGKILL while a
+// plugin of each registration path is registered and an allocation exists,
+// starts it again, and checks that allocatable never dipped (watcher,
+// reconciler) or came back without any plugin re-creating its socket
+// (devicemanager), that the allocation is intact, and that no endpoint is
+// duplicated.
+func TestRestartsKeepState(t *testing.T) {
+	for _, svc := range []string{"watcher", "reconciler", "devicemanager"} {
+		t.Run(svc, func(t *testing.T) {
+			e := newEnv(t)
+			viaRegistry := e.plugin("registry", "example.com/registry", 4, false)
+			legacy := e.plugin("legacy", "example.com/legacy", 2, true)
+			e.waitAllocatable("example.com/registry", 4)
+			e.waitAllocatable("example.com/legacy", 2)
+			eventually(t, "reconciler shows the plugin registered", func() error {
+				if p := e.pluginBySocket(viaRegistry.SocketPath()); p.GetState() != rcv1.PluginState_PLUGIN_STATE_REGISTERED {
+					return fmt.Errorf("state %v", p.GetState())
+				}
+				return nil
+			})
+
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			alloc, err := e.dm.Allocate(ctx, &dmv1.AllocateRequest{PodUid: "pod-1", ContainerName: "main", Resources: []*dmv1.ResourceRequest{
+				{ResourceName: "example.com/registry", Count: 2},
+				{ResourceName: "example.com/legacy", Count: 1},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			before, err := e.dm.ListAllocations(ctx, &dmv1.ListAllocationsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			registryNotifies := len(viaRegistry.RegistrationStatuses())
+
+			w := watchAllocatable(e)
+			e.st.Kill(svc)
+			if err := e.st.Start(ctx, svc); err != nil {
+				t.Fatal(err)
+			}
+
+			// Converged: the reconciler (new or old) has the plugin
+			// registered, both resources are live with their endpoints.
+			eventually(t, "convergence after the restart", func() error {
+				if p := e.pluginBySocket(viaRegistry.SocketPath()); p.GetState() != rcv1.PluginState_PLUGIN_STATE_REGISTERED {
+					return fmt.Errorf("registry plugin state %v", p.GetState())
+				}
+				for name, n := range map[string]int64{"example.com/registry": 4, "example.com/legacy": 2} {
+					r := e.resource(name)
+					if r == nil {
+						return fmt.Errorf("%s absent", name)
+					}
+					if r.GetAllocatable() != n {
+						return fmt.Errorf("%s allocatable %d, want %d", name, r.GetAllocatable(), n)
+					}
+					if len(r.GetEndpoints()) != 1 {
+						return fmt.Errorf("%s has %d endpoints, want 1: %v", name, len(r.GetEndpoints()), r.GetEndpoints())
+					}
+					if st := r.GetEndpoints()[0].GetState(); st != dmv1.EndpointState_ENDPOINT_STATE_LIVE {
+						return fmt.Errorf("%s endpoint state %v", name, st)
+					}
+				}
+				return nil
+			})
+			if svc == "watcher" {
+				// The reconciler must have resubscribed to the new watcher:
+				// a socket created now still registers.
+				extra := e.plugin("extra", "example.com/extra", 1, false)
+				e.waitAllocatable("example.com/extra", 1)
+				extra.Stop()
+			}
+			minimum, streams := w.stop()
+
+			if svc != "devicemanager" {
+				if minimum["example.com/registry"] < 4 || minimum["example.com/legacy"] < 2 {
+					t.Errorf("allocatable dipped while the %s restarted: lowest seen %v", svc, minimum)
+				}
+			} else if streams < 2 {
+				t.Errorf("WatchResources was not resubscribed after the devicemanager restart (%d streams)", streams)
+			}
+
+			after, err := e.dm.ListAllocations(ctx, &dmv1.ListAllocationsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(after.GetAllocations()) != len(before.GetAllocations()) {
+				t.Fatalf("allocations before %v, after %v", before.GetAllocations(), after.GetAllocations())
+			}
+			for i := range before.GetAllocations() {
+				if !proto.Equal(before.GetAllocations()[i], after.GetAllocations()[i]) {
+					t.Errorf("allocation changed across the restart:\nbefore %v\nafter  %v", before.GetAllocations()[i], after.GetAllocations()[i])
+				}
+			}
+			// The same request again gets the saved answer.
+			again, err := e.dm.Allocate(ctx, &dmv1.AllocateRequest{PodUid: "pod-1", ContainerName: "main", Resources: []*dmv1.ResourceRequest{
+				{ResourceName: "example.com/registry", Count: 2},
+				{ResourceName: "example.com/legacy", Count: 1},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !sameDevices(alloc, again) {
+				t.Errorf("Allocate after the restart gave %v, before %v", again, alloc)
+			}
+			if svc == "devicemanager" {
+				// Plugins were not asked to re-create anything: the legacy
+				// plugin registered once, and its stream was redialled.
+				if got := legacy.StreamCount(); got != 1 {
+					t.Errorf("legacy plugin has %d ListAndWatch streams, want 1", got)
+				}
+			}
+			if got := len(viaRegistry.RegistrationStatuses()); svc == "watcher" && got != registryNotifies {
+				t.Errorf("a watcher restart re-registered the plugin (%d → %d notifications)", registryNotifies, got)
+			}
+		})
+	}
+}
+
+func sameDevices(a, b *dmv1.AllocateResponse) bool {
+	ids := func(r *dmv1.AllocateResponse) map[string][]string {
+		m := map[string][]string{}
+		for _, al := range r.GetAllocations() {
+			m[al.GetResourceName()] = al.GetDeviceIds()
+		}
+		return m
+	}
+	ia, ib := ids(a), ids(b)
+	if len(ia) != len(ib) {
+		return false
+	}
+	for k, v := range ia {
+		w := ib[k]
+		if len(v) != len(w) {
+			return false
+		}
+		for i := range v {
+			if v[i] != w[i] {
+				return false
+			}
+		}
+	}
+	return true
+}
