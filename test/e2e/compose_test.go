@@ -1,0 +1,158 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
+)
+
+// Ports of the compose test's own stack, so it never collides with a
+// running `make run` or `make up` on the default ports.
+var composePorts = map[string]string{
+	"NODEPLUG_WATCHER_PORT":               "51051",
+	"NODEPLUG_RECONCILER_PORT":            "51052",
+	"NODEPLUG_DEVICEMANAGER_PORT":         "51053",
+	"NODEPLUG_WATCHER_METRICS_PORT":       "10451",
+	"NODEPLUG_RECONCILER_METRICS_PORT":    "10452",
+	"NODEPLUG_DEVICEMANAGER_METRICS_PORT": "10453",
+	"NODEPLUG_JAEGER_PORT":                "17686",
+}
+
+const composeProject = "nodeplug-e2e"
+
+// TestCompose brings the compose stack up with `make up` under its own
+// project name and ports, waits for the sample plugin to register, allocates
+// through nodeplugctl, finds the registration trace in Jaeger's query API
+// with spans from all three services, and takes it down with `make down`.
+// It runs when a Docker engine answers and is skipped, saying so, otherwise.
+func TestCompose(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds images and Jaeger")
+	}
+	if err := exec.Command("docker", "info").Run(); err != nil {
+		t.Skipf("no Docker engine answers (docker info: %v): compose test skipped", err)
+	}
+	root, err := stack.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), "COMPOSE_PROJECT="+composeProject)
+	for k, v := range composePorts {
+		env = append(env, k+"="+v)
+	}
+	run := func(timeout time.Duration, name string, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = root
+		cmd.Env = env
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	t.Cleanup(func() {
+		if out, err := run(5*time.Minute, "make", "down"); err != nil {
+			t.Errorf("make down: %v\n%s", err, out)
+		}
+	})
+	if out, err := run(40*time.Minute, "make", "up"); err != nil {
+		logs, _ := run(time.Minute, "docker", "compose", "-p", composeProject, "logs", "--no-color")
+		t.Fatalf("make up: %v\n%s\ncompose logs:\n%s", err, out, logs)
+	}
+
+	ctl := func(args ...string) (string, error) {
+		full := append([]string{
+			"--watcher-addr", "127.0.0.1:" + composePorts["NODEPLUG_WATCHER_PORT"],
+			"--reconciler-addr", "127.0.0.1:" + composePorts["NODEPLUG_RECONCILER_PORT"],
+			"--devicemanager-addr", "127.0.0.1:" + composePorts["NODEPLUG_DEVICEMANAGER_PORT"],
+			"--jaeger-url", "http://127.0.0.1:" + composePorts["NODEPLUG_JAEGER_PORT"],
+		}, args...)
+		return run(time.Minute, filepath.Join(root, "bin", "nodeplugctl"), full...)
+	}
+
+	var resources []map[string]any
+	eventually(t, "the sample plugin's resource is allocatable", func() error {
+		out, err := ctl("resources", "-o", "json")
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		var doc map[string]any
+		if err := json.Unmarshal([]byte(out), &doc); err != nil {
+			return fmt.Errorf("resources -o json: %v: %s", err, out)
+		}
+		resources = nil
+		for _, r := range asList(doc["resources"]) {
+			m, _ := r.(map[string]any)
+			resources = append(resources, m)
+			if m["name"] == "example.com/sample" && fmt.Sprint(m["allocatable"]) == "4" {
+				return nil
+			}
+		}
+		return fmt.Errorf("example.com/sample not allocatable yet: %s", out)
+	})
+
+	if out, err := ctl("allocate", "--pod", "compose-pod", "--container", "main", "example.com/sample=2"); err != nil {
+		t.Fatalf("nodeplugctl allocate: %v\n%s", err, out)
+	}
+	out, err := ctl("allocations", "-o", "json")
+	if err != nil || !strings.Contains(out, "compose-pod") {
+		t.Fatalf("nodeplugctl allocations: %v\n%s", err, out)
+	}
+
+	// The registration trace, by the trace ID the reconciler shows.
+	out, err = ctl("plugins", "-o", "json")
+	if err != nil {
+		t.Fatalf("nodeplugctl plugins: %v\n%s", err, out)
+	}
+	var plugins map[string]any
+	if err := json.Unmarshal([]byte(out), &plugins); err != nil {
+		t.Fatalf("plugins -o json: %v\n%s", err, out)
+	}
+	traceID := ""
+	for _, p := range asList(plugins["plugins"]) {
+		m, _ := p.(map[string]any)
+		if m["name"] == "example.com/sample" {
+			traceID, _ = m["lastTraceId"].(string)
+		}
+	}
+	if traceID == "" {
+		t.Fatalf("no trace ID for the sample plugin:\n%s", out)
+	}
+	jaeger := "http://127.0.0.1:" + composePorts["NODEPLUG_JAEGER_PORT"]
+	eventually(t, "the registration trace in Jaeger with all three services", func() error {
+		resp, err := http.Get(jaeger + "/api/traces/" + traceID)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d: %s", resp.StatusCode, body)
+		}
+		for _, svc := range []string{svcWatcher, svcReconciler, svcDeviceManager} {
+			if !strings.Contains(string(body), `"serviceName":"`+svc+`"`) {
+				return fmt.Errorf("trace %s has no spans from %s yet", traceID, svc)
+			}
+		}
+		return nil
+	})
+	if out, err := ctl("trace", traceID); err != nil || !strings.Contains(out, svcDeviceManager) {
+		t.Errorf("nodeplugctl trace: %v\n%s", err, out)
+	} else {
+		t.Logf("nodeplugctl trace %s:\n%s", traceID, out)
+	}
+}
+
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
