@@ -1,0 +1,240 @@
+// Package executor runs the reconciler's operations: at most one operation
+// per key (socket path) at a time, different keys in parallel, and
+// exponential backoff per key after a failure, as the kubelet's goroutinemap
+// does (500 ms doubling to 2m2s, shared by every operation on the key, reset
+// by a success).
+//
+// Unlike the kubelet, the backoff belongs to a generation of the key: an
+// operation for a new generation (a recreated socket) starts with no
+// backoff. And a retry becomes due by itself: when a backoff ends, the
+// executor calls the Due callback, so the caller does not need a tick.
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
+)
+
+// Backoff parameters (the kubelet's).
+const (
+	InitialBackoff = 500 * time.Millisecond
+	MaxBackoff     = 2*time.Minute + 2*time.Second
+)
+
+// ErrAlreadyRunning is returned by Run when an operation for the key is
+// still executing.
+var ErrAlreadyRunning = fmt.Errorf("an operation with that name is already executing: %w", errdefs.ErrAlreadyExists)
+
+// ErrBackoff is returned by Run when the key's last operation failed and no
+// retry is permitted yet.
+var ErrBackoff = fmt.Errorf("no retries permitted yet: %w", errdefs.ErrFailedPrecondition)
+
+// Attempt describes the operation being started.
+type Attempt struct {
+	// Failures is the number of consecutive failures of this key and
+	// generation before this attempt.
+	Failures int
+}
+
+// Op is an operation. ctx ends when the executor's context ends.
+type Op func(ctx context.Context, a Attempt) error
+
+// State is a key's bookkeeping.
+type State struct {
+	Running    bool
+	Generation string
+	Failures   int
+	LastError  error
+	// RetryAt is when the next attempt is permitted (zero when none is
+	// pending).
+	RetryAt time.Time
+}
+
+// Options configure an Executor.
+type Options struct {
+	Clock clock.Clock
+	Log   *slog.Logger
+	// MaxParallel bounds the operations executing at once (0: 64). Queued
+	// operations count as running for their key.
+	MaxParallel int
+	// Due is called (from its own goroutine) whenever an operation ends
+	// and whenever a backoff ends, so the caller can start the next one.
+	Due func()
+}
+
+// Executor runs operations. It is safe for concurrent use.
+type Executor struct {
+	clock clock.Clock
+	log   *slog.Logger
+	due   func()
+	sem   chan struct{}
+
+	mu   sync.Mutex
+	keys map[string]*entry
+	wg   sync.WaitGroup
+}
+
+type entry struct {
+	State
+	timer clock.Timer
+}
+
+// New returns an executor.
+func New(o Options) *Executor {
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.MaxParallel <= 0 {
+		o.MaxParallel = 64
+	}
+	if o.Due == nil {
+		o.Due = func() {}
+	}
+	return &Executor{clock: o.Clock, log: o.Log, due: o.Due, sem: make(chan struct{}, o.MaxParallel), keys: map[string]*entry{}}
+}
+
+// Delay returns the backoff after failures consecutive failures.
+func Delay(failures int) time.Duration {
+	d := InitialBackoff
+	for i := 1; i < failures; i++ {
+		d *= 2
+		if d >= MaxBackoff {
+			return MaxBackoff
+		}
+	}
+	return d
+}
+
+// Run starts op for key and generation in a new goroutine, unless an
+// operation for key is running (ErrAlreadyRunning) or the key's generation
+// is in backoff (ErrBackoff). A different generation than the one that
+// failed starts afresh.
+func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error {
+	e.mu.Lock()
+	en, ok := e.keys[key]
+	if !ok {
+		en = &entry{}
+		e.keys[key] = en
+	}
+	if en.Running {
+		e.mu.Unlock()
+		return ErrAlreadyRunning
+	}
+	if en.Generation != generation {
+		// A new generation of the socket: forget the old one's backoff.
+		if en.timer != nil {
+			en.timer.Stop()
+		}
+		en.State = State{Generation: generation}
+		en.timer = nil
+	}
+	if !en.RetryAt.IsZero() && e.clock.Now().Before(en.RetryAt) {
+		e.mu.Unlock()
+		return ErrBackoff
+	}
+	en.Running = true
+	attempt := Attempt{Failures: en.Failures}
+	e.wg.Add(1)
+	e.mu.Unlock()
+
+	go func() {
+		defer e.wg.Done()
+		err := e.execute(ctx, key, op, attempt)
+		e.finish(key, generation, err)
+		e.due()
+	}()
+	return nil
+}
+
+func (e *Executor) execute(ctx context.Context, key string, op Op, a Attempt) (err error) {
+	select {
+	case e.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-e.sem }()
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("operation on %s panicked: %v: %w", key, p, errdefs.ErrInternal)
+		}
+	}()
+	return op(ctx, a)
+}
+
+func (e *Executor) finish(key, generation string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	en := e.keys[key]
+	en.Running = false
+	if en.Generation != generation {
+		return
+	}
+	if err == nil {
+		delete(e.keys, key)
+		return
+	}
+	en.Failures++
+	en.LastError = err
+	d := Delay(en.Failures)
+	en.RetryAt = e.clock.Now().Add(d)
+	if en.timer != nil {
+		en.timer.Stop()
+	}
+	en.timer = e.clock.AfterFunc(d, e.due)
+	e.log.Debug("operation failed; backing off", "key", key, "generation", generation, "failures", en.Failures, "retry_in", d, "error", err)
+}
+
+// State returns key's bookkeeping; ok is false when the key has neither a
+// running operation nor a backoff.
+func (e *Executor) State(key string) (State, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	en, ok := e.keys[key]
+	if !ok {
+		return State{}, false
+	}
+	return en.State, true
+}
+
+// Forget drops key's backoff unless an operation is running.
+func (e *Executor) Forget(key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	en, ok := e.keys[key]
+	if !ok || en.Running {
+		return
+	}
+	if en.timer != nil {
+		en.timer.Stop()
+	}
+	delete(e.keys, key)
+}
+
+// Wait waits for every started operation to end; cancel their context
+// first. It stops every backoff timer.
+func (e *Executor) Wait() {
+	e.wg.Wait()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, en := range e.keys {
+		if en.timer != nil {
+			en.timer.Stop()
+		}
+	}
+}
+
+// IsBackoff reports whether err is ErrBackoff or ErrAlreadyRunning, the
+// errors that mean "not now" rather than failure.
+func IsBackoff(err error) bool {
+	return errors.Is(err, ErrBackoff) || errors.Is(err, ErrAlreadyRunning)
+}

@@ -1,0 +1,213 @@
+package handler
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+)
+
+// DeviceManagerTimeout bounds each call to the devicemanager. RegisterPlugin
+// returns only after the devicemanager dialled the plugin and called
+// GetDevicePluginOptions, so it is generous.
+const DeviceManagerTimeout = 30 * time.Second
+
+const devicePluginVersion = "v1beta1"
+
+// DevicePlugin handles DevicePlugin registrations by relaying them to the
+// devicemanager (RegisterPlugin / DeregisterPlugin). It follows the
+// devicemanager's instance ID, from every response and from WatchResources
+// (see Run), and calls OnInstanceChange when it changes: a restarted
+// devicemanager must hear about every registered plugin again.
+type DevicePlugin struct {
+	client devicemanagerv1.DeviceManagerServiceClient
+	log    *slog.Logger
+
+	mu       sync.Mutex
+	instance string
+	onChange func(old, new string)
+}
+
+var _ cache.Handler = (*DevicePlugin)(nil)
+
+// NewDevicePlugin returns a handler talking to the devicemanager through
+// client. onChange (may be nil) is called, outside any lock, when the
+// devicemanager's instance ID changes from one known value to another.
+func NewDevicePlugin(client devicemanagerv1.DeviceManagerServiceClient, log *slog.Logger, onChange func(old, new string)) *DevicePlugin {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &DevicePlugin{client: client, log: log, onChange: onChange}
+}
+
+// IsExtendedResourceName reports whether name is an extended resource name:
+// a qualified name outside the kubernetes.io namespace (and not a
+// requests.* quota name), valid also with the requests. prefix.
+func IsExtendedResourceName(name string) bool {
+	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") || strings.HasPrefix(name, "requests.") {
+		return false
+	}
+	return len(validation.IsQualifiedName("requests."+name)) == 0
+}
+
+// Validate applies the kubelet's device plugin rules, with its messages.
+func (h *DevicePlugin) Validate(_ context.Context, name, _ string, versions []string) error {
+	if !slices.Contains(versions, devicePluginVersion) {
+		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", devicePluginVersion, versions)
+	}
+	if !IsExtendedResourceName(name) {
+		return fmt.Errorf("invalid name of device plugin socket: %s", fmt.Sprintf("the ResourceName %q is invalid", name))
+	}
+	return nil
+}
+
+// Register calls the devicemanager's RegisterPlugin. Registering the same
+// endpoint and generation again is a no-op downstream.
+func (h *DevicePlugin) Register(ctx context.Context, p cache.Plugin) error {
+	ctx, cancel := context.WithTimeout(ctx, DeviceManagerTimeout)
+	defer cancel()
+	resp, err := h.client.RegisterPlugin(ctx, &devicemanagerv1.RegisterPluginRequest{
+		ResourceName: p.Name,
+		Endpoint:     p.Endpoint,
+		Versions:     p.Versions,
+		SocketPath:   p.SocketPath,
+		Generation:   p.Generation,
+	})
+	if err != nil {
+		return fmt.Errorf("devicemanager RegisterPlugin for resource %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
+	}
+	h.Observe(resp.GetInstanceId())
+	return nil
+}
+
+// Deregister calls the devicemanager's DeregisterPlugin for this
+// generation, so a newer registration of the endpoint is left alone.
+func (h *DevicePlugin) Deregister(ctx context.Context, p cache.Plugin) error {
+	ctx, cancel := context.WithTimeout(ctx, DeviceManagerTimeout)
+	defer cancel()
+	resp, err := h.client.DeregisterPlugin(ctx, &devicemanagerv1.DeregisterPluginRequest{
+		ResourceName: p.Name,
+		Endpoint:     p.Endpoint,
+		Generation:   p.Generation,
+	})
+	if err != nil {
+		return fmt.Errorf("devicemanager DeregisterPlugin for resource %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
+	}
+	h.Observe(resp.GetInstanceId())
+	return nil
+}
+
+// Instance returns the last devicemanager instance ID seen ("" before the
+// first).
+func (h *DevicePlugin) Instance() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.instance
+}
+
+// Observe records an instance ID seen from the devicemanager.
+func (h *DevicePlugin) Observe(id string) {
+	if id == "" {
+		return
+	}
+	h.mu.Lock()
+	old := h.instance
+	h.instance = id
+	h.mu.Unlock()
+	if old != "" && old != id {
+		h.log.Info("devicemanager restarted; registering device plugins again", "old_instance", old, "instance", id)
+		if h.onChange != nil {
+			h.onChange(old, id)
+		}
+	}
+}
+
+// Run follows the devicemanager's WatchResources stream until ctx ends,
+// resubscribing with backoff, and observes the instance ID of every
+// message, so a devicemanager restart is noticed even when no registration
+// is in flight.
+func (h *DevicePlugin) Run(ctx context.Context) error {
+	const minDelay, maxDelay = 100 * time.Millisecond, 5 * time.Second
+	delay := minDelay
+	for {
+		synced, err := h.watch(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if synced {
+			delay = minDelay
+		}
+		h.log.Debug("devicemanager watch ended; resubscribing", "error", err, "in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		delay = min(delay*2, maxDelay)
+	}
+}
+
+func (h *DevicePlugin) watch(ctx context.Context) (synced bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := h.client.WatchResources(ctx, &devicemanagerv1.WatchResourcesRequest{})
+	if err != nil {
+		return false, err
+	}
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return synced, err
+		}
+		h.Observe(m.GetInstanceId())
+		if m.GetSynced() != nil {
+			synced = true
+		}
+	}
+}
+
+// Sweep deregisters every endpoint the devicemanager got through
+// plugins_registry whose registration socket keep rejects (it is no longer
+// in the desired state): they were registered by an earlier reconciler or
+// before a devicemanager restart, and their sockets vanished meanwhile.
+// Legacy kubelet.sock endpoints are left alone. It returns the number of
+// endpoints removed.
+func (h *DevicePlugin) Sweep(ctx context.Context, keep func(socketPath string) bool) (int, error) {
+	lctx, cancel := context.WithTimeout(ctx, DeviceManagerTimeout)
+	defer cancel()
+	resp, err := h.client.ListResources(lctx, &devicemanagerv1.ListResourcesRequest{})
+	if err != nil {
+		return 0, fmt.Errorf("devicemanager ListResources: %w", errdefs.FromGRPC(err))
+	}
+	h.Observe(resp.GetInstanceId())
+	n := 0
+	var firstErr error
+	for _, r := range resp.GetResources() {
+		for _, e := range r.GetEndpoints() {
+			if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || keep(e.GetSocketPath()) {
+				continue
+			}
+			err := h.Deregister(ctx, cache.Plugin{Name: r.GetName(), Endpoint: e.GetEndpoint(), Generation: e.GetGeneration(), SocketPath: e.GetSocketPath()})
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
+				}
+				continue
+			}
+			h.log.Info("deregistered device plugin whose socket is gone", "resource", r.GetName(), "endpoint", e.GetEndpoint(), "socket_path", e.GetSocketPath(), "generation", e.GetGeneration())
+			n++
+		}
+	}
+	return n, firstErr
+}

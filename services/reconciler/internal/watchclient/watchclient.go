@@ -1,0 +1,133 @@
+// Package watchclient feeds the reconciler's desired state from the
+// watcher's WatchSocketEvents stream: each new stream's snapshot replaces the
+// desired state, live events update it. It resubscribes with backoff when a
+// stream ends; meanwhile the desired state stays as it was, so a watcher
+// restart changes nothing that did not change on disk.
+package watchclient
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+)
+
+// Sink receives the socket set. The reconciler implements it.
+type Sink interface {
+	// ReplaceSockets makes the desired state exactly sockets.
+	ReplaceSockets(sockets []cache.Socket)
+	SocketCreated(s cache.Socket)
+	SocketDeleted(path, generation string, traceContext map[string]string)
+}
+
+// Backoff bounds between resubscriptions.
+const (
+	MinBackoff = 100 * time.Millisecond
+	MaxBackoff = 5 * time.Second
+)
+
+// Client follows the watcher.
+type Client struct {
+	watcher watcherv1.WatcherServiceClient
+	sink    Sink
+	log     *slog.Logger
+}
+
+// New returns a client feeding sink from watcher.
+func New(watcher watcherv1.WatcherServiceClient, sink Sink, log *slog.Logger) *Client {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Client{watcher: watcher, sink: sink, log: log}
+}
+
+// Run follows the watcher until ctx ends.
+func (c *Client) Run(ctx context.Context) error {
+	delay := MinBackoff
+	for {
+		synced, err := c.follow(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if synced {
+			delay = MinBackoff
+		}
+		c.log.Warn("watcher stream ended; resubscribing", "error", err, "in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		delay = min(delay*2, MaxBackoff)
+	}
+}
+
+func toSocket(ev *watcherv1.SocketEvent, live bool) cache.Socket {
+	s := cache.Socket{Path: ev.GetPath(), Generation: ev.GetGeneration()}
+	if t := ev.GetObservedTime(); t != nil {
+		s.Observed = t.AsTime()
+	}
+	if live {
+		s.TraceContext = ev.GetTraceContext()
+	}
+	return s
+}
+
+// follow reads one stream; synced reports whether it got past the snapshot.
+func (c *Client) follow(ctx context.Context) (synced bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.watcher.WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
+	if err != nil {
+		return false, fmt.Errorf("WatchSocketEvents: %w", err)
+	}
+	var snapshot []cache.Socket
+	instance := ""
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return synced, err
+		}
+		if instance == "" {
+			instance = m.GetInstanceId()
+		}
+		switch item := m.GetItem().(type) {
+		case *watcherv1.WatchSocketEventsResponse_Synced:
+			if !synced {
+				synced = true
+				c.sink.ReplaceSockets(snapshot)
+				c.log.Info("watcher stream synced", "watcher_instance", instance, "sockets", len(snapshot), "revision", item.Synced.GetRevision())
+				snapshot = nil
+			}
+		case *watcherv1.WatchSocketEventsResponse_Event:
+			ev := item.Event
+			if !synced {
+				switch ev.GetType() {
+				case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED:
+					snapshot = append(snapshot, toSocket(ev, false))
+				case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED:
+					// Not expected in a snapshot; honour it anyway.
+					kept := snapshot[:0]
+					for _, s := range snapshot {
+						if s.Path != ev.GetPath() {
+							kept = append(kept, s)
+						}
+					}
+					snapshot = kept
+				}
+				continue
+			}
+			switch ev.GetType() {
+			case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED:
+				c.sink.SocketCreated(toSocket(ev, true))
+			case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED:
+				c.sink.SocketDeleted(ev.GetPath(), ev.GetGeneration(), ev.GetTraceContext())
+			}
+		}
+	}
+}
