@@ -31,6 +31,7 @@ var Packages = map[string]string{
 	"nodeplug-devicemanager": "./services/devicemanager",
 	"nodeplug-sampleplugin":  "./cmd/nodeplug-sampleplugin",
 	"nodeplugctl":            "./cmd/nodeplugctl",
+	"nodeplug-bench":         "./cmd/nodeplug-bench",
 }
 
 // ModuleRoot returns the directory of nodeplug's go.mod.

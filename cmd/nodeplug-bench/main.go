@@ -1,0 +1,69 @@
+// Command nodeplug-bench measures nodeplug with real processes and real
+// plugins: registration and deregistration latency, churn, allocation
+// throughput, device update propagation and footprint. It prints a table and
+// writes the figures as JSON.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/nodeplug/nodeplug/internal/bench"
+	"github.com/nodeplug/nodeplug/pkg/version"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	short := flag.Bool("short", false, "a quick run that still produces every figure")
+	bin := flag.String("bin", "", "directory with nodeplug-watcher, -reconciler and -devicemanager (default: this binary's directory)")
+	out := flag.String("json", "bench-results.json", "write the figures here as JSON (empty: don't)")
+	root := flag.String("root-dir", "", "root dir for the services (default: a temporary directory)")
+	showVersion := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *showVersion {
+		fmt.Println("nodeplug-bench", version.Version)
+		return 0
+	}
+	cfg := bench.Default()
+	if *short {
+		cfg = bench.Short()
+	}
+	cfg.Root = *root
+	cfg.Bin = *bin
+	if cfg.Bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		cfg.Bin = filepath.Dir(exe)
+	}
+	cfg.Progress = os.Stderr
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := bench.Run(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
+		return 1
+	}
+	fmt.Println()
+	bench.Print(os.Stdout, res)
+	if *out != "" {
+		data, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
+			return 1
+		}
+		fmt.Printf("\nfigures written to %s\n", *out)
+	}
+	return 0
+}

@@ -1,0 +1,40 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"sort"
+)
+
+// Print writes the results as a table.
+func Print(w io.Writer, r *Results) {
+	fmt.Fprintf(w, "nodeplug-bench  %s  %d CPUs  %s\n\n", r.Machine.Time, r.Machine.CPUs, r.Machine.GoVersion)
+	fmt.Fprintln(w, "Registration (socket listen → NotifyRegistrationStatus(true); → allocatable in ListResources)")
+	for _, rr := range r.Registration {
+		fmt.Fprintf(w, "  N=%-5d notify       %s\n", rr.N, rr.Notify)
+		fmt.Fprintf(w, "  N=%-5d allocatable  %s\n", rr.N, rr.Allocatable)
+		fmt.Fprintf(w, "  N=%-5d all registered in %.1f ms\n", rr.N, rr.AllRegisteredMs)
+		fmt.Fprintf(w, "  N=%-5d deregistration %s\n", rr.N, rr.Deregistration)
+	}
+	c := r.Churn
+	fmt.Fprintf(w, "\nChurn (%d workers, %.1f s, %d resident)\n", c.Workers, c.Seconds, c.Resident)
+	fmt.Fprintf(w, "  %d create/remove cycles, %.1f/s\n  register   %s\n  deregister %s\n  final state exact: %v %s\n",
+		c.Cycles, c.CyclesPerSec, c.Register, c.Deregister, c.FinalExact, c.FinalProblem)
+	fmt.Fprintln(w, "\nAllocation (Allocate + checkpoint fsync, then Release)")
+	for _, a := range r.Allocation {
+		fmt.Fprintf(w, "  devices=%-6d callers=%d  %6.0f pairs/s  allocate %s\n", a.Devices, a.Callers, a.PairsPerSec, a.Allocate)
+	}
+	fmt.Fprintf(w, "\nHealth flip → WatchResources (%d devices)\n  %s\n", r.Propagation.Devices, r.Propagation.Latency)
+	f := r.Footprint
+	fmt.Fprintf(w, "\nFootprint with %d registration-only plugins\n", f.IdlePlugins)
+	names := make([]string, 0, len(f.RSSMiB))
+	for n := range f.RSSMiB {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-14s RSS %6.1f MiB  idle CPU %5.2f %% of a core\n", n, f.RSSMiB[n], f.IdleCPUPercent[n])
+	}
+	fmt.Fprintf(w, "  devicemanager with %d device plugins: %.1f → %.1f MiB (%.1f KiB per plugin)\n",
+		f.DeviceManagerPlugins, f.DeviceManagerBaseMiB, f.DeviceManagerLoadedMiB, f.DeviceManagerPerPlugin)
+}
