@@ -68,6 +68,9 @@ type Options struct {
 	AllocateResponse func(ids []string) *pluginapi.ContainerAllocateResponse
 	// Log receives the plugin's own log lines; nil discards them.
 	Log *slog.Logger
+	// OnRegistrationStatus, when set, is called with every
+	// NotifyRegistrationStatus the plugin receives (after it is recorded).
+	OnRegistrationStatus func(*registerapi.RegistrationStatus)
 }
 
 // Call is one entry of the call log.
@@ -355,6 +358,9 @@ func (p *Plugin) NotifyRegistrationStatus(_ context.Context, st *registerapi.Reg
 	p.mu.Lock()
 	p.statuses = append(p.statuses, st)
 	p.mu.Unlock()
+	if p.opts.OnRegistrationStatus != nil {
+		p.opts.OnRegistrationStatus(st)
+	}
 	if st.GetPluginRegistered() {
 		p.log.Info("registered", "resource", p.opts.Resource)
 	} else {
