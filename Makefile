@@ -99,7 +99,7 @@ run: build $(GRPCURL) ## Run the stack as local processes under .run/ (Ctrl-C st
 	GRPCURL=$(GRPCURL) scripts/run.sh
 
 .PHONY: compose
-compose: ## Make sure a current 'docker compose' is available (builds Compose $(COMPOSE_VERSION) when not).
+compose: ## Make sure a current 'docker compose' is available (builds the pinned Compose when not).
 	@if docker compose version >/dev/null 2>&1; then docker compose version; else \
 	  echo "docker compose not found: building Compose $(COMPOSE_VERSION) as a CLI plugin"; \
 	  scripts/build-compose.sh $(COMPOSE_VERSION) "$(DOCKER_CONFIG)/cli-plugins/docker-compose"; fi
