@@ -1,0 +1,198 @@
+// Package checkpoint stores the devicemanager's state in
+// <root>/device-plugins/nodeplug_checkpoint: a versioned JSON document whose
+// data is protected by a SHA-256 checksum, written atomically (temporary file
+// in the same directory, fsync, rename, fsync of the directory).
+//
+// It never touches the kubelet's kubelet_internal_checkpoint.
+package checkpoint
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// FileName is the checkpoint's name in the device-plugins directory.
+const FileName = "nodeplug_checkpoint"
+
+// Version is the format version written.
+const Version = 1
+
+// ErrCorrupt is returned by Load for a file that cannot be trusted: not JSON,
+// truncated, another format or version, or a checksum mismatch.
+var ErrCorrupt = errors.New("checkpoint is corrupt")
+
+// Data is what the checkpoint holds.
+type Data struct {
+	Resources   []Resource   `json:"resources"`
+	Allocations []Allocation `json:"allocations"`
+}
+
+// Resource is one resource's device set and endpoints.
+type Resource struct {
+	Name      string     `json:"name"`
+	Devices   []Device   `json:"devices"`
+	Endpoints []Endpoint `json:"endpoints"`
+}
+
+// Device is one device and its health.
+type Device struct {
+	ID      string `json:"id"`
+	Healthy bool   `json:"healthy"`
+	// Topology holds NUMA node IDs, if the plugin reported any.
+	NUMANodes []int64 `json:"numa_nodes,omitempty"`
+}
+
+// Endpoint is one device plugin endpoint.
+type Endpoint struct {
+	Endpoint         string    `json:"endpoint"`
+	SocketPath       string    `json:"socket_path"`
+	Generation       string    `json:"generation"`
+	RegistrationPath string    `json:"registration_path"`
+	Versions         []string  `json:"versions,omitempty"`
+	PreStartRequired bool      `json:"pre_start_required"`
+	Preferred        bool      `json:"get_preferred_allocation_available"`
+	Registered       time.Time `json:"registered"`
+	Primary          bool      `json:"primary"`
+}
+
+// Allocation is one container's devices of one resource.
+type Allocation struct {
+	PodUID        string   `json:"pod_uid"`
+	ContainerName string   `json:"container_name"`
+	ResourceName  string   `json:"resource_name"`
+	DeviceIDs     []string `json:"device_ids"`
+	// Response is the plugin's ContainerAllocateResponse in protobuf wire
+	// format (base64 in JSON).
+	Response  []byte    `json:"response"`
+	TraceID   string    `json:"trace_id,omitempty"`
+	Allocated time.Time `json:"allocated"`
+}
+
+type envelope struct {
+	Version  int             `json:"version"`
+	Checksum string          `json:"checksum"`
+	Data     json.RawMessage `json:"data"`
+}
+
+// Path returns the checkpoint path in dir.
+func Path(dir string) string { return filepath.Join(dir, FileName) }
+
+func checksum(b []byte) string {
+	sum := sha256.Sum256(b)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// Marshal encodes d with its envelope.
+func Marshal(d *Data) ([]byte, error) {
+	data, err := json.Marshal(d)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(envelope{Version: Version, Checksum: checksum(data), Data: data})
+}
+
+// Unmarshal decodes and verifies a checkpoint. Errors wrap ErrCorrupt.
+func Unmarshal(b []byte) (*Data, error) {
+	var env envelope
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&env); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if env.Version != Version {
+		return nil, fmt.Errorf("%w: version %d, want %d", ErrCorrupt, env.Version, Version)
+	}
+	if len(env.Data) == 0 {
+		return nil, fmt.Errorf("%w: no data", ErrCorrupt)
+	}
+	if got := checksum(env.Data); got != env.Checksum {
+		return nil, fmt.Errorf("%w: checksum %s, computed %s", ErrCorrupt, env.Checksum, got)
+	}
+	var d Data
+	if err := json.Unmarshal(env.Data, &d); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return &d, nil
+}
+
+// Load reads the checkpoint at path. A missing file returns (nil, nil).
+// A corrupt file returns an error wrapping ErrCorrupt.
+func Load(path string) (*Data, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %v", ErrCorrupt, path, err)
+	}
+	return Unmarshal(b)
+}
+
+// MoveAside renames a corrupt checkpoint to <path>.corrupt-<timestamp> and
+// returns the new name.
+func MoveAside(path string, now time.Time) (string, error) {
+	aside := fmt.Sprintf("%s.corrupt-%s", path, now.UTC().Format("20060102T150405.000000000Z"))
+	if err := os.Rename(path, aside); err != nil {
+		return "", err
+	}
+	return aside, syncDir(filepath.Dir(path))
+}
+
+// Save writes d to path atomically: a temporary file in the same directory,
+// fsync, rename over path, fsync of the directory.
+func Save(path string, d *Data) error {
+	b, err := Marshal(d)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+FileName+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write checkpoint: %w", err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if tmp != "" {
+			_ = os.Remove(tmp)
+		}
+	}()
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("write checkpoint %s: %w", tmp, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("fsync checkpoint %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close checkpoint %s: %w", tmp, err)
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("rename checkpoint into place: %w", err)
+	}
+	tmp = ""
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package manager
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/checkpoint"
+)
+
+// persist writes the checkpoint if the state changed since the last write.
+// Concurrent callers share writes: a caller whose change is already in a
+// written snapshot returns at once.
+func (m *Manager) persist() error {
+	m.saveMu.Lock()
+	defer m.saveMu.Unlock()
+	m.mu.Lock()
+	v := m.version
+	if v == m.saved {
+		m.mu.Unlock()
+		return nil
+	}
+	d, err := m.snapshotLocked()
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := checkpoint.Save(m.ckptPath, d); err != nil {
+		return err
+	}
+	m.saved = v
+	return nil
+}
+
+func (m *Manager) snapshotLocked() (*checkpoint.Data, error) {
+	d := &checkpoint.Data{Resources: []checkpoint.Resource{}, Allocations: []checkpoint.Allocation{}}
+	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
+		res := m.resources[name]
+		r := checkpoint.Resource{Name: name, Devices: []checkpoint.Device{}, Endpoints: []checkpoint.Endpoint{}}
+		for _, id := range slices.Sorted(maps.Keys(res.devices)) {
+			dev := res.devices[id]
+			r.Devices = append(r.Devices, checkpoint.Device{ID: id, Healthy: dev.healthy, NUMANodes: dev.numa})
+		}
+		eps := slices.SortedFunc(maps.Values(res.endpoints), func(a, b *endpoint) int { return cmp.Compare(a.seq, b.seq) })
+		for _, e := range eps {
+			r.Endpoints = append(r.Endpoints, checkpoint.Endpoint{
+				Endpoint: e.path, SocketPath: e.socketPath, Generation: e.generation,
+				RegistrationPath: e.regPath.String(), Versions: e.versions,
+				PreStartRequired: e.opts.GetPreStartRequired(), Preferred: e.opts.GetGetPreferredAllocationAvailable(),
+				Registered: e.registered, Primary: e == res.primary,
+			})
+		}
+		d.Resources = append(d.Resources, r)
+	}
+	keys := slices.SortedFunc(maps.Keys(m.allocs), func(a, b allocKey) int {
+		return strings.Compare(a.pod+"\x00"+a.container+"\x00"+a.resource, b.pod+"\x00"+b.container+"\x00"+b.resource)
+	})
+	for _, k := range keys {
+		a := m.allocs[k]
+		b, err := responseBytes(a.resp)
+		if err != nil {
+			return nil, fmt.Errorf("encode allocation of %s for %s/%s: %w", k.resource, k.pod, k.container, err)
+		}
+		d.Allocations = append(d.Allocations, checkpoint.Allocation{
+			PodUID: k.pod, ContainerName: k.container, ResourceName: k.resource,
+			DeviceIDs: a.ids, Response: b, TraceID: a.traceID, Allocated: a.at,
+		})
+	}
+	return d, nil
+}
+
+// Restore loads the checkpoint and redials the endpoints it records.
+// Endpoints still serving are live again at once, with their recorded
+// generation, so a later registration of the same generation is a no-op.
+// Resources whose endpoints do not answer are kept with every device
+// unhealthy until a plugin registers or the grace period ends. A corrupt
+// checkpoint is moved aside, logged as an error, and the manager starts
+// empty. Call Restore once, before serving.
+func (m *Manager) Restore(ctx context.Context) error {
+	d, err := checkpoint.Load(m.ckptPath)
+	if err != nil {
+		aside, rerr := checkpoint.MoveAside(m.ckptPath, time.Now())
+		if rerr != nil {
+			return fmt.Errorf("checkpoint %s is unusable (%v) and could not be moved aside: %w", m.ckptPath, err, rerr)
+		}
+		m.log.Error("CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints",
+			"path", m.ckptPath, "moved_to", aside, "error", err)
+		return nil
+	}
+	if d == nil {
+		m.log.Info("no checkpoint; starting empty", "path", m.ckptPath)
+		return nil
+	}
+	now := time.Now()
+	var restored []*endpoint
+	m.mu.Lock()
+	for _, r := range d.Resources {
+		res := &resource{name: r.Name, devices: map[string]*device{}, endpoints: map[string]*endpoint{}, stoppedAt: now}
+		for _, dv := range r.Devices {
+			res.devices[dv.ID] = &device{id: dv.ID, healthy: dv.Healthy, numa: dv.NUMANodes}
+		}
+		for _, e := range r.Endpoints {
+			m.seq++
+			ep := &endpoint{
+				resource: r.Name, path: e.Endpoint, socketPath: e.SocketPath, generation: e.Generation,
+				regPath: dmv1.RegistrationPath(dmv1.RegistrationPath_value[e.RegistrationPath]), versions: e.Versions,
+				opts:  &pluginapi.DevicePluginOptions{PreStartRequired: e.PreStartRequired, GetPreferredAllocationAvailable: e.Preferred},
+				state: dmv1.EndpointState_ENDPOINT_STATE_STOPPED, seq: m.seq, registered: e.Registered, stopped: now, closed: true,
+			}
+			res.endpoints[ep.path] = ep
+			if e.Primary || res.primary == nil {
+				res.primary = ep
+			}
+			restored = append(restored, ep)
+		}
+		m.resources[r.Name] = res
+	}
+	for _, a := range d.Allocations {
+		resp := &pluginapi.ContainerAllocateResponse{}
+		if err := proto.Unmarshal(a.Response, resp); err != nil {
+			m.log.Error("checkpoint allocation with an unreadable plugin response; keeping its devices allocated",
+				"pod_uid", a.PodUID, "container", a.ContainerName, "resource", a.ResourceName, "error", err)
+		}
+		key := allocKey{a.PodUID, a.ContainerName, a.ResourceName}
+		m.allocs[key] = &allocation{key: key, ids: a.DeviceIDs, resp: resp, traceID: a.TraceID, at: a.Allocated}
+		m.reserveLocked(key, a.DeviceIDs)
+	}
+	m.mu.Unlock()
+	m.log.Info("checkpoint restored", "path", m.ckptPath, "resources", len(d.Resources), "endpoints", len(restored), "allocations", len(d.Allocations))
+
+	var wg sync.WaitGroup
+	for _, old := range restored {
+		wg.Go(func() { m.redial(ctx, old) })
+	}
+	wg.Wait()
+
+	m.mu.Lock()
+	for _, res := range m.resources {
+		if res.primary == nil || res.primary.closed {
+			for _, dv := range res.devices {
+				dv.healthy = false
+			}
+			res.stoppedAt = now
+		}
+		m.changedLocked(res)
+	}
+	m.mu.Unlock()
+	m.poke()
+	return m.persist()
+}
+
+// redial reconnects an endpoint recorded in the checkpoint.
+func (m *Manager) redial(ctx context.Context, old *endpoint) {
+	ctx, span := tracer.Start(ctx, "redial "+old.resource, trace.WithNewRoot())
+	defer span.End()
+	ctx, cancel := context.WithTimeout(ctx, redialTimeout)
+	defer cancel()
+	dialPath, err := m.confiner.Resolve(old.path)
+	if err != nil {
+		m.log.InfoContext(ctx, "recorded endpoint not redialled", "resource", old.resource, "endpoint", old.path, "error", err)
+		return
+	}
+	ep := &endpoint{
+		resource: old.resource, path: old.path, dialPath: dialPath, socketPath: old.socketPath,
+		generation: old.generation, regPath: old.regPath, versions: old.versions, registered: old.registered,
+	}
+	unlock := m.regLocks.Lock(ep.path)
+	defer unlock()
+	lw, err := m.connect(ctx, ep)
+	if err != nil {
+		m.log.InfoContext(ctx, "recorded endpoint does not answer; waiting for its plugin to register again",
+			"resource", old.resource, "endpoint", old.path, "error", errors.Unwrap(err))
+		return
+	}
+	m.mu.Lock()
+	m.installLocked(ep, time.Now())
+	m.mu.Unlock()
+	m.wg.Add(1)
+	go m.run(ep, lw)
+	m.log.InfoContext(ctx, "recorded endpoint live again", "resource", ep.resource, "endpoint", ep.path, "generation", ep.generation)
+}
