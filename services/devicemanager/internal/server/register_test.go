@@ -1,0 +1,462 @@
+package server
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
+)
+
+func TestRegisterBothPaths(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	reg := e.plugin("reg", deviceplugin.Options{Resource: "example.com/reg", Devices: 4}, false)
+	resp, err := e.register(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetInstanceId() != e.d.Manager.InstanceID() || resp.GetInstanceId() == "" {
+		t.Fatalf("instance id %q, want %q", resp.GetInstanceId(), e.d.Manager.InstanceID())
+	}
+	r := e.waitCounts("example.com/reg", 4, 4)
+	if r.GetFree() != 4 || len(r.GetEndpoints()) != 1 {
+		t.Fatalf("resource = %v", r)
+	}
+	ep := r.GetEndpoints()[0]
+	if ep.GetEndpoint() != reg.SocketPath() || ep.GetSocketPath() != reg.SocketPath() || ep.GetGeneration() != generation(t, reg.SocketPath()) ||
+		ep.GetRegistrationPath() != dmv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || !ep.GetPrimary() ||
+		ep.GetState() != dmv1.EndpointState_ENDPOINT_STATE_LIVE {
+		t.Fatalf("endpoint = %v", ep)
+	}
+
+	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 2}, true)
+	if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
+		t.Fatal(err)
+	}
+	r = e.waitCounts("example.com/legacy", 2, 2)
+	ep = r.GetEndpoints()[0]
+	if ep.GetEndpoint() != filepath.Join(e.dpDir, "legacy.sock") || ep.GetRegistrationPath() != dmv1.RegistrationPath_REGISTRATION_PATH_KUBELET_SOCK ||
+		ep.GetGeneration() != generation(t, legacy.SocketPath()) {
+		t.Fatalf("legacy endpoint = %v", ep)
+	}
+}
+
+func TestRegisterRejects(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	good := e.plugin("good", deviceplugin.Options{Resource: "example.com/good", Devices: 1}, false)
+	outsideDir, err := os.MkdirTemp("", "np")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(outsideDir)
+	outside, err := deviceplugin.New(deviceplugin.Options{Resource: "example.com/out", Devices: 1, SocketPath: filepath.Join(outsideDir, "out.sock")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := outside.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer outside.Stop()
+	escape := filepath.Join(e.regDir, "escape.sock")
+	if err := os.Symlink(outside.SocketPath(), escape); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name     string
+		req      *dmv1.RegisterPluginRequest
+		wantCode codes.Code
+		wantMsg  string
+	}{
+		{"no v1beta1", &dmv1.RegisterPluginRequest{ResourceName: "example.com/good", Endpoint: good.SocketPath(), Versions: []string{"v1alpha"}},
+			codes.InvalidArgument, "manager version, v1beta1, is not among plugin supported versions [v1alpha]"},
+		{"no domain", &dmv1.RegisterPluginRequest{ResourceName: "good", Endpoint: good.SocketPath(), Versions: []string{"v1beta1"}},
+			codes.InvalidArgument, `invalid name of device plugin socket: the ResourceName "good" is invalid`},
+		{"kubernetes.io", &dmv1.RegisterPluginRequest{ResourceName: "kubernetes.io/good", Endpoint: good.SocketPath(), Versions: []string{"v1beta1"}},
+			codes.InvalidArgument, `the ResourceName "kubernetes.io/good" is invalid`},
+		{"outside", &dmv1.RegisterPluginRequest{ResourceName: "example.com/out", Endpoint: outside.SocketPath(), Versions: []string{"v1beta1"}},
+			codes.InvalidArgument, "outside the allowed directories"},
+		{"dotdot", &dmv1.RegisterPluginRequest{ResourceName: "example.com/good", Endpoint: e.regDir + "/../plugins_registry/good.sock", Versions: []string{"v1beta1"}},
+			codes.InvalidArgument, `contains ".."`},
+		{"symlink escape", &dmv1.RegisterPluginRequest{ResourceName: "example.com/out", Endpoint: escape, Versions: []string{"v1beta1"}},
+			codes.InvalidArgument, "outside the allowed directories"},
+		{"relative", &dmv1.RegisterPluginRequest{ResourceName: "example.com/good", Endpoint: "good.sock", Versions: []string{"v1beta1"}},
+			codes.InvalidArgument, "not an absolute path"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := e.client.RegisterPlugin(ctxT(t), tc.req)
+			if status.Code(err) != tc.wantCode || !strings.Contains(status.Convert(err).Message(), tc.wantMsg) {
+				t.Fatalf("err = %v, want %v containing %q", err, tc.wantCode, tc.wantMsg)
+			}
+		})
+	}
+	if outside.CallCount(deviceplugin.MethodGetDevicePluginOptions) != 0 {
+		t.Fatal("a plugin outside the allowed directories was dialled")
+	}
+
+	// The legacy path, with the kubelet's messages.
+	conn, err := rpcutil.NewClient(e.kubeletSock())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	kc := pluginapi.NewRegistrationClient(conn)
+	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 1}, true)
+	ltests := []struct {
+		name string
+		req  *pluginapi.RegisterRequest
+		msg  string
+	}{
+		{"version", &pluginapi.RegisterRequest{Version: "v1alpha", Endpoint: "legacy.sock", ResourceName: "example.com/legacy"},
+			`requested API version "v1alpha" is not supported by kubelet. Supported version is "v1beta1"`},
+		{"name", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "legacy.sock", ResourceName: "legacy"},
+			`the ResourceName "legacy" is invalid`},
+		{"path in endpoint", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "../plugins_registry/good.sock", ResourceName: "example.com/legacy"},
+			"must be a socket file name"},
+	}
+	for _, tc := range ltests {
+		t.Run("legacy "+tc.name, func(t *testing.T) {
+			_, err := kc.Register(ctxT(t), tc.req)
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+				t.Fatalf("err = %v, want InvalidArgument containing %q", err, tc.msg)
+			}
+		})
+	}
+	if legacy.CallCount(deviceplugin.MethodGetDevicePluginOptions) != 0 {
+		t.Fatal("a rejected legacy plugin was dialled")
+	}
+	resp, err := e.client.ListResources(ctxT(t), &dmv1.ListResourcesRequest{})
+	if err != nil || len(resp.GetResources()) != 0 {
+		t.Fatalf("resources after rejected registrations: %v, %v", resp, err)
+	}
+}
+
+func TestGetDevicePluginOptionsFailure(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/opts", Devices: 2}, false)
+	p.SetFailure(deviceplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
+	_, err := e.register(p)
+	if c := status.Code(err); (c != codes.Internal && c != codes.Unavailable) || !strings.Contains(err.Error(), "failed to get device plugin options") {
+		t.Fatalf("err = %v", err)
+	}
+	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/opts-legacy", Devices: 2}, true)
+	legacy.SetFailure(deviceplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
+	if err := legacy.Register(ctxT(t), e.kubeletSock()); err == nil || !strings.Contains(err.Error(), "failed to get device plugin options") {
+		t.Fatalf("legacy err = %v", err)
+	}
+	for _, pl := range []*deviceplugin.Plugin{p, legacy} {
+		if n := pl.CallCount(deviceplugin.MethodGetDevicePluginOptions); n != 1 {
+			t.Errorf("%s: GetDevicePluginOptions called %d times, want 1", pl.Resource(), n)
+		}
+		if n := pl.CallCount(deviceplugin.MethodListAndWatch); n != 0 {
+			t.Errorf("%s: ListAndWatch called %d times, want 0", pl.Resource(), n)
+		}
+		if r := e.resource(pl.Resource()); r != nil {
+			t.Errorf("resource %s present: %v", pl.Resource(), r)
+		}
+	}
+}
+
+func TestAllocatableFollowsHealth(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/health", Devices: 4}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/health", 4, 4)
+	steps := []struct {
+		id      string
+		healthy bool
+		want    int64
+	}{
+		{"dev-0", false, 3}, {"dev-0", true, 4}, {"dev-1", false, 3}, {"dev-2", false, 2}, {"dev-1", true, 3}, {"dev-2", true, 4},
+	}
+	for _, s := range steps {
+		if err := p.SetHealth(s.id, s.healthy); err != nil {
+			t.Fatal(err)
+		}
+		r := e.waitCounts("example.com/health", s.want, 4)
+		if int64(len(r.GetUnhealthyDeviceIds())) != 4-s.want || r.GetFree() != s.want {
+			t.Fatalf("after %s=%v: %v", s.id, s.healthy, r)
+		}
+	}
+}
+
+func TestListAndWatchFails(t *testing.T) {
+	t.Run("at once", func(t *testing.T) {
+		e := newEnv(t, 300*time.Millisecond)
+		p := e.plugin("p", deviceplugin.Options{Resource: "example.com/law", Devices: 2}, false)
+		p.SetFailure(deviceplugin.MethodListAndWatch, status.Error(codes.Internal, "broken"))
+		e.mustRegister(p)
+		e.waitResource("example.com/law", "a stopped endpoint", func(r *dmv1.Resource) bool {
+			return r != nil && len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_STOPPED &&
+				r.GetCapacity() == 0 && r.GetAllocatable() == 0
+		})
+		e.waitGone("example.com/law")
+		if p.CallCount(deviceplugin.MethodListAndWatch) != 1 || p.CallCount(deviceplugin.MethodGetDevicePluginOptions) != 1 {
+			t.Fatalf("calls = %v; ListAndWatch must not be retried", p.Calls())
+		}
+	})
+	t.Run("after devices", func(t *testing.T) {
+		e := newEnv(t, 300*time.Millisecond)
+		p := e.plugin("p", deviceplugin.Options{Resource: "example.com/law", Devices: 2}, false)
+		e.mustRegister(p)
+		e.waitCounts("example.com/law", 2, 2)
+		p.FailStreams(status.Error(codes.Internal, "broken"))
+		r := e.waitCounts("example.com/law", 0, 2)
+		if r.GetGraceDeadline() == nil {
+			t.Fatalf("no grace deadline on a stopped resource: %v", r)
+		}
+		e.waitGone("example.com/law")
+		if p.CallCount(deviceplugin.MethodListAndWatch) != 1 {
+			t.Fatalf("ListAndWatch called %d times; it must not be retried", p.CallCount(deviceplugin.MethodListAndWatch))
+		}
+	})
+}
+
+func TestPluginStoppedKeepsCapacityForGrace(t *testing.T) {
+	e := newEnv(t, 500*time.Millisecond)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/stop", Devices: 2}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/stop", 2, 2)
+	p.Stop()
+	r := e.waitCounts("example.com/stop", 0, 2)
+	if ep := r.GetEndpoints(); len(ep) != 1 || ep[0].GetState() != dmv1.EndpointState_ENDPOINT_STATE_STOPPED || ep[0].GetStoppedTime() == nil {
+		t.Fatalf("endpoints = %v", ep)
+	}
+	e.waitGone("example.com/stop")
+}
+
+// watchAllocatable records every allocatable value of resource seen through
+// WatchResources after the synced marker.
+func watchAllocatable(t *testing.T, e *env, resource string) (values func() []int64, stop func()) {
+	t.Helper()
+	ctx, cancel := contextWithCancel(t)
+	ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	synced := make(chan struct{})
+	ch := make(chan int64, 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(ch)
+		isSynced := false
+		for {
+			msg, err := ws.Recv()
+			if err != nil {
+				return
+			}
+			if msg.GetInstanceId() != e.d.Manager.InstanceID() {
+				t.Errorf("watch item with instance id %q", msg.GetInstanceId())
+			}
+			if msg.GetSynced() != nil {
+				isSynced = true
+				close(synced)
+				continue
+			}
+			if c := msg.GetChange(); isSynced && c.GetResource().GetName() == resource {
+				v := c.GetResource().GetAllocatable()
+				if c.GetType() == dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_REMOVED {
+					v = -1
+				}
+				ch <- v
+			}
+		}
+	}()
+	select {
+	case <-synced:
+	case <-time.After(waitFor):
+		t.Fatal("no synced marker")
+	}
+	var got []int64
+	return func() []int64 {
+			cancel()
+			<-done
+			for v := range ch {
+				got = append(got, v)
+			}
+			return got
+		}, func() {
+			cancel()
+			<-done
+		}
+}
+
+func TestRollingUpgradeNoDip(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	const res = "example.com/roll"
+	p1 := e.plugin("p1", deviceplugin.Options{Resource: res, Devices: 4}, false)
+	e.mustRegister(p1)
+	e.waitCounts(res, 4, 4)
+
+	values, _ := watchAllocatable(t, e, res)
+	p2 := e.plugin("p2", deviceplugin.Options{Resource: res, Devices: 4}, false)
+	e.mustRegister(p2)
+	r := e.waitResource(res, "two endpoints, p2 primary", func(r *dmv1.Resource) bool {
+		return len(r.GetEndpoints()) == 2 && r.GetEndpoints()[1].GetPrimary() && r.GetEndpoints()[1].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE
+	})
+	if r.GetEndpoints()[0].GetEndpoint() != p1.SocketPath() {
+		t.Fatalf("endpoints = %v", r.GetEndpoints())
+	}
+	p1.Stop()
+	e.waitResource(res, "only p2", func(r *dmv1.Resource) bool {
+		return len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetEndpoint() == p2.SocketPath() && r.GetEndpoints()[0].GetPrimary()
+	})
+	if _, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p1.SocketPath()}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCounts(res, 4, 4)
+	got := values()
+	if len(got) == 0 {
+		t.Fatal("no change seen through WatchResources")
+	}
+	for _, v := range got {
+		if v < 4 {
+			t.Fatalf("allocatable dipped during the rolling upgrade: %v", got)
+		}
+	}
+}
+
+func TestReRegistration(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	const res = "example.com/rereg"
+	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 3}, false)
+	e.mustRegister(p)
+	e.waitCounts(res, 3, 3)
+	values, _ := watchAllocatable(t, e, res)
+
+	// Same generation: a no-op.
+	e.mustRegister(p)
+	if n := p.CallCount(deviceplugin.MethodListAndWatch); n != 1 {
+		t.Fatalf("same-generation re-registration opened another stream (%d)", n)
+	}
+	if r := e.resource(res); len(r.GetEndpoints()) != 1 {
+		t.Fatalf("endpoints = %v", r.GetEndpoints())
+	}
+
+	// New generation of the same endpoint: replaces it, without a dip.
+	_, err := e.client.RegisterPlugin(ctxT(t), &dmv1.RegisterPluginRequest{
+		ResourceName: res, Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, SocketPath: p.SocketPath(), Generation: "other-generation",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCalls(t, p, deviceplugin.MethodListAndWatch, 2)
+	r := e.waitResource(res, "the new generation live", func(r *dmv1.Resource) bool {
+		return len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetGeneration() == "other-generation" &&
+			r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE
+	})
+	if r.GetAllocatable() != 3 {
+		t.Fatalf("resource = %v", r)
+	}
+	deadline := time.Now().Add(waitFor)
+	for p.StreamCount() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the replaced stream is still open (%d streams)", p.StreamCount())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, v := range values() {
+		if v != 3 {
+			t.Fatalf("allocatable changed during re-registration")
+		}
+	}
+
+	// The legacy path: a second Register with the same socket is a no-op.
+	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/rereg-legacy", Devices: 2}, true)
+	for range 2 {
+		if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitCounts("example.com/rereg-legacy", 2, 2)
+	if n := legacy.CallCount(deviceplugin.MethodListAndWatch); n != 1 {
+		t.Fatalf("legacy re-Register with the same socket opened %d streams", n)
+	}
+}
+
+func TestDeregister(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	const res = "example.com/dereg"
+	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 2}, false)
+	e.mustRegister(p)
+	e.waitCounts(res, 2, 2)
+	resp, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: "stale"})
+	if err != nil || resp.GetRemoved() {
+		t.Fatalf("deregister with a stale generation: %v, %v", resp, err)
+	}
+	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: generation(t, p.SocketPath())})
+	if err != nil || !resp.GetRemoved() || resp.GetInstanceId() != e.d.Manager.InstanceID() {
+		t.Fatalf("deregister: %v, %v", resp, err)
+	}
+	e.waitCounts(res, 0, 2)
+	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath()})
+	if err != nil || resp.GetRemoved() {
+		t.Fatalf("second deregister: %v, %v", resp, err)
+	}
+}
+
+func TestRefusesLiveKubeletSock(t *testing.T) {
+	root, err := os.MkdirTemp("", "np")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	lis, err := unixsock.Listen(filepath.Join(root, KubeletSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Start(ctxT(t), Options{DevicePluginsDir: root, Log: testLogger(t)})
+	if !errors.Is(err, ErrKubeletRunning) {
+		t.Fatalf("Start with a live kubelet.sock: %v", err)
+	}
+	lis.Close() // Go removes the socket file on Close; make a stale one.
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(root, KubeletSocketName), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	// A stale socket of some other plugin is swept, the checkpoint kept.
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(root, "stale.sock"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	if err := os.WriteFile(filepath.Join(root, "kubelet_internal_checkpoint"), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := contextWithCancel(t)
+	d, err := Start(ctx, Options{DevicePluginsDir: root, Log: testLogger(t)})
+	if err != nil {
+		t.Fatalf("Start with a stale kubelet.sock: %v", err)
+	}
+	done := make(chan error)
+	go func() { done <- d.Run(ctx) }()
+	if _, err := os.Stat(filepath.Join(root, "stale.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale socket not swept: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "kubelet_internal_checkpoint")); err != nil || string(b) != "{}" {
+		t.Errorf("the kubelet's checkpoint was touched: %q, %v", b, err)
+	}
+	if !unixsock.IsSocket(filepath.Join(root, KubeletSocketName)) {
+		t.Error("kubelet.sock not served")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
