@@ -99,6 +99,7 @@ type Plugin struct {
 	calls    []Call
 	statuses []*registerapi.RegistrationStatus
 	changed  chan struct{} // closed and replaced on every change
+	prefer   []string      // fixed GetPreferredAllocation answer, if set
 
 	server   *grpc.Server
 	listener net.Listener
@@ -284,6 +285,14 @@ func (p *Plugin) SetFailure(method string, err error) {
 	p.failures[method] = err
 }
 
+// SetPreference makes GetPreferredAllocation answer ids verbatim (nil
+// restores the default preference), to test how a caller checks answers.
+func (p *Plugin) SetPreference(ids []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.prefer = slices.Clone(ids)
+}
+
 // FailStreams ends every open ListAndWatch stream with err (nil ends them
 // cleanly), leaving the server running.
 func (p *Plugin) FailStreams(err error) {
@@ -428,6 +437,13 @@ func (p *Plugin) GetPreferredAllocation(_ context.Context, req *pluginapi.Prefer
 	for _, cr := range req.GetContainerRequests() {
 		if err := p.record(Call{Method: MethodGetPreferredAllocation, DeviceIDs: cr.GetAvailableDeviceIDs(), MustInclude: cr.GetMustIncludeDeviceIDs(), Size: cr.GetAllocationSize()}); err != nil {
 			return nil, err
+		}
+		p.mu.Lock()
+		fixed := p.prefer
+		p.mu.Unlock()
+		if fixed != nil {
+			resp.ContainerResponses = append(resp.ContainerResponses, &pluginapi.ContainerPreferredAllocationResponse{DeviceIDs: slices.Clone(fixed)})
+			continue
 		}
 		picked := slices.Clone(cr.GetMustIncludeDeviceIDs())
 		avail := slices.Sorted(slices.Values(cr.GetAvailableDeviceIDs()))

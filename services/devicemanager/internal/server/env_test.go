@@ -15,11 +15,16 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"))
+	// The SDK, as every binary installs it, so trace IDs exist.
+	if _, err := telemetry.Setup(context.Background(), "devicemanager-test", "test"); err != nil {
+		panic(err)
+	}
+	goleak.VerifyTestMain(m)
 }
 
 const waitFor = 30 * time.Second
