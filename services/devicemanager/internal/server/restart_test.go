@@ -1,0 +1,159 @@
+package server
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/checkpoint"
+)
+
+func TestRestartRestoresAndRedials(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	reg := e.plugin("reg", deviceplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true}, false)
+	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 2}, true)
+	gone := e.plugin("gone", deviceplugin.Options{Resource: "example.com/gone", Devices: 2}, false)
+	e.mustRegister(reg)
+	e.mustRegister(gone)
+	if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCounts("example.com/reg", 4, 4)
+	e.waitCounts("example.com/legacy", 2, 2)
+	e.waitCounts("example.com/gone", 2, 2)
+	reqs := []*dmv1.AllocateRequest{
+		allocReq("pod1", "c", "example.com/reg", 2),
+		allocReq("pod1", "c2", "example.com/legacy", 1),
+		allocReq("pod2", "c", "example.com/gone", 1),
+	}
+	var answers []*dmv1.AllocateResponse
+	for _, r := range reqs {
+		a, err := e.client.Allocate(ctxT(t), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		answers = append(answers, a)
+	}
+	before, err := e.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldID := e.d.Manager.InstanceID()
+	regGen := e.resource("example.com/reg").GetEndpoints()[0].GetGeneration()
+
+	e.shutdown()
+	gone.Stop()
+	// A socket of a plugin the devicemanager never knew: swept at start.
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(e.dpDir, "stale.sock"), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	e.start()
+
+	if e.d.Manager.InstanceID() == oldID {
+		t.Fatal("instance id unchanged across a restart")
+	}
+	// Still-serving plugins are live again without registering anew.
+	r := e.resource("example.com/reg")
+	if r.GetAllocatable() != 4 || r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_STOPPED || r.GetEndpoints()[0].GetGeneration() != regGen {
+		t.Fatalf("reg after restart: %v", r)
+	}
+	e.waitResource("example.com/legacy", "live", func(r *dmv1.Resource) bool {
+		return r.GetAllocatable() == 2 && r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE
+	})
+	if _, err := os.Stat(legacy.SocketPath()); err != nil {
+		t.Fatalf("the live legacy plugin's socket was swept: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(e.dpDir, "stale.sock")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stale socket not swept: %v", err)
+	}
+	// The dead plugin's resource is kept, stopped, with its allocation.
+	g := e.resource("example.com/gone")
+	if g.GetCapacity() != 2 || g.GetAllocatable() != 0 || g.GetEndpoints()[0].GetState() != dmv1.EndpointState_ENDPOINT_STATE_STOPPED ||
+		len(g.GetAllocatedDeviceIds()) != 1 || g.GetGraceDeadline() == nil {
+		t.Fatalf("gone after restart: %v", g)
+	}
+
+	after, err := e.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before.InstanceId, after.InstanceId = "", ""
+	if !proto.Equal(before, after) {
+		t.Fatalf("allocations changed across the restart:\n%v\n%v", before, after)
+	}
+	allocs, prestarts := reg.CallCount(deviceplugin.MethodAllocate), reg.CallCount(deviceplugin.MethodPreStartContainer)
+	for i, r := range reqs[:2] {
+		a, err := e.client.Allocate(ctxT(t), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(a, answers[i]) {
+			t.Fatalf("restored answer differs:\n%v\n%v", a, answers[i])
+		}
+	}
+	if reg.CallCount(deviceplugin.MethodAllocate) != allocs || reg.CallCount(deviceplugin.MethodPreStartContainer) != prestarts {
+		t.Fatal("a restored allocation called the plugin again")
+	}
+	// The reconciler's re-registration with the same generation is a no-op.
+	streams := reg.CallCount(deviceplugin.MethodListAndWatch)
+	e.mustRegister(reg)
+	if reg.CallCount(deviceplugin.MethodListAndWatch) != streams {
+		t.Fatal("same-generation registration after a restart reconnected")
+	}
+}
+
+func TestCorruptCheckpointMovedAside(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/c", Devices: 2}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/c", 2, 2)
+	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/c", 1)); err != nil {
+		t.Fatal(err)
+	}
+	e.shutdown()
+	path := checkpoint.Path(e.dpDir)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corrupt := b[:len(b)-10] // truncated
+	if err := os.WriteFile(path, corrupt, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	matches, _ := filepath.Glob(path + ".corrupt-*")
+	if len(matches) != 1 {
+		t.Fatalf("corrupt checkpoint not moved aside: %v", matches)
+	}
+	if got, _ := os.ReadFile(matches[0]); string(got) != string(corrupt) {
+		t.Fatal("the moved-aside file differs from the corrupt one")
+	}
+	l, err := e.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})
+	if err != nil || len(l.GetAllocations()) != 0 {
+		t.Fatalf("service after a corrupt checkpoint: %v, %v", l, err)
+	}
+	// It works and writes a fresh checkpoint.
+	e.mustRegister(p)
+	e.waitCounts("example.com/c", 2, 2)
+	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/c", 1)); err != nil {
+		t.Fatal(err)
+	}
+	d, err := checkpoint.Load(path)
+	if err != nil || len(d.Allocations) != 1 {
+		t.Fatalf("fresh checkpoint: %v, %v", d, err)
+	}
+	if matches, _ := filepath.Glob(path + ".corrupt-*"); len(matches) != 1 || !strings.Contains(matches[0], "corrupt") {
+		t.Fatalf("aside files: %v", matches)
+	}
+}
