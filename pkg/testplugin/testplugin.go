@@ -84,6 +84,13 @@ func Start(path string, info Info, opts ...Options) (*Plugin, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testplugin: listen on %s: %w", path, err)
 	}
+	return Serve(lis, path, info, opts...), nil
+}
+
+// Serve serves on lis, a listener the caller made for the socket at path
+// (for example one that was bound well before it listened). Stop closes it
+// and removes path.
+func Serve(lis net.Listener, path string, info Info, opts ...Options) *Plugin {
 	p := &Plugin{
 		path:          path,
 		server:        grpc.NewServer(),
@@ -102,7 +109,7 @@ func Start(path string, info Info, opts ...Options) (*Plugin, error) {
 		defer close(p.done)
 		_ = p.server.Serve(lis)
 	}()
-	return p, nil
+	return p
 }
 
 // Path is the socket path.
