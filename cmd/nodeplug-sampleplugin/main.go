@@ -1,0 +1,282 @@
+// Command nodeplug-sampleplugin is an example device plugin: N fake devices
+// of one extended resource, served on one socket with both the v1beta1
+// DevicePlugin service and the pluginregistration Registration service.
+//
+// Modes:
+//   - plugins-registry (default): the socket is created in
+//     <root-dir>/plugins_registry, where the watcher finds it.
+//   - kubelet-sock: the socket is created in <root-dir>/device-plugins and
+//     the plugin calls v1beta1 Registration/Register on kubelet.sock there.
+//     When kubelet.sock is created again (a restart of the devicemanager or
+//     kubelet), it registers again, restarting its server first when its
+//     socket was removed (the upstream sample plugin always restarts it).
+//
+// Device health can be flipped while it runs:
+//   - SIGUSR1 marks the first healthy device unhealthy, SIGUSR2 marks the
+//     first unhealthy device healthy;
+//   - with --control-listen, an HTTP endpoint: GET /devices lists devices,
+//     POST /health?device=<id>&healthy=<true|false> sets one device's health.
+//
+// It runs until SIGINT or SIGTERM and removes its socket on exit.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
+	"github.com/nodeplug/nodeplug/pkg/version"
+)
+
+const (
+	modeRegistry = "plugins-registry"
+	modeKubelet  = "kubelet-sock"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stderr, nil))
+}
+
+type config struct {
+	resource, mode, rootDir, socketName, control, logLevel, logFormat string
+	devices                                                            int
+	preferred, prestart, cdi                                           bool
+}
+
+// run runs the plugin until ctx ends and returns the exit code. ready, when
+// set, receives the control address ("" without --control-listen) once the
+// plugin serves.
+func run(ctx context.Context, args []string, stderr io.Writer, ready func(p *deviceplugin.Plugin, control string)) int {
+	var c config
+	fs := app.NewFlags("sampleplugin")
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.resource, "resource", "example.com/sample", "extended resource name")
+	fs.IntVar(&c.devices, "devices", 4, "number of devices (IDs dev-0 .. dev-<N-1>)")
+	fs.StringVar(&c.mode, "mode", modeRegistry, "registration path: plugins-registry or kubelet-sock")
+	fs.StringVar(&c.rootDir, "root-dir", app.DefaultRootDir, "root directory: plugins_registry/ and device-plugins/ are beneath it")
+	fs.StringVar(&c.socketName, "socket-name", "", "socket file name (default derived from the resource name)")
+	fs.BoolVar(&c.preferred, "preferred", false, "offer GetPreferredAllocation (prefers the highest IDs)")
+	fs.BoolVar(&c.prestart, "prestart", false, "require PreStartContainer calls")
+	fs.BoolVar(&c.cdi, "cdi", false, "return CDI device names in Allocate responses")
+	fs.StringVar(&c.control, "control-listen", "", "HTTP control address for health flips (GET /devices, POST /health?device=ID&healthy=BOOL); empty disables it")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *showVersion {
+		fmt.Printf("nodeplug-sampleplugin %s\n", version.Version)
+		return 0
+	}
+	log, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
+	if err != nil {
+		fmt.Fprintln(stderr, "nodeplug-sampleplugin:", err)
+		return 2
+	}
+	if err := serve(ctx, c, log, ready); err != nil {
+		log.Error("exiting", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, c config, log *slog.Logger, ready func(*deviceplugin.Plugin, string)) error {
+	if c.mode != modeRegistry && c.mode != modeKubelet {
+		return fmt.Errorf("--mode %q: want %s or %s", c.mode, modeRegistry, modeKubelet)
+	}
+	root, err := filepath.Abs(c.rootDir)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(root, "plugins_registry")
+	if c.mode == modeKubelet {
+		dir = filepath.Join(root, "device-plugins")
+	}
+	name := c.socketName
+	if name == "" {
+		name = strings.NewReplacer("/", "_", ".", "-").Replace(c.resource) + ".sock"
+	}
+	if strings.Contains(name, "/") {
+		return fmt.Errorf("--socket-name %q must be a file name", name)
+	}
+	p, err := deviceplugin.New(deviceplugin.Options{
+		Resource: c.resource, Devices: c.devices, SocketPath: filepath.Join(dir, name),
+		Preferred: c.preferred, PreStartRequired: c.prestart, CDI: c.cdi, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return err
+	}
+	var watcher *fsnotify.Watcher
+	if c.mode == modeKubelet {
+		// Watch before starting, so a kubelet.sock created meanwhile is seen.
+		if watcher, err = fsnotify.NewWatcher(); err != nil {
+			return err
+		}
+		defer watcher.Close()
+		if err := watcher.Add(dir); err != nil {
+			return fmt.Errorf("watch %s: %w", dir, err)
+		}
+	}
+	if err := p.Start(); err != nil {
+		return err
+	}
+	defer p.Stop()
+
+	controlAddr := ""
+	if c.control != "" {
+		lis, err := net.Listen("tcp", c.control)
+		if err != nil {
+			return fmt.Errorf("control listen on %s: %w", c.control, err)
+		}
+		srv := &http.Server{Handler: controlHandler(p), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(lis) }()
+		defer srv.Close()
+		controlAddr = lis.Addr().String()
+		log.Info("control endpoint listening", "addr", controlAddr)
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(sigs)
+
+	kubeletSock := filepath.Join(dir, "kubelet.sock")
+	var registerc <-chan error
+	register := func() {
+		errc := make(chan error, 1)
+		registerc = errc
+		go func() { errc <- registerWithRetry(ctx, p, kubeletSock, log) }()
+	}
+	if c.mode == modeKubelet {
+		register()
+	}
+	if ready != nil {
+		ready(p, controlAddr)
+	}
+	var events <-chan fsnotify.Event
+	var werrs <-chan error
+	if watcher != nil {
+		events, werrs = watcher.Events, watcher.Errors
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			log.Info("stopping", "socket", p.SocketPath())
+			return nil
+		case sig := <-sigs:
+			flip(p, sig == syscall.SIGUSR2, log)
+		case err := <-registerc:
+			registerc = nil
+			if err != nil {
+				log.Warn("registration on kubelet.sock failed; waiting for kubelet.sock to be created again", "error", err)
+			}
+		case ev := <-events:
+			if ev.Name == kubeletSock && ev.Has(fsnotify.Create) {
+				// A restarted kubelet removes the plugins' sockets; a
+				// restarted devicemanager keeps those it could redial.
+				if _, err := os.Stat(p.SocketPath()); err != nil {
+					log.Info("kubelet.sock created and our socket is gone: restarting the server")
+					p.Stop()
+					if err := p.Start(); err != nil {
+						return err
+					}
+				}
+				log.Info("kubelet.sock created: registering again")
+				register()
+			}
+		case err := <-werrs:
+			log.Warn("watching the device-plugins directory", "error", err)
+		}
+	}
+}
+
+// registerWithRetry registers on kubelet.sock, retrying briefly: kubelet.sock
+// may exist before it accepts connections.
+func registerWithRetry(ctx context.Context, p *deviceplugin.Plugin, kubeletSock string, log *slog.Logger) error {
+	var err error
+	for delay := 50 * time.Millisecond; delay < 5*time.Second; delay *= 2 {
+		if _, serr := os.Stat(kubeletSock); serr == nil {
+			if err = p.Register(ctx, kubeletSock); err == nil {
+				log.Info("registered on kubelet.sock", "resource", p.Resource(), "socket", p.SocketPath())
+				return nil
+			}
+		} else {
+			err = serr
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+	return err
+}
+
+// flip marks the first healthy device unhealthy, or (toHealthy) the first
+// unhealthy device healthy.
+func flip(p *deviceplugin.Plugin, toHealthy bool, log *slog.Logger) {
+	for _, d := range p.Devices() {
+		if (d.Health == pluginapi.Healthy) != toHealthy {
+			if err := p.SetHealth(d.ID, toHealthy); err == nil {
+				log.Info("device health set", "device", d.ID, "healthy", toHealthy)
+			}
+			return
+		}
+	}
+	log.Info("no device to flip", "to_healthy", toHealthy)
+}
+
+func controlHandler(p *deviceplugin.Plugin) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /devices", func(w http.ResponseWriter, _ *http.Request) {
+		type dev struct {
+			ID     string `json:"id"`
+			Health string `json:"health"`
+		}
+		var out []dev
+		for _, d := range p.Devices() {
+			out = append(out, dev{d.ID, d.Health})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out)
+	})
+	mux.HandleFunc("POST /health", func(w http.ResponseWriter, r *http.Request) {
+		healthy, err := strconv.ParseBool(r.URL.Query().Get("healthy"))
+		if err != nil {
+			http.Error(w, "healthy must be true or false", http.StatusBadRequest)
+			return
+		}
+		if err := p.SetHealth(r.URL.Query().Get("device"), healthy); err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
+}
