@@ -1,0 +1,225 @@
+package socketwatch
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// waitFor bounds every wait in these tests: generous, since the machine may be
+// loaded; nothing here measures time.
+const waitFor = 30 * time.Second
+
+// tempDir returns a short directory under os.TempDir (a t.TempDir path can
+// exceed the socket path limit), removed at the end of the test.
+func tempDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "np")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(d) })
+	return d
+}
+
+// listen creates a socket at path with a real listener, closed (and the file
+// removed) at the end of the test.
+func listen(t *testing.T, path string) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatalf("listen %s: %v", path, err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+}
+
+// bindOnly creates a socket file at path and closes the listener without
+// removing the file, so many sockets need no open descriptors.
+func bindOnly(t *testing.T, path string) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Errorf("listen %s: %v", path, err)
+		return
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = l.Close()
+}
+
+func generation(t *testing.T, path string) string {
+	t.Helper()
+	id, _, err := unixsock.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id.Generation()
+}
+
+func mkdir(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(path, 0o750); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type harness struct {
+	dir     string // the watched directory
+	outside string // a directory outside it (and outside the allowed dirs)
+	w       *Watcher
+	markers atomic.Int32
+}
+
+// setup prepares the directories; start starts the watcher over them. Tests
+// that need sockets present before the start put them in between.
+func setup(t *testing.T) *harness {
+	t.Helper()
+	base := tempDir(t)
+	h := &harness{dir: filepath.Join(base, "reg"), outside: filepath.Join(base, "out")}
+	mkdir(t, h.dir)
+	mkdir(t, h.outside)
+	return h
+}
+
+func (h *harness) options(t *testing.T) Options {
+	t.Helper()
+	conf, err := unixsock.NewConfiner([]string{h.dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Options{Dir: h.dir, Confiner: conf}
+}
+
+// start runs a watcher with opts until the end of the test.
+func (h *harness) start(t *testing.T, opts Options) *Watcher {
+	t.Helper()
+	w, stop := run(t, opts)
+	t.Cleanup(stop)
+	h.w = w
+	return w
+}
+
+// run starts a watcher and returns a function that stops it and waits.
+func run(t *testing.T, opts Options) (*Watcher, func()) {
+	t.Helper()
+	w, err := New(opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	return w, func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(waitFor):
+			t.Error("Run did not return after cancel")
+		}
+	}
+}
+
+func (h *harness) path(rel string) string { return filepath.Join(h.dir, rel) }
+
+type sub struct {
+	snapshot []Event
+	synced   Synced
+	s        *stream.Subscription[Event]
+}
+
+func (h *harness) subscribe(t *testing.T) *sub {
+	t.Helper()
+	snap, synced, s, err := h.w.Subscribe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return &sub{snapshot: snap, synced: synced, s: s}
+}
+
+func (s *sub) next(t *testing.T) Event {
+	t.Helper()
+	select {
+	case ev, ok := <-s.s.C:
+		if !ok {
+			t.Fatalf("subscription ended: %v", s.s.Err())
+		}
+		return ev
+	case <-time.After(waitFor):
+		t.Fatal("no event within the deadline")
+	}
+	return Event{}
+}
+
+// barrier creates a fresh marker socket and returns every event received
+// before the marker's CREATED. Events are handled in order, so once the
+// marker shows up every earlier filesystem change has been processed.
+func (h *harness) barrier(t *testing.T, s *sub) []Event {
+	t.Helper()
+	marker := h.path(fmt.Sprintf("zz-marker-%d.sock", h.markers.Add(1)))
+	listen(t, marker)
+	var before []Event
+	for {
+		ev := s.next(t)
+		if ev.Path == marker && ev.Type == Created {
+			return before
+		}
+		before = append(before, ev)
+	}
+}
+
+// rel is an event reduced to what the table tests compare.
+type rel struct {
+	Type EventType
+	Path string // relative to the watched directory
+}
+
+func (r rel) String() string { return r.Type.String() + " " + r.Path }
+
+func (h *harness) rels(evs []Event) []rel {
+	out := make([]rel, 0, len(evs))
+	for _, ev := range evs {
+		r, err := filepath.Rel(h.dir, ev.Path)
+		if err != nil {
+			r = ev.Path
+		}
+		out = append(out, rel{ev.Type, r})
+	}
+	return out
+}
+
+func sortRels(rs []rel) []rel {
+	slices.SortFunc(rs, func(a, b rel) int {
+		if c := strings.Compare(a.Path, b.Path); c != 0 {
+			return c
+		}
+		return int(a.Type) - int(b.Type)
+	})
+	return rs
+}
+
+func listPaths(h *harness) []string {
+	socks, _ := h.w.List()
+	out := make([]string, 0, len(socks))
+	for _, s := range socks {
+		r, _ := filepath.Rel(h.dir, s.Path)
+		out = append(out, r)
+	}
+	return out
+}
