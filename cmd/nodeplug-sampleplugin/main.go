@@ -60,8 +60,8 @@ func main() {
 
 type config struct {
 	resource, mode, rootDir, socketName, control, logLevel, logFormat string
-	devices                                                            int
-	preferred, prestart, cdi                                           bool
+	devices                                                           int
+	preferred, prestart, cdi                                          bool
 }
 
 // run runs the plugin until ctx ends and returns the exit code. ready, when
