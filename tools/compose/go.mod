@@ -1,3 +1,0 @@
-module github.com/nodeplug/nodeplug/tools/compose
-
-go 1.26
