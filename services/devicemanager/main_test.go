@@ -1,0 +1,248 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
+)
+
+const waitFor = 60 * time.Second
+
+// proc is a running nodeplug-devicemanager binary.
+type proc struct {
+	cmd    *exec.Cmd
+	addr   string
+	client dmv1.DeviceManagerServiceClient
+	close  func()
+}
+
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "np")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "nodeplug-devicemanager")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startProc starts the binary and waits until it serves gRPC.
+func startProc(t *testing.T, bin, root string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, "--root-dir", root, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+		"--grace-period", "1m", "--log-format", "json", "--log-level", "debug")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addrc := make(chan string, 1)
+	logDone := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			if os.Getenv("NODEPLUG_TEST_LOG") != "" {
+				t.Log(sc.Text())
+			}
+			var rec map[string]any
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "gRPC listening" {
+				if a, ok := rec["addr"].(string); ok {
+					select {
+					case addrc <- a:
+					default:
+					}
+				}
+			}
+		}
+	}()
+	p := &proc{cmd: cmd}
+	select {
+	case p.addr = <-addrc:
+	case <-logDone:
+		_ = cmd.Wait()
+		t.Fatal("the devicemanager exited before serving")
+	case <-time.After(waitFor):
+		_ = cmd.Process.Kill()
+		t.Fatal("the devicemanager did not start serving")
+	}
+	conn, err := rpcutil.NewClient(p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.client = dmv1.NewDeviceManagerServiceClient(conn)
+	p.close = func() {
+		_ = conn.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		<-logDone
+	}
+	t.Cleanup(p.close)
+	return p
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func waitLive(t *testing.T, c dmv1.DeviceManagerServiceClient, name string, allocatable int64) *dmv1.Resource {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	var last *dmv1.Resource
+	for time.Now().Before(deadline) {
+		resp, err := c.ListResources(ctxT(t), &dmv1.ListResourcesRequest{})
+		if err == nil {
+			for _, r := range resp.GetResources() {
+				if r.GetName() == name {
+					last = r
+					if r.GetAllocatable() == allocatable && len(r.GetEndpoints()) == 1 &&
+						r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE {
+						return r
+					}
+				}
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s never live with %d allocatable; last %v", name, allocatable, last)
+	return nil
+}
+
+func newPlugin(t *testing.T, opts deviceplugin.Options) *deviceplugin.Plugin {
+	t.Helper()
+	p, err := deviceplugin.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	return p
+}
+
+// TestSIGKILLKeepsAllocationsAndRedials kills the devicemanager binary with
+// SIGKILL and starts it again: every allocation is restored with an answer
+// proto.Equal to the original, and plugins still serving are live again
+// without registering anew.
+func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildBinary(t)
+	root, err := os.MkdirTemp("", "np")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	dpDir := filepath.Join(root, "device-plugins")
+	reg := newPlugin(t, deviceplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true,
+		SocketPath: filepath.Join(root, "plugins_registry", "reg.sock")})
+	first := startProc(t, bin, root)
+	legacy := newPlugin(t, deviceplugin.Options{Resource: "example.com/legacy", Devices: 2, SocketPath: filepath.Join(dpDir, "legacy.sock")})
+
+	id, _, err := unixsock.Stat(reg.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.client.RegisterPlugin(ctxT(t), &dmv1.RegisterPluginRequest{
+		ResourceName: reg.Resource(), Endpoint: reg.SocketPath(), Versions: []string{pluginapi.Version},
+		SocketPath: reg.SocketPath(), Generation: id.Generation(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := legacy.Register(ctxT(t), filepath.Join(dpDir, "kubelet.sock")); err != nil {
+		t.Fatal(err)
+	}
+	regBefore := waitLive(t, first.client, "example.com/reg", 4)
+	legacyBefore := waitLive(t, first.client, "example.com/legacy", 2)
+
+	reqs := []*dmv1.AllocateRequest{
+		{PodUid: "pod-a", ContainerName: "main", Resources: []*dmv1.ResourceRequest{{ResourceName: "example.com/reg", Count: 2, MustIncludeDeviceIds: []string{"dev-1"}}}},
+		{PodUid: "pod-a", ContainerName: "side", Resources: []*dmv1.ResourceRequest{{ResourceName: "example.com/legacy", Count: 1}, {ResourceName: "example.com/reg", Count: 1}}},
+		{PodUid: "pod-b", ContainerName: "main", Resources: []*dmv1.ResourceRequest{{ResourceName: "example.com/legacy", Count: 1}}},
+	}
+	var answers []*dmv1.AllocateResponse
+	for _, r := range reqs {
+		a, err := first.client.Allocate(ctxT(t), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		answers = append(answers, a)
+	}
+	before, err := first.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	first.close() // SIGKILL
+	if first.cmd.ProcessState.Success() {
+		t.Fatal("the devicemanager exited cleanly; want a SIGKILL")
+	}
+	second := startProc(t, bin, root)
+
+	regAfter := waitLive(t, second.client, "example.com/reg", 4)
+	legacyAfter := waitLive(t, second.client, "example.com/legacy", 2)
+	for _, pair := range [][2]*dmv1.Resource{{regBefore, regAfter}, {legacyBefore, legacyAfter}} {
+		b, a := pair[0].GetEndpoints()[0], pair[1].GetEndpoints()[0]
+		if a.GetEndpoint() != b.GetEndpoint() || a.GetGeneration() != b.GetGeneration() || a.GetRegistrationPath() != b.GetRegistrationPath() {
+			t.Fatalf("endpoint changed across the restart:\n%v\n%v", b, a)
+		}
+	}
+	if _, err := os.Stat(legacy.SocketPath()); err != nil {
+		t.Fatalf("the live legacy plugin's socket was removed: %v", err)
+	}
+	after, err := second.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before.InstanceId, after.InstanceId = "", ""
+	if !proto.Equal(before, after) {
+		t.Fatalf("allocations differ after SIGKILL:\n%v\n%v", before, after)
+	}
+	calls := reg.CallCount(deviceplugin.MethodAllocate) + legacy.CallCount(deviceplugin.MethodAllocate)
+	prestarts := reg.CallCount(deviceplugin.MethodPreStartContainer)
+	for i, r := range reqs {
+		a, err := second.client.Allocate(ctxT(t), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(a, answers[i]) {
+			t.Fatalf("restored answer %d differs:\n%v\n%v", i, a, answers[i])
+		}
+	}
+	if n := reg.CallCount(deviceplugin.MethodAllocate) + legacy.CallCount(deviceplugin.MethodAllocate); n != calls {
+		t.Fatalf("restored allocations called the plugins again (%d → %d)", calls, n)
+	}
+	if reg.CallCount(deviceplugin.MethodPreStartContainer) != prestarts {
+		t.Fatal("a restored allocation ran PreStartContainer again")
+	}
+	// Freed devices are reusable; the others stay taken.
+	if r := waitLive(t, second.client, "example.com/legacy", 2); r.GetFree() != 0 {
+		t.Fatalf("legacy free = %d, want 0", r.GetFree())
+	}
+}
