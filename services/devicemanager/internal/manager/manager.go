@@ -256,14 +256,10 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 		m.log.WarnContext(ctx, "device plugin registration failed", "resource", r.Resource, "endpoint", r.Endpoint, "error", err)
 		return err
 	}
-	m.mu.Lock()
-	old := m.installLocked(ep, time.Now())
-	m.mu.Unlock()
-	if old != nil {
-		old.cancel()
-		_ = old.conn.Close()
+	old, err := m.install(ep)
+	if err != nil {
+		return err
 	}
-	m.wg.Add(1)
 	go m.run(ep, lw)
 	m.log.InfoContext(ctx, "device plugin endpoint registered", "resource", r.Resource, "endpoint", r.Endpoint,
 		"generation", r.Generation, "registration_path", r.Path.String(), "replaced", old != nil,
@@ -319,6 +315,27 @@ func pluginErrKind(err error) error {
 		return errdefs.ErrUnavailable
 	}
 	return errdefs.ErrInternal
+}
+
+// install makes ep the primary endpoint of its resource (see installLocked)
+// and accounts for its stream goroutine; it fails once the manager closes.
+func (m *Manager) install(ep *endpoint) (*endpoint, error) {
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		ep.cancel()
+		_ = ep.conn.Close()
+		m.endFirstSpan(ep, errors.New("shutting down"))
+		return nil, fmt.Errorf("devicemanager is shutting down: %w", errdefs.ErrUnavailable)
+	}
+	old := m.installLocked(ep, time.Now())
+	m.wg.Add(1) // under the lock: Close sets closing before it waits
+	m.mu.Unlock()
+	if old != nil {
+		old.cancel()
+		_ = old.conn.Close()
+	}
+	return old, nil
 }
 
 // installLocked makes ep the primary endpoint of its resource and returns
@@ -499,6 +516,10 @@ func (m *Manager) Deregister(ctx context.Context, resourceName, path, generation
 	unlock := m.regLocks.Lock(path)
 	defer unlock()
 	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return false, fmt.Errorf("devicemanager is shutting down: %w", errdefs.ErrUnavailable)
+	}
 	res := m.resources[resourceName]
 	var ep *endpoint
 	if res != nil {

@@ -183,10 +183,9 @@ func (m *Manager) redial(ctx context.Context, old *endpoint) {
 			"resource", old.resource, "endpoint", old.path, "error", errors.Unwrap(err))
 		return
 	}
-	m.mu.Lock()
-	m.installLocked(ep, time.Now())
-	m.mu.Unlock()
-	m.wg.Add(1)
+	if _, err := m.install(ep); err != nil {
+		return
+	}
 	go m.run(ep, lw)
 	m.log.InfoContext(ctx, "recorded endpoint live again", "resource", ep.resource, "endpoint", ep.path, "generation", ep.generation)
 }

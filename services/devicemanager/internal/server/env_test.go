@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -19,11 +23,14 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
+// spans records every span of the tests.
+var spans = tracetest.NewSpanRecorder()
+
 func TestMain(m *testing.M) {
-	// The SDK, as every binary installs it, so trace IDs exist.
-	if _, err := telemetry.Setup(context.Background(), "devicemanager-test", "test"); err != nil {
-		panic(err)
-	}
+	// The SDK, as every binary installs it, so trace IDs exist; spans are
+	// recorded for the tracing tests.
+	otel.SetTextMapPropagator(telemetry.Propagator)
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
 	goleak.VerifyTestMain(m)
 }
 
@@ -45,6 +52,7 @@ type env struct {
 	regDir  string
 	grace   time.Duration
 	d       *Daemon
+	metrics *prometheus.Registry
 	client  dmv1.DeviceManagerServiceClient
 	stop    func()
 	stopped bool
@@ -69,7 +77,8 @@ func newEnv(t *testing.T, grace time.Duration) *env {
 func (e *env) start() {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := Start(ctx, Options{DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace, Log: testLogger(e.t)})
+	e.metrics = prometheus.NewRegistry()
+	d, err := Start(ctx, Options{DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace, Log: testLogger(e.t), Registerer: e.metrics})
 	if err != nil {
 		cancel()
 		e.t.Fatal(err)
