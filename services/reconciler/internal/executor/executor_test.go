@@ -1,0 +1,139 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestDelay(t *testing.T) {
+	for _, tc := range []struct {
+		failures int
+		want     time.Duration
+	}{
+		{1, 500 * time.Millisecond},
+		{2, time.Second},
+		{3, 2 * time.Second},
+		{8, 64 * time.Second},
+		{9, MaxBackoff}, // 128 s is past the cap
+		{50, MaxBackoff},
+	} {
+		if got := Delay(tc.failures); got != tc.want {
+			t.Errorf("Delay(%d) = %v, want %v", tc.failures, got, tc.want)
+		}
+	}
+}
+
+// harness runs ops and reports their ends and Due calls on channels.
+type harness struct {
+	t   *testing.T
+	clk *clock.Fake
+	e   *Executor
+	due chan struct{}
+}
+
+func newHarness(t *testing.T) *harness {
+	h := &harness{t: t, clk: clock.NewFake(time.Unix(0, 0)), due: make(chan struct{}, 100)}
+	h.e = New(Options{Clock: h.clk, Due: func() { h.due <- struct{}{} }})
+	t.Cleanup(h.e.Wait)
+	return h
+}
+
+func (h *harness) waitDue() {
+	h.t.Helper()
+	select {
+	case <-h.due:
+	case <-time.After(30 * time.Second):
+		h.t.Fatal("Due was not called")
+	}
+}
+
+// runAndWait runs an op returning err and waits for it to end.
+func (h *harness) runAndWait(key, gen string, err error) Attempt {
+	h.t.Helper()
+	got := make(chan Attempt, 1)
+	if e := h.e.Run(context.Background(), key, gen, func(_ context.Context, a Attempt) error { got <- a; return err }); e != nil {
+		h.t.Fatalf("Run(%s, %s) = %v", key, gen, e)
+	}
+	a := <-got
+	h.waitDue()
+	return a
+}
+
+func TestBackoffByOrderAndState(t *testing.T) {
+	h := newHarness(t)
+	boom := errors.New("boom")
+	if a := h.runAndWait("s", "g1", boom); a.Failures != 0 {
+		t.Fatalf("first attempt failures = %d", a.Failures)
+	}
+	st, _ := h.e.State("s")
+	if st.Failures != 1 || !st.RetryAt.Equal(h.clk.Now().Add(500*time.Millisecond)) || !errors.Is(st.LastError, boom) {
+		t.Fatalf("state after one failure = %+v", st)
+	}
+	if err := h.e.Run(context.Background(), "s", "g1", func(context.Context, Attempt) error { return nil }); !errors.Is(err, ErrBackoff) {
+		t.Fatalf("Run during backoff = %v, want ErrBackoff", err)
+	}
+	// The backoff ends by itself: the timer calls Due.
+	h.clk.Advance(500 * time.Millisecond)
+	h.waitDue()
+	if a := h.runAndWait("s", "g1", boom); a.Failures != 1 {
+		t.Fatalf("second attempt failures = %d", a.Failures)
+	}
+	st, _ = h.e.State("s")
+	if st.Failures != 2 || !st.RetryAt.Equal(h.clk.Now().Add(time.Second)) {
+		t.Fatalf("state after two failures = %+v", st)
+	}
+	// Another key is not affected.
+	h.runAndWait("other", "g1", nil)
+	// A new generation starts afresh, without waiting.
+	if a := h.runAndWait("s", "g2", boom); a.Failures != 0 {
+		t.Fatalf("new generation attempt failures = %d, want 0", a.Failures)
+	}
+	st, _ = h.e.State("s")
+	if st.Failures != 1 || st.Generation != "g2" {
+		t.Fatalf("state after new generation failed = %+v", st)
+	}
+	h.clk.Advance(500 * time.Millisecond)
+	h.waitDue()
+	// Success clears the key.
+	h.runAndWait("s", "g2", nil)
+	if _, ok := h.e.State("s"); ok {
+		t.Fatal("state kept after success")
+	}
+}
+
+func TestOneOperationPerKey(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	if err := h.e.Run(context.Background(), "s", "g", func(context.Context, Attempt) error { close(started); <-release; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if err := h.e.Run(context.Background(), "s", "g2", func(context.Context, Attempt) error { return nil }); !errors.Is(err, ErrAlreadyRunning) {
+		t.Fatalf("second Run = %v, want ErrAlreadyRunning", err)
+	}
+	// Other keys run in parallel.
+	h.runAndWait("t", "g", nil)
+	close(release)
+	h.waitDue()
+	h.runAndWait("s", "g", nil)
+}
+
+func TestPanicIsAFailure(t *testing.T) {
+	h := newHarness(t)
+	if err := h.e.Run(context.Background(), "s", "g", func(context.Context, Attempt) error { panic("bad plugin") }); err != nil {
+		t.Fatal(err)
+	}
+	h.waitDue()
+	if st, ok := h.e.State("s"); !ok || st.Failures != 1 {
+		t.Fatalf("state after panic = %+v, %v", st, ok)
+	}
+}

@@ -1,0 +1,84 @@
+package handler
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+)
+
+func TestIsExtendedResourceName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"example.com/gpu":                        true,
+		"nvidia.com/gpu":                         true,
+		"gpu":                                    false, // no namespace: native
+		"kubernetes.io/gpu":                      false,
+		"example.kubernetes.io/gpu":              false,
+		"requests.example.com/gpu":               false,
+		"example.com/":                           false,
+		"example.com/has space":                  false,
+		"-bad.com/gpu":                           false,
+		"example.com/" + strings.Repeat("a", 63): true,
+		"example.com/" + strings.Repeat("a", 64): false,
+	} {
+		if got := IsExtendedResourceName(name); got != want {
+			t.Errorf("IsExtendedResourceName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	drivers := NewDrivers()
+	dp := NewDevicePlugin(nil, nil, nil)
+	csiH := NewCSI(drivers)
+	dra := NewDRA(drivers)
+	for _, tc := range []struct {
+		name     string
+		h        cache.Handler
+		plugin   string
+		versions []string
+		wantErr  string
+	}{
+		{"device ok", dp, "example.com/gpu", []string{"v1alpha", "v1beta1"}, ""},
+		{"device version", dp, "example.com/gpu", []string{"v1"}, "manager version, v1beta1, is not among plugin supported versions [v1]"},
+		{"device name", dp, "gpu", []string{"v1beta1"}, `invalid name of device plugin socket: the ResourceName "gpu" is invalid`},
+		{"csi ok", csiH, "csi.example.com", []string{"0.3.0", "1.0.0"}, ""},
+		{"csi v-prefixed", csiH, "csi.example.com", []string{"v1.5.0"}, ""},
+		{"csi none", csiH, "csi.example.com", nil, `kubernetes.io/csi: ValidatePlugin for CSI driver "csi.example.com" failed. Plugin returned an empty list for supported versions`},
+		{"csi only 0.x", csiH, "csi.example.com", []string{"0.3.0"}, "None of the versions specified"},
+		{"csi only 2.x", csiH, "csi.example.com", []string{"2.0.0"}, "None of the versions specified"},
+		{"dra v1", dra, "dra.example.com", []string{"v1.DRAPlugin"}, ""},
+		{"dra v1beta1", dra, "dra.example.com", []string{"v1beta1.DRAPlugin"}, ""},
+		{"dra empty", dra, "dra.example.com", nil, "invalid supported gRPC versions of DRA driver plugin dra.example.com at endpoint /e.sock: empty list of supported gRPC services (aka supported versions)"},
+		{"dra unknown", dra, "dra.example.com", []string{"1.0.0"}, "none of services supported by the plugin"},
+		{"dra no name", dra, "", []string{"v1.DRAPlugin"}, "empty driver name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.h.Validate(context.Background(), tc.plugin, "/e.sock", tc.versions)
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Fatalf("Validate = %v", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Fatalf("Validate = %v, want %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// The kubelet refuses a CSI driver whose name is already registered on
+// another endpoint with an equal or higher version.
+func TestCSIRefusesLowerVersionOfRegisteredDriver(t *testing.T) {
+	drivers := NewDrivers()
+	h := NewCSI(drivers)
+	drivers.putCSI(CSIDriver{Name: "csi.example.com", Endpoint: "/a.sock", SocketPath: "/a.sock", HighestVersion: "1.2.0"})
+	if err := h.Validate(context.Background(), "csi.example.com", "/b.sock", []string{"1.1.0"}); err == nil || !strings.Contains(err.Error(), "higher supported version") {
+		t.Fatalf("Validate = %v", err)
+	}
+	if err := h.Validate(context.Background(), "csi.example.com", "/b.sock", []string{"1.3.0"}); err != nil {
+		t.Fatalf("Validate of a higher version = %v", err)
+	}
+	if err := h.Validate(context.Background(), "csi.example.com", "/a.sock", []string{"1.2.0"}); err != nil {
+		t.Fatalf("Validate of the same endpoint = %v", err)
+	}
+}
