@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -241,8 +242,33 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	if reg.CallCount(deviceplugin.MethodPreStartContainer) != prestarts {
 		t.Fatal("a restored allocation ran PreStartContainer again")
 	}
-	// Freed devices are reusable; the others stay taken.
 	if r := waitLive(t, second.client, "example.com/legacy", 2); r.GetFree() != 0 {
 		t.Fatalf("legacy free = %d, want 0", r.GetFree())
+	}
+
+	// SIGTERM: a clean exit that deregisters and releases nothing.
+	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	third := startProc(t, bin, root)
+	waitLive(t, third.client, "example.com/reg", 4)
+	waitLive(t, third.client, "example.com/legacy", 2)
+	final, err := third.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	final.InstanceId = ""
+	if !proto.Equal(before, final) {
+		t.Fatalf("allocations differ after SIGTERM:\n%v\n%v", before, final)
+	}
+	deadline := time.Now().Add(waitFor)
+	for legacy.StreamCount() != 1 || reg.StreamCount() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("plugins have %d and %d ListAndWatch streams, want one each", legacy.StreamCount(), reg.StreamCount())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
