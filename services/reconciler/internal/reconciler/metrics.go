@@ -21,7 +21,7 @@ func newMetrics(r *Reconciler) *metrics {
 		r: r,
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeplug_plugin_registrations_total",
-			Help: "Plugin registration attempts by plugin type and result (success or failure).",
+			Help: "Plugin registration attempts by plugin type (DevicePlugin, CSIPlugin, DRAPlugin; other for unhandled types, unknown when GetInfo failed) and result (success or failure).",
 		}, []string{"type", "result"}),
 		deregs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeplug_plugin_deregistrations_total",
@@ -46,13 +46,26 @@ func result(err error) string {
 	return "success"
 }
 
+// typeLabel bounds the type label: a plugin names its own type, so only
+// the handled types are used as they are.
+func (m *metrics) typeLabel(typ string) string {
+	switch {
+	case typ == "":
+		return "unknown" // GetInfo did not answer
+	case m.r.handlers[typ] != nil:
+		return typ
+	}
+	return "other"
+}
+
 func (m *metrics) observeRegistration(typ string, err error, d time.Duration) {
+	typ = m.typeLabel(typ)
 	m.registrations.WithLabelValues(typ, result(err)).Inc()
 	m.latency.WithLabelValues(typ).Observe(d.Seconds())
 }
 
 func (m *metrics) observeDeregistration(typ string, err error) {
-	m.deregs.WithLabelValues(typ, result(err)).Inc()
+	m.deregs.WithLabelValues(m.typeLabel(typ), result(err)).Inc()
 }
 
 // Describe implements prometheus.Collector.

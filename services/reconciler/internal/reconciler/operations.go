@@ -88,7 +88,7 @@ func (r *Reconciler) registerOp(d cache.Socket) executor.Op {
 			}
 		})
 		start := time.Now()
-		typ := "unknown"
+		typ := ""
 		defer func() {
 			endSpan(span, err)
 			r.metrics.observeRegistration(typ, err, time.Since(start))
@@ -249,7 +249,10 @@ func (r *Reconciler) unregisterOp(p cache.Plugin) executor.Op {
 		r.metrics.observeDeregistration(p.Type, err)
 		if err != nil {
 			span.RecordError(err)
-			r.log.WarnContext(ctx, "plugin deregistration: handler failed", "socket_path", p.SocketPath, "name", p.Name, "error", err)
+			r.log.WarnContext(ctx, "plugin deregistration: handler failed; a sweep will retry", "socket_path", p.SocketPath, "name", p.Name, "error", err)
+			r.mu.Lock()
+			r.needSweep = true
+			r.mu.Unlock()
 		} else {
 			r.log.InfoContext(ctx, "plugin deregistered", "socket_path", p.SocketPath, "generation", p.Generation, "type", p.Type, "name", p.Name)
 		}

@@ -134,6 +134,13 @@ func (r *Reconciler) ASW() cache.ActualStateOfWorld { return r.asw }
 // InstanceID identifies this reconciler process.
 func (r *Reconciler) InstanceID() string { return r.instance }
 
+// Synced reports whether a first snapshot of the sockets arrived.
+func (r *Reconciler) Synced() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.synced
+}
+
 // Wake asks for a reconcile pass. It never blocks.
 func (r *Reconciler) Wake() {
 	select {

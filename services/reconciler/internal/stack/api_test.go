@@ -75,6 +75,20 @@ func TestTracing(t *testing.T) {
 		}
 	})
 
+	t.Run("unregister continues the delete event", func(t *testing.T) {
+		p := e.plugin("gone", devicePlugin("example.com/gone"))
+		e.w.Created(t, p.Path())
+		e.waitRegistered(p.Path())
+		p.Stop()
+		traceID := e.w.Deleted(p.Path())
+		e.waitGone(p.Path())
+		un := findSpan(t, "reconciler.unregister", traceID)
+		waitFor(t, "deregister span", func() bool { return childNames(un)["reconciler.handler.Deregister"] != nil })
+		if rpcs := childNames(childNames(un)["reconciler.handler.Deregister"]); rpcs["nodeplug.devicemanager.v1.DeviceManagerService/DeregisterPlugin"] == nil {
+			t.Fatalf("deregister span lacks the devicemanager RPC span; has %v", rpcs)
+		}
+	})
+
 	t.Run("retry links to first attempt", func(t *testing.T) {
 		p := e.plugin("retry", draPlugin("dra.example.com"))
 		p.SetNotifyError(errors.New("not yet"))
@@ -264,7 +278,7 @@ func TestMetrics(t *testing.T) {
 		{"nodeplug_plugins", map[string]string{"state": "failed"}, 1},
 		{"nodeplug_plugins", map[string]string{"state": "pending"}, 0},
 		{"nodeplug_plugin_registrations_total", map[string]string{"type": "DRAPlugin", "result": "success"}, 1},
-		{"nodeplug_plugin_registrations_total", map[string]string{"type": "FooPlugin", "result": "failure"}, 1},
+		{"nodeplug_plugin_registrations_total", map[string]string{"type": "other", "result": "failure"}, 1},
 		{"nodeplug_plugin_registration_duration_seconds", map[string]string{"type": "DRAPlugin"}, 1},
 	} {
 		if got, ok := gauge(families, tc.name, tc.labels); !ok || got != tc.want {

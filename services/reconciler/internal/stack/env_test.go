@@ -75,7 +75,7 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.s, e.cancel, e.done = s, cancel, make(chan struct{})
 	streams := e.w.Streams()
-	defer waitFor(e.t, "the reconciler's watcher stream", func() bool { return e.w.Streams() > streams })
+	defer waitFor(e.t, "the reconciler's first snapshot", func() bool { return e.w.Streams() > streams && s.Reconciler.Synced() })
 	go func() {
 		defer close(e.done)
 		if err := s.Run(ctx); err != nil {

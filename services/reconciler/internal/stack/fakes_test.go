@@ -135,17 +135,18 @@ func (w *fakeWatcher) Created(t *testing.T, path string) string {
 	return traceID
 }
 
-// Deleted reports the removal of path.
-func (w *fakeWatcher) Deleted(path string) {
-	carrier, _ := eventTrace("watcher.deleted")
+// Deleted reports the removal of path and returns the event's trace ID.
+func (w *fakeWatcher) Deleted(path string) string {
+	carrier, traceID := eventTrace("watcher.deleted")
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	gen, ok := w.sockets[path]
 	if !ok {
-		return
+		return ""
 	}
 	delete(w.sockets, path)
 	w.broadcastLocked(&watcherv1.SocketEvent{Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED, Path: path, Generation: gen, TraceContext: carrier})
+	return traceID
 }
 
 // Restart ends every stream (as a watcher process restart does) after

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
@@ -545,4 +546,17 @@ func TestManyPlugins(t *testing.T) {
 		t.Errorf("left: %+v", s)
 	}
 	_ = handler.TypeDRAPlugin
+}
+
+// The periodic resync is a safety net: a desired socket that no event woke
+// the reconciler for is registered at the next resync.
+func TestResyncIsASafetyNet(t *testing.T) {
+	e := newEnv(t)
+	p := e.plugin("quiet", draPlugin("dra.example.com"))
+	// Straight into the DSW, without waking the reconciler.
+	if _, err := e.s.Reconciler.DSW().AddOrUpdate(cache.Socket{Path: p.Path(), Generation: generation(t, p.Path())}); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Advance(reconciler.DefaultResyncPeriod)
+	e.waitRegistered(p.Path())
 }
