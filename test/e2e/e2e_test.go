@@ -11,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
 	"github.com/nodeplug/nodeplug/internal/stack"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
 
 var binDir string
@@ -84,7 +87,27 @@ func newEnv(t *testing.T, extraEnv ...string) *env {
 	t.Cleanup(func() { _ = rcConn.Close() })
 	e.dm = dmv1.NewDeviceManagerServiceClient(dmConn)
 	e.rc = rcv1.NewReconcilerServiceClient(rcConn)
+	e.waitLive()
 	return e
+}
+
+// waitLive waits until the reconciler follows the watcher's live events: a
+// registration-only plugin created now registers. Sockets created before that
+// reach the reconciler in the watcher's snapshot instead, which starts their
+// traces in the reconciler (as DESIGN.md's contracts say).
+func (e *env) waitLive() {
+	e.t.Helper()
+	p, err := testplugin.Start(filepath.Join(e.root, "plugins_registry", "warmup.sock"),
+		testplugin.Info{Type: registerapi.DRAPlugin, Name: "warmup.example.com", Versions: []string{"v1.DRAPlugin"}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer p.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := p.WaitStatus(ctx, testplugin.Registered); err != nil {
+		e.t.Fatalf("the stack does not register plugins: %v", err)
+	}
 }
 
 // plugin starts a device plugin. In plugins_registry mode its socket is in
