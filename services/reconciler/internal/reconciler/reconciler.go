@@ -79,14 +79,15 @@ type Reconciler struct {
 	wake chan struct{}
 	bg   sync.WaitGroup
 
-	mu          sync.Mutex
-	status      map[string]*PluginStatus
-	hub         *stream.Hub[Change]
-	revision    uint64
-	reregister  map[string]bool
-	deleteTrace map[string]map[string]string
-	needSweep   bool
-	synced      bool // a first snapshot arrived
+	mu           sync.Mutex
+	status       map[string]*PluginStatus
+	hub          *stream.Hub[Change]
+	revision     uint64
+	reregister   map[string]bool
+	deleteTrace  map[string]map[string]string
+	needSweep    bool
+	sweepFailing bool
+	synced       bool // a first snapshot arrived
 }
 
 // New returns a reconciler with empty caches.
@@ -345,13 +346,22 @@ func (r *Reconciler) startSweep(ctx context.Context) {
 			defer r.bg.Done()
 			n, err := s.Sweep(ctx, r.dsw.Exists)
 			if err != nil && ctx.Err() == nil {
-				r.log.Warn("sweeping registrations whose sockets are gone", "type", typ, "removed", n, "error", err)
-				// Try again at the next pass.
+				// Try again at the next pass; warn once per failure streak.
 				r.mu.Lock()
 				r.needSweep = true
+				warn := !r.sweepFailing
+				r.sweepFailing = true
 				r.mu.Unlock()
+				lvl := slog.LevelDebug
+				if warn {
+					lvl = slog.LevelWarn
+				}
+				r.log.Log(ctx, lvl, "sweeping registrations whose sockets are gone failed; retrying at the next pass", "type", typ, "removed", n, "error", err)
 				return
 			}
+			r.mu.Lock()
+			r.sweepFailing = false
+			r.mu.Unlock()
 			if n > 0 {
 				r.log.Info("swept registrations whose sockets are gone", "type", typ, "removed", n)
 			}
