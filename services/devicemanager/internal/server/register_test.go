@@ -2,9 +2,11 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -192,17 +194,75 @@ func TestAllocatableFollowsHealth(t *testing.T) {
 	}
 }
 
+// watchUntilRemoved subscribes to WatchResources and returns a function
+// that waits until resource is REMOVED and returns every change of it seen
+// after the synced marker.
+func watchUntilRemoved(t *testing.T, e *env, resource string) func() []*dmv1.ResourceChange {
+	t.Helper()
+	ctx, cancel := contextWithCancel(t)
+	ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		msg, err := ws.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.GetSynced() != nil {
+			break
+		}
+	}
+	return func() []*dmv1.ResourceChange {
+		t.Helper()
+		defer cancel()
+		var got []*dmv1.ResourceChange
+		for {
+			msg, err := ws.Recv()
+			if err != nil {
+				t.Fatalf("watch ended before %s was removed: %v; seen %v", resource, err, got)
+			}
+			c := msg.GetChange()
+			if c.GetResource().GetName() != resource {
+				continue
+			}
+			got = append(got, c)
+			if c.GetType() == dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_REMOVED {
+				return got
+			}
+		}
+	}
+}
+
+// counts renders the changes as allocatable/capacity steps, "removed" last.
+func counts(cs []*dmv1.ResourceChange) []string {
+	var out []string
+	for _, c := range cs {
+		s := fmt.Sprintf("%d/%d", c.GetResource().GetAllocatable(), c.GetResource().GetCapacity())
+		if c.GetType() == dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_REMOVED {
+			s = "removed"
+		}
+		if len(out) == 0 || out[len(out)-1] != s {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func TestListAndWatchFails(t *testing.T) {
 	t.Run("at once", func(t *testing.T) {
 		e := newEnv(t, 300*time.Millisecond)
 		p := e.plugin("p", deviceplugin.Options{Resource: "example.com/law", Devices: 2}, false)
 		p.SetFailure(deviceplugin.MethodListAndWatch, status.Error(codes.Internal, "broken"))
+		wait := watchUntilRemoved(t, e, "example.com/law")
 		e.mustRegister(p)
-		e.waitResource("example.com/law", "a stopped endpoint", func(r *dmv1.Resource) bool {
-			return r != nil && len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_STOPPED &&
-				r.GetCapacity() == 0 && r.GetAllocatable() == 0
-		})
-		e.waitGone("example.com/law")
+		got := wait()
+		if c := counts(got); !slices.Equal(c, []string{"0/0", "removed"}) {
+			t.Fatalf("allocatable/capacity went %v, want 0/0 then removed", c)
+		}
+		if st := got[len(got)-2].GetResource().GetEndpoints()[0].GetState(); st != dmv1.EndpointState_ENDPOINT_STATE_STOPPED {
+			t.Fatalf("endpoint state before removal %v", st)
+		}
 		if p.CallCount(deviceplugin.MethodListAndWatch) != 1 || p.CallCount(deviceplugin.MethodGetDevicePluginOptions) != 1 {
 			t.Fatalf("calls = %v; ListAndWatch must not be retried", p.Calls())
 		}
@@ -210,14 +270,17 @@ func TestListAndWatchFails(t *testing.T) {
 	t.Run("after devices", func(t *testing.T) {
 		e := newEnv(t, 300*time.Millisecond)
 		p := e.plugin("p", deviceplugin.Options{Resource: "example.com/law", Devices: 2}, false)
+		wait := watchUntilRemoved(t, e, "example.com/law")
 		e.mustRegister(p)
 		e.waitCounts("example.com/law", 2, 2)
 		p.FailStreams(status.Error(codes.Internal, "broken"))
-		r := e.waitCounts("example.com/law", 0, 2)
-		if r.GetGraceDeadline() == nil {
-			t.Fatalf("no grace deadline on a stopped resource: %v", r)
+		got := wait()
+		if c := counts(got); !slices.Equal(c, []string{"0/0", "2/2", "0/2", "removed"}) {
+			t.Fatalf("allocatable/capacity went %v, want 0/0 (connecting), 2/2, 0/2, removed", c)
 		}
-		e.waitGone("example.com/law")
+		if got[len(got)-2].GetResource().GetGraceDeadline() == nil {
+			t.Fatal("no grace deadline on a stopped resource")
+		}
 		if p.CallCount(deviceplugin.MethodListAndWatch) != 1 {
 			t.Fatalf("ListAndWatch called %d times; it must not be retried", p.CallCount(deviceplugin.MethodListAndWatch))
 		}
@@ -225,16 +288,23 @@ func TestListAndWatchFails(t *testing.T) {
 }
 
 func TestPluginStoppedKeepsCapacityForGrace(t *testing.T) {
-	e := newEnv(t, 500*time.Millisecond)
+	e := newEnv(t, 300*time.Millisecond)
 	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/stop", Devices: 2}, false)
+	wait := watchUntilRemoved(t, e, "example.com/stop")
 	e.mustRegister(p)
 	e.waitCounts("example.com/stop", 2, 2)
 	p.Stop()
-	r := e.waitCounts("example.com/stop", 0, 2)
-	if ep := r.GetEndpoints(); len(ep) != 1 || ep[0].GetState() != dmv1.EndpointState_ENDPOINT_STATE_STOPPED || ep[0].GetStoppedTime() == nil {
+	got := wait()
+	if c := counts(got); !slices.Equal(c, []string{"0/0", "2/2", "0/2", "removed"}) {
+		t.Fatalf("allocatable/capacity went %v, want 0/0 (connecting), 2/2, 0/2, removed", c)
+	}
+	stopped := got[len(got)-2].GetResource()
+	if ep := stopped.GetEndpoints(); len(ep) != 1 || ep[0].GetState() != dmv1.EndpointState_ENDPOINT_STATE_STOPPED || ep[0].GetStoppedTime() == nil {
 		t.Fatalf("endpoints = %v", ep)
 	}
-	e.waitGone("example.com/stop")
+	if d := stopped.GetGraceDeadline().AsTime().Sub(stopped.GetEndpoints()[0].GetStoppedTime().AsTime()); d != 300*time.Millisecond {
+		t.Fatalf("grace deadline %v after the stop, want 300ms", d)
+	}
 }
 
 // watchAllocatable records every allocatable value of resource seen through
