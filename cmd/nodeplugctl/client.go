@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+)
+
+// service names one of nodeplug's services and the flag that addresses it.
+type service struct {
+	name string
+	flag string
+	addr func(*globals) string
+}
+
+var (
+	watcherSvc       = service{"watcher", "--watcher-addr", func(g *globals) string { return g.watcherAddr }}
+	reconcilerSvc    = service{"reconciler", "--reconciler-addr", func(g *globals) string { return g.reconcilerAddr }}
+	devicemanagerSvc = service{"devicemanager", "--devicemanager-addr", func(g *globals) string { return g.devicemanagerAddr }}
+)
+
+// conn returns a (lazy) connection to svc; connections are reused within one
+// command and closed when it ends.
+func (c *cli) conn(svc service) (*grpc.ClientConn, error) {
+	addr := svc.addr(&c.g)
+	if cc, ok := c.conns[addr]; ok {
+		return cc, nil
+	}
+	cc, err := rpcutil.NewClient(addr)
+	if err != nil {
+		return nil, fmt.Errorf("bad %s address %q: %v (set %s)", svc.name, addr, err, svc.flag)
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+func (c *cli) close() {
+	for _, cc := range c.conns {
+		_ = cc.Close()
+	}
+}
+
+// call returns a context bounded by --timeout for one unary call.
+func (c *cli) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.g.timeout)
+}
+
+// rpcError says what failed and what to try.
+func (c *cli) rpcError(svc service, op string, err error) error {
+	addr := svc.addr(&c.g)
+	st := status.Convert(err)
+	msg := st.Message()
+	switch st.Code() {
+	case codes.Unavailable:
+		if isConnectError(msg) {
+			return fmt.Errorf("cannot reach the %s at %s: %s — is it running? (make run, or %s)", svc.name, addr, msg, svc.flag)
+		}
+		return fmt.Errorf("%s: %s (the %s at %s says: unavailable)", op, msg, svc.name, addr)
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("%s: the %s at %s did not answer within %s — is it healthy? (or raise --timeout)", op, svc.name, addr, c.g.timeout)
+	case codes.Unimplemented:
+		return fmt.Errorf("%s: %s at %s does not serve this call — is %s the %s's address? (%s)", op, "the service", addr, addr, svc.name, svc.flag)
+	case codes.Canceled:
+		return fmt.Errorf("%s: canceled", op)
+	case codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.AlreadyExists, codes.ResourceExhausted:
+		return fmt.Errorf("%s: %s", op, msg)
+	default:
+		return fmt.Errorf("%s: %s (%s from the %s at %s)", op, msg, st.Code(), svc.name, addr)
+	}
+}
+
+// isConnectError tells a transport failure (nothing listening, wrong
+// address) from an UNAVAILABLE answer of a running service.
+func isConnectError(msg string) bool {
+	for _, s := range []string{"connection refused", "connection error", "no such file", "dial", "name resolver", "connection reset", "EOF"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}

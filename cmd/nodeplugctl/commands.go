@@ -1,0 +1,362 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+)
+
+// now is the clock for ages in tables; tests replace it.
+var now = time.Now
+
+// outputFlag adds -o/--output to fs with the given choices (the first is the
+// default).
+func outputFlag(fs *flag.FlagSet, choices ...string) *string {
+	o := new(string)
+	usage := "output format: " + strings.Join(choices, " or ")
+	fs.StringVar(o, "o", choices[0], usage)
+	fs.StringVar(o, "output", choices[0], usage)
+	return o
+}
+
+func checkOutput(o string, choices ...string) error {
+	for _, c := range choices {
+		if o == c {
+			return nil
+		}
+	}
+	return usagef("output format %q: want %s", o, strings.Join(choices, " or "))
+}
+
+// noArgs parses a command that takes only flags.
+func noArgs(fs *flag.FlagSet, args []string) error {
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected arguments %q", pos)
+	}
+	return nil
+}
+
+// list runs a List-style command: flags, one call, a table or JSON.
+func listCommand[R proto.Message](ctx context.Context, c *cli, name string, args []string, svc service,
+	call func(ctx context.Context, fs *flag.FlagSet) (R, error), table func(io.Writer, time.Time, R) error, extra func(fs *flag.FlagSet)) error {
+	fs := c.flags(name, "[-o table|json]")
+	out := outputFlag(fs, "table", "json")
+	if extra != nil {
+		extra(fs)
+	}
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	if err := checkOutput(*out, "table", "json"); err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := call(cctx, fs)
+	if err != nil {
+		return c.rpcError(svc, "list "+name, err)
+	}
+	if *out == "json" {
+		return writeJSON(c.stdout, resp)
+	}
+	return table(c.stdout, now(), resp)
+}
+
+func cmdPlugins(ctx context.Context, c *cli, args []string) error {
+	return listCommand(ctx, c, "plugins", args, reconcilerSvc, func(ctx context.Context, _ *flag.FlagSet) (*reconcilerv1.ListPluginsResponse, error) {
+		cc, err := c.conn(reconcilerSvc)
+		if err != nil {
+			return nil, err
+		}
+		return reconcilerv1.NewReconcilerServiceClient(cc).ListPlugins(ctx, &reconcilerv1.ListPluginsRequest{})
+	}, renderPlugins, nil)
+}
+
+func cmdDrivers(ctx context.Context, c *cli, args []string) error {
+	return listCommand(ctx, c, "drivers", args, reconcilerSvc, func(ctx context.Context, _ *flag.FlagSet) (*reconcilerv1.ListDriversResponse, error) {
+		cc, err := c.conn(reconcilerSvc)
+		if err != nil {
+			return nil, err
+		}
+		return reconcilerv1.NewReconcilerServiceClient(cc).ListDrivers(ctx, &reconcilerv1.ListDriversRequest{})
+	}, renderDrivers, nil)
+}
+
+func cmdResources(ctx context.Context, c *cli, args []string) error {
+	return listCommand(ctx, c, "resources", args, devicemanagerSvc, func(ctx context.Context, _ *flag.FlagSet) (*dmv1.ListResourcesResponse, error) {
+		cc, err := c.conn(devicemanagerSvc)
+		if err != nil {
+			return nil, err
+		}
+		return dmv1.NewDeviceManagerServiceClient(cc).ListResources(ctx, &dmv1.ListResourcesRequest{})
+	}, renderResources, nil)
+}
+
+func cmdAllocations(ctx context.Context, c *cli, args []string) error {
+	var pod string
+	return listCommand(ctx, c, "allocations", args, devicemanagerSvc, func(ctx context.Context, _ *flag.FlagSet) (*dmv1.ListAllocationsResponse, error) {
+		cc, err := c.conn(devicemanagerSvc)
+		if err != nil {
+			return nil, err
+		}
+		return dmv1.NewDeviceManagerServiceClient(cc).ListAllocations(ctx, &dmv1.ListAllocationsRequest{PodUid: pod})
+	}, renderAllocations, func(fs *flag.FlagSet) {
+		fs.StringVar(&pod, "pod", "", "only this pod's allocations")
+	})
+}
+
+func cmdSockets(ctx context.Context, c *cli, args []string) error {
+	return listCommand(ctx, c, "sockets", args, watcherSvc, func(ctx context.Context, _ *flag.FlagSet) (*watcherv1.ListSocketsResponse, error) {
+		cc, err := c.conn(watcherSvc)
+		if err != nil {
+			return nil, err
+		}
+		return watcherv1.NewWatcherServiceClient(cc).ListSockets(ctx, &watcherv1.ListSocketsRequest{})
+	}, renderSockets, nil)
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(s string) error { *l = append(*l, s); return nil }
+
+// parseResourceRequests turns RESOURCE=COUNT arguments and --must-include
+// values ([RESOURCE=]ID; the resource may be left out when only one is
+// requested) into resource requests, in argument order.
+func parseResourceRequests(args, mustInclude []string) ([]*dmv1.ResourceRequest, error) {
+	if len(args) == 0 {
+		return nil, usagef("no resources requested: give RESOURCE=COUNT, e.g. example.com/gpu=1")
+	}
+	var reqs []*dmv1.ResourceRequest
+	byName := map[string]*dmv1.ResourceRequest{}
+	for _, a := range args {
+		name, count, ok := strings.Cut(a, "=")
+		if !ok || name == "" || count == "" {
+			return nil, usagef("%q is not RESOURCE=COUNT (e.g. example.com/gpu=1)", a)
+		}
+		n, err := strconv.ParseInt(count, 10, 64)
+		if err != nil || n <= 0 {
+			return nil, usagef("count in %q must be a positive integer", a)
+		}
+		if byName[name] != nil {
+			return nil, usagef("resource %s requested twice", name)
+		}
+		r := &dmv1.ResourceRequest{ResourceName: name, Count: n}
+		byName[name] = r
+		reqs = append(reqs, r)
+	}
+	for _, m := range mustInclude {
+		name, id, ok := strings.Cut(m, "=")
+		if !ok {
+			if len(reqs) != 1 {
+				return nil, usagef("--must-include %q: with several resources, write RESOURCE=ID", m)
+			}
+			name, id = reqs[0].GetResourceName(), m
+		}
+		r := byName[name]
+		if r == nil {
+			return nil, usagef("--must-include %q: resource %s is not requested", m, name)
+		}
+		if id == "" {
+			return nil, usagef("--must-include %q: empty device ID", m)
+		}
+		r.MustIncludeDeviceIds = append(r.MustIncludeDeviceIds, id)
+	}
+	return reqs, nil
+}
+
+func cmdAllocate(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("allocate", "--pod UID --container NAME [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...")
+	out := outputFlag(fs, "table", "json")
+	pod := fs.String("pod", "", "pod UID (required)")
+	container := fs.String("container", "", "container name (required)")
+	var must stringList
+	fs.Var(&must, "must-include", "device ID the answer must contain, [RESOURCE=]ID (repeatable)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := checkOutput(*out, "table", "json"); err != nil {
+		return err
+	}
+	if *pod == "" || *container == "" {
+		return usagef("--pod and --container are required")
+	}
+	reqs, err := parseResourceRequests(pos, must)
+	if err != nil {
+		return err
+	}
+	cc, err := c.conn(devicemanagerSvc)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := dmv1.NewDeviceManagerServiceClient(cc).Allocate(cctx, &dmv1.AllocateRequest{
+		PodUid: *pod, ContainerName: *container, Resources: reqs,
+	})
+	if err != nil {
+		return c.rpcError(devicemanagerSvc, fmt.Sprintf("allocate for pod %s container %s", *pod, *container), err)
+	}
+	if *out == "json" {
+		return writeJSON(c.stdout, resp)
+	}
+	return renderAllocation(c.stdout, resp)
+}
+
+func cmdRelease(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("release", "--pod UID [--container NAME]")
+	pod := fs.String("pod", "", "pod UID (required)")
+	container := fs.String("container", "", "release only this container (default: the whole pod)")
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	if *pod == "" {
+		return usagef("--pod is required")
+	}
+	cc, err := c.conn(devicemanagerSvc)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := dmv1.NewDeviceManagerServiceClient(cc).Release(cctx, &dmv1.ReleaseRequest{PodUid: *pod, ContainerName: *container})
+	if err != nil {
+		return c.rpcError(devicemanagerSvc, "release pod "+*pod, err)
+	}
+	what := "pod " + *pod
+	if *container != "" {
+		what += " container " + *container
+	}
+	_, err = fmt.Fprintf(c.stdout, "released %d device(s) of %s\n", resp.GetReleasedDevices(), what)
+	return err
+}
+
+// cmdWatch follows one of the three Watch streams until ctx ends. A
+// subscriber dropped for falling behind resubscribes (a new snapshot
+// follows).
+func cmdWatch(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("watch", "sockets|plugins|resources [-o text|json]")
+	out := outputFlag(fs, "text", "json")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := checkOutput(*out, "text", "json"); err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("say what to watch: sockets, plugins or resources")
+	}
+	var svc service
+	var follow func(ctx context.Context) error
+	emit := func(m proto.Message, line func() string) error {
+		if *out == "json" {
+			return writeJSONLine(c.stdout, m)
+		}
+		_, err := fmt.Fprintln(c.stdout, line())
+		return err
+	}
+	switch pos[0] {
+	case "sockets":
+		svc = watcherSvc
+		follow = func(ctx context.Context) error {
+			cc, err := c.conn(svc)
+			if err != nil {
+				return err
+			}
+			s, err := watcherv1.NewWatcherServiceClient(cc).WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
+			if err != nil {
+				return err
+			}
+			for {
+				m, err := s.Recv()
+				if err != nil {
+					return err
+				}
+				if err := emit(m, func() string { return socketEventLine(m) }); err != nil {
+					return err
+				}
+			}
+		}
+	case "plugins":
+		svc = reconcilerSvc
+		follow = func(ctx context.Context) error {
+			cc, err := c.conn(svc)
+			if err != nil {
+				return err
+			}
+			s, err := reconcilerv1.NewReconcilerServiceClient(cc).WatchPlugins(ctx, &reconcilerv1.WatchPluginsRequest{})
+			if err != nil {
+				return err
+			}
+			for {
+				m, err := s.Recv()
+				if err != nil {
+					return err
+				}
+				if err := emit(m, func() string { return pluginChangeLine(now(), m) }); err != nil {
+					return err
+				}
+			}
+		}
+	case "resources":
+		svc = devicemanagerSvc
+		follow = func(ctx context.Context) error {
+			cc, err := c.conn(svc)
+			if err != nil {
+				return err
+			}
+			s, err := dmv1.NewDeviceManagerServiceClient(cc).WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+			if err != nil {
+				return err
+			}
+			for {
+				m, err := s.Recv()
+				if err != nil {
+					return err
+				}
+				if err := emit(m, func() string { return resourceChangeLine(now(), m) }); err != nil {
+					return err
+				}
+			}
+		}
+	default:
+		return usagef("cannot watch %q: want sockets, plugins or resources", pos[0])
+	}
+	for {
+		err := follow(ctx)
+		if ctx.Err() != nil {
+			return nil // Ctrl-C
+		}
+		if status.Code(err) == codes.ResourceExhausted {
+			fmt.Fprintf(c.stderr, "nodeplugctl watch: fell behind the %s's stream; resubscribing\n", svc.name)
+			continue
+		}
+		if err == nil || errors.Is(err, io.EOF) {
+			return fmt.Errorf("the %s ended the stream", svc.name)
+		}
+		if _, ok := status.FromError(err); !ok {
+			return err
+		}
+		return c.rpcError(svc, "watch "+pos[0], err)
+	}
+}

@@ -1,0 +1,239 @@
+// Command nodeplugctl is the command line for people over nodeplug's three
+// gRPC services: it lists plugins, drivers, resources and allocations,
+// allocates and releases devices, follows live changes, and draws a
+// registration's or an allocation's trace from Jaeger.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/nodeplug/nodeplug/pkg/version"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// globals are the flags every command takes. Each also reads
+// NODEPLUG_CTL_<FLAG> (a flag on the command line wins).
+type globals struct {
+	watcherAddr       string
+	reconcilerAddr    string
+	devicemanagerAddr string
+	jaegerURL         string
+	timeout           time.Duration
+}
+
+var globalDefaults = globals{
+	watcherAddr:       "127.0.0.1:50051",
+	reconcilerAddr:    "127.0.0.1:50052",
+	devicemanagerAddr: "127.0.0.1:50053",
+	jaegerURL:         "http://127.0.0.1:16686",
+	timeout:           10 * time.Second,
+}
+
+// envName is the environment variable of a global flag.
+func envName(flagName string) string {
+	return "NODEPLUG_CTL_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// register defines the global flags on fs, with defaults taken from the
+// environment where set. It fails on an unparsable environment value.
+func (g *globals) register(fs *flag.FlagSet) error {
+	str := func(p *string, name, def, usage string) {
+		if v, ok := os.LookupEnv(envName(name)); ok && v != "" {
+			def = v
+		}
+		fs.StringVar(p, name, def, usage+" (env "+envName(name)+")")
+	}
+	str(&g.watcherAddr, "watcher-addr", globalDefaults.watcherAddr, "watcher gRPC address (host:port or socket path)")
+	str(&g.reconcilerAddr, "reconciler-addr", globalDefaults.reconcilerAddr, "reconciler gRPC address")
+	str(&g.devicemanagerAddr, "devicemanager-addr", globalDefaults.devicemanagerAddr, "devicemanager gRPC address")
+	str(&g.jaegerURL, "jaeger-url", globalDefaults.jaegerURL, "Jaeger query base URL")
+	def := globalDefaults.timeout
+	if v, ok := os.LookupEnv(envName("timeout")); ok && v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("environment variable %s=%q: %v", envName("timeout"), v, err)
+		}
+		def = d
+	}
+	fs.DurationVar(&g.timeout, "timeout", def, "timeout of each call (env "+envName("timeout")+")")
+	return nil
+}
+
+// cli runs one command. Its fields are what tests replace.
+type cli struct {
+	g      globals
+	stdout io.Writer
+	stderr io.Writer
+	http   *http.Client
+	conns  map[string]*grpc.ClientConn
+}
+
+type command struct {
+	name    string
+	args    string // usage of the arguments after the flags
+	summary string
+	run     func(ctx context.Context, c *cli, args []string) error
+}
+
+var commands []command
+
+func init() {
+	commands = []command{
+		{"plugins", "[-o table|json]", "every plugin socket the reconciler knows: state, type, endpoint, trace ID", cmdPlugins},
+		{"drivers", "[-o table|json]", "registered CSI and DRA drivers", cmdDrivers},
+		{"resources", "[-o table|json]", "device plugin resources: capacity, allocatable, free, endpoints", cmdResources},
+		{"allocations", "[--pod UID] [-o table|json]", "what is allocated to whom, with trace IDs", cmdAllocations},
+		{"sockets", "[-o table|json]", "the sockets the watcher sees in plugins_registry", cmdSockets},
+		{"allocate", "--pod UID --container NAME [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...", "allocate devices to a container", cmdAllocate},
+		{"release", "--pod UID [--container NAME]", "free a pod's (or one container's) devices", cmdRelease},
+		{"watch", "sockets|plugins|resources [-o text|json]", "follow live changes (Ctrl-C stops)", cmdWatch},
+		{"trace", "TRACE_ID", "draw a trace from Jaeger as a text waterfall", cmdTrace},
+		{"version", "", "print the version", cmdVersion},
+	}
+}
+
+// usageError is a mistake on the command line: exit code 2, with usage.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c := &cli{stdout: stdout, stderr: stderr, http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
+	defer c.close()
+	fs := flag.NewFlagSet("nodeplugctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if err := c.g.register(fs); err != nil {
+		fmt.Fprintln(stderr, "nodeplugctl:", err)
+		return exitUsage
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			c.usage(stdout, fs)
+			return exitOK
+		}
+		fmt.Fprintln(stderr, "nodeplugctl:", err)
+		c.usage(stderr, fs)
+		return exitUsage
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		c.usage(stderr, fs)
+		return exitUsage
+	}
+	name := rest[0]
+	if name == "help" {
+		c.usage(stdout, fs)
+		return exitOK
+	}
+	for _, cmd := range commands {
+		if cmd.name != name {
+			continue
+		}
+		err := cmd.run(ctx, c, rest[1:])
+		var ue usageError
+		switch {
+		case err == nil:
+			return exitOK
+		case errors.Is(err, flag.ErrHelp):
+			return exitOK
+		case errors.As(err, &ue):
+			fmt.Fprintf(stderr, "nodeplugctl %s: %v\nusage: nodeplugctl %s %s\n", name, err, name, cmd.args)
+			return exitUsage
+		default:
+			fmt.Fprintf(stderr, "nodeplugctl %s: %v\n", name, err)
+			return exitError
+		}
+	}
+	fmt.Fprintf(stderr, "nodeplugctl: unknown command %q\n", name)
+	c.usage(stderr, fs)
+	return exitUsage
+}
+
+func (c *cli) usage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprintln(w, "usage: nodeplugctl [global flags] COMMAND [flags] [args]")
+	fmt.Fprintln(w, "\ncommands:")
+	for _, cmd := range commands {
+		fmt.Fprintf(w, "  %-12s %s\n", cmd.name, cmd.summary)
+	}
+	fmt.Fprintln(w, "\nglobal flags (also accepted after the command):")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+// flags returns a flag set for a command that also takes the global flags.
+func (c *cli) flags(name, args string) *flag.FlagSet {
+	fs := flag.NewFlagSet("nodeplugctl "+name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: nodeplugctl %s %s\n", name, args)
+		fs.PrintDefaults()
+	}
+	// Values parsed before the command are the defaults here.
+	g := c.g
+	fs.StringVar(&c.g.watcherAddr, "watcher-addr", g.watcherAddr, "watcher gRPC address")
+	fs.StringVar(&c.g.reconcilerAddr, "reconciler-addr", g.reconcilerAddr, "reconciler gRPC address")
+	fs.StringVar(&c.g.devicemanagerAddr, "devicemanager-addr", g.devicemanagerAddr, "devicemanager gRPC address")
+	fs.StringVar(&c.g.jaegerURL, "jaeger-url", g.jaegerURL, "Jaeger query base URL")
+	fs.DurationVar(&c.g.timeout, "timeout", g.timeout, "timeout of each call")
+	return fs
+}
+
+// parseInterspersed parses flags that may come before, between or after the
+// positional arguments, and returns the positional ones. "--" ends flags.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageError{err.Error()}
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+func cmdVersion(_ context.Context, c *cli, args []string) error {
+	fs := c.flags("version", "")
+	if _, err := parseInterspersed(fs, args); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "nodeplugctl %s\n", version.Version)
+	return nil
+}

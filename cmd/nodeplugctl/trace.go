@@ -1,0 +1,277 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// The part of Jaeger's query API answer (GET /api/traces/<id>) the waterfall
+// needs. Times are microseconds.
+type jaegerResponse struct {
+	Data   []jaegerTrace `json:"data"`
+	Errors []struct {
+		Code int    `json:"code"`
+		Msg  string `json:"msg"`
+	} `json:"errors"`
+}
+
+type jaegerTrace struct {
+	TraceID   string                   `json:"traceID"`
+	Spans     []jaegerSpan             `json:"spans"`
+	Processes map[string]jaegerProcess `json:"processes"`
+}
+
+type jaegerProcess struct {
+	ServiceName string `json:"serviceName"`
+}
+
+type jaegerSpan struct {
+	SpanID        string `json:"spanID"`
+	OperationName string `json:"operationName"`
+	References    []struct {
+		RefType string `json:"refType"`
+		SpanID  string `json:"spanID"`
+	} `json:"references"`
+	StartTime int64  `json:"startTime"`
+	Duration  int64  `json:"duration"`
+	ProcessID string `json:"processID"`
+	Tags      []struct {
+		Key   string `json:"key"`
+		Value any    `json:"value"`
+	} `json:"tags"`
+}
+
+func (s *jaegerSpan) failed() bool {
+	for _, t := range s.Tags {
+		switch t.Key {
+		case "error":
+			if v, ok := t.Value.(bool); ok && v {
+				return true
+			}
+		case "otel.status_code":
+			if v, ok := t.Value.(string); ok && v == "ERROR" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func validTraceID(id string) bool {
+	if id == "" || len(id) > 32 {
+		return false
+	}
+	for _, r := range id {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", r) {
+			return false
+		}
+	}
+	return true
+}
+
+func cmdTrace(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("trace", "TRACE_ID")
+	width := fs.Int("width", 40, "width of the waterfall bars in characters")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("give one trace ID (from 'nodeplugctl plugins' or 'nodeplugctl allocations')")
+	}
+	id := strings.ToLower(pos[0])
+	if !validTraceID(id) {
+		return usagef("%q is not a trace ID (up to 32 hex digits)", pos[0])
+	}
+	if *width < 10 {
+		return usagef("--width must be at least 10")
+	}
+	tr, err := c.fetchTrace(ctx, id)
+	if err != nil {
+		return err
+	}
+	return renderWaterfall(c.stdout, tr, *width)
+}
+
+func (c *cli) fetchTrace(ctx context.Context, id string) (*jaegerTrace, error) {
+	base := strings.TrimRight(c.g.jaegerURL, "/")
+	if u, err := url.Parse(base); err != nil || u.Scheme == "" || u.Host == "" {
+		return nil, usagef("--jaeger-url %q is not an http(s) URL", c.g.jaegerURL)
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	req, err := http.NewRequestWithContext(cctx, http.MethodGet, base+"/api/traces/"+id, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("Jaeger at %s did not answer within %s (raise --timeout)", base, c.g.timeout)
+		}
+		return nil, fmt.Errorf("cannot reach Jaeger at %s: %v — is it running? (make up starts it, or set --jaeger-url)", base, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading Jaeger's answer from %s: %v", base, err)
+	}
+	notFound := fmt.Errorf("trace %s not found in Jaeger at %s — spans reach Jaeger only from services started with OTEL_EXPORTER_OTLP_ENDPOINT set (make up does), and take a few seconds to arrive", id, base)
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, notFound
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("Jaeger at %s answered %s: %s", base, resp.Status, excerpt(body))
+	}
+	var jr jaegerResponse
+	if err := json.Unmarshal(body, &jr); err != nil {
+		return nil, fmt.Errorf("Jaeger at %s sent something that is not a trace (%v): %s — is --jaeger-url the query service?", base, err, excerpt(body))
+	}
+	for _, t := range jr.Data {
+		if len(t.Spans) > 0 {
+			return &t, nil
+		}
+	}
+	if len(jr.Errors) > 0 {
+		return nil, fmt.Errorf("Jaeger at %s: %s", base, jr.Errors[0].Msg)
+	}
+	return nil, notFound
+}
+
+func excerpt(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// renderWaterfall draws one row per span, children below their parent and
+// indented, with its service, start offset from the trace's start, duration
+// and a bar placed on a common time axis of width characters.
+func renderWaterfall(w io.Writer, tr *jaegerTrace, width int) error {
+	spans := tr.Spans
+	if len(spans) == 0 {
+		return fmt.Errorf("trace %s has no spans", tr.TraceID)
+	}
+	start, end := spans[0].StartTime, spans[0].StartTime+spans[0].Duration
+	byID := map[string]int{}
+	for i, s := range spans {
+		byID[s.SpanID] = i
+		start = min(start, s.StartTime)
+		end = max(end, s.StartTime+s.Duration)
+	}
+	total := max(end-start, 1)
+
+	children := map[int][]int{}
+	var roots []int
+	for i, s := range spans {
+		parent := -1
+		for _, r := range s.References {
+			if r.RefType != "CHILD_OF" && r.RefType != "FOLLOWS_FROM" {
+				continue
+			}
+			if p, ok := byID[r.SpanID]; ok && p != i {
+				parent = p
+				break
+			}
+		}
+		if parent < 0 {
+			roots = append(roots, i)
+		} else {
+			children[parent] = append(children[parent], i)
+		}
+	}
+	byStart := func(ids []int) {
+		sort.SliceStable(ids, func(a, b int) bool {
+			sa, sb := spans[ids[a]], spans[ids[b]]
+			if sa.StartTime != sb.StartTime {
+				return sa.StartTime < sb.StartTime
+			}
+			return sa.SpanID < sb.SpanID
+		})
+	}
+	byStart(roots)
+	type row struct{ span, depth int }
+	var rows []row
+	seen := map[int]bool{}
+	var walk func(i, depth int)
+	walk = func(i, depth int) {
+		if seen[i] {
+			return
+		}
+		seen[i] = true
+		rows = append(rows, row{i, depth})
+		kids := children[i]
+		byStart(kids)
+		for _, k := range kids {
+			walk(k, depth+1)
+		}
+	}
+	for _, r := range roots {
+		walk(r, 0)
+	}
+	// Spans caught in a reference cycle have no root; show them at the top
+	// level rather than not at all.
+	for i := range spans {
+		if !seen[i] {
+			walk(i, 0)
+		}
+	}
+
+	services := map[string]bool{}
+	for _, s := range spans {
+		services[serviceOf(tr, s)] = true
+	}
+	fmt.Fprintf(w, "trace %s: %d spans, %d services, %s\n\n", tr.TraceID, len(spans), len(services), fmtMicros(total))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tSPAN\tSTART\tDURATION\tTIMELINE")
+	for _, r := range rows {
+		s := spans[r.span]
+		name := strings.Repeat("  ", r.depth) + s.OperationName
+		if s.failed() {
+			name += " (error)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t+%s\t%s\t%s\n", serviceOf(tr, s), name, fmtMicros(s.StartTime-start), fmtMicros(s.Duration),
+			bar(s.StartTime-start, s.Duration, total, width))
+	}
+	return tw.Flush()
+}
+
+func serviceOf(tr *jaegerTrace, s jaegerSpan) string {
+	if p, ok := tr.Processes[s.ProcessID]; ok && p.ServiceName != "" {
+		return p.ServiceName
+	}
+	return "?"
+}
+
+// bar places [offset, offset+dur) on a time axis of width characters that
+// spans total.
+func bar(offset, dur, total int64, width int) string {
+	from := int(offset * int64(width) / total)
+	n := int((dur*int64(width) + total/2) / total)
+	n = max(n, 1)
+	from = min(from, width-1)
+	n = min(n, width-from)
+	return "|" + strings.Repeat(" ", from) + strings.Repeat("█", n) + strings.Repeat(" ", width-from-n) + "|"
+}
+
+// fmtMicros renders a duration given in microseconds.
+func fmtMicros(us int64) string {
+	switch {
+	case us < 1000:
+		return fmt.Sprintf("%dµs", us)
+	case us < 1_000_000:
+		return fmt.Sprintf("%.2fms", float64(us)/1e3)
+	default:
+		return fmt.Sprintf("%.3fs", float64(us)/1e6)
+	}
+}
