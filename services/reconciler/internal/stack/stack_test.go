@@ -1,10 +1,12 @@
 package stack_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +18,8 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
-	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/stack"
 )
 
 func csiOptions(name string) testplugin.Options {
@@ -545,7 +547,6 @@ func TestManyPlugins(t *testing.T) {
 	for _, s := range e.s.Reconciler.Plugins() {
 		t.Errorf("left: %+v", s)
 	}
-	_ = handler.TypeDRAPlugin
 }
 
 // The periodic resync is a safety net: a desired socket that no event woke
@@ -559,4 +560,33 @@ func TestResyncIsASafetyNet(t *testing.T) {
 	}
 	e.clk.Advance(reconciler.DefaultResyncPeriod)
 	e.waitRegistered(p.Path())
+}
+
+// Without a watcher or a devicemanager the service keeps retrying quietly
+// and stops cleanly (goroutine leaks are checked by TestMain).
+func TestRunWithoutPeers(t *testing.T) {
+	root, _ := tempRoot(t)
+	s, err := stack.New(stack.Config{
+		WatcherAddr:       filepath.Join(root, "no-watcher.sock"),
+		DeviceManagerAddr: filepath.Join(root, "no-dm.sock"),
+		Log:               testLog(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	if s.Reconciler.Synced() || len(s.Reconciler.Plugins()) != 0 {
+		t.Fatal("synced without a watcher")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
 }
