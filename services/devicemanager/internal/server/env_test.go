@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 
 const waitFor = 30 * time.Second
 
-func testLogger(t *testing.T) *slog.Logger {
+func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("NODEPLUG_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
@@ -46,7 +46,7 @@ func testLogger(t *testing.T) *slog.Logger {
 // env is a devicemanager driven in-process through its gRPC API over a real
 // Unix socket.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	root    string
 	dpDir   string
 	regDir  string
@@ -58,7 +58,7 @@ type env struct {
 	stopped bool
 }
 
-func newEnv(t *testing.T, grace time.Duration) *env {
+func newEnv(t testing.TB, grace time.Duration) *env {
 	t.Helper()
 	root, err := os.MkdirTemp("", "np")
 	if err != nil {
@@ -124,7 +124,7 @@ func (e *env) restart() {
 	e.start()
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	t.Cleanup(cancel)
 	return ctx
@@ -154,7 +154,7 @@ func (e *env) plugin(name string, opts deviceplugin.Options, legacy bool) *devic
 }
 
 // generation is the watcher's generation of a socket.
-func generation(t *testing.T, path string) string {
+func generation(t testing.TB, path string) string {
 	t.Helper()
 	id, _, err := unixsock.Stat(path)
 	if err != nil {
@@ -236,7 +236,7 @@ func waitCalls(t *testing.T, p *deviceplugin.Plugin, method string, n int) {
 	}
 }
 
-func contextWithCancel(t *testing.T) (context.Context, context.CancelFunc) {
+func contextWithCancel(t testing.TB) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*waitFor)
 	t.Cleanup(cancel)
 	return ctx, cancel

@@ -1,0 +1,51 @@
+package server
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+)
+
+// BenchmarkAllocateRelease measures one Allocate (plugin call and
+// checkpoint write included) plus its Release, over gRPC.
+func BenchmarkAllocateRelease(b *testing.B) {
+	e := newBenchEnv(b)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/bench", Devices: 64}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/bench", 64, 64)
+	b.ResetTimer()
+	for i := range b.N {
+		pod := fmt.Sprintf("pod-%d", i)
+		if _, err := e.client.Allocate(b.Context(), allocReq(pod, "c", "example.com/bench", 2)); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := e.client.Release(b.Context(), &dmv1.ReleaseRequest{PodUid: pod}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRegister measures a RegisterPlugin of a new generation (dial,
+// GetDevicePluginOptions, ListAndWatch opened) until its first update.
+func BenchmarkRegister(b *testing.B) {
+	e := newBenchEnv(b)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/bench", Devices: 4}, false)
+	b.ResetTimer()
+	for i := range b.N {
+		if _, err := e.client.RegisterPlugin(b.Context(), &dmv1.RegisterPluginRequest{
+			ResourceName: p.Resource(), Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: fmt.Sprint(i),
+		}); err != nil {
+			b.Fatal(err)
+		}
+		e.waitResource("example.com/bench", "live", func(r *dmv1.Resource) bool {
+			return r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE
+		})
+	}
+}
+
+func newBenchEnv(b *testing.B) *env {
+	return newEnv(b, time.Minute)
+}
