@@ -268,8 +268,10 @@ func (r *Reconciler) reconcile(ctx context.Context) {
 	}
 	r.mu.Unlock()
 	for _, path := range paths {
-		p, ok := r.asw.Get(path)
-		if !ok || !r.dsw.Exists(path) || !r.asw.ExistsWithGeneration(path, mustGet(r.dsw, path).Generation) {
+		p, registered := r.asw.Get(path)
+		d, desired := r.dsw.Get(path)
+		if !registered || !desired || p.Generation != d.Generation {
+			// Gone or replaced: the passes above and below handle it.
 			r.dropReregister(path)
 			continue
 		}
@@ -312,11 +314,6 @@ func (r *Reconciler) reconcile(ctx context.Context) {
 	if sweep {
 		r.startSweep(ctx)
 	}
-}
-
-func mustGet(d cache.DesiredStateOfWorld, path string) cache.Socket {
-	s, _ := d.Get(path)
-	return s
 }
 
 func (r *Reconciler) dropReregister(path string) {

@@ -31,8 +31,6 @@ func New(r *reconciler.Reconciler, drivers *handler.Drivers) *Service {
 // Register adds the service to s.
 func (s *Service) Register(srv *grpc.Server) { reconcilerv1.RegisterReconcilerServiceServer(srv, s) }
 
-func ts(t interface{ IsZero() bool }) bool { return !t.IsZero() }
-
 // PluginToProto converts a status.
 func PluginToProto(p reconciler.PluginStatus) *reconcilerv1.Plugin {
 	out := &reconcilerv1.Plugin{
@@ -47,10 +45,10 @@ func PluginToProto(p reconciler.PluginStatus) *reconcilerv1.Plugin {
 		LastTraceId:       p.LastTraceID,
 		Failures:          uint32(p.Failures),
 	}
-	if ts(p.NextRetry) && p.State == reconciler.StateFailed {
+	if !p.NextRetry.IsZero() && p.State == reconciler.StateFailed {
 		out.NextRetryTime = timestamppb.New(p.NextRetry)
 	}
-	if ts(p.LastTransition) {
+	if !p.LastTransition.IsZero() {
 		out.LastTransitionTime = timestamppb.New(p.LastTransition)
 	}
 	return out
