@@ -108,7 +108,8 @@ compose: ## Make sure a current 'docker compose' is available (builds the pinned
 images: build $(JAEGER) ## Build the container images (FROM scratch) from bin/.
 	@mkdir -p bin/images && cp -f $(JAEGER) bin/images/jaeger
 	@for t in watcher reconciler devicemanager sampleplugin jaeger; do \
-	  docker build -q --target $$t -t nodeplug/$$t:dev . >/dev/null; echo "built image nodeplug/$$t:dev"; done
+	  docker build -q --target $$t -t nodeplug/$$t:dev . 2>&1 >/dev/null | { grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e '^ *$$' || true; }; \
+	  echo "built image nodeplug/$$t:dev"; done
 
 COMPOSE_PROJECT ?= nodeplug
 .PHONY: up
