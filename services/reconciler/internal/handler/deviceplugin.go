@@ -178,12 +178,14 @@ func (h *DevicePlugin) watch(ctx context.Context) (synced bool, err error) {
 }
 
 // Sweep deregisters every endpoint the devicemanager got through
-// plugins_registry whose registration socket keep rejects (it is no longer
-// in the desired state): they were registered by an earlier reconciler or
-// before a devicemanager restart, and their sockets vanished meanwhile.
-// Legacy kubelet.sock endpoints are left alone. It returns the number of
-// endpoints removed.
-func (h *DevicePlugin) Sweep(ctx context.Context, keep func(socketPath string) bool) (int, error) {
+// plugins_registry whose registration socket and generation keep rejects
+// (no longer in the desired state): they were registered by an earlier
+// reconciler, or before a failed deregistration, and their sockets
+// vanished or were recreated meanwhile. Each is deregistered with its own
+// generation, so a newer registration of the same endpoint stays. Legacy
+// kubelet.sock endpoints are left alone. It returns the number of endpoints
+// removed.
+func (h *DevicePlugin) Sweep(ctx context.Context, keep func(socketPath, generation string) bool) (int, error) {
 	lctx, cancel := context.WithTimeout(ctx, DeviceManagerTimeout)
 	defer cancel()
 	resp, err := h.client.ListResources(lctx, &devicemanagerv1.ListResourcesRequest{})
@@ -195,14 +197,19 @@ func (h *DevicePlugin) Sweep(ctx context.Context, keep func(socketPath string) b
 	var firstErr error
 	for _, r := range resp.GetResources() {
 		for _, e := range r.GetEndpoints() {
-			if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || keep(e.GetSocketPath()) {
+			if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || keep(e.GetSocketPath(), e.GetGeneration()) {
 				continue
 			}
-			err := h.Deregister(ctx, cache.Plugin{Name: r.GetName(), Endpoint: e.GetEndpoint(), Generation: e.GetGeneration(), SocketPath: e.GetSocketPath()})
+			resp, err := h.client.DeregisterPlugin(lctx, &devicemanagerv1.DeregisterPluginRequest{ResourceName: r.GetName(), Endpoint: e.GetEndpoint(), Generation: e.GetGeneration()})
 			if err != nil {
+				err = fmt.Errorf("devicemanager DeregisterPlugin for resource %s at %s: %w", r.GetName(), e.GetEndpoint(), errdefs.FromGRPC(err))
 				if firstErr == nil {
 					firstErr = err
 				}
+				continue
+			}
+			h.Observe(resp.GetInstanceId())
+			if !resp.GetRemoved() {
 				continue
 			}
 			h.log.Info("deregistered device plugin whose socket is gone", "resource", r.GetName(), "endpoint", e.GetEndpoint(), "socket_path", e.GetSocketPath(), "generation", e.GetGeneration())

@@ -36,11 +36,13 @@ const (
 )
 
 // Sweeper is implemented by handlers that keep registrations outside this
-// process (the devicemanager's endpoints). After the first snapshot, and
-// after a handler reports that its downstream restarted, the reconciler
-// asks it to drop registrations whose socket keep rejects.
+// process (the devicemanager's endpoints). After the first snapshot, after
+// a failed deregistration, and after a handler reports that its downstream
+// restarted, the reconciler asks it to drop registrations that keep
+// rejects: keep holds for a socket path and generation that is in the
+// desired state.
 type Sweeper interface {
-	Sweep(ctx context.Context, keep func(socketPath string) bool) (int, error)
+	Sweep(ctx context.Context, keep func(socketPath, generation string) bool) (int, error)
 }
 
 // Options configure a Reconciler.
@@ -316,6 +318,13 @@ func (r *Reconciler) reconcile(ctx context.Context) {
 	}
 }
 
+// desired reports whether the socket at path with generation is in the
+// DSW.
+func (r *Reconciler) desired(path, generation string) bool {
+	d, ok := r.dsw.Get(path)
+	return ok && d.Generation == generation
+}
+
 func (r *Reconciler) dropReregister(path string) {
 	r.mu.Lock()
 	delete(r.reregister, path)
@@ -341,7 +350,7 @@ func (r *Reconciler) startSweep(ctx context.Context) {
 		r.bg.Add(1)
 		go func() {
 			defer r.bg.Done()
-			n, err := s.Sweep(ctx, r.dsw.Exists)
+			n, err := s.Sweep(ctx, r.desired)
 			if err != nil && ctx.Err() == nil {
 				// Try again at the next pass; warn once per failure streak.
 				r.mu.Lock()

@@ -440,19 +440,33 @@ func TestReconcilerRestart(t *testing.T) {
 	b := e.plugin("b", devicePlugin("example.com/b"))
 	c := e.plugin("c", draPlugin("dra.example.com"))
 	d := e.plugin("d", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}}, csiOptions("csi.example.com"))
-	for _, p := range []*testplugin.Plugin{a, b, c, d} {
+	f := e.plugin("f", devicePlugin("example.com/f"))
+	for _, p := range []*testplugin.Plugin{a, b, c, d, f} {
 		e.w.Created(t, p.Path())
 		e.waitRegistered(p.Path())
 	}
 	genA := e.dm.Endpoints()[a.Path()].generation
 	e.stop()
+	// While the reconciler is down, b goes away and f is recreated by a
+	// plugin that now hangs: neither old registration may survive.
 	b.Stop()
 	e.w.Deleted(b.Path())
+	f.Stop()
+	e.w.Deleted(f.Path())
+	f2 := e.plugin("f", devicePlugin("example.com/f"))
+	f2.SetGetInfoDelay(time.Minute)
+	e.w.Created(t, f2.Path())
 	e.start()
 	for _, p := range []*testplugin.Plugin{a, c, d} {
 		e.waitRegistered(p.Path())
 	}
-	waitFor(t, "vanished endpoint swept", func() bool { _, ok := e.dm.Endpoints()[b.Path()]; return !ok })
+	e.waitFailed(f2.Path(), 1)
+	waitFor(t, "vanished and stale endpoints swept", func() bool {
+		eps := e.dm.Endpoints()
+		_, hasB := eps[b.Path()]
+		_, hasF := eps[f.Path()]
+		return !hasB && !hasF
+	})
 	eps := e.dm.Endpoints()
 	if len(eps) != 1 || eps[a.Path()].generation != genA {
 		t.Fatalf("devicemanager endpoints = %+v, want only %s with generation %s", eps, a.Path(), genA)
