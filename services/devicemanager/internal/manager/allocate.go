@@ -12,10 +12,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 )
@@ -25,19 +23,19 @@ import (
 // of its devices.
 const maxPickAttempts = 5
 
-func validateAllocate(req *dmv1.AllocateRequest) error {
-	if req.GetPodUid() == "" || len(req.GetPodUid()) > 253 {
-		return fmt.Errorf("pod UID must be 1 to 253 characters, got %d: %w", len(req.GetPodUid()), errdefs.ErrInvalidArgument)
+func validateAllocate(req *AllocateRequest) error {
+	if req.PodUID == "" || len(req.PodUID) > 253 {
+		return fmt.Errorf("pod UID must be 1 to 253 characters, got %d: %w", len(req.PodUID), errdefs.ErrInvalidArgument)
 	}
-	if req.GetContainerName() == "" || len(req.GetContainerName()) > 253 {
-		return fmt.Errorf("container name must be 1 to 253 characters, got %d: %w", len(req.GetContainerName()), errdefs.ErrInvalidArgument)
+	if req.Container == "" || len(req.Container) > 253 {
+		return fmt.Errorf("container name must be 1 to 253 characters, got %d: %w", len(req.Container), errdefs.ErrInvalidArgument)
 	}
-	if len(req.GetResources()) == 0 {
+	if len(req.Resources) == 0 {
 		return fmt.Errorf("no resources requested: %w", errdefs.ErrInvalidArgument)
 	}
 	seen := map[string]bool{}
-	for _, rr := range req.GetResources() {
-		name := rr.GetResourceName()
+	for _, rr := range req.Resources {
+		name := rr.Name
 		if name == "" {
 			return fmt.Errorf("resource name is empty: %w", errdefs.ErrInvalidArgument)
 		}
@@ -45,12 +43,12 @@ func validateAllocate(req *dmv1.AllocateRequest) error {
 			return fmt.Errorf("resource %q requested twice: %w", name, errdefs.ErrInvalidArgument)
 		}
 		seen[name] = true
-		if rr.GetCount() <= 0 {
-			return fmt.Errorf("count of %q must be > 0, got %d: %w", name, rr.GetCount(), errdefs.ErrInvalidArgument)
+		if rr.Count <= 0 {
+			return fmt.Errorf("count of %q must be > 0, got %d: %w", name, rr.Count, errdefs.ErrInvalidArgument)
 		}
-		must := rr.GetMustIncludeDeviceIds()
-		if int64(len(must)) > rr.GetCount() {
-			return fmt.Errorf("%d must-include devices of %q exceed the count %d: %w", len(must), name, rr.GetCount(), errdefs.ErrInvalidArgument)
+		must := rr.MustInclude
+		if int64(len(must)) > rr.Count {
+			return fmt.Errorf("%d must-include devices of %q exceed the count %d: %w", len(must), name, rr.Count, errdefs.ErrInvalidArgument)
 		}
 		mseen := map[string]bool{}
 		for _, id := range must {
@@ -79,38 +77,38 @@ type pick struct {
 // so two concurrent requests never get the same device; any failure
 // releases every reservation of the request. The checkpoint is written
 // before Allocate returns.
-func (m *Manager) Allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
+func (m *Manager) Allocate(ctx context.Context, req *AllocateRequest) ([]ResourceAllocation, error) {
 	if err := validateAllocate(req); err != nil {
 		return nil, err
 	}
 	ctx, span := tracer.Start(ctx, "allocate")
 	defer span.End()
-	span.SetAttributes(attribute.String("pod_uid", req.GetPodUid()), attribute.String("container", req.GetContainerName()))
+	span.SetAttributes(attribute.String("pod_uid", req.PodUID), attribute.String("container", req.Container))
 	resp, err := m.allocate(ctx, req)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
-		for _, rr := range req.GetResources() {
-			m.metrics.allocations.WithLabelValues(rr.GetResourceName(), "failed").Inc()
+		for _, rr := range req.Resources {
+			m.metrics.allocations.WithLabelValues(rr.Name, "failed").Inc()
 		}
 		return nil, err
 	}
 	return resp, nil
 }
 
-func (m *Manager) allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
-	unlock := m.allocLocks.Lock(req.GetPodUid() + "\x00" + req.GetContainerName())
+func (m *Manager) allocate(ctx context.Context, req *AllocateRequest) ([]ResourceAllocation, error) {
+	unlock := m.allocLocks.Lock(req.PodUID + "\x00" + req.Container)
 	defer unlock()
 
 	// Saved answers, and the resources that need new devices.
-	var todo []*dmv1.ResourceRequest
+	var todo []ResourceRequest
 	m.mu.Lock()
-	for _, rr := range req.GetResources() {
-		key := allocKey{req.GetPodUid(), req.GetContainerName(), rr.GetResourceName()}
+	for _, rr := range req.Resources {
+		key := allocKey{req.PodUID, req.Container, rr.Name}
 		if a := m.allocs[key]; a != nil {
-			if int64(len(a.ids)) != rr.GetCount() {
+			if int64(len(a.ids)) != rr.Count {
 				m.mu.Unlock()
 				return nil, fmt.Errorf("pod %q container %q changed request for resource %q from %d to %d: %w",
-					key.pod, key.container, key.resource, len(a.ids), rr.GetCount(), errdefs.ErrFailedPrecondition)
+					key.pod, key.container, key.resource, len(a.ids), rr.Count, errdefs.ErrFailedPrecondition)
 			}
 			continue
 		}
@@ -127,7 +125,7 @@ func (m *Manager) allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv
 		m.mu.Unlock()
 	}
 	for _, rr := range todo {
-		p, err := m.choose(ctx, allocKey{req.GetPodUid(), req.GetContainerName(), rr.GetResourceName()}, rr)
+		p, err := m.choose(ctx, allocKey{req.PodUID, req.Container, rr.Name}, rr)
 		if err != nil {
 			rollback()
 			return nil, err
@@ -175,28 +173,28 @@ func (m *Manager) allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := &dmv1.AllocateResponse{PodUid: req.GetPodUid(), ContainerName: req.GetContainerName()}
-	for _, rr := range req.GetResources() {
-		a := m.allocs[allocKey{req.GetPodUid(), req.GetContainerName(), rr.GetResourceName()}]
+	var out []ResourceAllocation
+	for _, rr := range req.Resources {
+		a := m.allocs[allocKey{req.PodUID, req.Container, rr.Name}]
 		if a == nil {
 			// Released by a concurrent Release after it was made.
 			return nil, fmt.Errorf("allocation of %q for pod %q container %q was released while being made: %w",
-				rr.GetResourceName(), req.GetPodUid(), req.GetContainerName(), errdefs.ErrFailedPrecondition)
+				rr.Name, req.PodUID, req.Container, errdefs.ErrFailedPrecondition)
 		}
-		out.Allocations = append(out.Allocations, m.allocationViewLocked(a))
+		out = append(out, m.allocationViewLocked(a))
 	}
 	if len(picks) == 0 {
-		for _, rr := range req.GetResources() {
-			m.metrics.allocations.WithLabelValues(rr.GetResourceName(), "reused").Inc()
+		for _, rr := range req.Resources {
+			m.metrics.allocations.WithLabelValues(rr.Name, "reused").Inc()
 		}
 	}
 	return out, nil
 }
 
 // choose picks and reserves devices for one resource.
-func (m *Manager) choose(ctx context.Context, key allocKey, rr *dmv1.ResourceRequest) (*pick, error) {
-	count := int(rr.GetCount())
-	must := rr.GetMustIncludeDeviceIds()
+func (m *Manager) choose(ctx context.Context, key allocKey, rr ResourceRequest) (*pick, error) {
+	count := int(rr.Count)
+	must := rr.MustInclude
 	for attempt := 1; ; attempt++ {
 		m.mu.Lock()
 		res := m.resources[key.resource]
@@ -373,40 +371,14 @@ func (m *Manager) unreserveLocked(key allocKey) int {
 	return n
 }
 
-func (m *Manager) allocationViewLocked(a *allocation) *dmv1.ResourceAllocation {
-	v := &dmv1.ResourceAllocation{
-		ResourceName:      a.key.resource,
-		DeviceIds:         slices.Clone(a.ids),
-		ContainerResponse: mirrorResponse(a.resp),
-	}
+func (m *Manager) allocationViewLocked(a *allocation) ResourceAllocation {
+	v := ResourceAllocation{Resource: a.key.resource, DeviceIDs: slices.Clone(a.ids), Response: a.resp}
 	res := m.resources[a.key.resource]
 	for _, id := range a.ids {
-		h := dmv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY
-		if res != nil && res.devices[id] != nil && res.devices[id].healthy {
-			h = dmv1.DeviceHealth_DEVICE_HEALTH_HEALTHY
-		}
-		v.Devices = append(v.Devices, &dmv1.DeviceStatus{Id: id, Health: h})
+		healthy := res != nil && res.devices[id] != nil && res.devices[id].healthy
+		v.Devices = append(v.Devices, DeviceStatus{ID: id, Healthy: healthy})
 	}
 	return v
-}
-
-// mirrorResponse copies a plugin's ContainerAllocateResponse into nodeplug's
-// message.
-func mirrorResponse(r *pluginapi.ContainerAllocateResponse) *dmv1.ContainerAllocateResponse {
-	if r == nil {
-		return &dmv1.ContainerAllocateResponse{}
-	}
-	out := &dmv1.ContainerAllocateResponse{Envs: maps.Clone(r.GetEnvs()), Annotations: maps.Clone(r.GetAnnotations())}
-	for _, mt := range r.GetMounts() {
-		out.Mounts = append(out.Mounts, &dmv1.Mount{ContainerPath: mt.GetContainerPath(), HostPath: mt.GetHostPath(), ReadOnly: mt.GetReadOnly()})
-	}
-	for _, d := range r.GetDevices() {
-		out.Devices = append(out.Devices, &dmv1.DeviceSpec{ContainerPath: d.GetContainerPath(), HostPath: d.GetHostPath(), Permissions: d.GetPermissions()})
-	}
-	for _, c := range r.GetCdiDevices() {
-		out.CdiDevices = append(out.CdiDevices, &dmv1.CDIDevice{Name: c.GetName()})
-	}
-	return out
 }
 
 // Release frees the devices of a pod, or of one of its containers when
@@ -444,23 +416,23 @@ func (m *Manager) Release(ctx context.Context, pod, container string) (int64, er
 }
 
 // ListAllocations returns every allocation (of one pod when pod is set),
-// sorted by pod, container and resource.
-func (m *Manager) ListAllocations(pod string) []*dmv1.Allocation {
+// sorted by pod, container and resource. The plugin responses are shared:
+// callers must not modify them.
+func (m *Manager) ListAllocations(pod string) []Allocation {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	keys := slices.SortedFunc(maps.Keys(m.allocs), func(a, b allocKey) int {
 		return strings.Compare(a.pod+"\x00"+a.container+"\x00"+a.resource, b.pod+"\x00"+b.container+"\x00"+b.resource)
 	})
-	var out []*dmv1.Allocation
+	var out []Allocation
 	for _, k := range keys {
 		if pod != "" && k.pod != pod {
 			continue
 		}
 		a := m.allocs[k]
-		out = append(out, &dmv1.Allocation{
-			PodUid: k.pod, ContainerName: k.container, ResourceName: k.resource,
-			DeviceIds: slices.Clone(a.ids), ContainerResponse: mirrorResponse(a.resp),
-			TraceId: a.traceID, AllocatedTime: timestamppb.New(a.at),
+		out = append(out, Allocation{
+			PodUID: k.pod, Container: k.container, Resource: k.resource,
+			DeviceIDs: slices.Clone(a.ids), Response: a.resp, TraceID: a.traceID, Allocated: a.at,
 		})
 	}
 	return out

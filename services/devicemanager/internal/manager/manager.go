@@ -2,10 +2,9 @@
 // their ListAndWatch streams, the per-resource device sets, allocations, the
 // grace period of stopped resources and the checkpoint.
 //
-// It works on nodeplug's devicemanager API messages for its views (the
-// gRPC adapter in package server is a thin shell over it) and on the
-// upstream v1beta1 client for the plugins. All methods are safe for
-// concurrent use.
+// It knows nothing of nodeplug's own API (the gRPC adapter in package server
+// converts); it talks to plugins with the upstream v1beta1 client. All
+// methods are safe for concurrent use.
 package manager
 
 import (
@@ -27,10 +26,8 @@ import (
 	"google.golang.org/grpc"
 	grpccodes "google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
@@ -51,27 +48,6 @@ const (
 	preStartTimeout = pluginapi.KubeletPreStartContainerRPCTimeoutInSecs * time.Second
 	redialTimeout   = 3 * time.Second
 )
-
-// Registration paths, re-exported for callers that do not import the API.
-const (
-	PathPluginsRegistry = dmv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY
-	PathKubeletSock     = dmv1.RegistrationPath_REGISTRATION_PATH_KUBELET_SOCK
-)
-
-// Registration is one request to connect a device plugin endpoint.
-type Registration struct {
-	Resource string
-	// Endpoint is the absolute path of the plugin's socket.
-	Endpoint string
-	Versions []string
-	// SocketPath is the registration socket (plugins_registry); for the
-	// legacy path it is the endpoint itself.
-	SocketPath string
-	// Generation of the registration socket; empty means the endpoint
-	// socket's own identity.
-	Generation string
-	Path       dmv1.RegistrationPath
-}
 
 // Config configures a Manager.
 type Config struct {
@@ -94,7 +70,7 @@ type Manager struct {
 	ckptPath   string
 	instanceID string
 	metrics    *metrics
-	hub        *stream.Hub[*dmv1.WatchResourcesResponse]
+	hub        *stream.Hub[Change]
 
 	regLocks   keyedMutex // per endpoint path
 	allocLocks keyedMutex // per pod/container
@@ -138,10 +114,10 @@ type endpoint struct {
 	dialPath   string // resolved inside the allowed directories
 	socketPath string
 	generation string
-	regPath    dmv1.RegistrationPath
+	regPath    RegistrationPath
 	versions   []string
 	opts       *pluginapi.DevicePluginOptions
-	state      dmv1.EndpointState
+	state      EndpointState
 	seq        uint64
 	registered time.Time
 	stopped    time.Time
@@ -193,7 +169,7 @@ func New(cfg Config) (*Manager, error) {
 		ckptPath:   checkpoint.Path(cfg.DevicePluginsDir),
 		instanceID: uuid.NewString(),
 		metrics:    newMetrics(cfg.Registerer),
-		hub:        stream.NewHub[*dmv1.WatchResourcesResponse](0),
+		hub:        stream.NewHub[Change](0),
 		resources:  map[string]*resource{},
 		allocs:     map[allocKey]*allocation{},
 		owners:     map[string]map[string]allocKey{},
@@ -262,7 +238,7 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	}
 	go m.run(ep, lw)
 	m.log.InfoContext(ctx, "device plugin endpoint registered", "resource", r.Resource, "endpoint", r.Endpoint,
-		"generation", r.Generation, "registration_path", r.Path.String(), "replaced", old != nil,
+		"generation", r.Generation, "registration_path", string(r.Path), "replaced", old != nil,
 		"pre_start_required", ep.opts.GetPreStartRequired(), "preferred_allocation", ep.opts.GetGetPreferredAllocationAvailable())
 	if err := m.persist(); err != nil {
 		m.log.ErrorContext(ctx, "writing checkpoint after registration", "error", err)
@@ -360,11 +336,11 @@ func (m *Manager) installLocked(ep *endpoint, now time.Time) *endpoint {
 	if ep.registered.IsZero() {
 		ep.registered = now
 	}
-	ep.state = dmv1.EndpointState_ENDPOINT_STATE_CONNECTING
+	ep.state = StateConnecting
 	res.endpoints[ep.path] = ep
 	// Stopped endpoints are only kept while nothing is live.
 	for p, e := range res.endpoints {
-		if e != ep && e.state == dmv1.EndpointState_ENDPOINT_STATE_STOPPED {
+		if e != ep && e.state == StateStopped {
 			delete(res.endpoints, p)
 		}
 	}
@@ -408,8 +384,8 @@ func (m *Manager) update(ep *endpoint, devs []*pluginapi.Device) {
 		return
 	}
 	res := m.resources[ep.resource]
-	first := ep.state == dmv1.EndpointState_ENDPOINT_STATE_CONNECTING
-	ep.state = dmv1.EndpointState_ENDPOINT_STATE_LIVE
+	first := ep.state == StateConnecting
+	ep.state = StateLive
 	res.devices = make(map[string]*device, len(devs))
 	for _, d := range devs {
 		nd := &device{id: d.GetID(), healthy: d.GetHealth() == pluginapi.Healthy}
@@ -464,7 +440,7 @@ func (m *Manager) stopLocked(ep *endpoint, now time.Time, why error) {
 	m.wg.Add(1)
 	go func() { defer m.wg.Done(); _ = conn.Close() }()
 	m.endFirstSpan(ep, why)
-	ep.state = dmv1.EndpointState_ENDPOINT_STATE_STOPPED
+	ep.state = StateStopped
 	ep.stopped = now
 	res := m.resources[ep.resource]
 	if res == nil || res.endpoints[ep.path] != ep {
@@ -577,7 +553,7 @@ func (m *Manager) expireLocked(now time.Time) (next time.Time, removed bool) {
 			m.log.Info("resource removed: grace period ended with no live endpoint", "resource", name)
 			delete(m.resources, name)
 			m.metrics.forget(name)
-			m.publishLocked(dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_REMOVED, m.viewLocked(res))
+			m.publishLocked(true, m.viewLocked(res))
 			m.version++
 			removed = true
 			continue
@@ -594,86 +570,69 @@ func (m *Manager) expireLocked(now time.Time) (next time.Time, removed bool) {
 func (m *Manager) changedLocked(res *resource) {
 	m.version++
 	v := m.viewLocked(res)
-	m.metrics.devices.WithLabelValues(res.name, "healthy").Set(float64(len(v.HealthyDeviceIds)))
-	m.metrics.devices.WithLabelValues(res.name, "unhealthy").Set(float64(len(v.UnhealthyDeviceIds)))
-	m.publishLocked(dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_UPDATED, v)
+	m.metrics.devices.WithLabelValues(res.name, "healthy").Set(float64(len(v.Healthy)))
+	m.metrics.devices.WithLabelValues(res.name, "unhealthy").Set(float64(len(v.Unhealthy)))
+	m.publishLocked(false, v)
 }
 
-func (m *Manager) publishLocked(t dmv1.ResourceChangeType, r *dmv1.Resource) {
+func (m *Manager) publishLocked(removed bool, r ResourceInfo) {
 	m.revision++
-	m.hub.Publish(&dmv1.WatchResourcesResponse{
-		InstanceId: m.instanceID,
-		Item:       &dmv1.WatchResourcesResponse_Change{Change: &dmv1.ResourceChange{Type: t, Resource: r, Revision: m.revision}},
-	})
+	m.hub.Publish(Change{Removed: removed, Resource: r, Revision: m.revision})
 }
 
-func (m *Manager) viewLocked(res *resource) *dmv1.Resource {
-	v := &dmv1.Resource{Name: res.name, Capacity: int64(len(res.devices))}
+func (m *Manager) viewLocked(res *resource) ResourceInfo {
+	v := ResourceInfo{Name: res.name, Capacity: int64(len(res.devices))}
 	owners := m.owners[res.name]
 	for _, id := range slices.Sorted(maps.Keys(res.devices)) {
 		d := res.devices[id]
 		if d.healthy {
-			v.HealthyDeviceIds = append(v.HealthyDeviceIds, id)
+			v.Healthy = append(v.Healthy, id)
 			if _, taken := owners[id]; !taken {
 				v.Free++
 			}
 		} else {
-			v.UnhealthyDeviceIds = append(v.UnhealthyDeviceIds, id)
+			v.Unhealthy = append(v.Unhealthy, id)
 		}
 	}
-	v.Allocatable = int64(len(v.HealthyDeviceIds))
-	v.AllocatedDeviceIds = slices.Sorted(maps.Keys(owners))
+	v.Allocatable = int64(len(v.Healthy))
+	v.Allocated = slices.Sorted(maps.Keys(owners))
 	eps := slices.SortedFunc(maps.Values(res.endpoints), func(a, b *endpoint) int { return cmp.Compare(a.seq, b.seq) })
 	for _, e := range eps {
-		ev := &dmv1.Endpoint{
-			Endpoint: e.path, SocketPath: e.socketPath, Generation: e.generation, RegistrationPath: e.regPath,
-			State: e.state, Versions: e.versions, Primary: e == res.primary,
-			Options: &dmv1.DevicePluginOptions{
-				PreStartRequired:                e.opts.GetPreStartRequired(),
-				GetPreferredAllocationAvailable: e.opts.GetGetPreferredAllocationAvailable(),
-			},
-		}
-		if !e.registered.IsZero() {
-			ev.RegisteredTime = timestamppb.New(e.registered)
-		}
-		if !e.stopped.IsZero() {
-			ev.StoppedTime = timestamppb.New(e.stopped)
-		}
-		v.Endpoints = append(v.Endpoints, ev)
+		v.Endpoints = append(v.Endpoints, EndpointInfo{
+			Endpoint: e.path, SocketPath: e.socketPath, Generation: e.generation, Path: e.regPath,
+			State: e.state, Versions: slices.Clone(e.versions), Primary: e == res.primary,
+			PreStartRequired:    e.opts.GetPreStartRequired(),
+			PreferredAllocation: e.opts.GetGetPreferredAllocationAvailable(),
+			Registered:          e.registered, Stopped: e.stopped,
+		})
 	}
 	if !res.stoppedAt.IsZero() {
-		v.GraceDeadline = timestamppb.New(res.stoppedAt.Add(m.grace))
+		v.GraceDeadline = res.stoppedAt.Add(m.grace)
 	}
 	return v
 }
 
 // ListResources returns every resource, sorted by name.
-func (m *Manager) ListResources() []*dmv1.Resource {
+func (m *Manager) ListResources() []ResourceInfo {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []*dmv1.Resource
+	var out []ResourceInfo
 	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
 		out = append(out, m.viewLocked(m.resources[name]))
 	}
 	return out
 }
 
-// Watch returns the current resources as a snapshot and a subscription to
-// every later change, consistently.
-func (m *Manager) Watch() ([]*dmv1.WatchResourcesResponse, *stream.Subscription[*dmv1.WatchResourcesResponse], uint64) {
+// Watch returns the current resources as a snapshot (at revision rev) and
+// a subscription to every later change, consistently.
+func (m *Manager) Watch() (snapshot []Change, sub *stream.Subscription[Change], rev uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sub := m.hub.Subscribe()
-	var snap []*dmv1.WatchResourcesResponse
+	sub = m.hub.Subscribe()
 	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
-		snap = append(snap, &dmv1.WatchResourcesResponse{
-			InstanceId: m.instanceID,
-			Item: &dmv1.WatchResourcesResponse_Change{Change: &dmv1.ResourceChange{
-				Type: dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_UPDATED, Resource: m.viewLocked(m.resources[name]), Revision: m.revision,
-			}},
-		})
+		snapshot = append(snapshot, Change{Resource: m.viewLocked(m.resources[name]), Revision: m.revision})
 	}
-	return snap, sub, m.revision
+	return snapshot, sub, m.revision
 }
 
 // LiveEndpointPaths returns the resolved socket paths of endpoints that are

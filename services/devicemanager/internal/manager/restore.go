@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/checkpoint"
 )
 
@@ -56,7 +55,7 @@ func (m *Manager) snapshotLocked() (*checkpoint.Data, error) {
 		for _, e := range eps {
 			r.Endpoints = append(r.Endpoints, checkpoint.Endpoint{
 				Endpoint: e.path, SocketPath: e.socketPath, Generation: e.generation,
-				RegistrationPath: e.regPath.String(), Versions: e.versions,
+				RegistrationPath: string(e.regPath), Versions: e.versions,
 				PreStartRequired: e.opts.GetPreStartRequired(), Preferred: e.opts.GetGetPreferredAllocationAvailable(),
 				Registered: e.registered, Primary: e == res.primary,
 			})
@@ -114,9 +113,9 @@ func (m *Manager) Restore(ctx context.Context) error {
 			m.seq++
 			ep := &endpoint{
 				resource: r.Name, path: e.Endpoint, socketPath: e.SocketPath, generation: e.Generation,
-				regPath: dmv1.RegistrationPath(dmv1.RegistrationPath_value[e.RegistrationPath]), versions: e.Versions,
+				regPath: RegistrationPath(e.RegistrationPath), versions: e.Versions,
 				opts:  &pluginapi.DevicePluginOptions{PreStartRequired: e.PreStartRequired, GetPreferredAllocationAvailable: e.Preferred},
-				state: dmv1.EndpointState_ENDPOINT_STATE_STOPPED, seq: m.seq, registered: e.Registered, stopped: now, closed: true,
+				state: StateStopped, seq: m.seq, registered: e.Registered, stopped: now, closed: true,
 			}
 			res.endpoints[ep.path] = ep
 			if e.Primary || res.primary == nil {

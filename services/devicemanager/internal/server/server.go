@@ -69,20 +69,34 @@ func (s *Service) DeregisterPlugin(ctx context.Context, req *dmv1.DeregisterPlug
 
 // ListResources implements DeviceManagerService.
 func (s *Service) ListResources(context.Context, *dmv1.ListResourcesRequest) (*dmv1.ListResourcesResponse, error) {
-	return &dmv1.ListResourcesResponse{InstanceId: s.m.InstanceID(), Resources: s.m.ListResources()}, nil
+	out := &dmv1.ListResourcesResponse{InstanceId: s.m.InstanceID()}
+	for _, r := range s.m.ListResources() {
+		out.Resources = append(out.Resources, resourceToAPI(r))
+	}
+	return out, nil
 }
 
 // WatchResources implements DeviceManagerService.
 func (s *Service) WatchResources(_ *dmv1.WatchResourcesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourcesResponse]) error {
+	id := s.m.InstanceID()
 	snap, sub, rev := s.m.Watch()
-	return stream.Serve(ss.Context(), snap, sub, ss.Send, func() error {
-		return ss.Send(&dmv1.WatchResourcesResponse{InstanceId: s.m.InstanceID(), Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
+	send := func(c manager.Change) error { return ss.Send(changeToAPI(id, c)) }
+	return stream.Serve(ss.Context(), snap, sub, send, func() error {
+		return ss.Send(&dmv1.WatchResourcesResponse{InstanceId: id, Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
 	})
 }
 
 // Allocate implements DeviceManagerService.
 func (s *Service) Allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
-	return s.m.Allocate(ctx, req)
+	allocs, err := s.m.Allocate(ctx, allocateRequestFromAPI(req))
+	if err != nil {
+		return nil, err
+	}
+	out := &dmv1.AllocateResponse{PodUid: req.GetPodUid(), ContainerName: req.GetContainerName()}
+	for _, a := range allocs {
+		out.Allocations = append(out.Allocations, resourceAllocationToAPI(a))
+	}
+	return out, nil
 }
 
 // Release implements DeviceManagerService.
@@ -96,7 +110,11 @@ func (s *Service) Release(ctx context.Context, req *dmv1.ReleaseRequest) (*dmv1.
 
 // ListAllocations implements DeviceManagerService.
 func (s *Service) ListAllocations(_ context.Context, req *dmv1.ListAllocationsRequest) (*dmv1.ListAllocationsResponse, error) {
-	return &dmv1.ListAllocationsResponse{InstanceId: s.m.InstanceID(), Allocations: s.m.ListAllocations(req.GetPodUid())}, nil
+	out := &dmv1.ListAllocationsResponse{InstanceId: s.m.InstanceID()}
+	for _, a := range s.m.ListAllocations(req.GetPodUid()) {
+		out.Allocations = append(out.Allocations, allocationToAPI(a))
+	}
+	return out, nil
 }
 
 // Registration serves v1beta1.Registration/Register on kubelet.sock.
