@@ -585,3 +585,45 @@ func TestVersionAndHelp(t *testing.T) {
 		t.Fatalf("help: exit %d, output %q", code, out)
 	}
 }
+
+func TestWaterfallEdgeCases(t *testing.T) {
+	ref := func(id string) []struct {
+		RefType string `json:"refType"`
+		SpanID  string `json:"spanID"`
+	} {
+		return []struct {
+			RefType string `json:"refType"`
+			SpanID  string `json:"spanID"`
+		}{{"CHILD_OF", id}}
+	}
+	for _, tc := range []struct {
+		name string
+		tr   jaegerTrace
+		want []string
+	}{
+		{"one span, unknown process", jaegerTrace{TraceID: "t1", Spans: []jaegerSpan{{SpanID: "a", OperationName: "only", StartTime: 5, Duration: 0, ProcessID: "p9"}}},
+			[]string{"trace t1: 1 span, 1 service, 1µs", "?        only  +0µs   0µs       |█"}},
+		{"reference cycle", jaegerTrace{TraceID: "t2", Spans: []jaegerSpan{
+			{SpanID: "a", OperationName: "first", StartTime: 0, Duration: 10, References: ref("b")},
+			{SpanID: "b", OperationName: "second", StartTime: 5, Duration: 5, References: ref("a")},
+		}}, []string{"2 spans", "first", "  second"}},
+		{"parent outside the trace", jaegerTrace{TraceID: "t3", Spans: []jaegerSpan{
+			{SpanID: "a", OperationName: "orphan", StartTime: 0, Duration: 10, References: ref("zz")},
+		}}, []string{"?        orphan"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := renderWaterfall(&b, &tc.tr, 10); err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(b.String(), w) {
+					t.Fatalf("output lacks %q:\n%s", w, b.String())
+				}
+			}
+		})
+	}
+	if err := renderWaterfall(&bytes.Buffer{}, &jaegerTrace{TraceID: "t"}, 10); err == nil {
+		t.Fatal("a trace without spans rendered")
+	}
+}

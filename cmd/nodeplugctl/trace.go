@@ -231,7 +231,7 @@ func renderWaterfall(w io.Writer, tr *jaegerTrace, width int) error {
 	for _, s := range spans {
 		services[serviceOf(tr, s)] = true
 	}
-	fmt.Fprintf(w, "trace %s: %d spans, %d services, %s\n\n", tr.TraceID, len(spans), len(services), fmtMicros(total))
+	fmt.Fprintf(w, "trace %s: %s, %s, %s\n\n", tr.TraceID, plural(len(spans), "span"), plural(len(services), "service"), fmtMicros(total))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tSPAN\tSTART\tDURATION\tTIMELINE")
 	for _, r := range rows {
@@ -274,4 +274,11 @@ func fmtMicros(us int64) string {
 	default:
 		return fmt.Sprintf("%.3fs", float64(us)/1e6)
 	}
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
