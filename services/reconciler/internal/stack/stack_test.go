@@ -341,8 +341,9 @@ func TestRecreatedSocketSkipsOldBackoff(t *testing.T) {
 	e.waitFailed(path, 1)
 	e.clk.Advance(executor.InitialBackoff)
 	st := e.waitFailed(path, 2)
-	if !st.NextRetry.After(e.clk.Now()) {
-		t.Fatalf("not in backoff: next retry %v, now %v", st.NextRetry, e.clk.Now())
+	now, retryAt := e.clk.Now(), st.NextRetry
+	if !retryAt.After(now) {
+		t.Fatalf("not in backoff: next retry %v, now %v", retryAt, now)
 	}
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
@@ -355,8 +356,8 @@ func TestRecreatedSocketSkipsOldBackoff(t *testing.T) {
 	if st.Failures != 0 || st.LastError != "" {
 		t.Fatalf("status after recreation = %+v", st)
 	}
-	if e.clk.Now().After(st.LastTransition) {
-		t.Fatal("clock moved")
+	if !e.clk.Now().Equal(now) || !e.clk.Now().Before(retryAt) {
+		t.Fatalf("registered at %v, old generation's retry due at %v", e.clk.Now(), retryAt)
 	}
 }
 
