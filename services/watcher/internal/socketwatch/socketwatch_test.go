@@ -957,3 +957,62 @@ func find(t *testing.T, reg *prometheus.Registry, name string, labels map[string
 	}
 	return nil
 }
+
+// TestHandleEvent feeds events straight to the handler (no Run loop, so the
+// outcome of each is known when the call returns), for the cases the kernel
+// produces only in races: a duplicate Create, a Create for a path already
+// gone, events for paths that do not count.
+func TestHandleEvent(t *testing.T) {
+	h := setup(t)
+	known := h.path("known.sock")
+	listen(t, known)
+	gone := h.path("gone.sock")
+	listen(t, gone)
+	w, err := New(h.options(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	h.w = w
+	s := h.subscribe(t)
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	listen(t, h.path(".hidden.sock"))
+	listen(t, filepath.Join(h.outside, "out.sock"))
+
+	for _, tc := range []struct {
+		name string
+		ev   fsnotify.Event
+		want []rel
+	}{
+		{"duplicate Create, same generation", fsnotify.Event{Name: known, Op: fsnotify.Create}, nil},
+		{"Write", fsnotify.Event{Name: known, Op: fsnotify.Write}, nil},
+		{"Chmod", fsnotify.Event{Name: known, Op: fsnotify.Chmod}, nil},
+		{"Create for a path already gone", fsnotify.Event{Name: gone, Op: fsnotify.Create}, []rel{{Deleted, "gone.sock"}}},
+		{"Remove of an unknown path", fsnotify.Event{Name: h.path("never.sock"), Op: fsnotify.Remove}, nil},
+		{"Create of a hidden socket", fsnotify.Event{Name: h.path(".hidden.sock"), Op: fsnotify.Create}, nil},
+		{"Create outside the directory", fsnotify.Event{Name: filepath.Join(h.outside, "out.sock"), Op: fsnotify.Create}, nil},
+		{"Create of the directory itself", fsnotify.Event{Name: h.dir, Op: fsnotify.Create}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w.handleEvent(tc.ev)
+			var got []Event
+			for {
+				select {
+				case ev := <-s.s.C:
+					got = append(got, ev)
+					continue
+				default:
+				}
+				break
+			}
+			if r := h.rels(got); !slices.Equal(r, tc.want) {
+				t.Fatalf("events %v, want %v", r, tc.want)
+			}
+		})
+	}
+	if got := listPaths(h); !slices.Equal(got, []string{"known.sock"}) {
+		t.Fatalf("List = %q", got)
+	}
+}
