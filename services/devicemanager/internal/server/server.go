@@ -35,16 +35,32 @@ const KubeletSocketName = "kubelet.sock"
 
 var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")
 
-// Service implements DeviceManagerService over a Manager.
+// Backend is what the gRPC faces need of the device manager. Every method
+// is safe for concurrent use; Watch's snapshot and subscription are
+// consistent (no change falls between them).
+type Backend interface {
+	InstanceID() string
+	Register(ctx context.Context, r manager.Registration) error
+	Deregister(ctx context.Context, resource, endpoint, generation string) (bool, error)
+	ListResources() []manager.ResourceInfo
+	Watch() ([]manager.Change, *stream.Subscription[manager.Change], uint64)
+	Allocate(ctx context.Context, req *manager.AllocateRequest) ([]manager.ResourceAllocation, error)
+	Release(ctx context.Context, pod, container string) (int64, error)
+	ListAllocations(pod string) []manager.Allocation
+}
+
+var _ Backend = (*manager.Manager)(nil)
+
+// Service implements DeviceManagerService over a Backend.
 type Service struct {
 	dmv1.UnimplementedDeviceManagerServiceServer
-	m *manager.Manager
+	m Backend
 }
 
 var _ dmv1.DeviceManagerServiceServer = (*Service)(nil)
 
 // NewService returns the gRPC adapter for m.
-func NewService(m *manager.Manager) *Service { return &Service{m: m} }
+func NewService(m Backend) *Service { return &Service{m: m} }
 
 // RegisterPlugin implements DeviceManagerService.
 func (s *Service) RegisterPlugin(ctx context.Context, req *dmv1.RegisterPluginRequest) (*dmv1.RegisterPluginResponse, error) {
@@ -120,7 +136,7 @@ func (s *Service) ListAllocations(_ context.Context, req *dmv1.ListAllocationsRe
 // Registration serves v1beta1.Registration/Register on kubelet.sock.
 type Registration struct {
 	pluginapi.UnimplementedRegistrationServer
-	m   *manager.Manager
+	m   Backend
 	dir string
 	log *slog.Logger
 }
@@ -212,7 +228,7 @@ func Sweep(dir string, keep map[string]bool, log *slog.Logger) error {
 
 // ListenKubeletSocket serves v1beta1.Registration for m on
 // <dir>/kubelet.sock until Stop.
-func ListenKubeletSocket(m *manager.Manager, dir string, log *slog.Logger) (*Legacy, error) {
+func ListenKubeletSocket(m Backend, dir string, log *slog.Logger) (*Legacy, error) {
 	path := filepath.Join(dir, KubeletSocketName)
 	lis, err := unixsock.Listen(path)
 	if err != nil {
