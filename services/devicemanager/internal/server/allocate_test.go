@@ -269,6 +269,7 @@ func TestAllocateConcurrentNeverDoubleAllocates(t *testing.T) {
 
 	var mu sync.Mutex
 	owner := map[string]string{}
+	podDev := map[string]string{}
 	var ok, refused int
 	var wg sync.WaitGroup
 	for i := range calls {
@@ -290,6 +291,10 @@ func TestAllocateConcurrentNeverDoubleAllocates(t *testing.T) {
 				t.Errorf("device %s given to %s and %s", id, o, pod)
 			}
 			owner[id] = pod
+			if d, ok := podDev[pod]; ok && d != id {
+				t.Errorf("identical requests of %s answered %s and %s", pod, d, id)
+			}
+			podDev[pod] = id
 		})
 	}
 	wg.Wait()

@@ -455,6 +455,20 @@ func TestReRegistration(t *testing.T) {
 	if n := legacy.CallCount(deviceplugin.MethodListAndWatch); n != 1 {
 		t.Fatalf("legacy re-Register with the same socket opened %d streams", n)
 	}
+	// A new socket (the plugin restarted its server) replaces the endpoint.
+	oldGen := e.resource("example.com/rereg-legacy").GetEndpoints()[0].GetGeneration()
+	legacy.Stop()
+	if err := legacy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
+		t.Fatal(err)
+	}
+	e.waitResource("example.com/rereg-legacy", "the new socket live", func(r *dmv1.Resource) bool {
+		return len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetGeneration() != oldGen &&
+			r.GetEndpoints()[0].GetGeneration() == generation(t, legacy.SocketPath()) &&
+			r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE && r.GetAllocatable() == 2
+	})
 }
 
 func TestDeregister(t *testing.T) {
