@@ -3,6 +3,7 @@ package grpcapi_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -33,11 +34,14 @@ type env struct {
 	w      *socketwatch.Watcher
 	client watcherv1.WatcherServiceClient
 	stopW  func()
+	addr   string
 }
 
 // start runs a real watcher over a temporary directory behind a real gRPC
 // server (nodeplug's server plumbing) on a Unix socket.
-func start(t *testing.T) *env {
+func start(t *testing.T) *env { return startWith(t, 0) }
+
+func startWith(t *testing.T, buffer int) *env {
 	t.Helper()
 	base, err := os.MkdirTemp("", "np")
 	if err != nil {
@@ -51,7 +55,7 @@ func start(t *testing.T) *env {
 	}
 	tp := sdktrace.NewTracerProvider()
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	w, err := socketwatch.New(socketwatch.Options{Dir: dir, Confiner: conf, TracerProvider: tp})
+	w, err := socketwatch.New(socketwatch.Options{Dir: dir, Confiner: conf, TracerProvider: tp, SubscriberBuffer: buffer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,12 +74,19 @@ func start(t *testing.T) *env {
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-served })
-	conn, err := rpcutil.NewClient(lis.Addr().String())
+	e := &env{dir: dir, w: w, stopW: stopW, addr: lis.Addr().String()}
+	e.client = e.newClient(t)
+	return e
+}
+
+func (e *env) newClient(t *testing.T, opts ...grpc.DialOption) watcherv1.WatcherServiceClient {
+	t.Helper()
+	conn, err := rpcutil.NewClient(e.addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &env{dir: dir, w: w, client: watcherv1.NewWatcherServiceClient(conn), stopW: stopW}
+	return watcherv1.NewWatcherServiceClient(conn)
 }
 
 func listen(t *testing.T, path string) {
@@ -227,4 +238,64 @@ func TestEventToProto(t *testing.T) {
 			t.Errorf("EventToProto(%+v) = %v", tc.in, got)
 		}
 	}
+}
+
+// TestStalledClientOverGRPC: a client that stops reading fills its HTTP/2
+// window, then the server-side buffer, and is closed with
+// RESOURCE_EXHAUSTED; a client that reads gets every event meanwhile.
+func TestStalledClientOverGRPC(t *testing.T) {
+	const buffer, n = 16, 1000
+	e := startWith(t, buffer)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Fixed 64 KiB windows (this also turns off window growth), so the
+	// stalled stream blocks the server after a bounded number of events.
+	stalledClient := e.newClient(t, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	stalled, err := stalledClient.WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, stalled); m.GetSynced() == nil {
+		t.Fatalf("first message %v, want synced", m)
+	}
+	reader, err := e.client.WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := recv(t, reader); m.GetSynced() == nil {
+		t.Fatalf("first message %v, want synced", m)
+	}
+	for i := range n {
+		p := filepath.Join(e.dir, fmt.Sprintf("s%04d.sock", i))
+		bindOnly(t, p)
+		// Pace: the reader must not fall behind the small buffer.
+		if ev := recv(t, reader).GetEvent(); ev.GetPath() != p {
+			t.Fatalf("reader got %v, want CREATED %s", ev, p)
+		}
+	}
+	got := 0
+	for {
+		_, err := stalled.Recv()
+		if err != nil {
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("stalled stream ended with %v after %d events, want RESOURCE_EXHAUSTED", err, got)
+			}
+			break
+		}
+		got++
+	}
+	t.Logf("stalled stream got %d of %d events before RESOURCE_EXHAUSTED", got, n)
+	if got >= n {
+		t.Fatalf("stalled stream received all %d events; it was never dropped", got)
+	}
+}
+
+func bindOnly(t *testing.T, path string) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = l.Close()
 }
