@@ -11,7 +11,10 @@
 //     "." is ignored, at walk and at event time alike; hidden directories are
 //     neither watched nor walked.
 //   - Only Unix sockets count. A symlink counts only when it resolves to a
-//     socket inside the allowed directories (Options.Confiner).
+//     socket inside the allowed directories (Options.Confiner); its
+//     generation is its target's, as of when the link was seen (a target
+//     recreated behind an unchanged link is noticed only by a rescan).
+//     Symlinked directories are not followed.
 //   - Create events are checked against the filesystem; Remove and Rename (a
 //     move away) delete the path and every socket below it. Write and Chmod
 //     are ignored.
