@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -141,10 +146,8 @@ func (r *Reconciler) registerOp(d cache.Socket) executor.Op {
 		}
 		plugin.Handler = h
 		if err := step(ctx, "reconciler.Validate", func(ctx context.Context) error {
-			if r.opts.Confiner != nil {
-				if _, err := r.opts.Confiner.Resolve(plugin.Endpoint); err != nil {
-					return fmt.Errorf("endpoint %s is not allowed: %w", plugin.Endpoint, err)
-				}
+			if err := r.checkEndpoint(plugin.Endpoint); err != nil {
+				return err
 			}
 			return h.Validate(ctx, plugin.Name, plugin.Endpoint, plugin.Versions)
 		}); err != nil {
@@ -175,6 +178,27 @@ func (r *Reconciler) registerOp(d cache.Socket) executor.Op {
 		})
 		return nil
 	}
+}
+
+// checkEndpoint confines a plugin's endpoint to the allowed directories.
+// An endpoint that does not exist yet is judged by its path alone (the
+// handler that dials it fails later if it never appears); one that exists
+// must resolve, symlinks followed, inside the allowed directories.
+func (r *Reconciler) checkEndpoint(endpoint string) error {
+	c := r.opts.Confiner
+	if c == nil {
+		return nil
+	}
+	_, err := c.Resolve(endpoint)
+	if err != nil && filepath.IsAbs(endpoint) && !slices.Contains(strings.Split(endpoint, "/"), "..") && c.Within(filepath.Clean(endpoint)) {
+		if _, serr := os.Lstat(endpoint); errors.Is(serr, fs.ErrNotExist) {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("endpoint %s is not allowed: %w", endpoint, err)
+	}
+	return nil
 }
 
 // getInfo dials the plugin and calls GetInfo within the GetInfo budget. A

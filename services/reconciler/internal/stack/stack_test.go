@@ -163,6 +163,7 @@ func TestRefusedRegistrations(t *testing.T) {
 		{"DRA unknown service", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Versions: []string{"v1alpha3.Node"}}, "none of services supported by the plugin"},
 		{"CSI version 2", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"2.0.0"}}, "None of the versions specified"},
 		{"endpoint outside allowed dirs", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/nonexistent-np/dra.sock", Versions: []string{"v1.DRAPlugin"}}, "endpoint /nonexistent-np/dra.sock is not allowed"},
+		{"endpoint with ..", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/tmp/../etc/dra.sock", Versions: []string{"v1.DRAPlugin"}}, `contains ".."`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -603,5 +604,40 @@ func TestRunWithoutPeers(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// Endpoints are confined to the allowed directories: a symlink that leads
+// outside is refused; an endpoint inside that does not exist yet is judged
+// by its path.
+func TestEndpointConfinement(t *testing.T) {
+	e := newEnv(t)
+	outside, err := os.MkdirTemp("", "np")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(outside) })
+	target := filepath.Join(outside, "dra.sock")
+	staleSocket(t, target)
+	link := filepath.Join(e.root, "escape.sock")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+
+	esc := e.plugin("escape", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: link, Versions: []string{"v1.DRAPlugin"}})
+	e.w.Created(t, esc.Path())
+	got, err := esc.WaitStatus(waitCtx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Registered || !strings.Contains(got.Error, "outside the allowed directories") {
+		t.Fatalf("symlink escape: %+v", got)
+	}
+
+	later := filepath.Join(e.root, "later", "dra.sock")
+	ok := e.plugin("later", testplugin.Info{Type: "DRAPlugin", Name: "dra2.example.com", Endpoint: later, Versions: []string{"v1.DRAPlugin"}})
+	e.w.Created(t, ok.Path())
+	if st := e.waitRegistered(ok.Path()); st.Endpoint != later {
+		t.Fatalf("status = %+v", st)
 	}
 }
