@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -268,6 +269,104 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	for legacy.StreamCount() != 1 || reg.StreamCount() != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("plugins have %d and %d ListAndWatch streams, want one each", legacy.StreamCount(), reg.StreamCount())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSamplePluginKubeletSockAcrossRestart runs nodeplug-sampleplugin in
+// kubelet-sock mode against the devicemanager binary: it registers, its
+// health flips show, and after a SIGKILL and restart of the devicemanager
+// it is live again on the same socket (redialled; its re-Register when
+// kubelet.sock reappears is a no-op).
+func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binaries")
+	}
+	bin := buildBinary(t)
+	sample := filepath.Join(filepath.Dir(bin), "nodeplug-sampleplugin")
+	if out, err := exec.Command("go", "build", "-o", sample, "../../cmd/nodeplug-sampleplugin").CombinedOutput(); err != nil {
+		t.Fatalf("go build sampleplugin: %v\n%s", err, out)
+	}
+	root, err := os.MkdirTemp("", "np")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	first := startProc(t, bin, root)
+
+	cmd := exec.Command(sample, "--mode", "kubelet-sock", "--resource", "example.com/sample", "--devices", "4",
+		"--socket-name", "sample.sock", "--control-listen", "127.0.0.1:0", "--log-format", "json")
+	cmd.Env = append(os.Environ(), "NODEPLUG_ROOT_DIR="+root)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	controlc := make(chan string, 1)
+	logDone := make(chan struct{})
+	go func() {
+		defer close(logDone)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var rec map[string]any
+			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "control endpoint listening" {
+				controlc <- rec["addr"].(string)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		<-logDone
+	})
+	var control string
+	select {
+	case control = <-controlc:
+	case <-time.After(waitFor):
+		t.Fatal("the sample plugin did not start")
+	}
+	before := waitLive(t, first.client, "example.com/sample", 4)
+	if ep := before.GetEndpoints()[0]; ep.GetEndpoint() != filepath.Join(root, "device-plugins", "sample.sock") ||
+		ep.GetRegistrationPath() != dmv1.RegistrationPath_REGISTRATION_PATH_KUBELET_SOCK {
+		t.Fatalf("endpoint = %v", ep)
+	}
+	resp, err := http.Post("http://"+control+"/health?device=dev-2&healthy=false", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitLive(t, first.client, "example.com/sample", 3)
+
+	first.close() // SIGKILL
+	second := startProc(t, bin, root)
+	after := waitLive(t, second.client, "example.com/sample", 3)
+	if a, b := after.GetEndpoints()[0], before.GetEndpoints()[0]; a.GetGeneration() != b.GetGeneration() {
+		t.Fatalf("the endpoint was replaced across the restart: %v → %v", b, a)
+	}
+
+	// The plugin exits on SIGTERM and removes its socket: its devices turn
+	// unhealthy, capacity kept.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("sample plugin exit: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "device-plugins", "sample.sock")); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind: %v", err)
+	}
+	deadline := time.Now().Add(waitFor)
+	for {
+		resp, err := second.client.ListResources(ctxT(t), &dmv1.ListResourcesRequest{})
+		if err == nil && len(resp.GetResources()) == 1 && resp.GetResources()[0].GetAllocatable() == 0 && resp.GetResources()[0].GetCapacity() == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("resources after the plugin exited: %v, %v", resp, err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
