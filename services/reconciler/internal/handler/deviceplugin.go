@@ -136,7 +136,7 @@ func (h *DevicePlugin) Observe(id string) {
 // message, so a devicemanager restart is noticed even when no registration
 // is in flight.
 func (h *DevicePlugin) Run(ctx context.Context) error {
-	const minDelay, maxDelay = 100 * time.Millisecond, 5 * time.Second
+	const minDelay, maxDelay = 100 * time.Millisecond, 2 * time.Second
 	delay := minDelay
 	for {
 		synced, err := h.watch(ctx)

@@ -26,7 +26,7 @@ type Sink interface {
 // Backoff bounds between resubscriptions.
 const (
 	MinBackoff = 100 * time.Millisecond
-	MaxBackoff = 5 * time.Second
+	MaxBackoff = 2 * time.Second
 )
 
 // Client follows the watcher.
