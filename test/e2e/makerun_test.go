@@ -111,7 +111,7 @@ func TestMakeRun(t *testing.T) {
 
 	grpcurl := ""
 	for _, line := range strings.Split(out.String(), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && strings.HasSuffix(f[0], "grpcurl-v1.9.4") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "-plaintext" && filepath.IsAbs(f[0]) {
 			grpcurl = f[0]
 			break
 		}
@@ -119,11 +119,15 @@ func TestMakeRun(t *testing.T) {
 	if grpcurl == "" {
 		t.Fatalf("make run did not print a grpcurl line:\n%s", out.String())
 	}
-	path := filepath.Dir(grpcurl) + string(os.PathListSeparator) + os.Getenv("PATH")
-	link := filepath.Join(filepath.Dir(grpcurl), "grpcurl")
-	if _, err := os.Stat(link); err != nil {
-		_ = os.Symlink(grpcurl, link)
+	// The README says `grpcurl`: put the pinned one on PATH under that name.
+	pathDir := filepath.Join(runDir, "path")
+	if err := os.MkdirAll(pathDir, 0o755); err != nil {
+		t.Fatal(err)
 	}
+	if err := os.Symlink(grpcurl, filepath.Join(pathDir, "grpcurl")); err != nil {
+		t.Fatal(err)
+	}
+	path := pathDir + string(os.PathListSeparator) + os.Getenv("PATH")
 
 	for _, c := range cmds {
 		if strings.Contains(c, "TRACE_ID") {
