@@ -9,13 +9,20 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
-// BenchmarkAllocateRelease measures one Allocate (plugin call and
-// checkpoint write included) plus its Release, over gRPC.
+// BenchmarkAllocateRelease measures one Allocate (device choice, plugin call
+// and checkpoint write included) plus its Release, over gRPC, with plugins
+// of 64 and 10,000 devices.
 func BenchmarkAllocateRelease(b *testing.B) {
+	for _, devices := range []int{64, 10000} {
+		b.Run(fmt.Sprintf("devices=%d", devices), func(b *testing.B) { benchAllocateRelease(b, devices) })
+	}
+}
+
+func benchAllocateRelease(b *testing.B, devices int) {
 	e := newBenchEnv(b)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/bench", Devices: 64}, false)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/bench", Devices: devices}, false)
 	e.mustRegister(p)
-	e.waitCounts("example.com/bench", 64, 64)
+	e.waitCounts("example.com/bench", int64(devices), int64(devices))
 	b.ResetTimer()
 	for i := range b.N {
 		pod := fmt.Sprintf("pod-%d", i)
