@@ -167,8 +167,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 		defer os.RemoveAll(root)
 	}
-	st := stack.New(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s", "NODEPLUG_RECONCILER_LOG_LEVEL=warn",
-		"NODEPLUG_WATCHER_LOG_LEVEL=warn", "NODEPLUG_DEVICEMANAGER_LOG_LEVEL=warn")
+	st := stack.New(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s")
 	defer st.StopAll()
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 )
 
 // waiter fires once when pred holds for the item of a key.
@@ -66,63 +67,62 @@ func (f *follower[T]) wait(key string, pred func(T) bool) <-chan time.Time {
 
 func (f *follower[T]) markSynced() { f.once.Do(func() { close(f.synced) }) }
 
-// followResources follows the devicemanager's WatchResources until ctx ends,
-// resubscribing when the stream breaks.
+// followStream feeds f from a Watch stream until ctx ends, resubscribing
+// when the stream breaks. recv returns the next item's key, value, whether it
+// is a removal and whether it is the synced marker.
+func followStream[T any](ctx context.Context, f *follower[T], open func(ctx context.Context) (recv func() (key string, item T, removed, synced bool, err error), err error)) {
+	go stream.Resubscribe(ctx, 50*time.Millisecond, time.Second, func(ctx context.Context) (bool, error) {
+		recv, err := open(ctx)
+		if err != nil {
+			return false, err
+		}
+		synced := false
+		for {
+			key, item, removed, isSynced, err := recv()
+			if err != nil {
+				return synced, err
+			}
+			now := time.Now()
+			if isSynced {
+				synced = true
+				f.markSynced()
+				continue
+			}
+			f.update(key, item, removed, now)
+		}
+	}, nil)
+}
+
+// followResources follows the devicemanager's WatchResources.
 func followResources(ctx context.Context, c dmv1.DeviceManagerServiceClient) *follower[*dmv1.Resource] {
 	f := newFollower[*dmv1.Resource]()
-	go func() {
-		for ctx.Err() == nil {
-			s, err := c.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
-			if err == nil {
-				for {
-					resp, err := s.Recv()
-					if err != nil {
-						break
-					}
-					now := time.Now()
-					if resp.GetSynced() != nil {
-						f.markSynced()
-						continue
-					}
-					ch := resp.GetChange()
-					f.update(ch.GetResource().GetName(), ch.GetResource(), ch.GetType() == dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_REMOVED, now)
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(50 * time.Millisecond):
-			}
+	followStream(ctx, f, func(ctx context.Context) (func() (string, *dmv1.Resource, bool, bool, error), error) {
+		s, err := c.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+		if err != nil {
+			return nil, err
 		}
-	}()
+		return func() (string, *dmv1.Resource, bool, bool, error) {
+			resp, err := s.Recv()
+			ch := resp.GetChange()
+			return ch.GetResource().GetName(), ch.GetResource(), ch.GetType() == dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_REMOVED, resp.GetSynced() != nil, err
+		}, nil
+	})
 	return f
 }
 
-// followPlugins follows the reconciler's WatchPlugins until ctx ends.
+// followPlugins follows the reconciler's WatchPlugins.
 func followPlugins(ctx context.Context, c rcv1.ReconcilerServiceClient) *follower[*rcv1.Plugin] {
 	f := newFollower[*rcv1.Plugin]()
-	go func() {
-		for ctx.Err() == nil {
-			s, err := c.WatchPlugins(ctx, &rcv1.WatchPluginsRequest{})
-			if err == nil {
-				for {
-					resp, err := s.Recv()
-					if err != nil {
-						break
-					}
-					now := time.Now()
-					if resp.GetSynced() != nil {
-						f.markSynced()
-						continue
-					}
-					ch := resp.GetChange()
-					f.update(ch.GetPlugin().GetSocketPath(), ch.GetPlugin(), ch.GetType() == rcv1.PluginChangeType_PLUGIN_CHANGE_TYPE_REMOVED, now)
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(50 * time.Millisecond):
-			}
+	followStream(ctx, f, func(ctx context.Context) (func() (string, *rcv1.Plugin, bool, bool, error), error) {
+		s, err := c.WatchPlugins(ctx, &rcv1.WatchPluginsRequest{})
+		if err != nil {
+			return nil, err
 		}
-	}()
+		return func() (string, *rcv1.Plugin, bool, bool, error) {
+			resp, err := s.Recv()
+			ch := resp.GetChange()
+			return ch.GetPlugin().GetSocketPath(), ch.GetPlugin(), ch.GetType() == rcv1.PluginChangeType_PLUGIN_CHANGE_TYPE_REMOVED, resp.GetSynced() != nil, err
+		}, nil
+	})
 	return f
 }

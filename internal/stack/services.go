@@ -44,7 +44,8 @@ func (s *Stack) Start(ctx context.Context, name string) error {
 	if listen == "" {
 		listen = "127.0.0.1:0"
 	}
-	args := []string{"--root-dir", s.Root, "--listen", listen, "--metrics-listen", "127.0.0.1:0"}
+	// The bound address is found in the info-level "gRPC listening" line.
+	args := []string{"--root-dir", s.Root, "--listen", listen, "--metrics-listen", "127.0.0.1:0", "--log-level", "info"}
 	if name == "reconciler" {
 		w, d := s.addrs["watcher"], s.addrs["devicemanager"]
 		if w == "" || d == "" {

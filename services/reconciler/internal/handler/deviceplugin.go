@@ -13,6 +13,7 @@ import (
 
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 )
 
@@ -136,26 +137,10 @@ func (h *DevicePlugin) Observe(id string) {
 // message, so a devicemanager restart is noticed even when no registration
 // is in flight.
 func (h *DevicePlugin) Run(ctx context.Context) error {
-	const minDelay, maxDelay = 100 * time.Millisecond, 2 * time.Second
-	delay := minDelay
-	for {
-		synced, err := h.watch(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if synced {
-			delay = minDelay
-		}
+	stream.Resubscribe(ctx, 100*time.Millisecond, 2*time.Second, h.watch, func(err error, delay time.Duration) {
 		h.log.Debug("devicemanager watch ended; resubscribing", "error", err, "in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-		delay = min(delay*2, maxDelay)
-	}
+	})
+	return nil
 }
 
 func (h *DevicePlugin) watch(ctx context.Context) (synced bool, err error) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 )
 
@@ -46,25 +47,10 @@ func New(watcher watcherv1.WatcherServiceClient, sink Sink, log *slog.Logger) *C
 
 // Run follows the watcher until ctx ends.
 func (c *Client) Run(ctx context.Context) error {
-	delay := MinBackoff
-	for {
-		synced, err := c.follow(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if synced {
-			delay = MinBackoff
-		}
+	stream.Resubscribe(ctx, MinBackoff, MaxBackoff, c.follow, func(err error, delay time.Duration) {
 		c.log.Warn("watcher stream ended; resubscribing", "error", err, "in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-		delay = min(delay*2, MaxBackoff)
-	}
+	})
+	return nil
 }
 
 func toSocket(ev *watcherv1.SocketEvent, live bool) cache.Socket {
