@@ -24,6 +24,7 @@ type span struct {
 	ParentID string
 	Links    []string // linked trace IDs
 	Start    time.Time
+	End      time.Time
 }
 
 // otlpSink is an OTLP/gRPC trace receiver running in the test process.
@@ -81,6 +82,7 @@ func (s *otlpSink) Export(_ context.Context, req *coltracepb.ExportTraceServiceR
 					ParentID: hex.EncodeToString(sp.GetParentSpanId()),
 					Links:    links,
 					Start:    time.Unix(0, int64(sp.GetStartTimeUnixNano())),
+					End:      time.Unix(0, int64(sp.GetEndTimeUnixNano())),
 				})
 			}
 		}
@@ -121,8 +123,13 @@ func (s *otlpSink) waitFor(t *testing.T, traceID string, cond func([]span) error
 
 func dump(spans []span) string {
 	var b strings.Builder
+	var t0 time.Time
+	if len(spans) > 0 {
+		t0 = spans[0].Start
+	}
 	for _, sp := range spans {
-		fmt.Fprintf(&b, "  %-24s %-70s id=%s parent=%s\n", sp.Service, sp.Name, sp.SpanID, sp.ParentID)
+		fmt.Fprintf(&b, "  %-24s %-66s +%-9v %-9v id=%s parent=%s\n", sp.Service, sp.Name,
+			sp.Start.Sub(t0).Round(time.Microsecond), sp.End.Sub(sp.Start).Round(time.Microsecond), sp.SpanID, sp.ParentID)
 	}
 	return b.String()
 }

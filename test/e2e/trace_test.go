@@ -58,6 +58,7 @@ func TestRegistrationIsOneTrace(t *testing.T) {
 		return nil
 	})
 
+	t.Logf("registration trace %s:\n%s", traceID, dump(spans))
 	root, _ := find(spans, svcWatcher, "socket")
 	if root.ParentID != "" {
 		t.Fatalf("the watcher's event span must be the root, has parent %s\n%s", root.ParentID, dump(spans))
