@@ -90,13 +90,19 @@ func checksum(b []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Marshal encodes d with its envelope.
+// Marshal encodes d with its envelope. The envelope is written by hand: the
+// data is already compact JSON, and encoding/json would validate and copy it
+// again (a third of the cost with 10,000 devices).
 func Marshal(d *Data) ([]byte, error) {
 	data, err := json.Marshal(d)
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(envelope{Version: Version, Checksum: checksum(data), Data: data})
+	sum := checksum(data)
+	out := make([]byte, 0, len(data)+len(sum)+64)
+	out = fmt.Appendf(out, `{"version":%d,"checksum":%q,"data":`, Version, sum)
+	out = append(out, data...)
+	return append(out, '}'), nil
 }
 
 // Unmarshal decodes and verifies a checkpoint. Errors wrap ErrCorrupt.

@@ -86,6 +86,7 @@ type Manager struct {
 	version  uint64 // bumped on every change the checkpoint holds
 	closing  bool
 	wake     chan struct{}
+	dirty    chan struct{} // asks Run to write the checkpoint
 
 	saveMu sync.Mutex
 	saved  uint64
@@ -174,6 +175,7 @@ func New(cfg Config) (*Manager, error) {
 		allocs:     map[allocKey]*allocation{},
 		owners:     map[string]map[string]allocKey{},
 		wake:       make(chan struct{}, 1),
+		dirty:      make(chan struct{}, 1),
 	}, nil
 }
 
@@ -240,6 +242,9 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	m.log.InfoContext(ctx, "device plugin endpoint registered", "resource", r.Resource, "endpoint", r.Endpoint,
 		"generation", r.Generation, "registration_path", string(r.Path), "replaced", old != nil,
 		"pre_start_required", ep.opts.GetPreStartRequired(), "preferred_allocation", ep.opts.GetGetPreferredAllocationAvailable())
+	// A registration is on disk before it is acknowledged, so that a
+	// restart right after it still redials the endpoint (concurrent
+	// registrations share writes).
 	if err := m.persist(); err != nil {
 		m.log.ErrorContext(ctx, "writing checkpoint after registration", "error", err)
 	}
@@ -401,9 +406,7 @@ func (m *Manager) update(ep *endpoint, devs []*pluginapi.Device) {
 	healthy, total := res.healthyCount(), len(res.devices)
 	m.mu.Unlock()
 	m.log.Debug("device update", "resource", ep.resource, "endpoint", ep.path, "devices", total, "healthy", healthy, "first", first)
-	if err := m.persist(); err != nil {
-		m.log.Error("writing checkpoint after device update", "resource", ep.resource, "error", err)
-	}
+	m.persistSoon()
 }
 
 func (r *resource) healthyCount() int {
@@ -425,9 +428,7 @@ func (m *Manager) streamEnded(ep *endpoint, err error) {
 	m.log.Warn("ListAndWatch ended unexpectedly", "resource", ep.resource, "endpoint", ep.path, "error", err)
 	m.stopLocked(ep, time.Now(), fmt.Errorf("ListAndWatch ended: %w", err))
 	m.mu.Unlock()
-	if err := m.persist(); err != nil {
-		m.log.Error("writing checkpoint after endpoint stop", "resource", ep.resource, "error", err)
-	}
+	m.persistSoon()
 }
 
 // stopLocked handles the end of ep: with other endpoints still there a
@@ -476,6 +477,22 @@ func (m *Manager) stopLocked(ep *endpoint, now time.Time, why error) {
 	m.changedLocked(res)
 }
 
+// persistBatch is how long Run gathers changes before a write they ask for
+// with persistSoon.
+const persistBatch = 10 * time.Millisecond
+
+// persistSoon asks Run to write the checkpoint. Device updates, stopped
+// endpoints, deregistrations and expiries use it, so they never wait for
+// the disk: writes are gathered, and a registration, an Allocate or a
+// Release (which write before they return) or Close writes everything
+// pending too.
+func (m *Manager) persistSoon() {
+	select {
+	case m.dirty <- struct{}{}:
+	default:
+	}
+}
+
 func (m *Manager) poke() {
 	select {
 	case m.wake <- struct{}{}:
@@ -508,13 +525,12 @@ func (m *Manager) Deregister(ctx context.Context, resourceName, path, generation
 	m.stopLocked(ep, time.Now(), errors.New("deregistered"))
 	m.mu.Unlock()
 	m.log.InfoContext(ctx, "device plugin endpoint deregistered", "resource", resourceName, "endpoint", path, "generation", ep.generation)
-	if err := m.persist(); err != nil {
-		m.log.ErrorContext(ctx, "writing checkpoint after deregistration", "error", err)
-	}
+	m.persistSoon()
 	return true, nil
 }
 
-// Run removes resources whose grace period ended, until ctx ends.
+// Run removes resources whose grace period ended and writes the checkpoint
+// when asked (persistSoon), until ctx ends.
 func (m *Manager) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -523,20 +539,33 @@ func (m *Manager) Run(ctx context.Context) error {
 		next, removed := m.expireLocked(time.Now())
 		m.mu.Unlock()
 		if removed {
-			if err := m.persist(); err != nil {
-				m.log.Error("writing checkpoint after resource removal", "error", err)
-			}
+			m.persistSoon()
 		}
 		wait := time.Hour
 		if !next.IsZero() {
 			wait = max(time.Until(next), time.Millisecond)
 		}
 		timer.Reset(wait)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-m.wake:
-		case <-timer.C:
+	writes:
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-m.wake:
+				break writes
+			case <-timer.C:
+				break writes
+			case <-m.dirty:
+				// Gather the changes of a burst (many plugins registering
+				// at once) into one write.
+				select {
+				case <-ctx.Done():
+				case <-time.After(persistBatch):
+				}
+				if err := m.persist(); err != nil {
+					m.log.Error("writing checkpoint", "error", err)
+				}
+			}
 		}
 	}
 }

@@ -47,7 +47,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 
 // forget drops the device gauge series of a removed resource.
 func (m *metrics) forget(resource string) {
-	m.devices.DeletePartialMatch(prometheus.Labels{"resource_name": resource})
+	m.devices.DeleteLabelValues(resource, "healthy")
+	m.devices.DeleteLabelValues(resource, "unhealthy")
 }
 
 // newPluginConn returns a lazy connection to a plugin socket.
