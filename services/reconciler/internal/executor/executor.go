@@ -64,16 +64,17 @@ type Options struct {
 	// MaxParallel bounds the operations executing at once (0: 64). Queued
 	// operations count as running for their key.
 	MaxParallel int
-	// Due is called (from its own goroutine) whenever an operation ends
-	// and whenever a backoff ends, so the caller can start the next one.
-	Due func()
+	// Due is called with the key (from its own goroutine) whenever an
+	// operation ends and whenever a backoff ends, so the caller can start
+	// the next one.
+	Due func(key string)
 }
 
 // Executor runs operations. It is safe for concurrent use.
 type Executor struct {
 	clock clock.Clock
 	log   *slog.Logger
-	due   func()
+	due   func(key string)
 	sem   chan struct{}
 
 	mu   sync.Mutex
@@ -98,7 +99,7 @@ func New(o Options) *Executor {
 		o.MaxParallel = 64
 	}
 	if o.Due == nil {
-		o.Due = func() {}
+		o.Due = func(string) {}
 	}
 	return &Executor{clock: o.Clock, log: o.Log, due: o.Due, sem: make(chan struct{}, o.MaxParallel), keys: map[string]*entry{}}
 }
@@ -151,7 +152,7 @@ func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error
 		defer e.wg.Done()
 		err := e.execute(ctx, key, op, attempt)
 		e.finish(key, generation, err)
-		e.due()
+		e.due(key)
 	}()
 	return nil
 }
@@ -190,7 +191,7 @@ func (e *Executor) finish(key, generation string, err error) {
 	if en.timer != nil {
 		en.timer.Stop()
 	}
-	en.timer = e.clock.AfterFunc(d, e.due)
+	en.timer = e.clock.AfterFunc(d, func() { e.due(key) })
 	e.log.Debug("operation failed; backing off", "key", key, "generation", generation, "failures", en.Failures, "retry_in", d, "error", err)
 }
 

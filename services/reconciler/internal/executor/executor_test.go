@@ -41,7 +41,7 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	h := &harness{t: t, clk: clock.NewFake(time.Unix(0, 0)), due: make(chan struct{}, 100)}
-	h.e = New(Options{Clock: h.clk, Due: func() { h.due <- struct{}{} }})
+	h.e = New(Options{Clock: h.clk, Due: func(string) { h.due <- struct{}{} }})
 	t.Cleanup(h.e.Wait)
 	return h
 }

@@ -89,7 +89,11 @@ type Reconciler struct {
 	deleteTrace  map[string]map[string]string
 	needSweep    bool
 	sweepFailing bool
-	synced       bool // a first snapshot arrived
+	// What the next pass looks at: every socket (full) or only the dirty
+	// ones, so a burst of N events costs O(N), not O(N²).
+	full   bool
+	dirty  map[string]struct{}
+	synced bool // a first snapshot arrived
 }
 
 // New returns a reconciler with empty caches.
@@ -122,9 +126,10 @@ func New(o Options) *Reconciler {
 		hub:         stream.NewHub[Change](0),
 		reregister:  map[string]bool{},
 		deleteTrace: map[string]map[string]string{},
+		dirty:       map[string]struct{}{},
 	}
 	r.metrics = newMetrics(r)
-	r.exec = executor.New(executor.Options{Clock: o.Clock, Log: o.Log, MaxParallel: o.MaxParallel, Due: r.Wake})
+	r.exec = executor.New(executor.Options{Clock: o.Clock, Log: o.Log, MaxParallel: o.MaxParallel, Due: r.wakePath})
 	return r
 }
 
@@ -144,8 +149,24 @@ func (r *Reconciler) Synced() bool {
 	return r.synced
 }
 
-// Wake asks for a reconcile pass. It never blocks.
+// Wake asks for a reconcile pass over every socket. It never blocks.
 func (r *Reconciler) Wake() {
+	r.mu.Lock()
+	r.full = true
+	r.mu.Unlock()
+	r.signal()
+}
+
+// wakePath asks for a pass over one socket: its desired state changed, or
+// its operation ended, or its backoff did.
+func (r *Reconciler) wakePath(path string) {
+	r.mu.Lock()
+	r.dirty[path] = struct{}{}
+	r.mu.Unlock()
+	r.signal()
+}
+
+func (r *Reconciler) signal() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -176,7 +197,7 @@ func (r *Reconciler) SocketCreated(s cache.Socket) {
 		return
 	}
 	if changed {
-		r.Wake()
+		r.wakePath(s.Path)
 	}
 }
 
@@ -192,7 +213,7 @@ func (r *Reconciler) SocketDeleted(path, generation string, traceContext map[str
 		r.deleteTrace[path] = traceContext
 		r.mu.Unlock()
 	}
-	r.Wake()
+	r.wakePath(path)
 }
 
 // Reregister asks for every registered plugin of type typ to be registered
@@ -249,73 +270,89 @@ func (r *Reconciler) Run(ctx context.Context) error {
 }
 
 func (r *Reconciler) reconcile(ctx context.Context) {
-	// 1. Unregister what is gone or has a new generation.
-	for _, p := range r.asw.List() {
-		d, ok := r.dsw.Get(p.SocketPath)
-		if ok && d.Generation == p.Generation {
-			continue
-		}
-		gen := p.Generation
-		if ok {
-			gen = d.Generation
-		}
-		r.run(ctx, p.SocketPath, gen, r.unregisterOp(p))
-	}
-
-	// 2. Register again what a handler's restarted downstream lost.
 	r.mu.Lock()
-	paths := make([]string, 0, len(r.reregister))
-	for p := range r.reregister {
-		paths = append(paths, p)
-	}
+	full, dirty := r.full, r.dirty
+	r.full, r.dirty = false, map[string]struct{}{}
 	r.mu.Unlock()
-	for _, path := range paths {
-		p, registered := r.asw.Get(path)
-		d, desired := r.dsw.Get(path)
-		if !registered || !desired || p.Generation != d.Generation {
-			// Gone or replaced: the passes above and below handle it.
-			r.dropReregister(path)
-			continue
+	if full {
+		// Every socket the caches, the statuses or a re-registration know.
+		for _, p := range r.asw.List() {
+			dirty[p.SocketPath] = struct{}{}
 		}
-		if r.run(ctx, path, p.Generation, r.reregisterOp(p)) {
-			r.dropReregister(path)
+		for _, d := range r.dsw.List() {
+			dirty[d.Path] = struct{}{}
 		}
+		r.mu.Lock()
+		for path := range r.status {
+			dirty[path] = struct{}{}
+		}
+		for path := range r.reregister {
+			dirty[path] = struct{}{}
+		}
+		r.mu.Unlock()
 	}
-
-	// 3. Register what is missing; keep a status entry per socket.
-	for _, d := range r.dsw.List() {
-		r.ensureStatus(d)
-		if r.asw.ExistsWithGeneration(d.Path, d.Generation) {
-			continue
-		}
-		r.run(ctx, d.Path, d.Generation, r.registerOp(d))
+	for path := range dirty {
+		r.reconcilePath(ctx, path)
 	}
-
-	// 4. Forget sockets that are gone and have nothing running.
 	r.mu.Lock()
-	var gone []string
-	for path := range r.status {
-		if !r.dsw.Exists(path) {
-			if _, ok := r.asw.Get(path); !ok {
-				gone = append(gone, path)
-			}
-		}
-	}
 	sweep := r.needSweep && r.synced
 	if sweep {
 		r.needSweep = false
 	}
 	r.mu.Unlock()
-	for _, path := range gone {
-		if st, ok := r.exec.State(path); ok && st.Running {
-			continue
-		}
-		r.exec.Forget(path)
-		r.removeStatus(path)
-	}
 	if sweep {
 		r.startSweep(ctx)
 	}
+}
+
+// reconcilePath brings one socket closer to its desired state. Operations
+// are per socket path, so the order across paths does not matter; an
+// operation that cannot start now (running, or in backoff) wakes the path
+// again when it ends.
+func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
+	p, registered := r.asw.Get(path)
+	d, desired := r.dsw.Get(path)
+
+	// 1. Unregister what is gone or has a new generation.
+	if registered && (!desired || d.Generation != p.Generation) {
+		gen := p.Generation
+		if desired {
+			gen = d.Generation
+		}
+		r.run(ctx, path, gen, r.unregisterOp(p))
+	}
+
+	// 2. Register again what a handler's restarted downstream lost.
+	r.mu.Lock()
+	again := r.reregister[path]
+	r.mu.Unlock()
+	if again {
+		if !registered || !desired || p.Generation != d.Generation {
+			// Gone or replaced: the other steps handle it.
+			r.dropReregister(path)
+		} else if r.run(ctx, path, p.Generation, r.reregisterOp(p)) {
+			r.dropReregister(path)
+		}
+	}
+
+	// 3. Register what is missing; keep a status entry per socket.
+	if desired {
+		r.ensureStatus(d)
+		if !r.asw.ExistsWithGeneration(d.Path, d.Generation) {
+			r.run(ctx, d.Path, d.Generation, r.registerOp(d))
+		}
+		return
+	}
+
+	// 4. Forget a socket that is gone and has nothing running.
+	if _, ok := r.asw.Get(path); ok {
+		return
+	}
+	if st, ok := r.exec.State(path); ok && st.Running {
+		return
+	}
+	r.exec.Forget(path)
+	r.removeStatus(path)
 }
 
 // desired reports whether the socket at path with generation is in the
