@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -39,6 +40,7 @@ type Config struct {
 	Listen        string
 	MetricsListen string
 	AllowedDirs   []string // --allowed-endpoint-dir; defaults to RootDir
+	Pprof         bool     // serve /debug/pprof/ beside /metrics
 	LogLevel      string
 	LogFormat     string
 }
@@ -115,6 +117,7 @@ func commonFlags(svc Service, fs *Flags, cfg *Config) *bool {
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", svc.DefaultMetrics, "Prometheus /metrics listen address (empty disables it)")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "text", "log format: text or json")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
 	return fs.Bool("version", false, "print the version and exit")
 }
 
@@ -235,6 +238,11 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		if cfg.Pprof {
+			mux.HandleFunc("/debug/pprof/", pprof.Index)
+			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		}
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		log.Info("metrics listening", "addr", mlis.Addr().String(), "url", "http://"+mlis.Addr().String()+"/metrics")
 		g.Go(func() error {
