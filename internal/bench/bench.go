@@ -91,10 +91,14 @@ type RegistrationResult struct {
 	Notify Dist `json:"notify"`
 	// Socket listen → the resource allocatable in the devicemanager.
 	Allocatable Dist `json:"allocatable"`
-	// First socket listen → last plugin notified.
+	// First socket appeared → last plugin notified.
 	AllRegisteredMs float64 `json:"all_registered_ms"`
+	// First socket appeared → last socket appeared.
+	AppearMs float64 `json:"appear_ms"`
 	// Socket removal → the plugin gone from the reconciler.
 	Deregistration Dist `json:"deregistration"`
+	// CPU time each service used for the round's registrations, in ms.
+	CPUms map[string]float64 `json:"cpu_ms"`
 }
 
 // ChurnResult is plugins created and removed in a loop.
@@ -226,14 +230,26 @@ func (r *runner) socket(prefix string) string {
 // registered.
 type devicePlugin struct {
 	*deviceplugin.Plugin
+	final      string // its path in plugins_registry
 	started    time.Time
 	registered chan time.Time
 }
 
 func (r *runner) newDevicePlugin(resource string, devices int) (*devicePlugin, error) {
-	dp := &devicePlugin{registered: make(chan time.Time, 1)}
+	return r.newStagedDevicePlugin(resource, devices, "")
+}
+
+// newStagedDevicePlugin returns a plugin that listens in staging (when not
+// empty) and is moved into plugins_registry by appear, so that many sockets
+// can appear at once.
+func (r *runner) newStagedDevicePlugin(resource string, devices int, staging string) (*devicePlugin, error) {
+	dp := &devicePlugin{registered: make(chan time.Time, 1), final: r.socket("dp")}
+	listen := dp.final
+	if staging != "" {
+		listen = filepath.Join(staging, filepath.Base(dp.final))
+	}
 	p, err := deviceplugin.New(deviceplugin.Options{
-		Resource: resource, SocketPath: r.socket("dp"), Devices: devices,
+		Resource: resource, SocketPath: listen, Endpoint: dp.final, Devices: devices,
 		OnRegistrationStatus: func(st *registerapi.RegistrationStatus) {
 			if st.GetPluginRegistered() {
 				select {
@@ -253,6 +269,12 @@ func (r *runner) newDevicePlugin(resource string, devices int) (*devicePlugin, e
 func (dp *devicePlugin) start() error {
 	dp.started = time.Now()
 	return dp.Start()
+}
+
+// appear moves a staged plugin's listening socket into plugins_registry.
+func (dp *devicePlugin) appear() error {
+	dp.started = time.Now()
+	return os.Rename(dp.SocketPath(), dp.final)
 }
 
 // remove deletes the plugin's socket (the moment deregistration starts) and
@@ -282,21 +304,34 @@ func allocatable(min int64) func(*dmv1.Resource) bool {
 func (r *runner) registration(ctx context.Context, n int) (RegistrationResult, error) {
 	r.logf("registration: %d device plugins at once", n)
 	out := RegistrationResult{N: n}
+	// The plugins listen in a staging directory first and are then renamed
+	// into plugins_registry one after the other, so that N sockets appear
+	// at once, as fast as the filesystem allows.
+	staging := filepath.Join(r.root, fmt.Sprintf("staging-%d", n))
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		return out, err
+	}
+	defer os.RemoveAll(staging)
 	plugins := make([]*devicePlugin, n)
 	ready := make([]<-chan time.Time, n)
 	for i := range plugins {
-		dp, err := r.newDevicePlugin(fmt.Sprintf("bench.example.com/r%d-%d", n, i), 1)
+		dp, err := r.newStagedDevicePlugin(fmt.Sprintf("bench.example.com/r%d-%d", n, i), 1, staging)
 		if err != nil {
+			return out, err
+		}
+		if err := dp.Start(); err != nil {
 			return out, err
 		}
 		plugins[i] = dp
 		ready[i] = r.res.wait(dp.Resource(), allocatable(1))
 	}
+	cpu0 := r.cpuByService()
 	for _, dp := range plugins {
-		if err := dp.start(); err != nil {
+		if err := dp.appear(); err != nil {
 			return out, err
 		}
 	}
+	out.AppearMs = ms(plugins[n-1].started.Sub(plugins[0].started))
 	var notify, alloc []time.Duration
 	var last time.Time
 	for i, dp := range plugins {
@@ -314,27 +349,35 @@ func (r *runner) registration(ctx context.Context, n int) (RegistrationResult, e
 		}
 		alloc = append(alloc, ta.Sub(dp.started))
 	}
+	out.CPUms = map[string]float64{}
+	for s, v := range r.cpuByService() {
+		out.CPUms[s] = round2((v - cpu0[s]) * 1000)
+	}
 	out.Notify, out.Allocatable = NewDist(notify), NewDist(alloc)
 	out.AllRegisteredMs = ms(last.Sub(plugins[0].started))
 
 	gone := make([]<-chan time.Time, n)
 	for i, dp := range plugins {
-		gone[i] = r.plugs.wait(dp.SocketPath(), nil)
+		gone[i] = r.plugs.wait(dp.final, nil)
 	}
 	removed := make([]time.Time, n)
 	for i, dp := range plugins {
-		removed[i] = remove(dp.SocketPath(), dp.Stop)
+		removed[i] = time.Now()
+		_ = os.Remove(dp.final)
+	}
+	for _, dp := range plugins {
+		dp.Stop()
 	}
 	var dereg []time.Duration
 	for i := range plugins {
-		t, err := waitTime(ctx, gone[i], plugins[i].SocketPath()+" deregistered")
+		t, err := waitTime(ctx, gone[i], plugins[i].final+" deregistered")
 		if err != nil {
 			return out, err
 		}
 		dereg = append(dereg, t.Sub(removed[i]))
 	}
 	out.Deregistration = NewDist(dereg)
-	r.logf("  notify %v\n  allocatable %v\n  all registered in %.1f ms\n  deregistration %v", out.Notify, out.Allocatable, out.AllRegisteredMs, out.Deregistration)
+	r.logf("  notify %v\n  allocatable %v\n  all registered in %.1f ms (CPU ms %v)\n  deregistration %v", out.Notify, out.Allocatable, out.AllRegisteredMs, out.CPUms, out.Deregistration)
 	return out, nil
 }
 
@@ -667,6 +710,17 @@ func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 	}
 	r.logf("  devicemanager %.1f MiB → %.1f MiB, %.1f KiB per plugin", base, loaded, out.DeviceManagerPerPlugin)
 	return out, nil
+}
+
+// cpuByService returns the CPU seconds each service has used so far.
+func (r *runner) cpuByService() map[string]float64 {
+	out := map[string]float64{}
+	for _, s := range stack.Services {
+		if v, err := cpuSeconds(r.st.Process(s).Cmd.Process.Pid); err == nil {
+			out[s] = v
+		}
+	}
+	return out
 }
 
 func round2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }

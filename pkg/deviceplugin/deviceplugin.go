@@ -10,6 +10,7 @@
 package deviceplugin
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +50,9 @@ type Options struct {
 	Resource string
 	// SocketPath is the absolute path the plugin listens on.
 	SocketPath string
+	// Endpoint is the endpoint GetInfo reports; empty means SocketPath. Set
+	// it when the socket is moved into place after it listens.
+	Endpoint string
 	// DeviceIDs are the device IDs. When empty, Devices IDs "dev-0" ..
 	// "dev-<Devices-1>" are used.
 	DeviceIDs []string
@@ -354,7 +358,7 @@ func (p *Plugin) GetInfo(context.Context, *registerapi.InfoRequest) (*registerap
 	return &registerapi.PluginInfo{
 		Type:              registerapi.DevicePlugin,
 		Name:              p.opts.Resource,
-		Endpoint:          p.opts.SocketPath,
+		Endpoint:          cmp.Or(p.opts.Endpoint, p.opts.SocketPath),
 		SupportedVersions: []string{pluginapi.Version},
 	}, nil
 }
