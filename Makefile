@@ -27,7 +27,7 @@ BINARIES := nodeplug-watcher:./services/watcher \
             nodeplug-sampleplugin:./cmd/nodeplug-sampleplugin \
             nodeplug-bench:./cmd/nodeplug-bench
 LDFLAGS  := -s -w -X github.com/nodeplug/nodeplug/pkg/version.Version=$(VERSION)
-TEST_TIMEOUT ?= 30m
+TEST_TIMEOUT ?= 45m
 
 .PHONY: help
 help: ## Show the targets.
@@ -93,6 +93,10 @@ $(JAEGER):
 .PHONY: grpcurl
 grpcurl: $(GRPCURL) ## Install grpcurl and print its path.
 	@echo $(GRPCURL)
+
+.PHONY: jaeger
+jaeger: $(JAEGER) ## Build Jaeger (for the compose stack) and print its path.
+	@echo $(JAEGER)
 
 .PHONY: run
 run: build $(GRPCURL) ## Run the stack as local processes under .run/ (Ctrl-C stops it).
