@@ -206,7 +206,7 @@ func (m *Manager) choose(ctx context.Context, key allocKey, rr ResourceRequest) 
 		healthy := 0
 		var free []string
 		owners := m.owners[key.resource]
-		for _, id := range slices.Sorted(maps.Keys(res.devices)) {
+		for _, id := range res.sortedIDs() {
 			if res.devices[id].healthy {
 				healthy++
 				if _, taken := owners[id]; !taken {

@@ -95,12 +95,23 @@ type Manager struct {
 }
 
 type resource struct {
-	name      string
-	devices   map[string]*device
+	name    string
+	devices map[string]*device
+	// ids caches the sorted keys of devices; nil after devices changed.
+	ids       []string
 	endpoints map[string]*endpoint // by endpoint path
 	primary   *endpoint
 	// stoppedAt is set while no endpoint is live: the grace period runs.
 	stoppedAt time.Time
+}
+
+// sortedIDs returns the device IDs in sorted order. The slice is shared:
+// callers must not change it.
+func (r *resource) sortedIDs() []string {
+	if r.ids == nil {
+		r.ids = slices.Sorted(maps.Keys(r.devices))
+	}
+	return r.ids
 }
 
 type device struct {
@@ -392,6 +403,7 @@ func (m *Manager) update(ep *endpoint, devs []*pluginapi.Device) {
 	first := ep.state == StateConnecting
 	ep.state = StateLive
 	res.devices = make(map[string]*device, len(devs))
+	res.ids = nil
 	for _, d := range devs {
 		nd := &device{id: d.GetID(), healthy: d.GetHealth() == pluginapi.Healthy}
 		for _, n := range d.GetTopology().GetNodes() {
@@ -612,7 +624,7 @@ func (m *Manager) publishLocked(removed bool, r ResourceInfo) {
 func (m *Manager) viewLocked(res *resource) ResourceInfo {
 	v := ResourceInfo{Name: res.name, Capacity: int64(len(res.devices))}
 	owners := m.owners[res.name]
-	for _, id := range slices.Sorted(maps.Keys(res.devices)) {
+	for _, id := range res.sortedIDs() {
 		d := res.devices[id]
 		if d.healthy {
 			v.Healthy = append(v.Healthy, id)

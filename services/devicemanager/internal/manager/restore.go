@@ -47,7 +47,7 @@ func (m *Manager) snapshotLocked() (*checkpoint.Data, error) {
 	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
 		res := m.resources[name]
 		r := checkpoint.Resource{Name: name, Devices: []checkpoint.Device{}, Endpoints: []checkpoint.Endpoint{}}
-		for _, id := range slices.Sorted(maps.Keys(res.devices)) {
+		for _, id := range res.sortedIDs() {
 			dev := res.devices[id]
 			r.Devices = append(r.Devices, checkpoint.Device{ID: id, Healthy: dev.healthy, NUMANodes: dev.numa})
 		}
