@@ -90,19 +90,61 @@ func checksum(b []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Marshal encodes d with its envelope. The envelope is written by hand: the
-// data is already compact JSON, and encoding/json would validate and copy it
-// again (a third of the cost with 10,000 devices).
+// Marshal encodes d with its envelope.
 func Marshal(d *Data) ([]byte, error) {
-	data, err := json.Marshal(d)
-	if err != nil {
-		return nil, err
+	resources := make([][]byte, len(d.Resources))
+	for i := range d.Resources {
+		b, err := json.Marshal(&d.Resources[i])
+		if err != nil {
+			return nil, err
+		}
+		resources[i] = b
 	}
+	allocations := make([][]byte, len(d.Allocations))
+	for i := range d.Allocations {
+		b, err := json.Marshal(&d.Allocations[i])
+		if err != nil {
+			return nil, err
+		}
+		allocations[i] = b
+	}
+	return MarshalParts(resources, allocations), nil
+}
+
+// MarshalParts encodes a checkpoint from the JSON encodings of its resources
+// and allocations (each json.Marshal of a Resource or an Allocation), so a
+// caller can keep the encoding of what did not change. The result is the
+// same as Marshal's. The envelope is written by hand: encoding/json would
+// validate and copy the data again.
+func MarshalParts(resources, allocations [][]byte) []byte {
+	n := 64
+	for _, b := range resources {
+		n += len(b) + 1
+	}
+	for _, b := range allocations {
+		n += len(b) + 1
+	}
+	data := make([]byte, 0, n)
+	data = append(data, `{"resources":[`...)
+	data = appendJoined(data, resources)
+	data = append(data, `],"allocations":[`...)
+	data = appendJoined(data, allocations)
+	data = append(data, "]}"...)
 	sum := checksum(data)
-	out := make([]byte, 0, len(data)+len(sum)+64)
+	out := make([]byte, 0, len(data)+len(sum)+48)
 	out = fmt.Appendf(out, `{"version":%d,"checksum":%q,"data":`, Version, sum)
 	out = append(out, data...)
-	return append(out, '}'), nil
+	return append(out, '}')
+}
+
+func appendJoined(dst []byte, parts [][]byte) []byte {
+	for i, b := range parts {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, b...)
+	}
+	return dst
 }
 
 // Unmarshal decodes and verifies a checkpoint. Errors wrap ErrCorrupt.
@@ -159,6 +201,12 @@ func Save(path string, d *Data) error {
 	if err != nil {
 		return err
 	}
+	return WriteFile(path, b)
+}
+
+// WriteFile writes an encoded checkpoint atomically: a temporary file in the
+// same directory, fsync, rename over path, fsync of the directory.
+func WriteFile(path string, b []byte) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+FileName+".tmp-*")
 	if err != nil {

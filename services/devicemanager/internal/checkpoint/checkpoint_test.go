@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -99,5 +100,37 @@ func TestMoveAside(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("original still there: %v", err)
+	}
+}
+
+// TestMarshalPartsMatchesStructEncoding: the hand-built encoding carries
+// exactly what encoding/json makes of Data, so Unmarshal (strict about
+// fields) reads it back and the checksum covers the same bytes.
+func TestMarshalPartsMatchesStructEncoding(t *testing.T) {
+	d := benchData(3, 2)
+	b, err := Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env envelope
+	if err := json.Unmarshal(b, &env); err != nil {
+		t.Fatal(err)
+	}
+	want, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(env.Data) != string(want) {
+		t.Fatalf("data section\n%s\nwant\n%s", env.Data, want)
+	}
+	if _, err := Unmarshal(b); err != nil {
+		t.Fatal(err)
+	}
+	empty, err := Marshal(&Data{Resources: []Resource{}, Allocations: []Allocation{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Unmarshal(empty); err != nil {
+		t.Fatalf("empty checkpoint: %v", err)
 	}
 }

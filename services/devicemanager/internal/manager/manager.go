@@ -98,7 +98,9 @@ type resource struct {
 	name    string
 	devices map[string]*device
 	// ids caches the sorted keys of devices; nil after devices changed.
-	ids       []string
+	ids []string
+	// enc caches the checkpoint encoding; nil after any change.
+	enc       []byte
 	endpoints map[string]*endpoint // by endpoint path
 	primary   *endpoint
 	// stoppedAt is set while no endpoint is live: the grace period runs.
@@ -151,6 +153,7 @@ type allocation struct {
 	resp    *pluginapi.ContainerAllocateResponse
 	traceID string
 	at      time.Time
+	enc     []byte // checkpoint encoding, made at the first write
 }
 
 var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")
@@ -610,6 +613,7 @@ func (m *Manager) expireLocked(now time.Time) (next time.Time, removed bool) {
 // checkpoint version.
 func (m *Manager) changedLocked(res *resource) {
 	m.version++
+	res.enc = nil
 	v := m.viewLocked(res)
 	m.metrics.devices.WithLabelValues(res.name, "healthy").Set(float64(len(v.Healthy)))
 	m.metrics.devices.WithLabelValues(res.name, "unhealthy").Set(float64(len(v.Unhealthy)))

@@ -3,6 +3,7 @@ package manager
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -30,53 +31,75 @@ func (m *Manager) persist() error {
 		m.mu.Unlock()
 		return nil
 	}
-	d, err := m.snapshotLocked()
+	b, err := m.encodeLocked()
 	m.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	if err := checkpoint.Save(m.ckptPath, d); err != nil {
+	if err := checkpoint.WriteFile(m.ckptPath, b); err != nil {
 		return err
 	}
 	m.saved = v
 	return nil
 }
 
-func (m *Manager) snapshotLocked() (*checkpoint.Data, error) {
-	d := &checkpoint.Data{Resources: []checkpoint.Resource{}, Allocations: []checkpoint.Allocation{}}
+// encodeLocked encodes the checkpoint. Each resource keeps its encoding
+// until it changes (changedLocked drops it) and an allocation never
+// changes, so a write re-encodes only what changed since the last one.
+func (m *Manager) encodeLocked() ([]byte, error) {
+	resources := make([][]byte, 0, len(m.resources))
 	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
 		res := m.resources[name]
-		r := checkpoint.Resource{Name: name, Devices: []checkpoint.Device{}, Endpoints: []checkpoint.Endpoint{}}
-		for _, id := range res.sortedIDs() {
-			dev := res.devices[id]
-			r.Devices = append(r.Devices, checkpoint.Device{ID: id, Healthy: dev.healthy, NUMANodes: dev.numa})
+		if res.enc == nil {
+			b, err := json.Marshal(m.checkpointResourceLocked(res))
+			if err != nil {
+				return nil, fmt.Errorf("encode resource %s: %w", name, err)
+			}
+			res.enc = b
 		}
-		eps := slices.SortedFunc(maps.Values(res.endpoints), func(a, b *endpoint) int { return cmp.Compare(a.seq, b.seq) })
-		for _, e := range eps {
-			r.Endpoints = append(r.Endpoints, checkpoint.Endpoint{
-				Endpoint: e.path, SocketPath: e.socketPath, Generation: e.generation,
-				RegistrationPath: string(e.regPath), Versions: e.versions,
-				PreStartRequired: e.opts.GetPreStartRequired(), Preferred: e.opts.GetGetPreferredAllocationAvailable(),
-				Registered: e.registered, Primary: e == res.primary,
-			})
-		}
-		d.Resources = append(d.Resources, r)
+		resources = append(resources, res.enc)
 	}
 	keys := slices.SortedFunc(maps.Keys(m.allocs), func(a, b allocKey) int {
 		return strings.Compare(a.pod+"\x00"+a.container+"\x00"+a.resource, b.pod+"\x00"+b.container+"\x00"+b.resource)
 	})
+	allocations := make([][]byte, 0, len(keys))
 	for _, k := range keys {
 		a := m.allocs[k]
-		b, err := responseBytes(a.resp)
-		if err != nil {
-			return nil, fmt.Errorf("encode allocation of %s for %s/%s: %w", k.resource, k.pod, k.container, err)
+		if a.enc == nil {
+			resp, err := responseBytes(a.resp)
+			if err != nil {
+				return nil, fmt.Errorf("encode allocation of %s for %s/%s: %w", k.resource, k.pod, k.container, err)
+			}
+			b, err := json.Marshal(checkpoint.Allocation{
+				PodUID: k.pod, ContainerName: k.container, ResourceName: k.resource,
+				DeviceIDs: a.ids, Response: resp, TraceID: a.traceID, Allocated: a.at,
+			})
+			if err != nil {
+				return nil, fmt.Errorf("encode allocation of %s for %s/%s: %w", k.resource, k.pod, k.container, err)
+			}
+			a.enc = b
 		}
-		d.Allocations = append(d.Allocations, checkpoint.Allocation{
-			PodUID: k.pod, ContainerName: k.container, ResourceName: k.resource,
-			DeviceIDs: a.ids, Response: b, TraceID: a.traceID, Allocated: a.at,
+		allocations = append(allocations, a.enc)
+	}
+	return checkpoint.MarshalParts(resources, allocations), nil
+}
+
+func (m *Manager) checkpointResourceLocked(res *resource) checkpoint.Resource {
+	r := checkpoint.Resource{Name: res.name, Devices: make([]checkpoint.Device, 0, len(res.devices)), Endpoints: []checkpoint.Endpoint{}}
+	for _, id := range res.sortedIDs() {
+		dev := res.devices[id]
+		r.Devices = append(r.Devices, checkpoint.Device{ID: id, Healthy: dev.healthy, NUMANodes: dev.numa})
+	}
+	eps := slices.SortedFunc(maps.Values(res.endpoints), func(a, b *endpoint) int { return cmp.Compare(a.seq, b.seq) })
+	for _, e := range eps {
+		r.Endpoints = append(r.Endpoints, checkpoint.Endpoint{
+			Endpoint: e.path, SocketPath: e.socketPath, Generation: e.generation,
+			RegistrationPath: string(e.regPath), Versions: e.versions,
+			PreStartRequired: e.opts.GetPreStartRequired(), Preferred: e.opts.GetGetPreferredAllocationAvailable(),
+			Registered: e.registered, Primary: e == res.primary,
 		})
 	}
-	return d, nil
+	return r
 }
 
 // Restore loads the checkpoint and redials the endpoints it records.
