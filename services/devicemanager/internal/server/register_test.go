@@ -544,3 +544,32 @@ func TestRefusesLiveKubeletSock(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWatchResourcesOmitDeviceIDs: a subscriber that asks for it gets the
+// counts and endpoints without the device ID lists.
+func TestWatchResourcesOmitDeviceIDs(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/omit", Devices: 3}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/omit", 3, 3)
+	ctx, cancel := contextWithCancel(t)
+	defer cancel()
+	st, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{OmitDeviceIds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := resp.GetChange().GetResource()
+	if r.GetName() != "example.com/omit" || r.GetCapacity() != 3 || r.GetAllocatable() != 3 || len(r.GetEndpoints()) != 1 {
+		t.Fatalf("snapshot item = %v", r)
+	}
+	if len(r.GetHealthyDeviceIds())+len(r.GetUnhealthyDeviceIds())+len(r.GetAllocatedDeviceIds()) != 0 {
+		t.Fatalf("device IDs sent although omitted: %v", r)
+	}
+	if full := e.resource("example.com/omit"); len(full.GetHealthyDeviceIds()) != 3 {
+		t.Fatalf("ListResources lost the device IDs: %v", full)
+	}
+}

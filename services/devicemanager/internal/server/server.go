@@ -93,10 +93,15 @@ func (s *Service) ListResources(context.Context, *dmv1.ListResourcesRequest) (*d
 }
 
 // WatchResources implements DeviceManagerService.
-func (s *Service) WatchResources(_ *dmv1.WatchResourcesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourcesResponse]) error {
+func (s *Service) WatchResources(req *dmv1.WatchResourcesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourcesResponse]) error {
 	id := s.m.InstanceID()
 	snap, sub, rev := s.m.Watch()
-	send := func(c manager.Change) error { return ss.Send(changeToAPI(id, c)) }
+	send := func(c manager.Change) error {
+		if req.GetOmitDeviceIds() {
+			c.Resource.Healthy, c.Resource.Unhealthy, c.Resource.Allocated = nil, nil, nil
+		}
+		return ss.Send(changeToAPI(id, c))
+	}
 	return stream.Serve(ss.Context(), snap, sub, send, func() error {
 		return ss.Send(&dmv1.WatchResourcesResponse{InstanceId: id, Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
 	})

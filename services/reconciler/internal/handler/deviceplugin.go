@@ -146,7 +146,7 @@ func (h *DevicePlugin) Run(ctx context.Context) error {
 func (h *DevicePlugin) watch(ctx context.Context) (synced bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := h.client.WatchResources(ctx, &devicemanagerv1.WatchResourcesRequest{})
+	st, err := h.client.WatchResources(ctx, &devicemanagerv1.WatchResourcesRequest{OmitDeviceIds: true})
 	if err != nil {
 		return false, err
 	}

@@ -851,7 +851,10 @@ func (x *ListResourcesResponse) GetResources() []*Resource {
 }
 
 type WatchResourcesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leave the device ID lists out of every item (the counts and endpoints
+	// stay), for subscribers that follow resources, not devices.
+	OmitDeviceIds bool `protobuf:"varint,1,opt,name=omit_device_ids,json=omitDeviceIds,proto3" json:"omit_device_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -884,6 +887,13 @@ func (x *WatchResourcesRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use WatchResourcesRequest.ProtoReflect.Descriptor instead.
 func (*WatchResourcesRequest) Descriptor() ([]byte, []int) {
 	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WatchResourcesRequest) GetOmitDeviceIds() bool {
+	if x != nil {
+		return x.OmitDeviceIds
+	}
+	return false
 }
 
 type ResourceChange struct {
@@ -1980,8 +1990,9 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\x15ListResourcesResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12A\n" +
-	"\tresources\x18\x02 \x03(\v2#.nodeplug.devicemanager.v1.ResourceR\tresources\"\x17\n" +
-	"\x15WatchResourcesRequest\"\xb0\x01\n" +
+	"\tresources\x18\x02 \x03(\v2#.nodeplug.devicemanager.v1.ResourceR\tresources\"?\n" +
+	"\x15WatchResourcesRequest\x12&\n" +
+	"\x0fomit_device_ids\x18\x01 \x01(\bR\romitDeviceIds\"\xb0\x01\n" +
 	"\x0eResourceChange\x12A\n" +
 	"\x04type\x18\x01 \x01(\x0e2-.nodeplug.devicemanager.v1.ResourceChangeTypeR\x04type\x12?\n" +
 	"\bresource\x18\x02 \x01(\v2#.nodeplug.devicemanager.v1.ResourceR\bresource\x12\x1a\n" +
