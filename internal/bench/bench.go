@@ -200,6 +200,15 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 
 	res = &Results{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339)}}
+	// Footprint first, on fresh processes: the heap the later phases grow
+	// (10,000-device updates, churn) is returned to the OS only slowly and
+	// would be counted as footprint.
+	if res.Footprint, err = r.footprint(ctx); err != nil {
+		return nil, fmt.Errorf("footprint: %w", err)
+	}
+	if err := r.quiesce(ctx); err != nil {
+		return nil, err
+	}
 	for _, n := range cfg.RegistrationNs {
 		rr, err := r.registration(ctx, n)
 		if err != nil {
@@ -216,10 +225,29 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if res.Propagation, err = r.propagation(ctx); err != nil {
 		return nil, fmt.Errorf("propagation: %w", err)
 	}
-	if res.Footprint, err = r.footprint(ctx); err != nil {
-		return nil, fmt.Errorf("footprint: %w", err)
-	}
 	return res, nil
+}
+
+// quiesce waits until the reconciler knows no plugin, so that one phase's
+// deregistrations do not run into the next phase's figures.
+func (r *runner) quiesce(ctx context.Context) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := r.rc.ListPlugins(lctx, &rcv1.ListPluginsRequest{})
+		cancel()
+		if err == nil && len(resp.GetPlugins()) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("plugins still known after the footprint phase: %d (%v)", len(resp.GetPlugins()), err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func (r *runner) socket(prefix string) string {
