@@ -75,8 +75,20 @@ type Runtime struct {
 	// Addr is the bound gRPC address (useful with port 0).
 	Addr net.Addr
 
-	group *errgroup.Group
-	ctx   context.Context
+	group    *errgroup.Group
+	ctx      context.Context
+	deferred bool
+}
+
+// DeferReady keeps the gRPC health NOT_SERVING after Setup returns, until
+// the returned function is called (once the service can do its job).
+func (rt *Runtime) DeferReady() (ready func()) {
+	rt.deferred = true
+	return func() {
+		// After shutdown began, the health server ignores this.
+		rt.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		rt.Log.Info("ready")
+	}
 }
 
 // Go runs f in the background until the service stops. An error from f stops
@@ -223,12 +235,15 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	server, healthSrv := rpcutil.NewServer(log)
+	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	g, gctx := errgroup.WithContext(ctx)
 	rt := &Runtime{Config: cfg, Log: log, Metrics: reg, Server: server, Health: healthSrv, Addr: lis.Addr(), group: g, ctx: gctx}
 	if err := svc.Setup(gctx, rt); err != nil {
 		return err
 	}
-	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	if !rt.deferred {
+		healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	}
 
 	var metricsSrv *http.Server
 	if cfg.MetricsListen != "" {

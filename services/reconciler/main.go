@@ -34,6 +34,16 @@ func main() {
 			if err := s.Reconciler.RegisterMetrics(rt.Metrics); err != nil {
 				return err
 			}
+			// Healthy once the watcher's first snapshot arrived, so that a
+			// plugin started after the reconciler is healthy is a live
+			// event (and its registration one trace from the watcher on).
+			ready := rt.DeferReady()
+			rt.Go(func(ctx context.Context) error {
+				if s.Reconciler.WaitSynced(ctx) == nil {
+					ready()
+				}
+				return nil
+			})
 			rt.Go(s.Run)
 			return nil
 		},

@@ -94,6 +94,8 @@ type Reconciler struct {
 	full   bool
 	dirty  map[string]struct{}
 	synced bool // a first snapshot arrived
+	// syncedCh is closed when the first snapshot arrives.
+	syncedCh chan struct{}
 }
 
 // New returns a reconciler with empty caches.
@@ -127,6 +129,7 @@ func New(o Options) *Reconciler {
 		reregister:  map[string]bool{},
 		deleteTrace: map[string]map[string]string{},
 		dirty:       map[string]struct{}{},
+		syncedCh:    make(chan struct{}),
 	}
 	r.metrics = newMetrics(r)
 	r.exec = executor.New(executor.Options{Clock: o.Clock, Log: o.Log, MaxParallel: o.MaxParallel, Due: r.wakePath})
@@ -147,6 +150,17 @@ func (r *Reconciler) Synced() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.synced
+}
+
+// WaitSynced waits until the first snapshot of the sockets arrived: from
+// then on, a socket created is a live event to the reconciler.
+func (r *Reconciler) WaitSynced(ctx context.Context) error {
+	select {
+	case <-r.syncedCh:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Wake asks for a reconcile pass over every socket. It never blocks.
@@ -181,6 +195,9 @@ func (r *Reconciler) ReplaceSockets(sockets []cache.Socket) {
 	r.mu.Lock()
 	first := !r.synced
 	r.synced = true
+	if first {
+		close(r.syncedCh)
+	}
 	if first {
 		r.needSweep = true
 	}

@@ -1,0 +1,82 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/nodeplug/nodeplug/pkg/lockfile"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+)
+
+// TestRunHealthLockAndDeferredReady runs a service: its health stays
+// NOT_SERVING until the service says it is ready, a second instance on the
+// same root dir is refused, and cancelling the context stops it cleanly.
+func TestRunHealthLockAndDeferredReady(t *testing.T) {
+	root, err := os.MkdirTemp("", "npapp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	cfg := Config{Binary: "test", RootDir: root, Listen: "127.0.0.1:0", LogLevel: "info", LogFormat: "text"}
+	addrc := make(chan string, 1)
+	readyc := make(chan func(), 1)
+	svc := Service{Binary: "test", Setup: func(_ context.Context, rt *Runtime) error {
+		readyc <- rt.DeferReady()
+		addrc <- rt.Addr.String()
+		return nil
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	log := slog.New(slog.DiscardHandler)
+	go func() { done <- Run(ctx, svc, cfg, log) }()
+	addr := <-addrc
+	ready := <-readyc
+
+	conn, err := rpcutil.NewClient(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	check := func() healthpb.HealthCheckResponse_ServingStatus {
+		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer ccancel()
+		for {
+			resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
+			if err == nil {
+				return resp.GetStatus()
+			}
+			if cctx.Err() != nil {
+				t.Fatalf("health check: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if st := check(); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health before ready = %v, want NOT_SERVING", st)
+	}
+	ready()
+	if st := check(); st != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health after ready = %v, want SERVING", st)
+	}
+
+	if err := Run(context.Background(), svc, cfg, log); !errors.Is(err, lockfile.ErrLocked) {
+		t.Fatalf("second instance: %v, want ErrLocked", err)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after cancel: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not stop")
+	}
+}
