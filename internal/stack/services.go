@@ -76,7 +76,7 @@ func (s *Stack) Start(ctx context.Context, name string) error {
 			return nil
 		}
 		p.Kill()
-		if attempt >= 20 || ctx.Err() != nil {
+		if attempt >= 5 || ctx.Err() != nil {
 			return err
 		}
 		select {
