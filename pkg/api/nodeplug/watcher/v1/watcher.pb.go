@@ -139,7 +139,9 @@ func (x *Socket) GetObservedTime() *timestamppb.Timestamp {
 	return nil
 }
 
-// SocketEvent is one change to the socket set.
+// SocketEvent is one change to the socket set. A socket recreated at a
+// known path is reported as DELETED (old generation) then CREATED (new
+// generation), so the live events of one path always alternate.
 type SocketEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  SocketEventType        `protobuf:"varint,1,opt,name=type,proto3,enum=nodeplug.watcher.v1.SocketEventType" json:"type,omitempty"`
