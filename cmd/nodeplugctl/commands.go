@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -250,6 +251,29 @@ func cmdRelease(ctx context.Context, c *cli, args []string) error {
 	return err
 }
 
+// followStream opens one Watch stream of svc and hands every item to emit
+// until the stream or emit fails.
+func followStream[M any](ctx context.Context, c *cli, svc service,
+	open func(context.Context, *grpc.ClientConn) (grpc.ServerStreamingClient[M], error), emit func(*M) error) error {
+	cc, err := c.conn(svc)
+	if err != nil {
+		return err
+	}
+	s, err := open(ctx, cc)
+	if err != nil {
+		return err
+	}
+	for {
+		m, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		if err := emit(m); err != nil {
+			return err
+		}
+	}
+}
+
 // cmdWatch follows one of the three Watch streams until ctx ends. A
 // subscriber dropped for falling behind resubscribes (a new snapshot
 // follows).
@@ -279,65 +303,29 @@ func cmdWatch(ctx context.Context, c *cli, args []string) error {
 	case "sockets":
 		svc = watcherSvc
 		follow = func(ctx context.Context) error {
-			cc, err := c.conn(svc)
-			if err != nil {
-				return err
-			}
-			s, err := watcherv1.NewWatcherServiceClient(cc).WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
-			if err != nil {
-				return err
-			}
-			for {
-				m, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				if err := emit(m, func() string { return socketEventLine(m) }); err != nil {
-					return err
-				}
-			}
+			return followStream(ctx, c, svc, func(ctx context.Context, cc *grpc.ClientConn) (grpc.ServerStreamingClient[watcherv1.WatchSocketEventsResponse], error) {
+				return watcherv1.NewWatcherServiceClient(cc).WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
+			}, func(m *watcherv1.WatchSocketEventsResponse) error {
+				return emit(m, func() string { return socketEventLine(m) })
+			})
 		}
 	case "plugins":
 		svc = reconcilerSvc
 		follow = func(ctx context.Context) error {
-			cc, err := c.conn(svc)
-			if err != nil {
-				return err
-			}
-			s, err := reconcilerv1.NewReconcilerServiceClient(cc).WatchPlugins(ctx, &reconcilerv1.WatchPluginsRequest{})
-			if err != nil {
-				return err
-			}
-			for {
-				m, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				if err := emit(m, func() string { return pluginChangeLine(now(), m) }); err != nil {
-					return err
-				}
-			}
+			return followStream(ctx, c, svc, func(ctx context.Context, cc *grpc.ClientConn) (grpc.ServerStreamingClient[reconcilerv1.WatchPluginsResponse], error) {
+				return reconcilerv1.NewReconcilerServiceClient(cc).WatchPlugins(ctx, &reconcilerv1.WatchPluginsRequest{})
+			}, func(m *reconcilerv1.WatchPluginsResponse) error {
+				return emit(m, func() string { return pluginChangeLine(now(), m) })
+			})
 		}
 	case "resources":
 		svc = devicemanagerSvc
 		follow = func(ctx context.Context) error {
-			cc, err := c.conn(svc)
-			if err != nil {
-				return err
-			}
-			s, err := dmv1.NewDeviceManagerServiceClient(cc).WatchResources(ctx, &dmv1.WatchResourcesRequest{})
-			if err != nil {
-				return err
-			}
-			for {
-				m, err := s.Recv()
-				if err != nil {
-					return err
-				}
-				if err := emit(m, func() string { return resourceChangeLine(now(), m) }); err != nil {
-					return err
-				}
-			}
+			return followStream(ctx, c, svc, func(ctx context.Context, cc *grpc.ClientConn) (grpc.ServerStreamingClient[dmv1.WatchResourcesResponse], error) {
+				return dmv1.NewDeviceManagerServiceClient(cc).WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+			}, func(m *dmv1.WatchResourcesResponse) error {
+				return emit(m, func() string { return resourceChangeLine(now(), m) })
+			})
 		}
 	default:
 		return usagef("cannot watch %q: want sockets, plugins or resources", pos[0])
