@@ -1,20 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/stack"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
@@ -25,10 +23,9 @@ const waitFor = 60 * time.Second
 
 // proc is a running nodeplug-devicemanager binary.
 type proc struct {
-	cmd    *exec.Cmd
-	addr   string
+	*stack.Process
 	client dmv1.DeviceManagerServiceClient
-	close  func()
+	close  func() // SIGKILL
 }
 
 func buildBinary(t *testing.T) string {
@@ -49,59 +46,31 @@ func buildBinary(t *testing.T) string {
 // startProc starts the binary and waits until it serves gRPC.
 func startProc(t *testing.T, bin, root string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, "--root-dir", root, "--listen", "127.0.0.1:0", "--metrics-listen", "",
-		"--grace-period", "1m", "--log-format", "json", "--log-level", "debug")
-	out, err := cmd.StdoutPipe()
+	sp, err := stack.Start(bin, []string{"--root-dir", root, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+		"--grace-period", "1m", "--log-level", "debug"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
+	addr, err := sp.GRPCAddr(ctxT(t))
+	if err != nil {
+		sp.Kill()
 		t.Fatal(err)
 	}
-	addrc := make(chan string, 1)
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			if os.Getenv("NODEPLUG_TEST_LOG") != "" {
-				t.Log(sc.Text())
-			}
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "gRPC listening" {
-				if a, ok := rec["addr"].(string); ok {
-					select {
-					case addrc <- a:
-					default:
-					}
-				}
-			}
-		}
-	}()
-	p := &proc{cmd: cmd}
-	select {
-	case p.addr = <-addrc:
-	case <-logDone:
-		_ = cmd.Wait()
-		t.Fatal("the devicemanager exited before serving")
-	case <-time.After(waitFor):
-		_ = cmd.Process.Kill()
-		t.Fatal("the devicemanager did not start serving")
-	}
-	conn, err := rpcutil.NewClient(p.addr)
+	conn, err := rpcutil.NewClient(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.client = dmv1.NewDeviceManagerServiceClient(conn)
+	p := &proc{Process: sp, client: dmv1.NewDeviceManagerServiceClient(conn)}
 	p.close = func() {
 		_ = conn.Close()
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		<-logDone
+		sp.Kill()
 	}
-	t.Cleanup(p.close)
+	t.Cleanup(func() {
+		p.close()
+		if t.Failed() {
+			t.Logf("devicemanager log:\n%s", sp.Logs())
+		}
+	})
 	return p
 }
 
@@ -202,7 +171,7 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	}
 
 	first.close() // SIGKILL
-	if first.cmd.ProcessState.Success() {
+	if first.Cmd.ProcessState.Success() {
 		t.Fatal("the devicemanager exited cleanly; want a SIGKILL")
 	}
 	second := startProc(t, bin, root)
@@ -248,10 +217,7 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	}
 
 	// SIGTERM: a clean exit that deregisters and releases nothing.
-	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := second.cmd.Wait(); err != nil {
+	if err := second.Stop(waitFor); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 	third := startProc(t, bin, root)
@@ -295,39 +261,15 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 	defer os.RemoveAll(root)
 	first := startProc(t, bin, root)
 
-	cmd := exec.Command(sample, "--mode", "kubelet-sock", "--resource", "example.com/sample", "--devices", "4",
-		"--socket-name", "sample.sock", "--control-listen", "127.0.0.1:0", "--log-format", "json")
-	cmd.Env = append(os.Environ(), "NODEPLUG_ROOT_DIR="+root)
-	out, err := cmd.StdoutPipe()
+	plugin, err := stack.Start(sample, []string{"--mode", "kubelet-sock", "--resource", "example.com/sample", "--devices", "4",
+		"--socket-name", "sample.sock", "--control-listen", "127.0.0.1:0"}, []string{"NODEPLUG_ROOT_DIR=" + root})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = cmd.Stdout
-	if err := cmd.Start(); err != nil {
+	t.Cleanup(func() { _ = plugin.Stop(waitFor) })
+	control, err := plugin.Addr(ctxT(t), "control endpoint listening")
+	if err != nil {
 		t.Fatal(err)
-	}
-	controlc := make(chan string, 1)
-	logDone := make(chan struct{})
-	go func() {
-		defer close(logDone)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "control endpoint listening" {
-				controlc <- rec["addr"].(string)
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
-		<-logDone
-	})
-	var control string
-	select {
-	case control = <-controlc:
-	case <-time.After(waitFor):
-		t.Fatal("the sample plugin did not start")
 	}
 	before := waitLive(t, first.client, "example.com/sample", 4)
 	if ep := before.GetEndpoints()[0]; ep.GetEndpoint() != filepath.Join(root, "device-plugins", "sample.sock") ||
@@ -350,10 +292,7 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 
 	// The plugin exits on SIGTERM and removes its socket: its devices turn
 	// unhealthy, capacity kept.
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Wait(); err != nil {
+	if err := plugin.Stop(waitFor); err != nil {
 		t.Fatalf("sample plugin exit: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(root, "device-plugins", "sample.sock")); !os.IsNotExist(err) {
