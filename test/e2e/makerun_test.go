@@ -221,3 +221,98 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// TestRunScriptAsNonRoot runs the stack the way `make run` does, as the
+// unprivileged user nobody: everything lives under the run dir, nothing
+// needs root. It runs when the tests run as root (and can switch user).
+func TestRunScriptAsNonRoot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the stack on the default ports")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("not root: TestMakeRun already runs the stack as a non-root user")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("setpriv not found")
+	}
+	root, err := stack.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	asNobody := func(ctx context.Context, args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, setpriv, append([]string{"--reuid=65534", "--regid=65534", "--clear-groups"}, args...)...)
+	}
+	if err := asNobody(context.Background(), "test", "-x", filepath.Join(root, "scripts", "run.sh")).Run(); err != nil {
+		t.Skipf("the checkout is not readable by nobody here (%v)", err)
+	}
+	runDir, err := os.MkdirTemp("", "nprun")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(runDir)
+	bin := filepath.Join(runDir, "bin")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := stack.Build(ctx, bin, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-sampleplugin", "nodeplugctl"); err != nil {
+		t.Fatal(err)
+	}
+	if err := filepath.Walk(runDir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, 65534, 65534)
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	var out syncBuffer
+	cmd := asNobody(ctx, filepath.Join(root, "scripts", "run.sh"))
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "HOME="+runDir, "NODEPLUG_RUN_DIR="+runDir, "BIN="+bin)
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
+	for !strings.Contains(out.String(), "Press Ctrl-C to stop.") {
+		select {
+		case err := <-done:
+			t.Fatalf("run.sh as nobody exited early (%v):\n%s", err, out.String())
+		case <-ctx.Done():
+			t.Fatalf("run.sh as nobody did not get ready:\n%s", out.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	// Every process of the stack runs as nobody.
+	pids := processesWithRoot(filepath.Join(runDir, "root"))
+	if len(pids) < 4 {
+		t.Fatalf("found %d stack processes, want the three services and the plugin", len(pids))
+	}
+	for _, pid := range pids {
+		info, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid)))
+		if err != nil {
+			continue
+		}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok && st.Uid != 65534 {
+			t.Errorf("process %d runs as uid %d, want nobody", pid, st.Uid)
+		}
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("run.sh did not stop after SIGINT:\n%s", out.String())
+	}
+	if left := processesWithRoot(filepath.Join(runDir, "root")); len(left) > 0 {
+		t.Errorf("processes left behind: %v", left)
+	}
+	if t.Failed() {
+		t.Logf("run.sh output:\n%s", out.String())
+	}
+}
