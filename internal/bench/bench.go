@@ -388,13 +388,13 @@ func (r *runner) registration(ctx context.Context, n int) (RegistrationResult, e
 	for i, dp := range plugins {
 		gone[i] = r.plugs.wait(dp.final, nil)
 	}
+	// Remove the sockets, and stop the plugins' servers only once all are
+	// deregistered: stopping 1,000 servers in this process would compete
+	// for the two cores with the services being measured.
 	removed := make([]time.Time, n)
 	for i, dp := range plugins {
 		removed[i] = time.Now()
 		_ = os.Remove(dp.final)
-	}
-	for _, dp := range plugins {
-		dp.Stop()
 	}
 	var dereg []time.Duration
 	for i := range plugins {
@@ -403,6 +403,9 @@ func (r *runner) registration(ctx context.Context, n int) (RegistrationResult, e
 			return out, err
 		}
 		dereg = append(dereg, t.Sub(removed[i]))
+	}
+	for _, dp := range plugins {
+		dp.Stop()
 	}
 	out.Deregistration = NewDist(dereg)
 	r.logf("  notify %v\n  allocatable %v\n  all registered in %.1f ms (CPU ms %v)\n  deregistration %v", out.Notify, out.Allocatable, out.AllRegisteredMs, out.CPUms, out.Deregistration)
