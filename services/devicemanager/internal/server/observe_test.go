@@ -8,6 +8,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
@@ -76,7 +77,16 @@ func TestTracing(t *testing.T) {
 	root.End()
 	ss := waitSpans(t, id, "DeviceManagerService/RegisterPlugin", "connect example.com/traced", "GetDevicePluginOptions",
 		"v1beta1.DevicePlugin/GetDevicePluginOptions", "first ListAndWatch update")
-	server := findSpan(ss, "DeviceManagerService/RegisterPlugin")
+	// The test's client span has the same name; the parent is the server's.
+	var server sdktrace.ReadOnlySpan
+	for _, s := range ss {
+		if strings.Contains(s.Name(), "DeviceManagerService/RegisterPlugin") && s.SpanKind() == trace.SpanKindServer {
+			server = s
+		}
+	}
+	if server == nil {
+		t.Fatal("no RegisterPlugin server span")
+	}
 	for _, n := range []string{"connect example.com/traced", "first ListAndWatch update"} {
 		if s := findSpan(ss, n); s.Parent().SpanID() != server.SpanContext().SpanID() {
 			t.Errorf("span %q is not a child of the RegisterPlugin server span", n)
