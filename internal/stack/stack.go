@@ -183,10 +183,7 @@ func (p *Process) LogLines(substr string) []map[string]any {
 	return out
 }
 
-// Done is closed when the process has exited.
-func (p *Process) Done() <-chan struct{} { return p.done }
-
-// Err is the process's exit error, once Done is closed.
+// Err is the process's exit error, once it has exited.
 func (p *Process) Err() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

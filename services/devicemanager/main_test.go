@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -28,19 +27,21 @@ type proc struct {
 	close  func() // SIGKILL
 }
 
-func buildBinary(t *testing.T) string {
+// buildBinaries builds the named binaries into a temporary directory and
+// returns it.
+func buildBinaries(t *testing.T, names ...string) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "np")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	bin := filepath.Join(dir, "nodeplug-devicemanager")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := stack.Build(ctx, dir, names...); err != nil {
+		t.Fatal(err)
 	}
-	return bin
+	return dir
 }
 
 // startProc starts the binary and waits until it serves gRPC.
@@ -124,7 +125,7 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
-	bin := buildBinary(t)
+	bin := filepath.Join(buildBinaries(t, "nodeplug-devicemanager"), "nodeplug-devicemanager")
 	root, err := os.MkdirTemp("", "np")
 	if err != nil {
 		t.Fatal(err)
@@ -249,11 +250,8 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binaries")
 	}
-	bin := buildBinary(t)
-	sample := filepath.Join(filepath.Dir(bin), "nodeplug-sampleplugin")
-	if out, err := exec.Command("go", "build", "-o", sample, "../../cmd/nodeplug-sampleplugin").CombinedOutput(); err != nil {
-		t.Fatalf("go build sampleplugin: %v\n%s", err, out)
-	}
+	dir := buildBinaries(t, "nodeplug-devicemanager", "nodeplug-sampleplugin")
+	bin, sample := filepath.Join(dir, "nodeplug-devicemanager"), filepath.Join(dir, "nodeplug-sampleplugin")
 	root, err := os.MkdirTemp("", "np")
 	if err != nil {
 		t.Fatal(err)

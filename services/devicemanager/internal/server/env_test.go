@@ -119,11 +119,6 @@ func (e *env) shutdown() {
 	}
 }
 
-func (e *env) restart() {
-	e.shutdown()
-	e.start()
-}
-
 func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	t.Cleanup(cancel)
@@ -217,11 +212,6 @@ func (e *env) waitCounts(name string, allocatable, capacity int64) *dmv1.Resourc
 	return e.waitResource(name, fmt.Sprintf("%d/%d", allocatable, capacity), func(r *dmv1.Resource) bool {
 		return r != nil && r.GetAllocatable() == allocatable && r.GetCapacity() == capacity
 	})
-}
-
-func (e *env) waitGone(name string) {
-	e.t.Helper()
-	e.waitResource(name, "removal", func(r *dmv1.Resource) bool { return r == nil })
 }
 
 // waitCalls polls until p saw n calls of method.
