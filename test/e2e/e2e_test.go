@@ -11,14 +11,13 @@ import (
 	"testing"
 	"time"
 
-	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
-	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
 
 var binDir string
@@ -33,7 +32,13 @@ func TestMain(m *testing.M) {
 		defer os.RemoveAll(dir)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"); err != nil {
+		if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager",
+			"nodeplug-sampleplugin", "nodeplugctl"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		// Readable by other users too: one test runs the stack as nobody.
+		if err := os.Chmod(dir, 0o755); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -91,23 +96,31 @@ func newEnv(t *testing.T, extraEnv ...string) *env {
 	return e
 }
 
-// waitLive waits until the reconciler follows the watcher's live events: a
-// registration-only plugin created now registers. Sockets created before that
-// reach the reconciler in the watcher's snapshot instead, which starts their
-// traces in the reconciler (as DESIGN.md's contracts say).
+// waitLive waits until the reconciler reports SERVING, which it does once
+// it follows the watcher's live events: sockets created from then on are
+// live events (sockets created before reach it in the watcher's snapshot,
+// which starts their traces in the reconciler, as DESIGN.md's contracts
+// say).
 func (e *env) waitLive() {
 	e.t.Helper()
-	p, err := testplugin.Start(filepath.Join(e.root, "plugins_registry", "warmup.sock"),
-		testplugin.Info{Type: registerapi.DRAPlugin, Name: "warmup.example.com", Versions: []string{"v1.DRAPlugin"}})
+	conn, err := rpcutil.NewClient(e.st.Addr("reconciler"))
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	defer p.Stop()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := p.WaitStatus(ctx, testplugin.Registered); err != nil {
-		e.t.Fatalf("the stack does not register plugins: %v", err)
-	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	eventually(e.t, "the reconciler is healthy", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			return err
+		}
+		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("status %v", resp.GetStatus())
+		}
+		return nil
+	})
 }
 
 // plugin starts a device plugin. In plugins_registry mode its socket is in

@@ -251,12 +251,8 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(runDir)
-	bin := filepath.Join(runDir, "bin")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, bin, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-sampleplugin", "nodeplugctl"); err != nil {
-		t.Fatal(err)
-	}
 	if err := filepath.Walk(runDir, func(p string, _ os.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -269,7 +265,7 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 	var out syncBuffer
 	cmd := asNobody(ctx, filepath.Join(root, "scripts", "run.sh"))
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "HOME="+runDir, "NODEPLUG_RUN_DIR="+runDir, "BIN="+bin)
+	cmd.Env = append(os.Environ(), "HOME="+runDir, "NODEPLUG_RUN_DIR="+runDir, "BIN="+binDir)
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
