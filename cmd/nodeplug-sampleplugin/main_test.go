@@ -92,7 +92,7 @@ func TestPluginsRegistryModeAndHealthControl(t *testing.T) {
 	if s.p.SocketPath() != sock || !unixsock.IsSocket(sock) {
 		t.Fatalf("socket %s", s.p.SocketPath())
 	}
-	conn, err := rpcutil.NewClient(sock)
+	conn, err := rpcutil.DialPeer(sock)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func (c *cli) conn(svc service) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := rpcutil.NewClient(addr)
+	cc, err := rpcutil.DialPeer(addr)
 	if err != nil {
 		return nil, fmt.Errorf("bad %s address %q: %v (set %s)", svc.name, addr, err, svc.flag)
 	}

@@ -176,12 +176,12 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err
 	}
-	dmConn, err := rpcutil.NewClient(st.Addr("devicemanager"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	dmConn, err := rpcutil.DialPeer(st.Addr("devicemanager"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		return nil, err
 	}
 	defer dmConn.Close()
-	rcConn, err := rpcutil.NewClient(st.Addr("reconciler"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	rcConn, err := rpcutil.DialPeer(st.Addr("reconciler"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/lockfile"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -80,6 +81,9 @@ type Runtime struct {
 	deferred bool
 }
 
+// stopTimeout bounds a graceful stop: open streams never end on their own.
+const stopTimeout = 5 * time.Second
+
 // DeferReady keeps the gRPC health NOT_SERVING after Setup returns, until
 // the returned function is called (once the service can do its job).
 func (rt *Runtime) DeferReady() (ready func()) {
@@ -89,6 +93,44 @@ func (rt *Runtime) DeferReady() (ready func()) {
 		rt.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		rt.Log.Info("ready")
 	}
+}
+
+// ServeUnix serves a second gRPC server on a new Unix socket at path (mode
+// 0600, its directory created 0750), built as the API server is (logging,
+// recovery, error mapping, tracing, health, reflection). register adds the
+// services to it. It serves until the service stops, then stops gracefully
+// and removes the socket. It is how kubelet.sock (and any further socket) is
+// served.
+func (rt *Runtime) ServeUnix(path string, register func(*grpc.Server)) error {
+	lis, err := unixsock.Listen(path)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", path, err)
+	}
+	s, _ := rpcutil.NewServer(rt.Log)
+	register(s)
+	rt.Log.Info("gRPC listening", "socket", path)
+	rt.serve(lis, s, func() {})
+	return nil
+}
+
+// serve serves s on lis in the background; once the service stops it runs
+// before, stops s gracefully and removes a Unix socket it created.
+func (rt *Runtime) serve(lis net.Listener, s *grpc.Server, before func()) {
+	rt.group.Go(func() error {
+		if err := s.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			return fmt.Errorf("gRPC server on %s: %w", lis.Addr(), err)
+		}
+		return nil
+	})
+	rt.group.Go(func() error {
+		<-rt.ctx.Done()
+		before()
+		rpcutil.StopGracefully(s, stopTimeout)
+		if u, ok := lis.(*net.UnixListener); ok {
+			_ = os.Remove(u.Addr().String())
+		}
+		return nil
+	})
 }
 
 // Go runs f in the background until the service stops. An error from f stops
@@ -182,7 +224,7 @@ func healthcheck(svc Service, args []string) int {
 	if host, port, err := net.SplitHostPort(addr); err == nil && (host == "" || host == "0.0.0.0" || host == "::") {
 		addr = net.JoinHostPort("127.0.0.1", port)
 	}
-	conn, err := rpcutil.NewClient(addr)
+	conn, err := rpcutil.DialPeer(addr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -233,24 +275,34 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 	defer lis.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The metrics listener is bound before Setup, so that a failure here
+	// leaves nothing behind (Setup may create sockets).
+	var mlis net.Listener
+	if cfg.MetricsListen != "" {
+		if mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			return fmt.Errorf("metrics listen on %s: %w", cfg.MetricsListen, err)
+		}
+		defer mlis.Close()
+	}
 
 	server, healthSrv := rpcutil.NewServer(log)
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	g, gctx := errgroup.WithContext(ctx)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(sctx)
 	rt := &Runtime{Config: cfg, Log: log, Metrics: reg, Server: server, Health: healthSrv, Addr: lis.Addr(), group: g, ctx: gctx}
 	if err := svc.Setup(gctx, rt); err != nil {
+		// Stop what Setup started (its background work, the sockets it
+		// serves, which are removed) before reporting the failure.
+		cancel()
+		_ = g.Wait()
 		return err
 	}
 	if !rt.deferred {
 		healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	}
 
-	var metricsSrv *http.Server
-	if cfg.MetricsListen != "" {
-		mlis, err := net.Listen("tcp", cfg.MetricsListen)
-		if err != nil {
-			return fmt.Errorf("metrics listen on %s: %w", cfg.MetricsListen, err)
-		}
+	if mlis != nil {
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 		if cfg.Pprof {
@@ -258,7 +310,7 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		}
-		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		metricsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		log.Info("metrics listening", "addr", mlis.Addr().String(), "url", "http://"+mlis.Addr().String()+"/metrics")
 		g.Go(func() error {
 			if err := metricsSrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -266,26 +318,18 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 			}
 			return nil
 		})
-	}
-	log.Info("gRPC listening", "service", name, "addr", lis.Addr().String(), "root_dir", cfg.RootDir, "version", version.Version)
-	g.Go(func() error { return server.Serve(lis) })
-	g.Go(func() error {
-		<-gctx.Done()
-		log.Info("shutting down")
-		healthSrv.Shutdown()
-		done := make(chan struct{})
-		go func() { server.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			server.Stop()
-		}
-		if metricsSrv != nil {
+		g.Go(func() error {
+			<-gctx.Done()
 			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			_ = metricsSrv.Shutdown(sctx)
-		}
-		return nil
+			return nil
+		})
+	}
+	log.Info("gRPC listening", "service", name, "addr", lis.Addr().String(), "root_dir", cfg.RootDir, "version", version.Version)
+	rt.serve(lis, server, func() {
+		log.Info("shutting down")
+		healthSrv.Shutdown()
 	})
 	err = g.Wait()
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {

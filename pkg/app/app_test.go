@@ -38,7 +38,7 @@ func TestRunHealthLockAndDeferredReady(t *testing.T) {
 	addr := <-addrc
 	ready := <-readyc
 
-	conn, err := rpcutil.NewClient(addr)
+	conn, err := rpcutil.DialPeer(addr)
 	if err != nil {
 		t.Fatal(err)
 	}

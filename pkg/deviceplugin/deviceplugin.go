@@ -201,7 +201,7 @@ func (p *Plugin) Register(ctx context.Context, kubeletSock string) error {
 	if filepath.Dir(kubeletSock) != filepath.Dir(p.opts.SocketPath) {
 		return fmt.Errorf("deviceplugin: socket %s is not in the directory of %s", p.opts.SocketPath, kubeletSock)
 	}
-	conn, err := rpcutil.NewClient(kubeletSock)
+	conn, err := rpcutil.DialPeer(kubeletSock)
 	if err != nil {
 		return err
 	}

@@ -56,7 +56,7 @@ func healthyIDs(devs []*pluginapi.Device) []string {
 
 func TestPluginServesBothServices(t *testing.T) {
 	p := startPlugin(t, Options{Resource: "example.com/dev", Devices: 3, Preferred: true, PreStartRequired: true, CDI: true})
-	conn, err := rpcutil.NewClient(p.SocketPath())
+	conn, err := rpcutil.DialPeer(p.SocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}

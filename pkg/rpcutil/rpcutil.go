@@ -1,19 +1,25 @@
 // Package rpcutil builds every gRPC server and client in nodeplug, so that
-// transport security, interceptors and tracing are set in one place.
+// interceptors, tracing and the dialling rule are set in one place. Servers
+// and clients are plaintext: nodeplug's sockets are Unix sockets guarded by
+// their file modes.
 package rpcutil
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/url"
 	"runtime/debug"
 	"strings"
+	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc/filters"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -87,37 +93,89 @@ func InterceptorLogger(l *slog.Logger) logging.Logger {
 	})
 }
 
-// Target turns an address into a gRPC target: an absolute path or a unix:
-// URL is a Unix socket; anything else is host:port.
-func Target(addr string) string {
-	switch {
-	case strings.HasPrefix(addr, "unix:"):
-		return addr
-	case strings.HasPrefix(addr, "/"):
-		return "unix://" + addr
-	default:
-		return "passthrough:///" + addr
+// IsUnixPath reports whether addr names a Unix socket (an absolute path)
+// rather than a host:port.
+func IsUnixPath(addr string) bool { return strings.HasPrefix(addr, "/") }
+
+// unixDialer returns a dialer for the Unix socket whose path is exactly
+// path. The path is captured here rather than taken from the gRPC target:
+// gRPC parses every target as a URL, so '#' and '?' in a file name would cut
+// the path and '%xx' would be decoded, and another file than the one
+// checked would be dialled.
+func unixDialer(path string) func(context.Context, string) (net.Conn, error) {
+	return func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
 	}
 }
 
-// NewClient returns a client connection to addr (see Target) with the OTel
-// stats handler, so outgoing calls are traced and carry the trace context.
+// peerConnectParams keep reconnection to a restarted peer service within
+// seconds (gRPC's default backoff grows to two minutes while a peer is down).
+var peerConnectParams = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
+
+// newClient builds every client connection: the raw-path Unix dialer for
+// absolute paths, passthrough for host:port, the OTel stats handler (so
+// outgoing calls are traced and carry the trace context), and plaintext
+// transport credentials (Unix sockets are guarded by their file modes).
 // The connection is lazy: nothing is dialled until the first call.
-func NewClient(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+func newClient(addr string, opts []grpc.DialOption) (*grpc.ClientConn, error) {
+	if addr == "" {
+		return nil, fmt.Errorf("empty address: %w", errdefs.ErrInvalidArgument)
+	}
 	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 	}
-	return grpc.NewClient(Target(addr), append(base, opts...)...)
+	if IsUnixPath(addr) {
+		// The authority is a fixed name: the path is not a host, and some
+		// servers (the kubelet's peers among them) reject odd authorities.
+		base = append(base, grpc.WithContextDialer(unixDialer(addr)), grpc.WithAuthority("localhost"))
+		// The target only names the connection (in gRPC's own logs); the
+		// dialer above decides what is dialled.
+		addr = (&url.URL{Path: addr}).EscapedPath()
+	}
+	return grpc.NewClient("passthrough:///"+addr, append(base, opts...)...)
 }
 
-// PluginDialOptions are the options for connections to plugins over Unix
-// sockets: small transport buffers, since the messages are small and a node
-// may hold a connection per plugin.
-func PluginDialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
+// DialPeer returns a connection to a nodeplug service (or any gRPC server)
+// at addr: an absolute Unix socket path, dialled as exactly that path, or a
+// host:port. It reconnects to a restarted peer within seconds.
+func DialPeer(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	base := []grpc.DialOption{grpc.WithConnectParams(peerConnectParams)}
+	return newClient(addr, append(base, opts...))
+}
+
+// DialPlugin returns a connection to a plugin's Unix socket at path, dialled
+// as exactly that path, with small transport buffers (a node may hold a
+// connection per plugin and the messages are small). Callers add their own
+// connect parameters.
+func DialPlugin(path string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	if !IsUnixPath(path) {
+		return nil, fmt.Errorf("plugin socket %q is not an absolute path: %w", path, errdefs.ErrInvalidArgument)
+	}
+	base := []grpc.DialOption{
 		grpc.WithReadBufferSize(4 << 10),
 		grpc.WithWriteBufferSize(4 << 10),
 		grpc.WithSharedWriteBuffer(true),
+	}
+	return newClient(path, append(base, opts...))
+}
+
+// StopGracefully stops s, letting running calls finish for at most timeout,
+// then cutting the rest off. Streams never finish on their own, so the
+// timeout is what ends them.
+func StopGracefully(s *grpc.Server, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { s.GracefulStop(); close(done) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.Stop()
+		<-done
 	}
 }

@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -30,7 +30,7 @@ func start(t *testing.T, info Info) (*Plugin, registerapi.RegistrationClient) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Stop)
-	conn, err := grpc.NewClient("unix://"+p.Path(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := rpcutil.DialPlugin(p.Path())
 	if err != nil {
 		t.Fatal(err)
 	}

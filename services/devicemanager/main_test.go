@@ -57,7 +57,7 @@ func startProc(t *testing.T, bin, root string) *proc {
 		sp.Kill()
 		t.Fatal(err)
 	}
-	conn, err := rpcutil.NewClient(addr)
+	conn, err := rpcutil.DialPeer(addr)
 	if err != nil {
 		t.Fatal(err)
 	}

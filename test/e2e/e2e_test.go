@@ -80,12 +80,12 @@ func newEnv(t *testing.T, extraEnv ...string) *env {
 		t.Fatal(err)
 	}
 	e := &env{t: t, root: root, st: st}
-	dmConn, err := rpcutil.NewClient(st.Addr("devicemanager"))
+	dmConn, err := rpcutil.DialPeer(st.Addr("devicemanager"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = dmConn.Close() })
-	rcConn, err := rpcutil.NewClient(st.Addr("reconciler"))
+	rcConn, err := rpcutil.DialPeer(st.Addr("reconciler"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func newEnv(t *testing.T, extraEnv ...string) *env {
 // say).
 func (e *env) waitLive() {
 	e.t.Helper()
-	conn, err := rpcutil.NewClient(e.st.Addr("reconciler"))
+	conn, err := rpcutil.DialPeer(e.st.Addr("reconciler"))
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -53,5 +53,5 @@ func (m *metrics) forget(resource string) {
 
 // newPluginConn returns a lazy connection to a plugin socket.
 func newPluginConn(path string) (*grpc.ClientConn, error) {
-	return rpcutil.NewClient(path, append(rpcutil.PluginDialOptions(), grpc.WithAuthority("localhost"))...)
+	return rpcutil.DialPlugin(path)
 }

@@ -98,7 +98,7 @@ func (e *env) start() {
 			e.t.Errorf("daemon run: %v", err)
 		}
 	}()
-	conn, err := rpcutil.NewClient(filepath.Join(e.root, "dm.sock"))
+	conn, err := rpcutil.DialPeer(filepath.Join(e.root, "dm.sock"))
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -109,7 +109,7 @@ func TestRegisterRejects(t *testing.T) {
 	}
 
 	// The legacy path, with the kubelet's messages.
-	conn, err := rpcutil.NewClient(e.kubeletSock())
+	conn, err := rpcutil.DialPeer(e.kubeletSock())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -73,7 +73,7 @@ func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
 	if err != nil {
 		return err
 	}
-	conn, err := rpcutil.NewClient(p.Endpoint, rpcutil.PluginDialOptions()...)
+	conn, err := rpcutil.DialPlugin(p.Endpoint)
 	if err != nil {
 		return fmt.Errorf("CSI driver %q: connect to %s: %w", p.Name, p.Endpoint, err)
 	}

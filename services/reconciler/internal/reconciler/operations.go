@@ -211,7 +211,7 @@ func (r *Reconciler) getInfo(ctx context.Context, path string) (*registerapi.Plu
 	var conn *grpc.ClientConn
 	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) error {
 		var err error
-		conn, err = rpcutil.NewClient(path, append(rpcutil.PluginDialOptions(), grpc.WithConnectParams(connectParams))...)
+		conn, err = rpcutil.DialPlugin(path, grpc.WithConnectParams(connectParams))
 		if err != nil {
 			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", path, err)
 		}

@@ -126,7 +126,7 @@ func TestTracing(t *testing.T) {
 func serviceClient(t *testing.T, e *env) reconcilerv1.ReconcilerServiceClient {
 	path := filepath.Join(e.root, "reconciler.sock")
 	serve(t, path, func(s *grpc.Server) { e.s.Service.Register(s) })
-	conn, err := rpcutil.NewClient(path)
+	conn, err := rpcutil.DialPeer(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
@@ -24,14 +23,6 @@ import (
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/service"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/watchclient"
 )
-
-// peerConnectParams keep reconnection to a restarted watcher or
-// devicemanager within seconds (gRPC's default backoff grows to two
-// minutes while a peer is down).
-var peerConnectParams = grpc.ConnectParams{
-	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
-	MinConnectTimeout: 5 * time.Second,
-}
 
 // Config configures the reconciler service.
 type Config struct {
@@ -70,11 +61,11 @@ func New(cfg Config) (*Stack, error) {
 			return nil, err
 		}
 	}
-	wconn, err := rpcutil.NewClient(cfg.WatcherAddr, grpc.WithConnectParams(peerConnectParams))
+	wconn, err := rpcutil.DialPeer(cfg.WatcherAddr)
 	if err != nil {
 		return nil, err
 	}
-	dconn, err := rpcutil.NewClient(cfg.DeviceManagerAddr, grpc.WithConnectParams(peerConnectParams))
+	dconn, err := rpcutil.DialPeer(cfg.DeviceManagerAddr)
 	if err != nil {
 		_ = wconn.Close()
 		return nil, err

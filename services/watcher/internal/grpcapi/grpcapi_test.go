@@ -81,7 +81,7 @@ func startWith(t *testing.T, buffer int) *env {
 
 func (e *env) newClient(t *testing.T, opts ...grpc.DialOption) watcherv1.WatcherServiceClient {
 	t.Helper()
-	conn, err := rpcutil.NewClient(e.addr, opts...)
+	conn, err := rpcutil.DialPeer(e.addr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

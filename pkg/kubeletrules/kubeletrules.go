@@ -1,0 +1,64 @@
+// Package kubeletrules holds the kubelet's device plugin registration rules
+// that more than one nodeplug service applies: the extended-resource-name
+// check and the version checks, with the kubelet's own messages (plugin
+// authors match them against the kubelet's documentation and logs).
+//
+// The errors here are plain errors, as the kubelet's are; callers that need a
+// gRPC code wrap them.
+package kubeletrules
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// DevicePluginVersion is the device plugin API version nodeplug speaks.
+const DevicePluginVersion = pluginapi.Version
+
+// IsExtendedResourceName reports whether name is an extended resource name
+// as the kubelet defines it (k8s.io/kubernetes pkg/apis/core/helper): it has a
+// domain prefix outside kubernetes.io, does not start with "requests.", and
+// "requests."+name is a qualified name.
+func IsExtendedResourceName(name string) bool {
+	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") || strings.HasPrefix(name, "requests.") {
+		return false
+	}
+	return len(validation.IsQualifiedName("requests."+name)) == 0
+}
+
+// InvalidResourceName is the kubelet's message for a bad resource name.
+func InvalidResourceName(name string) error {
+	return fmt.Errorf("the ResourceName %q is invalid", name)
+}
+
+// ValidateLegacyRegister applies the checks of the kubelet's
+// v1beta1.Registration/Register on kubelet.sock (devicemanager
+// plugin/v1beta1/server.go, validate): exactly one supported version, and an
+// extended resource name.
+func ValidateLegacyRegister(version, resource string) error {
+	if !slices.Contains(pluginapi.SupportedVersions[:], version) {
+		return fmt.Errorf("requested API version %q is not supported by kubelet. Supported version is %q", version, pluginapi.Version)
+	}
+	if !IsExtendedResourceName(resource) {
+		return InvalidResourceName(resource)
+	}
+	return nil
+}
+
+// ValidatePluginWatcher applies the checks of the kubelet's device plugin
+// handler for plugins found in plugins_registry (devicemanager
+// plugin/v1beta1/handler.go, ValidatePlugin): the plugin's versions include
+// v1beta1, and the name is an extended resource name.
+func ValidatePluginWatcher(resource string, versions []string) error {
+	if !slices.Contains(versions, DevicePluginVersion) {
+		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", DevicePluginVersion, versions)
+	}
+	if !IsExtendedResourceName(resource) {
+		return fmt.Errorf("invalid name of device plugin socket: %w", InvalidResourceName(resource))
+	}
+	return nil
+}
