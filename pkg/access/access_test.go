@@ -24,25 +24,25 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/access"
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 )
 
 func TestRequired(t *testing.T) {
 	for method, want := range map[string]access.Role{
-		"/grpc.health.v1.Health/Check":                                        access.RoleNone,
-		"/grpc.health.v1.Health/Watch":                                        access.RoleNone,
-		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":           access.RoleReader,
-		"/nodeplug.devicemanager.v1.DeviceManagerService/ListResources":       access.RoleReader,
-		"/nodeplug.devicemanager.v1.DeviceManagerService/WatchResources":      access.RoleReader,
-		"/nodeplug.devicemanager.v1.DeviceManagerService/ListAllocations":     access.RoleReader,
-		"/nodeplug.watcher.v1.WatcherService/WatchSocketEvents":               access.RoleReader,
-		"/nodeplug.reconciler.v1.ReconcilerService/ListPlugins":               access.RoleReader,
-		"/nodeplug.devicemanager.v1.DeviceManagerService/Allocate":            access.RoleOperator,
-		"/nodeplug.devicemanager.v1.DeviceManagerService/Release":             access.RoleOperator,
-		"/nodeplug.devicemanager.v1.DeviceManagerService/RegisterPlugin":      access.RoleInternal,
-		"/nodeplug.devicemanager.v1.DeviceManagerService/DeregisterPlugin":    access.RoleInternal,
+		"/grpc.health.v1.Health/Check":                                         access.RoleNone,
+		"/grpc.health.v1.Health/Watch":                                         access.RoleNone,
+		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":            access.RoleReader,
+		"/nodeplug.devicemanager.v1.DeviceManagerService/ListResources":        access.RoleReader,
+		"/nodeplug.devicemanager.v1.DeviceManagerService/WatchResources":       access.RoleReader,
+		"/nodeplug.devicemanager.v1.DeviceManagerService/ListAllocations":      access.RoleReader,
+		"/nodeplug.watcher.v1.WatcherService/WatchSocketEvents":                access.RoleReader,
+		"/nodeplug.reconciler.v1.ReconcilerService/ListPlugins":                access.RoleReader,
+		"/nodeplug.devicemanager.v1.DeviceManagerService/Allocate":             access.RoleOperator,
+		"/nodeplug.devicemanager.v1.DeviceManagerService/Release":              access.RoleOperator,
+		"/nodeplug.devicemanager.v1.DeviceManagerService/RegisterPlugin":       access.RoleInternal,
+		"/nodeplug.devicemanager.v1.DeviceManagerService/DeregisterPlugin":     access.RoleInternal,
 		"/nodeplug.devicemanager.v1.DeviceManagerService/SomethingNewTomorrow": access.RoleInternal,
 	} {
 		if got := access.Required(method); got != want {
