@@ -43,7 +43,6 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
-	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -59,9 +58,10 @@ func main() {
 }
 
 type config struct {
-	resource, mode, rootDir, socketName, control, logLevel, logFormat string
-	devices                                                           int
-	preferred, prestart, cdi                                          bool
+	*app.Common
+	resource, mode, socketName, control string
+	devices                             int
+	preferred, prestart, cdi            bool
 }
 
 // run runs the plugin until ctx ends and returns the exit code. ready, when
@@ -71,29 +71,26 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(p *dev
 	var c config
 	fs := app.NewFlags("sampleplugin")
 	fs.SetOutput(stderr)
+	c.Common = fs.AddCommon()
 	fs.StringVar(&c.resource, "resource", "example.com/sample", "extended resource name")
 	fs.IntVar(&c.devices, "devices", 4, "number of devices (IDs dev-0 .. dev-<N-1>)")
 	fs.StringVar(&c.mode, "mode", modeRegistry, "registration path: plugins-registry or kubelet-sock")
-	fs.StringVar(&c.rootDir, "root-dir", app.DefaultRootDir, "root directory: plugins_registry/ and device-plugins/ are beneath it")
 	fs.StringVar(&c.socketName, "socket-name", "", "socket file name (default derived from the resource name)")
 	fs.BoolVar(&c.preferred, "preferred", false, "offer GetPreferredAllocation (prefers the highest IDs)")
 	fs.BoolVar(&c.prestart, "prestart", false, "require PreStartContainer calls")
 	fs.BoolVar(&c.cdi, "cdi", false, "return CDI device names in Allocate responses")
 	fs.StringVar(&c.control, "control-listen", "", "HTTP control address for health flips (GET /devices, POST /health?device=ID&healthy=BOOL); empty disables it")
-	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
-	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
-	if *showVersion {
+	if c.ShowVersion {
 		fmt.Printf("nodeplug-sampleplugin %s\n", version.Version)
 		return 0
 	}
-	log, err := telemetry.NewLogger(stderr, c.logFormat, c.logLevel)
+	log, err := c.Logger(stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "nodeplug-sampleplugin:", err)
 		return 2
@@ -109,13 +106,13 @@ func serve(ctx context.Context, c config, log *slog.Logger, ready func(*devicepl
 	if c.mode != modeRegistry && c.mode != modeKubelet {
 		return fmt.Errorf("--mode %q: want %s or %s", c.mode, modeRegistry, modeKubelet)
 	}
-	root, err := filepath.Abs(c.rootDir)
+	root, err := filepath.Abs(c.RootDir)
 	if err != nil {
 		return err
 	}
-	dir := filepath.Join(root, "plugins_registry")
+	dir := app.PluginsRegistryDir(root)
 	if c.mode == modeKubelet {
-		dir = filepath.Join(root, "device-plugins")
+		dir = app.DevicePluginsDir(root)
 	}
 	name := c.socketName
 	if name == "" {
@@ -166,7 +163,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, ready func(*devicepl
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 
-	kubeletSock := filepath.Join(dir, "kubelet.sock")
+	kubeletSock := app.KubeletSocket(root)
 	var registerc <-chan error
 	register := func() {
 		errc := make(chan error, 1)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -16,14 +17,14 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-const waitFor = 30 * time.Second
 
 type started struct {
 	p       *deviceplugin.Plugin
@@ -50,45 +51,34 @@ func runPlugin(t *testing.T, args ...string) started {
 		return s
 	case code := <-done:
 		t.Fatalf("plugin exited with %d", code)
-	case <-time.After(waitFor):
+	case <-time.After(testutil.Deadline):
 		t.Fatal("plugin not ready")
 	}
 	return started{}
 }
 
-func tempRoot(t *testing.T) string {
-	root, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	return root
-}
-
 func waitHealthy(t *testing.T, p *deviceplugin.Plugin, want int) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for {
+	testutil.Eventually(t, fmt.Sprintf("%d healthy devices", want), func() error {
 		n := 0
 		for _, d := range p.Devices() {
 			if d.Health == pluginapi.Healthy {
 				n++
 			}
 		}
-		if n == want {
-			return
+		if n != want {
+			return fmt.Errorf("%d healthy", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("healthy devices %d, want %d", n, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestPluginsRegistryModeAndHealthControl(t *testing.T) {
-	root := tempRoot(t)
-	s := runPlugin(t, "--root-dir", root, "--resource", "example.com/gpu", "--devices", "3", "--control-listen", "127.0.0.1:0", "--preferred")
-	sock := filepath.Join(root, "plugins_registry", "example-com_gpu.sock")
+	// The root dir comes from NODEPLUG_ROOT_DIR, shared by every binary.
+	root := testutil.TempDir(t)
+	t.Setenv("NODEPLUG_ROOT_DIR", root)
+	s := runPlugin(t, "--resource", "example.com/gpu", "--devices", "3", "--control-listen", "127.0.0.1:0", "--preferred")
+	sock := filepath.Join(app.PluginsRegistryDir(root), "example-com_gpu.sock")
 	if s.p.SocketPath() != sock || !unixsock.IsSocket(sock) {
 		t.Fatalf("socket %s", s.p.SocketPath())
 	}
@@ -97,7 +87,7 @@ func TestPluginsRegistryModeAndHealthControl(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
 	defer cancel()
 	info, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{})
 	if err != nil || info.Name != "example.com/gpu" || info.Endpoint != sock || info.Type != registerapi.DevicePlugin {
@@ -173,9 +163,9 @@ func startKubelet(t *testing.T, path string, got chan *pluginapi.RegisterRequest
 }
 
 func TestKubeletSockModeReRegisters(t *testing.T) {
-	root := tempRoot(t)
-	dpDir := filepath.Join(root, "device-plugins")
-	kubeletSock := filepath.Join(dpDir, "kubelet.sock")
+	root := testutil.TempDir(t)
+	dpDir := app.DevicePluginsDir(root)
+	kubeletSock := app.KubeletSocket(root)
 	got := make(chan *pluginapi.RegisterRequest, 10)
 	k := startKubelet(t, kubeletSock, got)
 	s := runPlugin(t, "--root-dir", root, "--mode", "kubelet-sock", "--resource", "example.com/legacy", "--devices", "2", "--socket-name", "legacy.sock")
@@ -186,7 +176,7 @@ func TestKubeletSockModeReRegisters(t *testing.T) {
 			if r.Endpoint != "legacy.sock" || r.ResourceName != "example.com/legacy" || r.Version != pluginapi.Version {
 				t.Fatalf("%s: Register(%v)", what, r)
 			}
-		case <-time.After(waitFor):
+		case <-time.After(testutil.Deadline):
 			t.Fatalf("%s: no Register", what)
 		}
 	}
@@ -210,10 +200,14 @@ func TestKubeletSockModeReRegisters(t *testing.T) {
 }
 
 func TestBadFlags(t *testing.T) {
-	if code := run(context.Background(), []string{"--mode", "sideways", "--root-dir", tempRoot(t)}, io.Discard, nil); code == 0 {
+	if code := run(context.Background(), []string{"--mode", "sideways", "--root-dir", testutil.TempDir(t)}, io.Discard, nil); code == 0 {
 		t.Fatal("an unknown mode was accepted")
 	}
 	if code := run(context.Background(), []string{"--no-such-flag"}, io.Discard, nil); code != 2 {
 		t.Fatalf("unknown flag: exit %d, want 2", code)
+	}
+	t.Setenv("NODEPLUG_SAMPLEPLUGIN_LOG_FORMAT", "xml")
+	if code := run(context.Background(), []string{"--root-dir", testutil.TempDir(t)}, io.Discard, nil); code != 2 {
+		t.Fatalf("NODEPLUG_SAMPLEPLUGIN_LOG_FORMAT=xml: exit %d, want 2", code)
 	}
 }

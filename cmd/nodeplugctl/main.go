@@ -13,12 +13,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -36,8 +36,8 @@ const (
 	exitUsage = 2
 )
 
-// globals are the flags every command takes. Each also reads
-// NODEPLUG_CTL_<FLAG> (a flag on the command line wins).
+// globals are the flags every command takes, before or after the command.
+// Each also reads NODEPLUG_CTL_<FLAG> (a flag on the command line wins).
 type globals struct {
 	watcherAddr       string
 	reconcilerAddr    string
@@ -47,41 +47,21 @@ type globals struct {
 }
 
 var globalDefaults = globals{
-	watcherAddr:       "127.0.0.1:50051",
-	reconcilerAddr:    "127.0.0.1:50052",
-	devicemanagerAddr: "127.0.0.1:50053",
-	jaegerURL:         "http://127.0.0.1:16686",
+	watcherAddr:       app.DefaultWatcherAddr,
+	reconcilerAddr:    app.DefaultReconcilerAddr,
+	devicemanagerAddr: app.DefaultDeviceManagerAddr,
+	jaegerURL:         app.DefaultJaegerURL,
 	timeout:           10 * time.Second,
 }
 
-// envName is the environment variable of a global flag.
-func envName(flagName string) string {
-	return "NODEPLUG_CTL_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
-
-// register defines the global flags on fs, with defaults taken from the
-// environment where set. It fails on an unparsable environment value.
-func (g *globals) register(fs *flag.FlagSet) error {
-	str := func(p *string, name, def, usage string) {
-		if v, ok := os.LookupEnv(envName(name)); ok && v != "" {
-			def = v
-		}
-		fs.StringVar(p, name, def, usage+" (env "+envName(name)+")")
-	}
-	str(&g.watcherAddr, "watcher-addr", globalDefaults.watcherAddr, "watcher gRPC address (host:port or socket path)")
-	str(&g.reconcilerAddr, "reconciler-addr", globalDefaults.reconcilerAddr, "reconciler gRPC address")
-	str(&g.devicemanagerAddr, "devicemanager-addr", globalDefaults.devicemanagerAddr, "devicemanager gRPC address")
-	str(&g.jaegerURL, "jaeger-url", globalDefaults.jaegerURL, "Jaeger query base URL")
-	def := globalDefaults.timeout
-	if v, ok := os.LookupEnv(envName("timeout")); ok && v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return fmt.Errorf("environment variable %s=%q: %v", envName("timeout"), v, err)
-		}
-		def = d
-	}
-	fs.DurationVar(&g.timeout, "timeout", def, "timeout of each call (env "+envName("timeout")+")")
-	return nil
+// define defines the global flags on fs, storing into g, with def as their
+// defaults.
+func (g *globals) define(fs *flag.FlagSet, def globals) {
+	fs.StringVar(&g.watcherAddr, "watcher-addr", def.watcherAddr, "watcher gRPC address (host:port or socket path)")
+	fs.StringVar(&g.reconcilerAddr, "reconciler-addr", def.reconcilerAddr, "reconciler gRPC address")
+	fs.StringVar(&g.devicemanagerAddr, "devicemanager-addr", def.devicemanagerAddr, "devicemanager gRPC address")
+	fs.StringVar(&g.jaegerURL, "jaeger-url", def.jaegerURL, "Jaeger query base URL")
+	fs.DurationVar(&g.timeout, "timeout", def.timeout, "timeout of each call")
 }
 
 // cli runs one command. Its fields are what tests replace.
@@ -127,12 +107,12 @@ func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(forma
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := &cli{stdout: stdout, stderr: stderr, http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
 	defer c.close()
-	fs := flag.NewFlagSet("nodeplugctl", flag.ContinueOnError)
+	// The global flags; their variables are NODEPLUG_CTL_<FLAG>.
+	fs := app.NewFlags("ctl")
 	fs.SetOutput(io.Discard)
-	if err := c.g.register(fs); err != nil {
-		fmt.Fprintln(stderr, "nodeplugctl:", err)
-		return exitUsage
-	}
+	c.g.define(fs.FlagSet, globalDefaults)
+	var showVersion bool
+	fs.AddVersion(&showVersion)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			c.usage(stdout, fs)
@@ -141,6 +121,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "nodeplugctl:", err)
 		c.usage(stderr, fs)
 		return exitUsage
+	}
+	if showVersion {
+		fmt.Fprintf(stdout, "nodeplugctl %s\n", version.Version)
+		return exitOK
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
@@ -176,7 +160,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitUsage
 }
 
-func (c *cli) usage(w io.Writer, fs *flag.FlagSet) {
+func (c *cli) usage(w io.Writer, fs *app.Flags) {
 	fmt.Fprintln(w, "usage: nodeplugctl [global flags] COMMAND [flags] [args]")
 	fmt.Fprintln(w, "\ncommands:")
 	for _, cmd := range commands {
@@ -197,12 +181,7 @@ func (c *cli) flags(name, args string) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	// Values parsed before the command are the defaults here.
-	g := c.g
-	fs.StringVar(&c.g.watcherAddr, "watcher-addr", g.watcherAddr, "watcher gRPC address")
-	fs.StringVar(&c.g.reconcilerAddr, "reconciler-addr", g.reconcilerAddr, "reconciler gRPC address")
-	fs.StringVar(&c.g.devicemanagerAddr, "devicemanager-addr", g.devicemanagerAddr, "devicemanager gRPC address")
-	fs.StringVar(&c.g.jaegerURL, "jaeger-url", g.jaegerURL, "Jaeger query base URL")
-	fs.DurationVar(&c.g.timeout, "timeout", g.timeout, "timeout of each call")
+	c.g.define(fs, c.g)
 	return fs
 }
 

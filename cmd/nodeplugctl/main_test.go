@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
@@ -402,12 +403,7 @@ func (f *fakeServer) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, s reconci
 
 func startFake(t *testing.T, f *fakeServer) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	path := filepath.Join(dir, "api.sock")
+	path := filepath.Join(testutil.TempDir(t), "api.sock")
 	lis, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -421,16 +417,15 @@ func startFake(t *testing.T, f *fakeServer) string {
 	return path
 }
 
-// waitOutput polls out until it contains want.
+// waitOutput waits until out contains want.
 func waitOutput(t *testing.T, out *syncBuffer, want string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(out.String(), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("output never contained %q; output:\n%s", want, out.String())
+	testutil.Eventually(t, fmt.Sprintf("output containing %q", want), func() error {
+		if !strings.Contains(out.String(), want) {
+			return fmt.Errorf("output so far:\n%s", out.String())
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestAgainstGRPCServer(t *testing.T) {
@@ -519,12 +514,7 @@ func TestAgainstGRPCServer(t *testing.T) {
 }
 
 func TestErrorsSayWhatToTry(t *testing.T) {
-	dir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	missing := filepath.Join(dir, "nothing.sock")
+	missing := filepath.Join(testutil.TempDir(t), "nothing.sock")
 	for _, tc := range []struct {
 		args []string
 		want []string
@@ -578,8 +568,10 @@ func TestUsageErrors(t *testing.T) {
 }
 
 func TestVersionAndHelp(t *testing.T) {
-	if code, out, _ := runCLI(t, "version"); code != exitOK || !strings.HasPrefix(out, "nodeplugctl ") {
-		t.Fatalf("version: exit %d, output %q", code, out)
+	for _, args := range [][]string{{"version"}, {"--version"}} {
+		if code, out, _ := runCLI(t, args...); code != exitOK || !strings.HasPrefix(out, "nodeplugctl ") {
+			t.Fatalf("%q: exit %d, output %q", args, code, out)
+		}
 	}
 	if code, out, _ := runCLI(t, "help"); code != exitOK || !strings.Contains(out, "allocate") || !strings.Contains(out, "NODEPLUG_CTL_WATCHER_ADDR") {
 		t.Fatalf("help: exit %d, output %q", code, out)

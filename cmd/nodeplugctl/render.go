@@ -17,6 +17,7 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/app"
 )
 
 // writeJSON prints m as indented JSON (protojson field names, int64 as
@@ -161,9 +162,9 @@ func endpointState(s dmv1.EndpointState) string {
 func registrationPath(p dmv1.RegistrationPath) string {
 	switch p {
 	case dmv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY:
-		return "plugins_registry"
+		return app.PluginsRegistryDirName
 	case dmv1.RegistrationPath_REGISTRATION_PATH_KUBELET_SOCK:
-		return "kubelet.sock"
+		return app.KubeletSocketName
 	default:
 		return "?"
 	}

@@ -6,8 +6,12 @@ package app
 import (
 	"flag"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"strings"
+
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
 )
 
 // Flags is a flag set whose flags fall back to environment variables. The
@@ -50,19 +54,59 @@ type listValue []string
 func (l *listValue) String() string     { return strings.Join(*l, ":") }
 func (l *listValue) Set(s string) error { *l = append(*l, s); return nil }
 
+// Common holds the flags that every nodeplug binary takes, services and
+// tools alike.
+type Common struct {
+	RootDir     string // --root-dir (NODEPLUG_ROOT_DIR), default DefaultRootDir
+	LogLevel    string // --log-level: debug, info, warn or error
+	LogFormat   string // --log-format: text or json
+	ShowVersion bool   // --version: print the version and exit
+}
+
+// AddCommon defines --root-dir, --log-level, --log-format and --version on
+// f, with the same defaults and meaning as the services' own, and returns
+// where their values land once f is parsed.
+func (f *Flags) AddCommon() *Common {
+	c := &Common{}
+	f.StringVar(&c.RootDir, "root-dir", DefaultRootDir, "root directory: "+PluginsRegistryDirName+"/ and "+DevicePluginsDirName+"/ are beneath it")
+	f.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
+	f.AddVersion(&c.ShowVersion)
+	return c
+}
+
+// AddVersion defines --version alone, for a binary that neither logs nor
+// works beneath the root dir (nodeplugctl).
+func (f *Flags) AddVersion(p *bool) {
+	f.BoolVar(p, "version", false, "print the version and exit")
+}
+
+// Logger returns the logger that --log-level and --log-format ask for,
+// writing to w.
+func (c *Common) Logger(w io.Writer) (*slog.Logger, error) {
+	return telemetry.NewLogger(w, c.LogFormat, c.LogLevel)
+}
+
+// PrintDefaults prints every flag to f's output with its environment
+// variable, its usage and its default. It is the usage message of Parse.
+func (f *Flags) PrintDefaults() {
+	out := f.Output()
+	f.VisitAll(func(fl *flag.Flag) {
+		fmt.Fprintf(out, "  --%s (env %s)\n    \t%s", fl.Name, f.EnvName(fl.Name), fl.Usage)
+		if fl.DefValue != "" && fl.DefValue != "false" {
+			fmt.Fprintf(out, " (default %q)", fl.DefValue)
+		}
+		fmt.Fprintln(out)
+	})
+}
+
 // Parse parses args, then fills every flag not given on the command line
-// from its environment variable.
+// from its environment variable. A variable that is set counts, even when
+// empty.
 func (f *Flags) Parse(args []string) error {
 	f.Usage = func() {
-		out := f.Output()
-		fmt.Fprintf(out, "Usage of %s:\n", f.Name())
-		f.VisitAll(func(fl *flag.Flag) {
-			fmt.Fprintf(out, "  --%s (env %s)\n    \t%s", fl.Name, f.EnvName(fl.Name), fl.Usage)
-			if fl.DefValue != "" && fl.DefValue != "false" {
-				fmt.Fprintf(out, " (default %q)", fl.DefValue)
-			}
-			fmt.Fprintln(out)
-		})
+		fmt.Fprintf(f.Output(), "Usage of %s:\n", f.Name())
+		f.PrintDefaults()
 	}
 	if err := f.FlagSet.Parse(args); err != nil {
 		return err

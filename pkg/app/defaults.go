@@ -1,0 +1,72 @@
+package app
+
+import "path/filepath"
+
+// The defaults of nodeplug's binaries, in one place: the layout beneath the
+// root dir (the kubelet's), the services' gRPC and metrics addresses, and
+// the address of the trace viewer nodeplugctl reads. Flags take their
+// defaults from here; tests and tools that build paths beneath a root dir
+// use the file and directory names here rather than spelling them out.
+//
+// The default root dir itself is DefaultRootDir, beside Config.
+const (
+	// PluginsRegistryDirName is the directory beneath the root dir in which
+	// plugins create their registration sockets, as under a kubelet. The
+	// watcher watches it; registration through it is "plugins_registry".
+	PluginsRegistryDirName = "plugins_registry"
+
+	// DevicePluginsDirName is the directory beneath the root dir that holds
+	// kubelet.sock, the sockets of the device plugins that register on it,
+	// and the devicemanager's checkpoint.
+	DevicePluginsDirName = "device-plugins"
+
+	// KubeletSocketName is the file name, in the device-plugins directory,
+	// of the socket that serves the legacy v1beta1 Registration/Register.
+	KubeletSocketName = "kubelet.sock"
+
+	// CheckpointFileName is the file name, in the device-plugins directory,
+	// of the devicemanager's checkpoint. It is not the kubelet's
+	// kubelet_internal_checkpoint, so that neither reads the other's.
+	CheckpointFileName = "nodeplug_checkpoint"
+)
+
+// The services' default gRPC addresses (--listen), which are also the
+// default addresses their clients dial: the reconciler dials the watcher and
+// the devicemanager, nodeplugctl dials all three.
+const (
+	// DefaultWatcherAddr is the watcher's gRPC address.
+	DefaultWatcherAddr = "127.0.0.1:50051"
+	// DefaultReconcilerAddr is the reconciler's gRPC address.
+	DefaultReconcilerAddr = "127.0.0.1:50052"
+	// DefaultDeviceManagerAddr is the devicemanager's gRPC address.
+	DefaultDeviceManagerAddr = "127.0.0.1:50053"
+)
+
+// The services' default Prometheus /metrics addresses (--metrics-listen).
+const (
+	// DefaultWatcherMetricsAddr is the watcher's metrics address.
+	DefaultWatcherMetricsAddr = "127.0.0.1:9451"
+	// DefaultReconcilerMetricsAddr is the reconciler's metrics address.
+	DefaultReconcilerMetricsAddr = "127.0.0.1:9452"
+	// DefaultDeviceManagerMetricsAddr is the devicemanager's metrics address.
+	DefaultDeviceManagerMetricsAddr = "127.0.0.1:9453"
+)
+
+// DefaultJaegerURL is the base URL of the Jaeger query API that nodeplugctl
+// reads traces from (the port `make up` publishes).
+const DefaultJaegerURL = "http://127.0.0.1:16686"
+
+// PluginsRegistryDir returns <root>/plugins_registry.
+func PluginsRegistryDir(root string) string {
+	return filepath.Join(root, PluginsRegistryDirName)
+}
+
+// DevicePluginsDir returns <root>/device-plugins.
+func DevicePluginsDir(root string) string {
+	return filepath.Join(root, DevicePluginsDirName)
+}
+
+// KubeletSocket returns <root>/device-plugins/kubelet.sock.
+func KubeletSocket(root string) string {
+	return filepath.Join(root, DevicePluginsDirName, KubeletSocketName)
+}
