@@ -125,10 +125,8 @@ func (rt *Runtime) serve(lis net.Listener, s *grpc.Server, before func()) {
 	rt.group.Go(func() error {
 		<-rt.ctx.Done()
 		before()
+		// Stopping closes lis, which removes a Unix socket (unixsock).
 		rpcutil.StopGracefully(s, stopTimeout)
-		if u, ok := lis.(*net.UnixListener); ok {
-			_ = os.Remove(u.Addr().String())
-		}
 		return nil
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -150,27 +151,95 @@ func (c *Confiner) Resolve(path string) (string, error) {
 	return resolved, nil
 }
 
-// Listen creates a Unix socket listener at path with mode 0600, removing a
-// stale socket first. The parent directory is created with mode 0750.
-func Listen(path string) (net.Listener, error) {
+// Listen creates a Unix socket listener at path with mode 0600 (see
+// ListenMode).
+func Listen(path string) (net.Listener, error) { return ListenMode(path, 0o600, -1) }
+
+// ListenMode creates a Unix socket listener at path with the given mode and,
+// when gid >= 0, that group, removing a stale socket first. The parent
+// directory is created with mode 0750 when missing.
+//
+// The socket never appears at path with another mode, and the process umask
+// is left alone (other goroutines may be creating files): it is bound in a
+// private directory beside path, given its mode and group there, and renamed
+// into place. Closing the listener removes the socket, unless it was
+// replaced since.
+func ListenMode(path string, mode fs.FileMode, gid int) (net.Listener, error) {
 	if len(path) > MaxPathLen {
 		return nil, fmt.Errorf("socket path %q is %d bytes, longer than the %d-byte limit: %w", path, len(path), MaxPathLen, errdefs.ErrInvalidArgument)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return nil, err
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
 	}
-	old := unix.Umask(0o177)
-	l, err := net.Listen("unix", path)
-	unix.Umask(old)
+	private, err := os.MkdirTemp(dir, ".s")
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = l.Close()
+	defer os.RemoveAll(private)
+	bind := filepath.Join(private, "s")
+	if len(bind) > MaxPathLen {
+		// No room for the private directory: bind in place. The socket
+		// then has the umask's mode until the chmod below; the directory
+		// (0750) still keeps strangers out.
+		bind = path
+	}
+	l, err := net.Listen("unix", bind)
+	if err != nil {
 		return nil, err
 	}
-	return l, nil
+	ul := l.(*net.UnixListener)
+	// The socket is removed by our Close, at its final path.
+	ul.SetUnlinkOnClose(false)
+	fail := func(err error) (net.Listener, error) {
+		_ = ul.Close()
+		_ = os.Remove(bind)
+		return nil, err
+	}
+	if err := os.Chmod(bind, mode); err != nil {
+		return fail(err)
+	}
+	if gid >= 0 {
+		if err := os.Lchown(bind, -1, gid); err != nil {
+			return fail(fmt.Errorf("set the group of %s to %d: %w", path, gid, err))
+		}
+	}
+	if bind != path {
+		if err := os.Rename(bind, path); err != nil {
+			return fail(err)
+		}
+	}
+	id, _, err := Stat(path)
+	if err != nil {
+		return fail(err)
+	}
+	return &listener{UnixListener: ul, path: path, id: id}, nil
+}
+
+// listener is a Unix listener whose socket was renamed into place.
+type listener struct {
+	*net.UnixListener
+	path string
+	id   Identity
+
+	once sync.Once
+	err  error
+}
+
+// Addr returns the socket's final path.
+func (l *listener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
+// Close stops listening and removes the socket, unless another socket has
+// replaced it at the path since.
+func (l *listener) Close() error {
+	l.once.Do(func() {
+		l.err = l.UnixListener.Close()
+		if id, _, err := Stat(l.path); err == nil && id == l.id {
+			_ = os.Remove(l.path)
+		}
+	})
+	return l.err
 }

@@ -5,7 +5,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 )
@@ -108,5 +111,78 @@ func TestListenRejectsLongPath(t *testing.T) {
 	}
 	if _, err := Listen(long); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Fatalf("Listen(long) = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestListenModeAndGroup: the socket gets its mode and group, the process
+// umask is left alone, and Close removes the socket unless it was replaced.
+func TestListenModeAndGroup(t *testing.T) {
+	dir := tempDir(t)
+	p := filepath.Join(dir, "sub", "api.sock")
+	before := unix.Umask(0o022)
+	unix.Umask(before)
+	l, err := ListenMode(p, 0o660, os.Getgid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := unix.Umask(before)
+	if after != before {
+		t.Errorf("umask changed from %o to %o", before, after)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o660 {
+		t.Errorf("mode = %v, want socket 0660", fi.Mode())
+	}
+	if l.Addr().String() != p {
+		t.Errorf("Addr = %q, want %q", l.Addr(), p)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(p))
+	if len(entries) != 1 {
+		t.Errorf("the private bind directory was left behind: %v", entries)
+	}
+	c, err := net.Dial("unix", p)
+	if err != nil {
+		t.Fatalf("dial the renamed socket: %v", err)
+	}
+	_ = c.Close()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Close left the socket: %v", err)
+	}
+
+	// A socket that replaced ours is not removed by our Close.
+	l1, err := Listen(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := Listen(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	_ = l1.Close()
+	if !IsSocket(p) {
+		t.Error("closing the replaced listener removed its successor's socket")
+	}
+}
+
+// TestListenLongestPath binds a 107-byte path, where the private directory
+// does not fit.
+func TestListenLongestPath(t *testing.T) {
+	dir := tempDir(t)
+	p := filepath.Join(dir, strings.Repeat("l", MaxPathLen-len(dir)-1))
+	l, err := Listen(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	_, mode, err := Stat(p)
+	if err != nil || mode.Perm() != 0o600 {
+		t.Fatalf("mode %v, %v", mode, err)
 	}
 }
