@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/nodeplug/nodeplug/pkg/access"
 	"github.com/nodeplug/nodeplug/pkg/lockfile"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
@@ -36,9 +37,20 @@ const DefaultRootDir = "/var/lib/kubelet"
 
 // Config holds what every service binary is configured with.
 type Config struct {
-	Binary        string // "watcher", "reconciler", "devicemanager"
-	RootDir       string
-	Listen        string
+	Binary  string // "watcher", "reconciler", "devicemanager"
+	RootDir string
+	// APISocket is the API's Unix socket (--api-socket), default
+	// <root>/nodeplug/<binary>.sock.
+	APISocket string
+	// APIGroup is the group of the API socket and its directory
+	// (--api-group, a name or GID; empty: the process's own group).
+	APIGroup string
+	// OperatorGroup's members may Allocate and Release (--operator-group).
+	OperatorGroup string
+	// ListenTCP is an optional TCP address for the API (--listen-tcp); it
+	// requires mutual TLS unless TLS.Insecure.
+	ListenTCP     string
+	TLS           TLS
 	MetricsListen string
 	AllowedDirs   []string // --allowed-endpoint-dir; defaults to RootDir
 	Pprof         bool     // serve /debug/pprof/ beside /metrics
@@ -56,7 +68,6 @@ func (c *Config) DevicePluginsDir() string { return filepath.Join(c.RootDir, "de
 // what it runs.
 type Service struct {
 	Binary         string
-	DefaultListen  string
 	DefaultMetrics string
 	// Flags lets the service define its own flags on fs.
 	Flags func(fs *Flags)
@@ -73,8 +84,10 @@ type Runtime struct {
 	Metrics *prometheus.Registry
 	Server  *grpc.Server
 	Health  *health.Server
-	// Addr is the bound gRPC address (useful with port 0).
+	// Addr is the API socket's address.
 	Addr net.Addr
+	// TCPAddr is the bound --listen-tcp address (nil without it).
+	TCPAddr net.Addr
 
 	group    *errgroup.Group
 	ctx      context.Context
@@ -139,7 +152,7 @@ func (rt *Runtime) Go(f func(ctx context.Context) error) {
 
 // Main parses args, runs the service until SIGINT or SIGTERM, and returns the
 // process exit code. "healthcheck" as the first argument instead checks the
-// gRPC health of a running instance at --listen (for container
+// gRPC health of a running instance on its API socket (for container
 // healthchecks, where there is no shell).
 func Main(svc Service, args []string) int {
 	if len(args) > 0 && args[0] == "healthcheck" {
@@ -164,12 +177,21 @@ func Main(svc Service, args []string) int {
 }
 
 func commonFlags(svc Service, fs *Flags, cfg *Config) *bool {
-	fs.StringVar(&cfg.RootDir, "root-dir", DefaultRootDir, "root directory: plugins_registry/ and device-plugins/ are beneath it")
-	fs.StringVar(&cfg.Listen, "listen", svc.DefaultListen, "gRPC listen address (host:port; port 0 picks a free port)")
+	fs.StringVar(&cfg.RootDir, "root-dir", DefaultRootDir, "root directory: plugins_registry/, device-plugins/ and nodeplug/ (the API sockets) are beneath it")
+	fs.StringVar(&cfg.APISocket, "api-socket", "", "the API's Unix socket (default <root-dir>/nodeplug/"+svc.Binary+".sock)")
+	fs.StringVar(&cfg.APIGroup, "api-group", "", "group (name or GID) of the API socket and its directory; members may read (default: the process's group)")
+	fs.StringVar(&cfg.OperatorGroup, "operator-group", "", "group (name or GID) whose members may Allocate and Release")
+	fs.StringVar(&cfg.ListenTCP, "listen-tcp", "", "also serve the API on this TCP host:port, with mutual TLS (off by default)")
+	fs.StringVar(&cfg.TLS.CertFile, "tls-cert-file", "", "certificate for --listen-tcp, also the client certificate for TCP peers")
+	fs.StringVar(&cfg.TLS.KeyFile, "tls-key-file", "", "key of --tls-cert-file")
+	fs.StringVar(&cfg.TLS.ClientCAFile, "tls-client-ca-file", "", "CA certificate that signs the clients allowed on --listen-tcp")
+	fs.StringVar(&cfg.TLS.CAFile, "tls-ca-file", "", "CA certificate that signs TCP peers' certificates")
+	fs.BoolVar(&cfg.TLS.Insecure, "insecure-tcp", false, "serve and dial TCP without TLS: tests only, loopback only")
+	fs.Var(goneFlag{errListenGone}, "listen", "removed: see --api-socket and --listen-tcp")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", svc.DefaultMetrics, "Prometheus /metrics listen address (empty disables it)")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "text", "log format: text or json")
-	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go profiles at /debug/pprof/ on the metrics address (loopback only)")
 	return fs.Bool("version", false, "print the version and exit")
 }
 
@@ -202,6 +224,13 @@ func parse(svc Service, args []string) (Config, int, bool) {
 		return cfg, 2, false
 	}
 	cfg.RootDir = abs
+	if cfg.APISocket == "" {
+		cfg.APISocket = APISocket(abs, svc.Binary)
+	}
+	if err := cfg.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "nodeplug-"+svc.Binary+":", err)
+		return cfg, 2, false
+	}
 	cfg.AllowedDirs = *allowed
 	if len(cfg.AllowedDirs) == 0 {
 		cfg.AllowedDirs = []string{cfg.RootDir}
@@ -210,17 +239,17 @@ func parse(svc Service, args []string) (Config, int, bool) {
 }
 
 func healthcheck(svc Service, args []string) int {
-	cfg := Config{Binary: svc.Binary}
 	fs := NewFlags(svc.Binary)
-	fs.StringVar(&cfg.Listen, "listen", svc.DefaultListen, "gRPC address of the instance to check")
+	root := fs.String("root-dir", DefaultRootDir, "root directory")
+	sock := fs.String("api-socket", "", "API socket of the instance to check (default <root-dir>/nodeplug/"+svc.Binary+".sock)")
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	addr := cfg.Listen
-	if host, port, err := net.SplitHostPort(addr); err == nil && (host == "" || host == "0.0.0.0" || host == "::") {
-		addr = net.JoinHostPort("127.0.0.1", port)
+	addr := *sock
+	if addr == "" {
+		addr = APISocket(*root, svc.Binary)
 	}
 	conn, err := rpcutil.DialPeer(addr)
 	if err != nil {
@@ -240,6 +269,29 @@ func healthcheck(svc Service, args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// validate checks the listener flags against each other.
+func (c *Config) validate() error {
+	if c.ListenTCP != "" {
+		if c.TLS.Insecure {
+			if !isLoopback(c.ListenTCP) {
+				return fmt.Errorf("--insecure-tcp serves only on loopback, not %s", c.ListenTCP)
+			}
+		} else if c.TLS.CertFile == "" || c.TLS.KeyFile == "" || c.TLS.ClientCAFile == "" {
+			return errors.New("--listen-tcp needs mutual TLS: --tls-cert-file, --tls-key-file and --tls-client-ca-file")
+		}
+	}
+	if c.Pprof && !isLoopback(c.MetricsListen) {
+		return fmt.Errorf("--pprof is served only on a loopback --metrics-listen, not %q", c.MetricsListen)
+	}
+	return nil
+}
+
+// DialPeer returns a connection to a peer service at addr (a Unix socket
+// path, or host:port over mutual TLS with this service's TLS flags).
+func (c *Config) DialPeer(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return c.TLS.Dial(addr, opts...)
 }
 
 // Run runs svc with cfg until ctx ends or a background task fails.
@@ -266,9 +318,33 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 	}
 	defer lock.Release()
 
-	lis, err := net.Listen("tcp", cfg.Listen)
+	apiGID, err := lookupGroup("api-group", cfg.APIGroup)
 	if err != nil {
-		return fmt.Errorf("gRPC listen on %s: %w", cfg.Listen, err)
+		return err
+	}
+	opGID, err := lookupGroup("operator-group", cfg.OperatorGroup)
+	if err != nil {
+		return err
+	}
+	creds := &access.Credentials{Unix: access.UnixPolicy{OwnUID: uint32(os.Getuid())}}
+	if opGID >= 0 {
+		creds.Unix.OperatorGIDs = []uint32{uint32(opGID)}
+	}
+	var tcp net.Listener
+	if cfg.ListenTCP != "" {
+		if cfg.TLS.Insecure {
+			log.Warn("serving the API on TCP WITHOUT TLS (--insecure-tcp): every caller there may call everything; for tests only", "addr", cfg.ListenTCP)
+		} else if creds.TLS, err = cfg.TLS.serverTLS(); err != nil {
+			return err
+		}
+		if tcp, err = net.Listen("tcp", cfg.ListenTCP); err != nil {
+			return fmt.Errorf("gRPC listen on %s: %w", cfg.ListenTCP, err)
+		}
+		defer tcp.Close()
+	}
+	lis, err := listenAPI(cfg.APISocket, apiGID)
+	if err != nil {
+		return fmt.Errorf("API socket %s: %w", cfg.APISocket, err)
 	}
 	defer lis.Close()
 	reg := prometheus.NewRegistry()
@@ -283,12 +359,20 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 		defer mlis.Close()
 	}
 
-	server, healthSrv := rpcutil.NewServer(log)
+	guard := access.NewGuard(log, reg)
+	if cfg.TLS.Insecure {
+		guard.AllowUnidentified()
+	}
+	server, healthSrv := rpcutil.NewServer(log, grpc.Creds(creds),
+		grpc.ChainUnaryInterceptor(guard.Unary), grpc.ChainStreamInterceptor(guard.Stream))
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(sctx)
 	rt := &Runtime{Config: cfg, Log: log, Metrics: reg, Server: server, Health: healthSrv, Addr: lis.Addr(), group: g, ctx: gctx}
+	if tcp != nil {
+		rt.TCPAddr = tcp.Addr()
+	}
 	if err := svc.Setup(gctx, rt); err != nil {
 		// Stop what Setup started (its background work, the sockets it
 		// serves, which are removed) before reporting the failure.
@@ -329,6 +413,16 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 		log.Info("shutting down")
 		healthSrv.Shutdown()
 	})
+	if tcp != nil {
+		log.Info("gRPC listening on TCP", "service", name, "tcp_addr", tcp.Addr().String(), "mutual_tls", !cfg.TLS.Insecure)
+		// The same server: stopping it (above) stops both listeners.
+		rt.group.Go(func() error {
+			if err := server.Serve(tcp); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return fmt.Errorf("gRPC server on %s: %w", tcp.Addr(), err)
+			}
+			return nil
+		})
+	}
 	err = g.Wait()
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -23,7 +24,7 @@ func TestRunHealthLockAndDeferredReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(root)
-	cfg := Config{Binary: "test", RootDir: root, Listen: "127.0.0.1:0", LogLevel: "info", LogFormat: "text"}
+	cfg := Config{Binary: "test", RootDir: root, APISocket: APISocket(root, "test"), LogLevel: "info", LogFormat: "text"}
 	addrc := make(chan string, 1)
 	readyc := make(chan func(), 1)
 	svc := Service{Binary: "test", Setup: func(_ context.Context, rt *Runtime) error {
@@ -58,6 +59,12 @@ func TestRunHealthLockAndDeferredReady(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	if fi, err := os.Stat(cfg.APISocket); err != nil || fi.Mode().Perm() != 0o660 || fi.Mode()&os.ModeSocket == 0 {
+		t.Errorf("API socket: %v, %v; want a 0660 socket", fi.Mode(), err)
+	}
+	if fi, err := os.Stat(filepath.Dir(cfg.APISocket)); err != nil || fi.Mode().Perm() != 0o750 {
+		t.Errorf("API socket directory: %v, %v; want 0750", fi.Mode(), err)
+	}
 	if st := check(); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("health before ready = %v, want NOT_SERVING", st)
 	}
@@ -75,6 +82,9 @@ func TestRunHealthLockAndDeferredReady(t *testing.T) {
 	case err := <-done:
 		if err != nil {
 			t.Fatalf("Run after cancel: %v", err)
+		}
+		if _, err := os.Lstat(cfg.APISocket); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the API socket is left after the stop: %v", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not stop")
