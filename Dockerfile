@@ -2,25 +2,33 @@
 # static binaries that `make build` puts in bin/ (and Jaeger, which
 # `make images` builds into bin/images/): no base image is pulled.
 # Build with `make images`; run with `make up`.
+#
+# The APIs are Unix sockets in /var/lib/kubelet/nodeplug/ on the shared
+# volume; the metrics listen on all interfaces inside the container so that
+# compose can publish them, on the host's loopback only.
 
 FROM scratch AS watcher
 COPY bin/nodeplug-watcher /nodeplug-watcher
-ENV NODEPLUG_WATCHER_LISTEN=0.0.0.0:50051 NODEPLUG_WATCHER_METRICS_LISTEN=0.0.0.0:9451
+ENV NODEPLUG_WATCHER_METRICS_LISTEN=0.0.0.0:9451
 ENTRYPOINT ["/nodeplug-watcher"]
 
 FROM scratch AS reconciler
 COPY bin/nodeplug-reconciler /nodeplug-reconciler
-ENV NODEPLUG_RECONCILER_LISTEN=0.0.0.0:50052 NODEPLUG_RECONCILER_METRICS_LISTEN=0.0.0.0:9452
+ENV NODEPLUG_RECONCILER_METRICS_LISTEN=0.0.0.0:9452
 ENTRYPOINT ["/nodeplug-reconciler"]
 
 FROM scratch AS devicemanager
 COPY bin/nodeplug-devicemanager /nodeplug-devicemanager
-ENV NODEPLUG_DEVICEMANAGER_LISTEN=0.0.0.0:50053 NODEPLUG_DEVICEMANAGER_METRICS_LISTEN=0.0.0.0:9453
+ENV NODEPLUG_DEVICEMANAGER_METRICS_LISTEN=0.0.0.0:9453
 ENTRYPOINT ["/nodeplug-devicemanager"]
 
 FROM scratch AS sampleplugin
 COPY bin/nodeplug-sampleplugin /nodeplug-sampleplugin
 ENTRYPOINT ["/nodeplug-sampleplugin"]
+
+FROM scratch AS nodeplugctl
+COPY bin/nodeplugctl /nodeplugctl
+ENTRYPOINT ["/nodeplugctl"]
 
 FROM scratch AS jaeger
 COPY bin/images/jaeger /jaeger

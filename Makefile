@@ -111,7 +111,7 @@ compose: ## Make sure a current 'docker compose' is available (builds the pinned
 .PHONY: images
 images: build $(JAEGER) ## Build the container images (FROM scratch) from bin/.
 	@mkdir -p bin/images && cp -f $(JAEGER) bin/images/jaeger
-	@for t in watcher reconciler devicemanager sampleplugin jaeger; do \
+	@for t in watcher reconciler devicemanager sampleplugin nodeplugctl jaeger; do \
 	  docker build -q --target $$t -t nodeplug/$$t:dev . 2>&1 >/dev/null | { grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e '^ *$$' || true; }; \
 	  echo "built image nodeplug/$$t:dev"; done
 

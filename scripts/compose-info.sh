@@ -4,12 +4,12 @@ cat <<INFO
 
 nodeplug is up in containers (docker compose -p ${COMPOSE_PROJECT:-nodeplug}).
 
-  gRPC      watcher 127.0.0.1:${NODEPLUG_WATCHER_PORT:-50051}   reconciler 127.0.0.1:${NODEPLUG_RECONCILER_PORT:-50052}   devicemanager 127.0.0.1:${NODEPLUG_DEVICEMANAGER_PORT:-50053}
+  APIs      Unix sockets in /var/lib/kubelet/nodeplug/ on the stack's volume
   metrics   http://127.0.0.1:${NODEPLUG_WATCHER_METRICS_PORT:-9451}/metrics  http://127.0.0.1:${NODEPLUG_RECONCILER_METRICS_PORT:-9452}/metrics  http://127.0.0.1:${NODEPLUG_DEVICEMANAGER_METRICS_PORT:-9453}/metrics
   traces    Jaeger query API http://127.0.0.1:${NODEPLUG_JAEGER_PORT:-16686}/api/services
 
-  bin/nodeplugctl plugins
-  bin/nodeplugctl resources
+  docker compose -p ${COMPOSE_PROJECT:-nodeplug} run --rm nodeplugctl plugins
+  docker compose -p ${COMPOSE_PROJECT:-nodeplug} run --rm nodeplugctl resources
   bin/nodeplugctl trace <trace id from 'nodeplugctl plugins -o json'>
 
 Stop it with: make down

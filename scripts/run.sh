@@ -80,18 +80,19 @@ cat <<INFO
 
 nodeplug is running (logs in $LOGS, root dir $ROOT).
 
-  gRPC      watcher 127.0.0.1:50051   reconciler 127.0.0.1:50052   devicemanager 127.0.0.1:50053
+  APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager}.sock
   metrics   http://127.0.0.1:9451/metrics  http://127.0.0.1:9452/metrics  http://127.0.0.1:9453/metrics
 
-Look inside:
+Look inside, from another shell (nodeplugctl finds the sockets from the root dir):
+  export NODEPLUG_ROOT_DIR=$ROOT
   bin/nodeplugctl plugins
   bin/nodeplugctl resources
   bin/nodeplugctl allocate --pod pod-1 --container main example.com/sample=2
   bin/nodeplugctl allocations
   bin/nodeplugctl watch plugins
-  $GRPCURL -plaintext 127.0.0.1:50051 list
-  $GRPCURL -plaintext 127.0.0.1:50052 nodeplug.reconciler.v1.ReconcilerService/ListPlugins
-  $GRPCURL -plaintext 127.0.0.1:50053 nodeplug.devicemanager.v1.DeviceManagerService/ListResources
+  $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/watcher.sock list
+  $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/reconciler.sock nodeplug.reconciler.v1.ReconcilerService/ListPlugins
+  $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/devicemanager.sock nodeplug.devicemanager.v1.DeviceManagerService/ListResources
 
 Press Ctrl-C to stop.
 INFO
