@@ -121,7 +121,7 @@ func TestRestartsKeepState(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			registryNotifies := len(viaRegistry.RegistrationStatuses())
+			registryNotifies := len(viaRegistry.Statuses())
 
 			w := watchAllocatable(e)
 			e.st.Kill(svc)
@@ -215,7 +215,7 @@ func TestRestartsKeepState(t *testing.T) {
 					t.Errorf("legacy plugin has %d ListAndWatch streams, want 1", got)
 				}
 			}
-			if got := len(viaRegistry.RegistrationStatuses()); svc == "watcher" && got != registryNotifies {
+			if got := len(viaRegistry.Statuses()); svc == "watcher" && got != registryNotifies {
 				t.Errorf("a watcher restart re-registered the plugin (%d → %d notifications)", registryNotifies, got)
 			}
 		})
