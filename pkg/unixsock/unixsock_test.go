@@ -186,3 +186,27 @@ func TestListenLongestPath(t *testing.T) {
 		t.Fatalf("mode %v, %v", mode, err)
 	}
 }
+
+// TestConfinerRootAllowsEverything: an allowed dir of "/" allows every
+// absolute path (it used to allow nothing: "/" + "/" was the prefix).
+func TestConfinerRootAllowsEverything(t *testing.T) {
+	c, err := NewConfiner([]string{"/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/", "/tmp/x.sock", "/var/lib/kubelet/plugins_registry/a.sock"} {
+		if !c.Within(p) {
+			t.Errorf("Within(%q) = false under /", p)
+		}
+	}
+	dir := tempDir(t)
+	sock := filepath.Join(dir, "a.sock")
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := c.Resolve(sock); err != nil {
+		t.Errorf("Resolve(%q) under /: %v", sock, err)
+	}
+}
