@@ -210,3 +210,56 @@ func TestConfinerRootAllowsEverything(t *testing.T) {
 		t.Errorf("Resolve(%q) under /: %v", sock, err)
 	}
 }
+
+// FuzzConfinerResolve: whatever the path, Resolve does not panic, and what
+// it accepts lies inside the allowed directory once symlinks are followed.
+func FuzzConfinerResolve(f *testing.F) {
+	dir, err := os.MkdirTemp("", "npfz")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = os.RemoveAll(dir) })
+	allowed := filepath.Join(dir, "allowed")
+	outside := filepath.Join(dir, "outside")
+	for _, d := range []string{allowed, outside} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			f.Fatal(err)
+		}
+	}
+	for _, name := range []string{"in.sock", "lnk#x"} {
+		l, err := Listen(filepath.Join(allowed, name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Cleanup(func() { _ = l.Close() })
+	}
+	lo, err := Listen(filepath.Join(outside, "victim.sock"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = lo.Close() })
+	if err := os.Symlink(filepath.Join(outside, "victim.sock"), filepath.Join(allowed, "lnk")); err != nil {
+		f.Fatal(err)
+	}
+	c, err := NewConfiner([]string{allowed})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"in.sock", "lnk", "lnk#x", "../outside/victim.sock", "%2E%2E%2Foutside%2Fvictim.sock", "", "/", "a\x00b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, rel string) {
+		p := allowed + "/" + rel
+		resolved, err := c.Resolve(p)
+		if err != nil {
+			return
+		}
+		real, err := filepath.EvalSymlinks(resolved)
+		if err != nil {
+			return // removed meanwhile: nothing to dial
+		}
+		if !c.Within(real) {
+			t.Fatalf("Resolve(%q) accepted %q, outside %s", p, real, allowed)
+		}
+	})
+}
