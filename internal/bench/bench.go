@@ -147,7 +147,7 @@ type FootprintResult struct {
 type runner struct {
 	cfg   Config
 	root  string
-	st    *stack.Stack
+	st    *stack.Processes
 	dm    dmv1.DeviceManagerServiceClient
 	rc    rcv1.ReconcilerServiceClient
 	res   *follower[*dmv1.Resource]
@@ -171,7 +171,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 		defer os.RemoveAll(root)
 	}
-	st := stack.New(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s")
+	st := stack.NewProcesses(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s")
 	defer st.StopAll()
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err
