@@ -1,4 +1,4 @@
-package stack_test
+package main
 
 import (
 	"context"
@@ -13,11 +13,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
-	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
-	"github.com/nodeplug/nodeplug/services/reconciler/internal/stack"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
 var spans = tracetest.NewSpanRecorder()
@@ -44,7 +44,7 @@ type env struct {
 	w       *fakeWatcher
 	dm      *fakeDM
 	clk     *clock.Fake
-	s       *stack.Stack
+	s       *service
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -62,7 +62,7 @@ func newEnv(t *testing.T) *env {
 // start runs a (new) reconciler.
 func (e *env) start() {
 	e.t.Helper()
-	s, err := stack.New(stack.Config{
+	s, err := newService(config{
 		WatcherAddr:       filepath.Join(e.root, "watcher.sock"),
 		DeviceManagerAddr: filepath.Join(e.root, "dm.sock"),
 		AllowedDirs:       []string{e.root},
@@ -75,11 +75,11 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.s, e.cancel, e.done = s, cancel, make(chan struct{})
 	streams := e.w.Streams()
-	defer waitFor(e.t, "the reconciler's first snapshot", func() bool { return e.w.Streams() > streams && s.Reconciler.Synced() })
+	defer testutil.WaitFor(e.t, "the reconciler's first snapshot", func() bool { return e.w.Streams() > streams && s.loop.Synced() })
 	go func() {
 		defer close(e.done)
-		if err := s.Run(ctx); err != nil {
-			e.t.Errorf("stack.Run: %v", err)
+		if err := s.run(ctx); err != nil {
+			e.t.Errorf("run: %v", err)
 		}
 	}()
 }
@@ -107,15 +107,15 @@ func (e *env) plugin(file string, info testplugin.Info, opts ...testplugin.Optio
 	return p
 }
 
-func (e *env) status(path string) (reconciler.PluginStatus, bool) {
-	return e.s.Reconciler.Plugin(path)
+func (e *env) status(path string) (status.PluginStatus, bool) {
+	return e.s.status.Get(path)
 }
 
 // waitState waits until path's status satisfies cond and returns it.
-func (e *env) waitState(path string, what string, cond func(s reconciler.PluginStatus) bool) reconciler.PluginStatus {
+func (e *env) waitState(path string, what string, cond func(s status.PluginStatus) bool) status.PluginStatus {
 	e.t.Helper()
-	var st reconciler.PluginStatus
-	waitFor(e.t, path+" "+what, func() bool {
+	var st status.PluginStatus
+	testutil.WaitFor(e.t, path+" "+what, func() bool {
 		var ok bool
 		st, ok = e.status(path)
 		return ok && cond(st)
@@ -123,29 +123,29 @@ func (e *env) waitState(path string, what string, cond func(s reconciler.PluginS
 	return st
 }
 
-func (e *env) waitRegistered(path string) reconciler.PluginStatus {
+func (e *env) waitRegistered(path string) status.PluginStatus {
 	e.t.Helper()
-	return e.waitState(path, "registered", func(s reconciler.PluginStatus) bool { return s.State == reconciler.StateRegistered })
+	return e.waitState(path, "registered", func(s status.PluginStatus) bool { return s.State == status.StateRegistered })
 }
 
-func (e *env) waitFailed(path string, failures int) reconciler.PluginStatus {
+func (e *env) waitFailed(path string, failures int) status.PluginStatus {
 	e.t.Helper()
-	return e.waitState(path, "failed", func(s reconciler.PluginStatus) bool {
-		return s.State == reconciler.StateFailed && s.Failures == failures
+	return e.waitState(path, "failed", func(s status.PluginStatus) bool {
+		return s.State == status.StateFailed && s.Failures == failures
 	})
 }
 
 func (e *env) waitGone(path string) {
 	e.t.Helper()
-	waitFor(e.t, path+" forgotten", func() bool {
+	testutil.WaitFor(e.t, path+" forgotten", func() bool {
 		_, ok := e.status(path)
-		_, inASW := e.s.Reconciler.ASW().Get(path)
+		_, inASW := e.s.loop.ASW().Get(path)
 		return !ok && !inASW
 	})
 }
 
 func waitCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
 	t.Cleanup(cancel)
 	return ctx
 }

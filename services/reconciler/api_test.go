@@ -1,4 +1,4 @@
-package stack_test
+package main
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
@@ -21,7 +22,7 @@ import (
 func findSpan(t *testing.T, name, traceID string) sdktrace.ReadOnlySpan {
 	t.Helper()
 	var found sdktrace.ReadOnlySpan
-	waitFor(t, "span "+name+" in trace "+traceID, func() bool {
+	testutil.WaitFor(t, "span "+name+" in trace "+traceID, func() bool {
 		for _, s := range spans.Ended() {
 			if s.Name() == name && s.SpanContext().TraceID().String() == traceID {
 				found = s
@@ -60,7 +61,7 @@ func TestTracing(t *testing.T) {
 		if !reg.Parent().IsValid() || reg.Parent().TraceID().String() != traceID {
 			t.Fatalf("register span's parent = %v, want the watcher event's span", reg.Parent())
 		}
-		waitFor(t, "register span's children", func() bool { return len(childNames(reg)) >= 4 })
+		testutil.WaitFor(t, "register span's children", func() bool { return len(childNames(reg)) >= 4 })
 		children := childNames(reg)
 		for _, name := range []string{"reconciler.GetInfo", "reconciler.Validate", "reconciler.handler.Register", "reconciler.NotifyRegistrationStatus"} {
 			if _, ok := children[name]; !ok {
@@ -83,7 +84,7 @@ func TestTracing(t *testing.T) {
 		traceID := e.w.Deleted(p.Path())
 		e.waitGone(p.Path())
 		un := findSpan(t, "reconciler.unregister", traceID)
-		waitFor(t, "deregister span", func() bool { return childNames(un)["reconciler.handler.Deregister"] != nil })
+		testutil.WaitFor(t, "deregister span", func() bool { return childNames(un)["reconciler.handler.Deregister"] != nil })
 		if rpcs := childNames(childNames(un)["reconciler.handler.Deregister"]); rpcs["nodeplug.devicemanager.v1.DeviceManagerService/DeregisterPlugin"] == nil {
 			t.Fatalf("deregister span lacks the devicemanager RPC span; has %v", rpcs)
 		}
@@ -114,8 +115,8 @@ func TestTracing(t *testing.T) {
 	t.Run("snapshot item starts a root", func(t *testing.T) {
 		p := e.plugin("snap", draPlugin("dra-snap.example.com"))
 		streams := e.w.Streams()
-		e.w.Restart(func(m map[string]string) { m[p.Path()] = generation(t, p.Path()) })
-		waitFor(t, "new stream", func() bool { return e.w.Streams() > streams })
+		e.w.Restart(func(m map[string]string) { m[p.Path()] = testutil.Generation(t, p.Path()) })
+		testutil.WaitFor(t, "new stream", func() bool { return e.w.Streams() > streams })
 		st := e.waitRegistered(p.Path())
 		if reg := findSpan(t, "reconciler.register", st.LastTraceID); reg.Parent().IsValid() {
 			t.Fatalf("snapshot registration has parent %v", reg.Parent())
@@ -125,7 +126,7 @@ func TestTracing(t *testing.T) {
 
 func serviceClient(t *testing.T, e *env) reconcilerv1.ReconcilerServiceClient {
 	path := filepath.Join(e.root, "reconciler.sock")
-	serve(t, path, func(s *grpc.Server) { e.s.Service.Register(s) })
+	serve(t, path, func(s *grpc.Server) { e.s.api.Register(s) })
 	conn, err := rpcutil.DialPeer(path)
 	if err != nil {
 		t.Fatal(err)
@@ -252,7 +253,7 @@ func gauge(families []*dto.MetricFamily, name string, labels map[string]string) 
 func TestMetrics(t *testing.T) {
 	e := newEnv(t)
 	reg := prometheus.NewRegistry()
-	if err := e.s.Reconciler.RegisterMetrics(reg); err != nil {
+	if err := e.s.loop.RegisterMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
 	a := e.plugin("a", draPlugin("dra.example.com"))

@@ -1,4 +1,4 @@
-package stack_test
+package main
 
 import (
 	"context"
@@ -11,19 +11,18 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
-	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 // serve serves s on a Unix socket at path until the test ends.
@@ -113,20 +112,11 @@ func eventTrace(name string) (map[string]string, string) {
 	return telemetry.Inject(ctx), telemetry.TraceID(ctx)
 }
 
-func generation(t *testing.T, path string) string {
-	t.Helper()
-	id, _, err := unixsock.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id.Generation()
-}
-
 // Created reports the socket at path (stat'ed for its generation) and
 // returns the event's trace ID.
 func (w *fakeWatcher) Created(t *testing.T, path string) string {
 	t.Helper()
-	gen := generation(t, path)
+	gen := testutil.Generation(t, path)
 	carrier, traceID := eventTrace("watcher.created")
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -297,26 +287,10 @@ func (c *fakeCSI) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.No
 // tempRoot returns a short temporary root with plugins_registry beneath it.
 func tempRoot(t *testing.T) (root, plugins string) {
 	t.Helper()
-	root, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	root = testutil.TempDir(t)
 	plugins = filepath.Join(root, "plugins_registry")
 	if err := os.MkdirAll(plugins, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	return root, plugins
-}
-
-// waitFor polls cond until it holds or a generous deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }

@@ -1,6 +1,8 @@
-// Package service is the gRPC adapter of nodeplug.reconciler.v1: a thin
-// shell over the reconciler and the driver registry.
-package service
+// Package server is the gRPC adapter of nodeplug.reconciler.v1: a thin
+// shell over the published status (status.Board) and the driver registry
+// (handler.Drivers), converting their types to the API's. It decides
+// nothing; errors are mapped to status codes by the server's interceptor.
+package server
 
 import (
 	"context"
@@ -11,28 +13,28 @@ import (
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
-	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
-// Service implements reconcilerv1.ReconcilerServiceServer.
-type Service struct {
+// Server implements reconcilerv1.ReconcilerServiceServer.
+type Server struct {
 	reconcilerv1.UnimplementedReconcilerServiceServer
-	r       *reconciler.Reconciler
+	status  *status.Board
 	drivers *handler.Drivers
 }
 
-var _ reconcilerv1.ReconcilerServiceServer = (*Service)(nil)
+var _ reconcilerv1.ReconcilerServiceServer = (*Server)(nil)
 
-// New returns the service over r and drivers.
-func New(r *reconciler.Reconciler, drivers *handler.Drivers) *Service {
-	return &Service{r: r, drivers: drivers}
+// New returns the service over the statuses on board and drivers.
+func New(board *status.Board, drivers *handler.Drivers) *Server {
+	return &Server{status: board, drivers: drivers}
 }
 
-// Register adds the service to s.
-func (s *Service) Register(srv *grpc.Server) { reconcilerv1.RegisterReconcilerServiceServer(srv, s) }
+// Register adds the service to srv.
+func (s *Server) Register(srv *grpc.Server) { reconcilerv1.RegisterReconcilerServiceServer(srv, s) }
 
 // PluginToProto converts a status.
-func PluginToProto(p reconciler.PluginStatus) *reconcilerv1.Plugin {
+func PluginToProto(p status.PluginStatus) *reconcilerv1.Plugin {
 	out := &reconcilerv1.Plugin{
 		SocketPath:        p.SocketPath,
 		State:             stateToProto(p.State),
@@ -45,7 +47,7 @@ func PluginToProto(p reconciler.PluginStatus) *reconcilerv1.Plugin {
 		LastTraceId:       p.LastTraceID,
 		Failures:          uint32(p.Failures),
 	}
-	if !p.NextRetry.IsZero() && p.State == reconciler.StateFailed {
+	if !p.NextRetry.IsZero() && p.State == status.StateFailed {
 		out.NextRetryTime = timestamppb.New(p.NextRetry)
 	}
 	if !p.LastTransition.IsZero() {
@@ -54,36 +56,36 @@ func PluginToProto(p reconciler.PluginStatus) *reconcilerv1.Plugin {
 	return out
 }
 
-func stateToProto(s reconciler.State) reconcilerv1.PluginState {
+func stateToProto(s status.State) reconcilerv1.PluginState {
 	switch s {
-	case reconciler.StatePending:
+	case status.StatePending:
 		return reconcilerv1.PluginState_PLUGIN_STATE_PENDING
-	case reconciler.StateRegistered:
+	case status.StateRegistered:
 		return reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED
-	case reconciler.StateFailed:
+	case status.StateFailed:
 		return reconcilerv1.PluginState_PLUGIN_STATE_FAILED
 	}
 	return reconcilerv1.PluginState_PLUGIN_STATE_UNSPECIFIED
 }
 
 // ListPlugins returns every known socket.
-func (s *Service) ListPlugins(context.Context, *reconcilerv1.ListPluginsRequest) (*reconcilerv1.ListPluginsResponse, error) {
-	resp := &reconcilerv1.ListPluginsResponse{InstanceId: s.r.InstanceID()}
-	for _, p := range s.r.Plugins() {
+func (s *Server) ListPlugins(context.Context, *reconcilerv1.ListPluginsRequest) (*reconcilerv1.ListPluginsResponse, error) {
+	resp := &reconcilerv1.ListPluginsResponse{InstanceId: s.status.InstanceID()}
+	for _, p := range s.status.List() {
 		resp.Plugins = append(resp.Plugins, PluginToProto(p))
 	}
 	return resp, nil
 }
 
 // WatchPlugins streams the snapshot, a synced marker and every change.
-func (s *Service) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, srv grpc.ServerStreamingServer[reconcilerv1.WatchPluginsResponse]) error {
-	snapshot, rev, sub := s.r.Watch()
-	items := make([]reconciler.Change, len(snapshot))
+func (s *Server) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, srv grpc.ServerStreamingServer[reconcilerv1.WatchPluginsResponse]) error {
+	snapshot, rev, sub := s.status.Watch()
+	items := make([]status.Change, len(snapshot))
 	for i, p := range snapshot {
-		items[i] = reconciler.Change{Plugin: p, Revision: rev}
+		items[i] = status.Change{Plugin: p, Revision: rev}
 	}
-	id := s.r.InstanceID()
-	send := func(c reconciler.Change) error {
+	id := s.status.InstanceID()
+	send := func(c status.Change) error {
 		t := reconcilerv1.PluginChangeType_PLUGIN_CHANGE_TYPE_UPDATED
 		if c.Removed {
 			t = reconcilerv1.PluginChangeType_PLUGIN_CHANGE_TYPE_REMOVED
@@ -101,7 +103,7 @@ func (s *Service) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, srv grpc.Ser
 }
 
 // ListDrivers returns the CSI and DRA drivers.
-func (s *Service) ListDrivers(context.Context, *reconcilerv1.ListDriversRequest) (*reconcilerv1.ListDriversResponse, error) {
+func (s *Server) ListDrivers(context.Context, *reconcilerv1.ListDriversRequest) (*reconcilerv1.ListDriversResponse, error) {
 	resp := &reconcilerv1.ListDriversResponse{}
 	for _, d := range s.drivers.CSI() {
 		resp.CsiDrivers = append(resp.CsiDrivers, &reconcilerv1.CSIDriver{

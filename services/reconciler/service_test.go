@@ -1,10 +1,9 @@
-package stack_test
+package main
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,12 +13,13 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
-	"github.com/nodeplug/nodeplug/services/reconciler/internal/stack"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
 func csiOptions(name string) testplugin.Options {
@@ -45,25 +45,25 @@ func TestRegistrationAndDeregistration(t *testing.T) {
 			info: devicePlugin("example.com/gpu"),
 			registered: func(t *testing.T, e *env, path string) {
 				ep, ok := e.dm.Endpoints()[path]
-				if !ok || ep.resource != "example.com/gpu" || ep.socketPath != path || ep.generation != generation(t, path) {
+				if !ok || ep.resource != "example.com/gpu" || ep.socketPath != path || ep.generation != testutil.Generation(t, path) {
 					t.Fatalf("devicemanager endpoints = %+v, want %s registered with its generation", e.dm.Endpoints(), path)
 				}
 			},
 			gone: func(t *testing.T, e *env, path string) {
-				waitFor(t, "devicemanager endpoint removed", func() bool { return len(e.dm.Endpoints()) == 0 })
+				testutil.WaitFor(t, "devicemanager endpoint removed", func() bool { return len(e.dm.Endpoints()) == 0 })
 			},
 		},
 		{
 			name: "DRAPlugin",
 			info: draPlugin("dra.example.com"),
 			registered: func(t *testing.T, e *env, path string) {
-				d := e.s.Drivers.DRA()
+				d := e.s.drivers.DRA()
 				if len(d) != 1 || d[0].Name != "dra.example.com" || d[0].Endpoint != path || d[0].SocketPath != path {
 					t.Fatalf("DRA drivers = %+v", d)
 				}
 			},
 			gone: func(t *testing.T, e *env, path string) {
-				if d := e.s.Drivers.DRA(); len(d) != 0 {
+				if d := e.s.drivers.DRA(); len(d) != 0 {
 					t.Fatalf("DRA drivers after removal = %+v", d)
 				}
 			},
@@ -73,14 +73,14 @@ func TestRegistrationAndDeregistration(t *testing.T) {
 			info: testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"0.3.0", "1.0.0", "1.2.0"}},
 			opts: []testplugin.Options{csiOptions("csi.example.com")},
 			registered: func(t *testing.T, e *env, path string) {
-				d := e.s.Drivers.CSI()
+				d := e.s.drivers.CSI()
 				if len(d) != 1 || d[0].Name != "csi.example.com" || d[0].NodeID != "node-1" || d[0].MaxVolumesPerNode != 16 ||
 					d[0].AccessibleTopology["topology.example.com/zone"] != "a" || d[0].HighestVersion != "1.2.0" || d[0].VendorVersion != "1.2.3" {
 					t.Fatalf("CSI drivers = %+v", d)
 				}
 			},
 			gone: func(t *testing.T, e *env, path string) {
-				if d := e.s.Drivers.CSI(); len(d) != 0 {
+				if d := e.s.drivers.CSI(); len(d) != 0 {
 					t.Fatalf("CSI drivers after removal = %+v", d)
 				}
 			},
@@ -94,10 +94,10 @@ func TestRegistrationAndDeregistration(t *testing.T) {
 				t.Fatal(err)
 			}
 			st := e.waitRegistered(p.Path())
-			if st.Name != tc.info.Name || st.Type != tc.info.Type || st.Endpoint != p.Path() || st.Generation != generation(t, p.Path()) || st.Failures != 0 || st.LastError != "" {
+			if st.Name != tc.info.Name || st.Type != tc.info.Type || st.Endpoint != p.Path() || st.Generation != testutil.Generation(t, p.Path()) || st.Failures != 0 || st.LastError != "" {
 				t.Fatalf("status = %+v", st)
 			}
-			if a, ok := e.s.Reconciler.ASW().Get(p.Path()); !ok || a.Generation != st.Generation {
+			if a, ok := e.s.loop.ASW().Get(p.Path()); !ok || a.Generation != st.Generation {
 				t.Fatalf("ASW entry = %+v, %v", a, ok)
 			}
 			tc.registered(t, e, p.Path())
@@ -137,7 +137,7 @@ func TestReregistrationOnSocketRecreation(t *testing.T) {
 			if st.Generation == old {
 				t.Fatal("generation did not change on recreation")
 			}
-			waitFor(t, "devicemanager has the new generation", func() bool { return e.dm.Endpoints()[path].generation == st.Generation })
+			testutil.WaitFor(t, "devicemanager has the new generation", func() bool { return e.dm.Endpoints()[path].generation == st.Generation })
 			calls := strings.Join(e.dm.Calls(), "\n")
 			want := strings.Join([]string{"register " + path + " " + old, "deregister " + path + " " + old, "register " + path + " " + st.Generation}, "\n")
 			if calls != want {
@@ -188,7 +188,7 @@ func TestRefusedRegistrations(t *testing.T) {
 			if want := e.clk.Now().Add(executor.InitialBackoff); !st.NextRetry.Equal(want) {
 				t.Errorf("next retry %v, want %v", st.NextRetry, want)
 			}
-			if _, ok := e.s.Reconciler.ASW().Get(p.Path()); ok {
+			if _, ok := e.s.loop.ASW().Get(p.Path()); ok {
 				t.Error("refused plugin is in the ASW")
 			}
 			if n := len(e.dm.Calls()); n != 0 {
@@ -228,12 +228,12 @@ func TestNotifyFailureIsRetried(t *testing.T) {
 	p.SetNotifyError(errors.New("plugin is busy"))
 	gen := ""
 	e.w.Created(t, p.Path())
-	gen = generation(t, p.Path())
+	gen = testutil.Generation(t, p.Path())
 	st := e.waitFailed(p.Path(), 1)
 	if !strings.Contains(st.LastError, "plugin is busy") {
 		t.Fatalf("last error = %q", st.LastError)
 	}
-	if _, ok := e.s.Reconciler.ASW().Get(p.Path()); ok {
+	if _, ok := e.s.loop.ASW().Get(p.Path()); ok {
 		t.Fatal("ASW keeps a plugin whose notification failed")
 	}
 	want := []string{"register " + p.Path() + " " + gen, "deregister " + p.Path() + " " + gen}
@@ -265,26 +265,13 @@ func TestHandlerFailureRollsBackASW(t *testing.T) {
 		}
 	}
 	e.waitFailed(p.Path(), 1)
-	if _, ok := e.s.Reconciler.ASW().Get(p.Path()); ok {
+	if _, ok := e.s.loop.ASW().Get(p.Path()); ok {
 		t.Fatal("ASW keeps a plugin whose handler failed")
 	}
 	e.dm.SetRegisterError(nil)
 	e.clk.Advance(executor.InitialBackoff)
 	e.waitRegistered(p.Path())
 	if _, err := p.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// staleSocket leaves a socket file nobody listens on (a plugin that died).
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -303,12 +290,12 @@ func TestStaleSocketBacksOffWhileOthersRegister(t *testing.T) {
 	// One snapshot with all four: they start in the same pass.
 	streams := e.w.Streams()
 	e.w.Restart(func(m map[string]string) {
-		m[stale] = generation(t, stale)
+		m[stale] = testutil.Generation(t, stale)
 		for _, p := range good {
-			m[p.Path()] = generation(t, p.Path())
+			m[p.Path()] = testutil.Generation(t, p.Path())
 		}
 	})
-	waitFor(t, "new watcher stream", func() bool { return e.w.Streams() > streams })
+	testutil.WaitFor(t, "new watcher stream", func() bool { return e.w.Streams() > streams })
 	for _, p := range good {
 		e.waitRegistered(p.Path())
 	}
@@ -326,7 +313,7 @@ func TestStaleSocketBacksOffWhileOthersRegister(t *testing.T) {
 		t.Fatalf("second next retry %v, want %v", st.NextRetry, want)
 	}
 	for _, p := range good {
-		if s, _ := e.status(p.Path()); s.State != reconciler.StateRegistered {
+		if s, _ := e.status(p.Path()); s.State != status.StateRegistered {
 			t.Fatalf("%s: %v", p.Path(), s.State)
 		}
 	}
@@ -368,21 +355,21 @@ func TestRecreatedSocketSkipsOldBackoff(t *testing.T) {
 func TestSocketBoundBeforeListenIsNotAFailure(t *testing.T) {
 	e := newEnv(t)
 	path := e.sock("late")
-	fd, err := bindOnly(path)
+	fd, err := bindWithoutListen(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.w.Created(t, path)
 	// Wait until the registration attempt is under way, then listen.
-	e.waitState(path, "attempt started", func(s reconciler.PluginStatus) bool { return s.LastTraceID != "" })
-	lis, err := listenFD(fd, path)
+	e.waitState(path, "attempt started", func(s status.PluginStatus) bool { return s.LastTraceID != "" })
+	lis, err := listenOn(fd, path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := testplugin.Serve(lis, path, draPlugin("dra.example.com"))
 	t.Cleanup(p.Stop)
-	st := e.waitState(path, "attempt finished", func(s reconciler.PluginStatus) bool { return s.State != reconciler.StatePending })
-	if st.State != reconciler.StateRegistered || st.Failures != 0 {
+	st := e.waitState(path, "attempt finished", func(s status.PluginStatus) bool { return s.State != status.StatePending })
+	if st.State != status.StateRegistered || st.Failures != 0 {
 		t.Fatalf("status = %+v, want registered at the first attempt", st)
 	}
 	if n := len(p.Statuses()); n != 1 {
@@ -405,7 +392,7 @@ func TestWatcherRestartCausesNoDeregistration(t *testing.T) {
 	b.Stop()
 	streams := e.w.Streams()
 	e.w.Restart(func(m map[string]string) { delete(m, b.Path()) })
-	waitFor(t, "new watcher stream", func() bool { return e.w.Streams() > streams })
+	testutil.WaitFor(t, "new watcher stream", func() bool { return e.w.Streams() > streams })
 	e.waitGone(b.Path())
 	// A barrier: a plugin created after the restart registers; any
 	// deregistration from the restart would have started before it.
@@ -416,7 +403,7 @@ func TestWatcherRestartCausesNoDeregistration(t *testing.T) {
 		if n, calls := len(p.Statuses()), p.GetInfoCalls(); n != 1 || calls != 1 {
 			t.Fatalf("%s: %d notifications, %d GetInfo calls; want 1 and 1", p.Path(), n, calls)
 		}
-		if s, _ := e.status(p.Path()); s.State != reconciler.StateRegistered {
+		if s, _ := e.status(p.Path()); s.State != status.StateRegistered {
 			t.Fatalf("%s: %v", p.Path(), s.State)
 		}
 	}
@@ -428,8 +415,8 @@ func TestWatcherRestartCausesNoDeregistration(t *testing.T) {
 	if _, ok := e.dm.Endpoints()[b.Path()]; ok {
 		t.Fatal("vanished socket b is still registered downstream")
 	}
-	if len(e.s.Drivers.DRA()) != 2 {
-		t.Fatalf("DRA drivers = %+v", e.s.Drivers.DRA())
+	if len(e.s.drivers.DRA()) != 2 {
+		t.Fatalf("DRA drivers = %+v", e.s.drivers.DRA())
 	}
 }
 
@@ -463,7 +450,7 @@ func TestReconcilerRestart(t *testing.T) {
 		e.waitRegistered(p.Path())
 	}
 	e.waitFailed(f2.Path(), 1)
-	waitFor(t, "vanished and stale endpoints swept", func() bool {
+	testutil.WaitFor(t, "vanished and stale endpoints swept", func() bool {
 		eps := e.dm.Endpoints()
 		_, hasB := eps[b.Path()]
 		_, hasF := eps[f.Path()]
@@ -473,7 +460,7 @@ func TestReconcilerRestart(t *testing.T) {
 	if len(eps) != 1 || eps[a.Path()].generation != genA {
 		t.Fatalf("devicemanager endpoints = %+v, want only %s with generation %s", eps, a.Path(), genA)
 	}
-	if dra, csiDrivers := e.s.Drivers.DRA(), e.s.Drivers.CSI(); len(dra) != 1 || dra[0].SocketPath != c.Path() || len(csiDrivers) != 1 || csiDrivers[0].NodeID != "node-1" {
+	if dra, csiDrivers := e.s.drivers.DRA(), e.s.drivers.CSI(); len(dra) != 1 || dra[0].SocketPath != c.Path() || len(csiDrivers) != 1 || csiDrivers[0].NodeID != "node-1" {
 		t.Fatalf("drivers after restart: DRA %+v, CSI %+v", dra, csiDrivers)
 	}
 	var sawDeregB bool
@@ -501,9 +488,9 @@ func TestDeviceManagerRestartReregisters(t *testing.T) {
 		e.waitRegistered(p.Path())
 	}
 	want := e.dm.Endpoints()
-	waitFor(t, "devicemanager instance known", func() bool { return e.s.Devices.Instance() != "" })
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
 	e.dm.Restart()
-	waitFor(t, "endpoints registered again", func() bool {
+	testutil.WaitFor(t, "endpoints registered again", func() bool {
 		got := e.dm.Endpoints()
 		return len(got) == 2 && got[a.Path()] == want[a.Path()] && got[b.Path()] == want[b.Path()]
 	})
@@ -511,7 +498,7 @@ func TestDeviceManagerRestartReregisters(t *testing.T) {
 		if n, calls := len(p.Statuses()), p.GetInfoCalls(); n != 1 || calls != 1 {
 			t.Fatalf("%s: %d notifications, %d GetInfo calls; want 1 and 1", p.Path(), n, calls)
 		}
-		if s, _ := e.status(p.Path()); s.State != reconciler.StateRegistered || s.Generation != generation(t, p.Path()) {
+		if s, _ := e.status(p.Path()); s.State != status.StateRegistered || s.Generation != testutil.Generation(t, p.Path()) {
 			t.Fatalf("%s: %+v", p.Path(), s)
 		}
 	}
@@ -533,21 +520,21 @@ func TestManyPlugins(t *testing.T) {
 	for _, p := range plugins {
 		e.w.Created(t, p.Path())
 	}
-	waitFor(t, "all registered", func() bool {
-		if e.s.Reconciler.ASW().Len() != n {
-			return false
-		}
-		for _, s := range e.s.Reconciler.Plugins() {
-			if s.State != reconciler.StateRegistered {
-				return false
+	testutil.Eventually(t, "all registered", func() error {
+		for _, s := range e.s.status.List() {
+			if s.State != status.StateRegistered {
+				return fmt.Errorf("%s is %v (failures %d, last error %q)", s.SocketPath, s.State, s.Failures, s.LastError)
 			}
 		}
-		return true
+		if got := e.s.loop.ASW().Len(); got != n {
+			return fmt.Errorf("%d plugins in the ASW, want %d", got, n)
+		}
+		return nil
 	})
 	if got := len(e.dm.Endpoints()); got != n/2 {
 		t.Fatalf("devicemanager endpoints = %d, want %d", got, n/2)
 	}
-	if got := len(e.s.Drivers.DRA()); got != n/2 {
+	if got := len(e.s.drivers.DRA()); got != n/2 {
 		t.Fatalf("DRA drivers = %d, want %d", got, n/2)
 	}
 	for _, p := range plugins {
@@ -557,32 +544,58 @@ func TestManyPlugins(t *testing.T) {
 		p.Stop()
 		e.w.Deleted(p.Path())
 	}
-	waitFor(t, "all deregistered", func() bool {
-		return e.s.Reconciler.ASW().Len() == 0 && len(e.s.Reconciler.Plugins()) == 0 && len(e.dm.Endpoints()) == 0 && len(e.s.Drivers.DRA()) == 0
+	testutil.WaitFor(t, "all deregistered", func() bool {
+		return e.s.loop.ASW().Len() == 0 && len(e.s.status.List()) == 0 && len(e.dm.Endpoints()) == 0 && len(e.s.drivers.DRA()) == 0
 	})
-	for _, s := range e.s.Reconciler.Plugins() {
+	for _, s := range e.s.status.List() {
 		t.Errorf("left: %+v", s)
 	}
 }
 
 // The periodic resync is a safety net: a desired socket that no event woke
-// the reconciler for is registered at the next resync.
+// the reconciler for is left alone by the passes other sockets wake, and is
+// registered at the next resync.
 func TestResyncIsASafetyNet(t *testing.T) {
 	e := newEnv(t)
-	p := e.plugin("quiet", draPlugin("dra.example.com"))
+	// A registration first: the loop runs (its resync timer is armed) and
+	// has made the full pass that the watcher's snapshot asked for.
+	first := e.plugin("first", draPlugin("dra-first.example.com"))
+	e.w.Created(t, first.Path())
+	e.waitRegistered(first.Path())
+
+	quiet := e.plugin("quiet", draPlugin("dra.example.com"))
 	// Straight into the DSW, without waking the reconciler.
-	if _, err := e.s.Reconciler.DSW().AddOrUpdate(cache.Socket{Path: p.Path(), Generation: generation(t, p.Path())}); err != nil {
+	if _, err := e.s.loop.DSW().AddOrUpdate(cache.Socket{Path: quiet.Path(), Generation: testutil.Generation(t, quiet.Path())}); err != nil {
 		t.Fatal(err)
 	}
+	// A barrier: a pass woken for another socket after the quiet one entered
+	// the DSW. Only a resync may register the quiet socket.
+	other := e.plugin("other", draPlugin("dra-other.example.com"))
+	e.w.Created(t, other.Path())
+	e.waitRegistered(other.Path())
+	if st, ok := e.status(quiet.Path()); ok || quiet.GetInfoCalls() != 0 {
+		t.Fatalf("the quiet socket was handled before the resync: status %+v (present %v), %d GetInfo calls", st, ok, quiet.GetInfoCalls())
+	}
+	if _, ok := e.s.loop.ASW().Get(quiet.Path()); ok {
+		t.Fatal("the quiet socket is in the ASW before the resync")
+	}
+
+	resyncAt := e.clk.Now().Add(reconciler.DefaultResyncPeriod)
 	e.clk.Advance(reconciler.DefaultResyncPeriod)
-	e.waitRegistered(p.Path())
+	st := e.waitRegistered(quiet.Path())
+	if st.LastTransition.Before(resyncAt) {
+		t.Fatalf("registered at %v, before the resync at %v", st.LastTransition, resyncAt)
+	}
+	if n := quiet.GetInfoCalls(); n != 1 {
+		t.Fatalf("GetInfo calls = %d, want 1", n)
+	}
 }
 
 // Without a watcher or a devicemanager the service keeps retrying quietly
 // and stops cleanly (goroutine leaks are checked by TestMain).
 func TestRunWithoutPeers(t *testing.T) {
 	root, _ := tempRoot(t)
-	s, err := stack.New(stack.Config{
+	s, err := newService(config{
 		WatcherAddr:       filepath.Join(root, "no-watcher.sock"),
 		DeviceManagerAddr: filepath.Join(root, "no-dm.sock"),
 		Log:               testLog(),
@@ -592,8 +605,8 @@ func TestRunWithoutPeers(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	if s.Reconciler.Synced() || len(s.Reconciler.Plugins()) != 0 {
+	go func() { done <- s.run(ctx) }()
+	if s.loop.Synced() || len(s.status.List()) != 0 {
 		t.Fatal("synced without a watcher")
 	}
 	cancel()
@@ -612,11 +625,7 @@ func TestRunWithoutPeers(t *testing.T) {
 // by its path.
 func TestEndpointConfinement(t *testing.T) {
 	e := newEnv(t)
-	outside, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(outside) })
+	outside := testutil.TempDir(t)
 	target := filepath.Join(outside, "dra.sock")
 	staleSocket(t, target)
 	link := filepath.Join(e.root, "escape.sock")
