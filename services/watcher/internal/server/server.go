@@ -1,11 +1,14 @@
-// Package grpcapi serves nodeplug.watcher.v1.WatcherService over a socket
-// watcher. It only converts between the watcher's types and the API's; the
-// watching itself, and the meaning of every field, live in socketwatch.
-package grpcapi
+// Package server is the gRPC adapter of nodeplug.watcher.v1.WatcherService
+// over a socket watcher. It only converts between the watcher's types and
+// the API's; the watching itself, and the meaning of every field, live in
+// socketwatch. The watcher's errors pass through unchanged: the server's
+// interceptor (pkg/rpcutil) maps them to status codes.
+package server
 
 import (
 	"context"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
@@ -32,6 +35,9 @@ var _ watcherv1.WatcherServiceServer = (*Server)(nil)
 
 // New returns a server over src.
 func New(src Source) *Server { return &Server{src: src} }
+
+// Register adds the service to srv.
+func (s *Server) Register(srv *grpc.Server) { watcherv1.RegisterWatcherServiceServer(srv, s) }
 
 // WatchSocketEvents implements watcherv1.WatcherServiceServer.
 func (s *Server) WatchSocketEvents(_ *watcherv1.WatchSocketEventsRequest, stream watcherv1.WatcherService_WatchSocketEventsServer) error {

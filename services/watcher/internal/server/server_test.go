@@ -1,4 +1,4 @@
-package grpcapi_test
+package server_test
 
 import (
 	"context"
@@ -18,16 +18,15 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/watcher/internal/grpcapi"
+	"github.com/nodeplug/nodeplug/services/watcher/internal/server"
 	"github.com/nodeplug/nodeplug/services/watcher/internal/socketwatch"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-const waitFor = 30 * time.Second
 
 type env struct {
 	dir    string
@@ -43,11 +42,7 @@ func start(t *testing.T) *env { return startWith(t, 0) }
 
 func startWith(t *testing.T, buffer int) *env {
 	t.Helper()
-	base, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	base := testutil.TempDir(t)
 	dir := filepath.Join(base, "plugins_registry")
 	conf, err := unixsock.NewConfiner([]string{base})
 	if err != nil {
@@ -66,7 +61,7 @@ func startWith(t *testing.T, buffer int) *env {
 	t.Cleanup(stopW)
 
 	srv, _ := rpcutil.NewServer(slog.New(slog.DiscardHandler))
-	watcherv1.RegisterWatcherServiceServer(srv, grpcapi.New(w))
+	watcherv1.RegisterWatcherServiceServer(srv, server.New(w))
 	lis, err := unixsock.Listen(filepath.Join(base, "watcher.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +109,7 @@ func recv(t *testing.T, s stream) *watcherv1.WatchSocketEventsResponse {
 			t.Fatalf("Recv: %v", r.err)
 		}
 		return r.m
-	case <-time.After(waitFor):
+	case <-time.After(testutil.Deadline):
 		t.Fatal("no message within the deadline")
 	}
 	return nil
@@ -126,16 +121,10 @@ func TestWatchSnapshotSyncedLive(t *testing.T) {
 	listen(t, early)
 	// early.sock was created after the watcher started: wait until it is
 	// known, so the snapshot below contains it.
-	deadline := time.Now().Add(waitFor)
-	for {
-		if socks, _ := e.w.List(); len(socks) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("early.sock never seen")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, "early.sock seen", func() bool {
+		socks, _ := e.w.List()
+		return len(socks) == 1
+	})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -230,7 +219,7 @@ func TestEventToProto(t *testing.T) {
 			watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED},
 		{socketwatch.Event{}, watcherv1.SocketEventType_SOCKET_EVENT_TYPE_UNSPECIFIED},
 	} {
-		got := grpcapi.EventToProto(tc.in)
+		got := server.EventToProto(tc.in)
 		if got.GetType() != tc.want || got.GetPath() != tc.in.Path || got.GetGeneration() != tc.in.Generation ||
 			got.GetRevision() != tc.in.Revision || got.GetSnapshot() != tc.in.Snapshot ||
 			!got.GetObservedTime().AsTime().Equal(tc.in.ObservedTime) ||
@@ -267,7 +256,7 @@ func TestStalledClientOverGRPC(t *testing.T) {
 	}
 	for i := range n {
 		p := filepath.Join(e.dir, fmt.Sprintf("s%04d.sock", i))
-		bindOnly(t, p)
+		staleSocket(t, p)
 		// Pace: the reader must not fall behind the small buffer.
 		if ev := recv(t, reader).GetEvent(); ev.GetPath() != p {
 			t.Fatalf("reader got %v, want CREATED %s", ev, p)
@@ -290,7 +279,8 @@ func TestStalledClientOverGRPC(t *testing.T) {
 	}
 }
 
-func bindOnly(t *testing.T, path string) {
+// staleSocket leaves a socket file at path that nobody listens on.
+func staleSocket(t *testing.T, path string) {
 	t.Helper()
 	l, err := net.Listen("unix", path)
 	if err != nil {
