@@ -1,50 +1,54 @@
 package manager
 
 import (
+	"errors"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
 )
 
-func TestIsExtendedResourceName(t *testing.T) {
+// TestValidateRegistration: the kubelet's checks and messages, per
+// registration path, as InvalidArgument.
+func TestValidateRegistration(t *testing.T) {
+	v1 := []string{"v1beta1"}
 	tests := []struct {
 		name string
-		want bool
+		r    Registration
+		msg  string // empty: valid
 	}{
-		{"example.com/gpu", true},
-		{"vendor.io/a_b.c-d", true},
-		{"gpu", false},
-		{"kubernetes.io/gpu", false},
-		{"requests.example.com/gpu", false},
-		{"example.com/", false},
-		{"/gpu", false},
-		{"Example.com/gpu", false},
-		{"example.com/-gpu", false},
-		{"example.com/" + strings.Repeat("a", 64), false},
-		{"a/b/c", false},
+		{"registry ok", Registration{Resource: "example.com/gpu", Versions: []string{"v1alpha", "v1beta1"}, Path: PathPluginsRegistry}, ""},
+		{"legacy ok", Registration{Resource: "vendor.io/a_b.c-d", Versions: v1, Path: PathKubeletSock}, ""},
+		{"registry version", Registration{Resource: "example.com/gpu", Versions: []string{"v1alpha"}, Path: PathPluginsRegistry},
+			"manager version, v1beta1, is not among plugin supported versions [v1alpha]"},
+		{"legacy version", Registration{Resource: "example.com/gpu", Versions: []string{"v1alpha"}, Path: PathKubeletSock},
+			`requested API version "v1alpha" is not supported by kubelet. Supported version is "v1beta1"`},
+		{"legacy no version", Registration{Resource: "example.com/gpu", Path: PathKubeletSock},
+			`requested API version "" is not supported by kubelet`},
+		{"registry name", Registration{Resource: "gpu", Versions: v1, Path: PathPluginsRegistry},
+			`invalid name of device plugin socket: the ResourceName "gpu" is invalid`},
+		{"legacy kubernetes.io", Registration{Resource: "kubernetes.io/gpu", Versions: v1, Path: PathKubeletSock},
+			`the ResourceName "kubernetes.io/gpu" is invalid`},
+		{"requests. prefix", Registration{Resource: "requests.example.com/gpu", Versions: v1, Path: PathKubeletSock}, "is invalid"},
+		{"no name after the slash", Registration{Resource: "example.com/", Versions: v1, Path: PathKubeletSock}, "is invalid"},
+		{"no domain", Registration{Resource: "/gpu", Versions: v1, Path: PathKubeletSock}, "is invalid"},
+		{"upper case domain", Registration{Resource: "Example.com/gpu", Versions: v1, Path: PathKubeletSock}, "is invalid"},
+		{"bad name start", Registration{Resource: "example.com/-gpu", Versions: v1, Path: PathKubeletSock}, "is invalid"},
+		{"name too long", Registration{Resource: "example.com/" + strings.Repeat("a", 64), Versions: v1, Path: PathKubeletSock}, "is invalid"},
+		{"two slashes", Registration{Resource: "a/b/c", Versions: v1, Path: PathKubeletSock}, "is invalid"},
 	}
 	for _, tc := range tests {
-		if got := IsExtendedResourceName(tc.name); got != tc.want {
-			t.Errorf("IsExtendedResourceName(%q) = %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}
-
-func TestKeyedMutexSerialisesPerKey(t *testing.T) {
-	var k keyedMutex
-	var wg sync.WaitGroup
-	var a, b int
-	counts := map[string]*int{"a": &a, "b": &b}
-	for i := range 200 {
-		key := []string{"a", "b"}[i%2]
-		wg.Go(func() {
-			unlock := k.Lock(key)
-			*counts[key]++ // guarded by the key's lock only: the race detector checks it
-			unlock()
+		t.Run(tc.name, func(t *testing.T) {
+			err := validateRegistration(tc.r)
+			if tc.msg == "" {
+				if err != nil {
+					t.Fatalf("valid registration refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("err = %v, want InvalidArgument containing %q", err, tc.msg)
+			}
 		})
-	}
-	wg.Wait()
-	if a != 100 || b != 100 || len(k.m) != 0 {
-		t.Fatalf("counts %d %d, entries left %d", a, b, len(k.m))
 	}
 }

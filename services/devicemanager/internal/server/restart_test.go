@@ -13,7 +13,7 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/checkpoint"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 func TestRestartRestoresAndRedials(t *testing.T) {
@@ -46,7 +46,7 @@ func TestRestartRestoresAndRedials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldID := e.d.Manager.InstanceID()
+	oldID := e.m.InstanceID()
 	regGen := e.resource("example.com/reg").GetEndpoints()[0].GetGeneration()
 
 	e.shutdown()
@@ -60,7 +60,7 @@ func TestRestartRestoresAndRedials(t *testing.T) {
 	stale.Close()
 	e.start()
 
-	if e.d.Manager.InstanceID() == oldID {
+	if e.m.InstanceID() == oldID {
 		t.Fatal("instance id unchanged across a restart")
 	}
 	// Still-serving plugins are live again without registering anew.
@@ -122,7 +122,7 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.shutdown()
-	path := checkpoint.Path(e.dpDir)
+	path := store.Path(e.dpDir)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/c", 1)); err != nil {
 		t.Fatal(err)
 	}
-	d, err := checkpoint.Load(path)
+	d, err := store.ReadFile(path)
 	if err != nil || len(d.Allocations) != 1 {
 		t.Fatalf("fresh checkpoint: %v, %v", d, err)
 	}

@@ -1,11 +1,12 @@
-package checkpoint
+package store
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 func benchData(devices, allocations int) *Data {
@@ -31,16 +32,12 @@ func benchData(devices, allocations int) *Data {
 func BenchmarkSave(b *testing.B) {
 	for _, size := range []struct{ devices, allocations int }{{8, 4}, {10000, 1000}} {
 		b.Run(fmt.Sprintf("devices=%d,allocations=%d", size.devices, size.allocations), func(b *testing.B) {
-			dir, err := os.MkdirTemp("", "npckpt")
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer os.RemoveAll(dir)
+			dir := testutil.TempDir(b)
 			d := benchData(size.devices, size.allocations)
 			path := filepath.Join(dir, FileName)
 			b.ResetTimer()
 			for range b.N {
-				if err := Save(path, d); err != nil {
+				if err := save(path, d); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -53,7 +50,7 @@ func BenchmarkMarshal(b *testing.B) {
 	d := benchData(10000, 1000)
 	b.ReportAllocs()
 	for range b.N {
-		if _, err := Marshal(d); err != nil {
+		if _, err := marshal(d); err != nil {
 			b.Fatal(err)
 		}
 	}

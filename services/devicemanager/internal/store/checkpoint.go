@@ -1,10 +1,8 @@
-// Package checkpoint stores the devicemanager's state in
-// <root>/device-plugins/nodeplug_checkpoint: a versioned JSON document whose
-// data is protected by a SHA-256 checksum, written atomically (temporary file
-// in the same directory, fsync, rename, fsync of the directory).
-//
-// It never touches the kubelet's kubelet_internal_checkpoint.
-package checkpoint
+// This file is the checkpoint's format: a versioned JSON document whose data
+// is protected by a SHA-256 checksum, written atomically (temporary file in
+// the same directory, fsync, rename, fsync of the directory).
+
+package store
 
 import (
 	"bytes"
@@ -25,8 +23,8 @@ const FileName = "nodeplug_checkpoint"
 // Version is the format version written.
 const Version = 1
 
-// ErrCorrupt is returned by Load for a file that cannot be trusted: not JSON,
-// truncated, another format or version, or a checksum mismatch.
+// ErrCorrupt marks saved state that cannot be trusted: not JSON, truncated,
+// another format or version, or a checksum mismatch.
 var ErrCorrupt = errors.New("checkpoint is corrupt")
 
 // Data is what the checkpoint holds.
@@ -90,8 +88,8 @@ func checksum(b []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// Marshal encodes d with its envelope.
-func Marshal(d *Data) ([]byte, error) {
+// marshal encodes d with its envelope.
+func marshal(d *Data) ([]byte, error) {
 	resources := make([][]byte, len(d.Resources))
 	for i := range d.Resources {
 		b, err := json.Marshal(&d.Resources[i])
@@ -108,15 +106,15 @@ func Marshal(d *Data) ([]byte, error) {
 		}
 		allocations[i] = b
 	}
-	return MarshalParts(resources, allocations), nil
+	return marshalParts(resources, allocations), nil
 }
 
-// MarshalParts encodes a checkpoint from the JSON encodings of its resources
+// marshalParts encodes a checkpoint from the JSON encodings of its resources
 // and allocations (each json.Marshal of a Resource or an Allocation), so a
 // caller can keep the encoding of what did not change. The result is the
-// same as Marshal's. The envelope is written by hand: encoding/json would
+// same as marshal's. The envelope is written by hand: encoding/json would
 // validate and copy the data again.
-func MarshalParts(resources, allocations [][]byte) []byte {
+func marshalParts(resources, allocations [][]byte) []byte {
 	n := 64
 	for _, b := range resources {
 		n += len(b) + 1
@@ -147,8 +145,8 @@ func appendJoined(dst []byte, parts [][]byte) []byte {
 	return dst
 }
 
-// Unmarshal decodes and verifies a checkpoint. Errors wrap ErrCorrupt.
-func Unmarshal(b []byte) (*Data, error) {
+// unmarshal decodes and verifies a checkpoint. Errors wrap ErrCorrupt.
+func unmarshal(b []byte) (*Data, error) {
 	var env envelope
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -171,9 +169,9 @@ func Unmarshal(b []byte) (*Data, error) {
 	return &d, nil
 }
 
-// Load reads the checkpoint at path. A missing file returns (nil, nil).
+// ReadFile reads the checkpoint at path. A missing file returns (nil, nil).
 // A corrupt file returns an error wrapping ErrCorrupt.
-func Load(path string) (*Data, error) {
+func ReadFile(path string) (*Data, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -181,12 +179,12 @@ func Load(path string) (*Data, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: read %s: %v", ErrCorrupt, path, err)
 	}
-	return Unmarshal(b)
+	return unmarshal(b)
 }
 
-// MoveAside renames a corrupt checkpoint to <path>.corrupt-<timestamp> and
+// moveAside renames a corrupt checkpoint to <path>.corrupt-<timestamp> and
 // returns the new name.
-func MoveAside(path string, now time.Time) (string, error) {
+func moveAside(path string, now time.Time) (string, error) {
 	aside := fmt.Sprintf("%s.corrupt-%s", path, now.UTC().Format("20060102T150405.000000000Z"))
 	if err := os.Rename(path, aside); err != nil {
 		return "", err
@@ -194,19 +192,19 @@ func MoveAside(path string, now time.Time) (string, error) {
 	return aside, syncDir(filepath.Dir(path))
 }
 
-// Save writes d to path atomically: a temporary file in the same directory,
+// save writes d to path atomically: a temporary file in the same directory,
 // fsync, rename over path, fsync of the directory.
-func Save(path string, d *Data) error {
-	b, err := Marshal(d)
+func save(path string, d *Data) error {
+	b, err := marshal(d)
 	if err != nil {
 		return err
 	}
-	return WriteFile(path, b)
+	return writeFile(path, b)
 }
 
-// WriteFile writes an encoded checkpoint atomically: a temporary file in the
+// writeFile writes an encoded checkpoint atomically: a temporary file in the
 // same directory, fsync, rename over path, fsync of the directory.
-func WriteFile(path string, b []byte) error {
+func writeFile(path string, b []byte) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+FileName+".tmp-*")
 	if err != nil {

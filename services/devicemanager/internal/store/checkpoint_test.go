@@ -1,4 +1,4 @@
-package checkpoint
+package store
 
 import (
 	"encoding/json"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 func sample() *Data {
@@ -22,19 +24,15 @@ func sample() *Data {
 }
 
 func TestSaveLoadRoundTrip(t *testing.T) {
-	dir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := testutil.TempDir(t)
 	path := Path(dir)
-	if d, err := Load(path); d != nil || err != nil {
+	if d, err := ReadFile(path); d != nil || err != nil {
 		t.Fatalf("missing file: %v, %v", d, err)
 	}
-	if err := Save(path, sample()); err != nil {
+	if err := save(path, sample()); err != nil {
 		t.Fatal(err)
 	}
-	got, err := Load(path)
+	got, err := ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +50,7 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 }
 
 func TestLoadRejects(t *testing.T) {
-	good, err := Marshal(sample())
+	good, err := marshal(sample())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +69,7 @@ func TestLoadRejects(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := Unmarshal([]byte(tc.data)); !errors.Is(err, ErrCorrupt) {
+			if _, err := unmarshal([]byte(tc.data)); !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("err = %v, want ErrCorrupt", err)
 			}
 		})
@@ -79,16 +77,12 @@ func TestLoadRejects(t *testing.T) {
 }
 
 func TestMoveAside(t *testing.T) {
-	dir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := testutil.TempDir(t)
 	path := Path(dir)
 	if err := os.WriteFile(path, []byte("junk"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	aside, err := MoveAside(path, time.Now())
+	aside, err := moveAside(path, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +102,7 @@ func TestMoveAside(t *testing.T) {
 // fields) reads it back and the checksum covers the same bytes.
 func TestMarshalPartsMatchesStructEncoding(t *testing.T) {
 	d := benchData(3, 2)
-	b, err := Marshal(d)
+	b, err := marshal(d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,14 +117,14 @@ func TestMarshalPartsMatchesStructEncoding(t *testing.T) {
 	if string(env.Data) != string(want) {
 		t.Fatalf("data section\n%s\nwant\n%s", env.Data, want)
 	}
-	if _, err := Unmarshal(b); err != nil {
+	if _, err := unmarshal(b); err != nil {
 		t.Fatal(err)
 	}
-	empty, err := Marshal(&Data{Resources: []Resource{}, Allocations: []Allocation{}})
+	empty, err := marshal(&Data{Resources: []Resource{}, Allocations: []Allocation{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Unmarshal(empty); err != nil {
+	if _, err := unmarshal(empty); err != nil {
 		t.Fatalf("empty checkpoint: %v", err)
 	}
 }

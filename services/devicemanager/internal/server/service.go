@@ -1,0 +1,126 @@
+// Package server holds the devicemanager's gRPC adapters and nothing more:
+// DeviceManagerService (nodeplug's own API) and the legacy
+// v1beta1.Registration service that plugins call on kubelet.sock, each a
+// thin shell over the manager, and the conversion between the generated
+// types and the manager's. Errors pass through unchanged: the server
+// interceptor (pkg/rpcutil) maps their errdefs sentinels to status codes.
+//
+// main.go builds the servers and serves them; nothing here listens.
+package server
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+)
+
+var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")
+
+// Backend is what DeviceManagerService needs of the device manager. Every
+// method is safe for concurrent use; Watch's snapshot and subscription are
+// consistent (no change falls between them).
+type Backend interface {
+	InstanceID() string
+	Register(ctx context.Context, r manager.Registration) error
+	Deregister(ctx context.Context, resource, endpoint, generation string) (bool, error)
+	ListResources() []manager.ResourceInfo
+	Watch() ([]manager.Change, *stream.Subscription[manager.Change], uint64)
+	Allocate(ctx context.Context, req *allocator.Request) ([]allocator.ResourceAllocation, error)
+	Release(ctx context.Context, pod, container string) (int64, error)
+	ListAllocations(pod string) []allocator.Allocation
+}
+
+var _ Backend = (*manager.Manager)(nil)
+
+// Service implements DeviceManagerService over a Backend.
+type Service struct {
+	dmv1.UnimplementedDeviceManagerServiceServer
+	m Backend
+}
+
+var _ dmv1.DeviceManagerServiceServer = (*Service)(nil)
+
+// NewService returns the gRPC adapter for m.
+func NewService(m Backend) *Service { return &Service{m: m} }
+
+// RegisterPlugin implements DeviceManagerService.
+func (s *Service) RegisterPlugin(ctx context.Context, req *dmv1.RegisterPluginRequest) (*dmv1.RegisterPluginResponse, error) {
+	err := s.m.Register(ctx, manager.Registration{
+		Resource: req.GetResourceName(), Endpoint: req.GetEndpoint(), Versions: req.GetVersions(),
+		SocketPath: req.GetSocketPath(), Generation: req.GetGeneration(), Path: manager.PathPluginsRegistry,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.RegisterPluginResponse{InstanceId: s.m.InstanceID()}, nil
+}
+
+// DeregisterPlugin implements DeviceManagerService.
+func (s *Service) DeregisterPlugin(ctx context.Context, req *dmv1.DeregisterPluginRequest) (*dmv1.DeregisterPluginResponse, error) {
+	removed, err := s.m.Deregister(ctx, req.GetResourceName(), req.GetEndpoint(), req.GetGeneration())
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.DeregisterPluginResponse{InstanceId: s.m.InstanceID(), Removed: removed}, nil
+}
+
+// ListResources implements DeviceManagerService.
+func (s *Service) ListResources(context.Context, *dmv1.ListResourcesRequest) (*dmv1.ListResourcesResponse, error) {
+	out := &dmv1.ListResourcesResponse{InstanceId: s.m.InstanceID()}
+	for _, r := range s.m.ListResources() {
+		out.Resources = append(out.Resources, resourceToAPI(r))
+	}
+	return out, nil
+}
+
+// WatchResources implements DeviceManagerService.
+func (s *Service) WatchResources(req *dmv1.WatchResourcesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourcesResponse]) error {
+	id := s.m.InstanceID()
+	snap, sub, rev := s.m.Watch()
+	send := func(c manager.Change) error {
+		if req.GetOmitDeviceIds() {
+			c.Resource.Healthy, c.Resource.Unhealthy, c.Resource.Allocated = nil, nil, nil
+		}
+		return ss.Send(changeToAPI(id, c))
+	}
+	return stream.Serve(ss.Context(), snap, sub, send, func() error {
+		return ss.Send(&dmv1.WatchResourcesResponse{InstanceId: id, Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
+	})
+}
+
+// Allocate implements DeviceManagerService.
+func (s *Service) Allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
+	allocs, err := s.m.Allocate(ctx, allocateRequestFromAPI(req))
+	if err != nil {
+		return nil, err
+	}
+	out := &dmv1.AllocateResponse{PodUid: req.GetPodUid(), ContainerName: req.GetContainerName()}
+	for _, a := range allocs {
+		out.Allocations = append(out.Allocations, resourceAllocationToAPI(a))
+	}
+	return out, nil
+}
+
+// Release implements DeviceManagerService.
+func (s *Service) Release(ctx context.Context, req *dmv1.ReleaseRequest) (*dmv1.ReleaseResponse, error) {
+	n, err := s.m.Release(ctx, req.GetPodUid(), req.GetContainerName())
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.ReleaseResponse{ReleasedDevices: n}, nil
+}
+
+// ListAllocations implements DeviceManagerService.
+func (s *Service) ListAllocations(_ context.Context, req *dmv1.ListAllocationsRequest) (*dmv1.ListAllocationsResponse, error) {
+	out := &dmv1.ListAllocationsResponse{InstanceId: s.m.InstanceID()}
+	for _, a := range s.m.ListAllocations(req.GetPodUid()) {
+		out.Allocations = append(out.Allocations, allocationToAPI(a))
+	}
+	return out, nil
+}
