@@ -102,7 +102,8 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Ledger is the Allocator.
+// Ledger is the Allocator: the record of every allocation and of the
+// reservations of the Allocate calls in flight.
 type Ledger struct {
 	res     Resources
 	persist func() error

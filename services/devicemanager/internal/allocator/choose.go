@@ -12,6 +12,8 @@ import (
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
 )
 
+// validate checks the shape of a request: identifiers, counts and
+// must-include lists.
 func validate(req *Request) error {
 	if req.PodUID == "" || len(req.PodUID) > 253 {
 		return fmt.Errorf("pod UID must be 1 to 253 characters, got %d: %w", len(req.PodUID), errdefs.ErrInvalidArgument)
