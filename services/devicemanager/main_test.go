@@ -257,7 +257,7 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	waitLive(t, first.client, "example.com/sample", 3)
 
 	first.close() // SIGKILL

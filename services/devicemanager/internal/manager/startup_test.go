@@ -30,7 +30,7 @@ func staleSocket(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	l.SetUnlinkOnClose(false)
-	l.Close()
+	_ = l.Close()
 }
 
 // rudeSocket listens at path and closes every connection at once: the
@@ -49,10 +49,10 @@ func rudeSocket(t *testing.T, path string) {
 			if err != nil {
 				return
 			}
-			c.Close()
+			_ = c.Close()
 		}
 	}()
-	t.Cleanup(func() { l.Close(); <-done })
+	t.Cleanup(func() { _ = l.Close(); <-done })
 }
 
 func exists(path string) bool {
@@ -66,7 +66,7 @@ func TestOpenRefusesLiveKubeletSock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lis.Close()
+	defer func() { _ = lis.Close() }()
 	if _, err := Open(context.Background(), config(dir)); !errors.Is(err, ErrKubeletRunning) {
 		t.Fatalf("Open with a live kubelet.sock: %v", err)
 	}

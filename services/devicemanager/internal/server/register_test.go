@@ -107,7 +107,7 @@ func TestRegisterRejects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	kc := pluginapi.NewRegistrationClient(conn)
 	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 1}, true)
 	ltests := []struct {

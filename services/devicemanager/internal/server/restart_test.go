@@ -57,7 +57,7 @@ func TestRestartRestoresAndRedials(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale.SetUnlinkOnClose(false)
-	stale.Close()
+	_ = stale.Close()
 	e.start()
 
 	if e.m.InstanceID() == oldID {

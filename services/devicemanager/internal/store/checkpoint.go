@@ -217,11 +217,11 @@ func writeFile(path string, b []byte) error {
 		}
 	}()
 	if _, err := f.Write(b); err != nil {
-		f.Close()
+		_ = f.Close()
 		return fmt.Errorf("write checkpoint %s: %w", tmp, err)
 	}
 	if err := f.Sync(); err != nil {
-		f.Close()
+		_ = f.Close()
 		return fmt.Errorf("fsync checkpoint %s: %w", tmp, err)
 	}
 	if err := f.Close(); err != nil {
@@ -242,7 +242,7 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }()
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("fsync %s: %w", dir, err)
 	}
