@@ -6,14 +6,17 @@ package store
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -153,6 +156,9 @@ func unmarshal(b []byte) (*Data, error) {
 	if err := dec.Decode(&env); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, fmt.Errorf("%w: data after the checkpoint", ErrCorrupt)
+	}
 	if env.Version != Version {
 		return nil, fmt.Errorf("%w: version %d, want %d", ErrCorrupt, env.Version, Version)
 	}
@@ -170,12 +176,29 @@ func unmarshal(b []byte) (*Data, error) {
 }
 
 // ReadFile reads the checkpoint at path. A missing file returns (nil, nil).
-// A corrupt file returns an error wrapping ErrCorrupt.
+// A corrupt file returns an error wrapping ErrCorrupt, and so does anything
+// at path that is not a regular file: the checkpoint is opened without
+// following symlinks (a link planted there is never read through), and
+// without blocking on a FIFO.
 func ReadFile(path string) (*Data, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return nil, nil
+	case errors.Is(err, syscall.ELOOP):
+		return nil, fmt.Errorf("%w: %s is a symbolic link, not followed", ErrCorrupt, path)
+	case err != nil:
+		return nil, fmt.Errorf("%w: open %s: %v", ErrCorrupt, path, err)
 	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: stat %s: %v", ErrCorrupt, path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", ErrCorrupt, path, fi.Mode().Type())
+	}
+	b, err := io.ReadAll(f)
 	if err != nil {
 		return nil, fmt.Errorf("%w: read %s: %v", ErrCorrupt, path, err)
 	}
@@ -203,10 +226,13 @@ func save(path string, d *Data) error {
 }
 
 // writeFile writes an encoded checkpoint atomically: a temporary file in the
-// same directory, fsync, rename over path, fsync of the directory.
+// same directory, fsync, rename over path, fsync of the directory. The
+// temporary file is created new (O_EXCL) without following symlinks, and
+// the rename replaces whatever is at path (a symlink included) rather than
+// writing through it.
 func writeFile(path string, b []byte) error {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+FileName+".tmp-*")
+	f, err := createTemp(dir, "."+FileName+".tmp-")
 	if err != nil {
 		return fmt.Errorf("write checkpoint: %w", err)
 	}
@@ -227,14 +253,39 @@ func writeFile(path string, b []byte) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close checkpoint %s: %w", tmp, err)
 	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		return err
-	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("rename checkpoint into place: %w", err)
 	}
 	tmp = ""
 	return syncDir(dir)
+}
+
+// createTemp creates a new file dir/<prefix><random>, mode 0600, opened for
+// writing with O_EXCL and O_NOFOLLOW: it never opens an existing file or
+// follows a link planted at its name.
+func createTemp(dir, prefix string) (*os.File, error) {
+	for range 100 {
+		var rnd [8]byte
+		if _, err := rand.Read(rnd[:]); err != nil {
+			return nil, err
+		}
+		name := filepath.Join(dir, prefix+hex.EncodeToString(rnd[:]))
+		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		// The mode is exactly 0600, whatever the umask.
+		if err := f.Chmod(0o600); err != nil {
+			_ = f.Close()
+			_ = os.Remove(name)
+			return nil, err
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("create a temporary file in %s: too many name collisions", dir)
 }
 
 func syncDir(dir string) error {
