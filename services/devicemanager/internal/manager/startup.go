@@ -51,19 +51,30 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	return m, nil
 }
 
+// kubeletDialTimeout bounds the dial of kubelet.sock at start.
+const kubeletDialTimeout = time.Second
+
 // checkKubeletSocket fails with ErrKubeletRunning when something answers
-// on kubelet.sock in dir.
+// on kubelet.sock in dir. Only a refused connection (ECONNREFUSED) means
+// the socket is stale and may be replaced; any other failure to dial it (no
+// permission, a full backlog, a timeout) cannot tell a dead socket from a
+// live kubelet's, so it is an error that stops the start and the socket is
+// left alone.
 func checkKubeletSocket(dir string) error {
 	path := KubeletSocketPath(dir)
 	if !unixsock.IsSocket(path) {
 		return nil
 	}
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err != nil {
-		return nil // stale: nothing listens
+	c, err := net.DialTimeout("unix", path, kubeletDialTimeout)
+	switch {
+	case err == nil:
+		_ = c.Close()
+		return fmt.Errorf("%s: %w", path, ErrKubeletRunning)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, fs.ErrNotExist):
+		return nil // stale, or gone since: nothing listens
+	default:
+		return fmt.Errorf("cannot tell whether %s is live, refusing to replace it (remove it if no kubelet or devicemanager owns it): %w", path, err)
 	}
-	_ = c.Close()
-	return fmt.Errorf("%s: %w", path, ErrKubeletRunning)
 }
 
 // recordedEndpointPaths returns the paths, as registered and as resolved,
@@ -123,7 +134,7 @@ func removeStaleSockets(dir string, recorded map[string]bool, log *slog.Logger) 
 // A socket that accepts, or that cannot be judged (a full backlog, a
 // timeout, no permission), is not stale.
 func refusesConnections(path string) bool {
-	c, err := net.DialTimeout("unix", path, time.Second)
+	c, err := net.DialTimeout("unix", path, kubeletDialTimeout)
 	if err == nil {
 		_ = c.Close()
 		return false
