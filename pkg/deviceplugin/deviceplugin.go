@@ -375,9 +375,7 @@ func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[p
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
-		if _, ok := p.streams[stop]; ok {
-			delete(p.streams, stop)
-		}
+		delete(p.streams, stop)
 		p.mu.Unlock()
 	}()
 	for {

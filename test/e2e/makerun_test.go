@@ -158,7 +158,8 @@ func TestMakeRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-done:
+	case err := <-done:
+		t.Logf("make run exited after SIGINT: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatalf("make run did not stop after SIGINT:\n%s", out.String())
 	}
@@ -294,7 +295,8 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-done:
+	case err := <-done:
+		t.Logf("run.sh exited after SIGINT: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatalf("run.sh did not stop after SIGINT:\n%s", out.String())
 	}
