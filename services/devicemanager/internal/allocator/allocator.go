@@ -86,6 +86,8 @@ type Resources interface {
 	// Health reports, for each of ids, whether resource has that device
 	// and it is healthy now.
 	Health(resource string, ids []string) []bool
+	// Known reports whether resource is registered (has a device set).
+	Known(resource string) bool
 	// AllocationsChanged is told, after the change, the resources whose
 	// allocations changed.
 	AllocationsChanged(resources []string)
@@ -167,8 +169,12 @@ func (l *Ledger) Allocate(ctx context.Context, req *Request) ([]ResourceAllocati
 	resp, err := l.allocate(ctx, req)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
+		// Metric labels only name registered resources, never what a
+		// caller asked for.
 		for _, rr := range req.Resources {
-			l.metrics.allocations.WithLabelValues(rr.Name, "failed").Inc()
+			if l.res.Known(rr.Name) {
+				l.metrics.allocations.WithLabelValues(rr.Name, "failed").Inc()
+			}
 		}
 		return nil, err
 	}

@@ -8,27 +8,36 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
 )
 
-// validate checks the shape of a request: identifiers, counts and
-// must-include lists.
+// maxResources bounds the resources of one request.
+const maxResources = 64
+
+// validate checks the shape of a request: identifiers (pkg/bounds: lengths
+// and characters, errors that echo at most bounds.MaxEcho bytes of a
+// value), counts and must-include lists. Errors wrap
+// errdefs.ErrInvalidArgument.
 func validate(req *Request) error {
-	if req.PodUID == "" || len(req.PodUID) > 253 {
-		return fmt.Errorf("pod UID must be 1 to 253 characters, got %d: %w", len(req.PodUID), errdefs.ErrInvalidArgument)
+	if err := bounds.PodUID(req.PodUID); err != nil {
+		return err
 	}
-	if req.Container == "" || len(req.Container) > 253 {
-		return fmt.Errorf("container name must be 1 to 253 characters, got %d: %w", len(req.Container), errdefs.ErrInvalidArgument)
+	if err := bounds.ContainerName(req.Container, false); err != nil {
+		return err
 	}
 	if len(req.Resources) == 0 {
 		return fmt.Errorf("no resources requested: %w", errdefs.ErrInvalidArgument)
 	}
+	if len(req.Resources) > maxResources {
+		return fmt.Errorf("%d resources requested, more than %d: %w", len(req.Resources), maxResources, errdefs.ErrInvalidArgument)
+	}
 	seen := map[string]bool{}
 	for _, rr := range req.Resources {
 		name := rr.Name
-		if name == "" {
-			return fmt.Errorf("resource name is empty: %w", errdefs.ErrInvalidArgument)
+		if err := bounds.Name("resource name", name); err != nil {
+			return err
 		}
 		if seen[name] {
 			return fmt.Errorf("resource %q requested twice: %w", name, errdefs.ErrInvalidArgument)
@@ -43,8 +52,11 @@ func validate(req *Request) error {
 		}
 		mseen := map[string]bool{}
 		for _, id := range must {
-			if id == "" || mseen[id] {
-				return fmt.Errorf("must-include devices of %q: empty or repeated ID %q: %w", name, id, errdefs.ErrInvalidArgument)
+			if err := bounds.DeviceID(id); err != nil {
+				return fmt.Errorf("must-include devices of %q: %w", name, err)
+			}
+			if mseen[id] {
+				return fmt.Errorf("must-include devices of %q: repeated ID %q: %w", name, id, errdefs.ErrInvalidArgument)
 			}
 			mseen[id] = true
 		}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
@@ -39,8 +40,11 @@ func (l *Ledger) unreserveLocked(k key) {
 
 // Release implements Allocator.
 func (l *Ledger) Release(ctx context.Context, pod, container string) (int64, error) {
-	if pod == "" {
-		return 0, fmt.Errorf("pod UID is empty: %w", errdefs.ErrInvalidArgument)
+	if err := bounds.PodUID(pod); err != nil {
+		return 0, err
+	}
+	if err := bounds.ContainerName(container, true); err != nil {
+		return 0, err
 	}
 	var n int64
 	var resources []string

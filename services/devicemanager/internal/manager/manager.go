@@ -31,6 +31,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
@@ -148,8 +149,15 @@ func (m *Manager) GracePeriod() time.Duration { return m.grace }
 // asynchronously. A live endpoint registered again with the same
 // generation is left as it is; a different generation replaces it, keeping
 // the resource's devices until the new endpoint's first update.
+//
+// One live endpoint serves one resource: naming an endpoint (its path, or
+// the socket it resolves to) that is live under another resource fails
+// with an *EndpointConflictError (errdefs.ErrAlreadyExists).
+//
+// The registration is counted (kubelet_device_plugin_registration_total)
+// once it succeeds, so that metric labels only ever name registered
+// resources.
 func (m *Manager) Register(ctx context.Context, r Registration) error {
-	m.metrics.registrations.WithLabelValues(r.Resource).Inc()
 	if err := validateRegistration(r); err != nil {
 		return err
 	}
@@ -175,9 +183,15 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 		m.mu.Unlock()
 		return errShuttingDown
 	}
+	if err := m.conflictLocked(r.Resource, r.Endpoint, dialPath); err != nil {
+		m.mu.Unlock()
+		m.log.WarnContext(ctx, "device plugin registration refused", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
+		return err
+	}
 	if res := m.resources[r.Resource]; res != nil {
 		if e := res.endpoints[r.Endpoint]; e != nil && !e.closed && e.generation == r.Generation {
 			m.mu.Unlock()
+			m.metrics.registrations.WithLabelValues(r.Resource).Inc()
 			m.log.DebugContext(ctx, "endpoint already connected with this generation", "resource", r.Resource, "endpoint", r.Endpoint, "generation", r.Generation)
 			return nil
 		}
@@ -189,14 +203,16 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 		generation: r.Generation, regPath: r.Path, versions: slices.Clone(r.Versions),
 	}
 	if err := m.connect(ctx, e); err != nil {
-		m.log.WarnContext(ctx, "device plugin registration failed", "resource", r.Resource, "endpoint", r.Endpoint, "error", err)
+		m.log.WarnContext(ctx, "device plugin registration failed", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
 		return err
 	}
 	old, err := m.install(e)
 	if err != nil {
+		m.log.WarnContext(ctx, "device plugin registration refused", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
 		return err
 	}
-	m.log.InfoContext(ctx, "device plugin endpoint registered", "resource", r.Resource, "endpoint", r.Endpoint,
+	m.metrics.registrations.WithLabelValues(r.Resource).Inc()
+	m.log.InfoContext(ctx, "device plugin endpoint registered", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath,
 		"generation", r.Generation, "registration_path", string(r.Path), "replaced", old != nil,
 		"pre_start_required", e.opts.PreStartRequired, "preferred_allocation", e.opts.PreferredAllocation)
 	// A registration is on disk before it is acknowledged, so that a
@@ -220,13 +236,20 @@ func (m *Manager) connect(ctx context.Context, e *entry) error {
 
 // install makes e, connected, the primary endpoint of its resource (see
 // installLocked), closes the endpoint it replaces and starts receiving its
-// stream. It fails once the manager closes.
+// stream. It fails once the manager closes, and when e's socket became
+// live under another resource while e was connecting (another path to
+// it); e's connection is then closed.
 func (m *Manager) install(e *entry) (*entry, error) {
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
 		e.conn.Close(errShuttingDown)
 		return nil, errShuttingDown
+	}
+	if err := m.conflictLocked(e.resource, e.path, e.dialPath); err != nil {
+		m.mu.Unlock()
+		e.conn.Close(err)
+		return nil, err
 	}
 	old := m.installLocked(e, time.Now())
 	m.wg.Add(1) // under the lock: Close sets closing before it waits
@@ -273,6 +296,41 @@ func (m *Manager) installLocked(e *entry, now time.Time) *entry {
 	return old
 }
 
+// EndpointConflictError refuses a registration that names an endpoint live
+// under another resource: one live endpoint serves one resource, or the
+// same devices would be allocatable twice. It wraps
+// errdefs.ErrAlreadyExists.
+type EndpointConflictError struct {
+	Endpoint string // as registered
+	Resource string // what the registration asked for
+	Other    string // the resource the endpoint serves
+}
+
+func (e *EndpointConflictError) Error() string {
+	return fmt.Sprintf("endpoint %s is live under resource %s, so it cannot serve %s: one endpoint serves one resource",
+		e.Endpoint, e.Other, e.Resource)
+}
+
+// Unwrap makes the error errdefs.ErrAlreadyExists.
+func (e *EndpointConflictError) Unwrap() error { return errdefs.ErrAlreadyExists }
+
+// conflictLocked returns an *EndpointConflictError when the endpoint at
+// path, or any endpoint resolving to dialPath, is live (not closed) under
+// a resource other than resource.
+func (m *Manager) conflictLocked(resource, path, dialPath string) error {
+	for name, res := range m.resources {
+		if name == resource {
+			continue
+		}
+		for _, o := range res.endpoints {
+			if !o.closed && (o.path == path || (o.dialPath != "" && o.dialPath == dialPath)) {
+				return &EndpointConflictError{Endpoint: path, Resource: resource, Other: name}
+			}
+		}
+	}
+	return nil
+}
+
 // run receives e's ListAndWatch updates until the stream ends. The stream
 // is never reopened (as the kubelet): the plugin must register again.
 func (m *Manager) run(e *entry) {
@@ -282,8 +340,10 @@ func (m *Manager) run(e *entry) {
 }
 
 // update replaces the resource's device set with an update from e (last
-// writer wins).
+// writer wins). Devices whose IDs break the bounds (bounds.DeviceID) are
+// dropped, with a warning.
 func (m *Manager) update(e *entry, devs []endpoint.Device) {
+	devs = m.validDevices(e, devs)
 	m.mu.Lock()
 	if e.closed || m.closing {
 		m.mu.Unlock()
@@ -302,6 +362,29 @@ func (m *Manager) update(e *entry, devs []endpoint.Device) {
 	m.mu.Unlock()
 	m.log.Debug("device update", "resource", e.resource, "endpoint", e.path, "devices", total, "healthy", healthy, "first", first)
 	m.persistSoon()
+}
+
+// validDevices returns the devices of devs whose IDs are within the bounds,
+// and logs those it drops.
+func (m *Manager) validDevices(e *entry, devs []endpoint.Device) []endpoint.Device {
+	var dropped int
+	var first error
+	out := devs[:0:0]
+	for _, d := range devs {
+		if err := bounds.DeviceID(d.ID); err != nil {
+			if dropped == 0 {
+				first = err
+			}
+			dropped++
+			continue
+		}
+		out = append(out, d)
+	}
+	if dropped > 0 {
+		m.log.Warn("device plugin sent invalid device IDs; those devices are ignored", "resource", e.resource, "endpoint", e.path,
+			"dropped", dropped, "kept", len(out), "first_error", first)
+	}
+	return out
 }
 
 func (m *Manager) streamEnded(e *entry, err error) {
@@ -361,11 +444,22 @@ func (m *Manager) stopLocked(e *entry, now time.Time, why error) {
 	m.changedLocked(res)
 }
 
-// Deregister removes the endpoint of resource at path; with a generation
-// only if it matches. It reports whether an endpoint was removed.
+// Deregister removes the endpoint of resource at path if its generation
+// (or, for a legacy registration, its socket identity) is generation. It
+// reports whether an endpoint was removed. Every argument is required: an
+// empty generation would match an endpoint registered since.
 func (m *Manager) Deregister(ctx context.Context, resourceName, path, generation string) (bool, error) {
-	if resourceName == "" || path == "" {
-		return false, fmt.Errorf("resource name and endpoint are required: %w", errdefs.ErrInvalidArgument)
+	if resourceName == "" || path == "" || generation == "" {
+		return false, fmt.Errorf("resource name, endpoint and generation are required to deregister: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := bounds.Name("resource name", resourceName); err != nil {
+		return false, err
+	}
+	if err := socketPath("endpoint", path, false); err != nil {
+		return false, err
+	}
+	if err := text("generation", generation, maxGeneration); err != nil {
+		return false, err
 	}
 	unlock := m.regLocks.Lock(path)
 	defer unlock()
@@ -379,7 +473,7 @@ func (m *Manager) Deregister(ctx context.Context, resourceName, path, generation
 	if res != nil {
 		e = res.endpoints[path]
 	}
-	if e == nil || e.closed || (generation != "" && e.generation != generation) {
+	if e == nil || e.closed || e.generation != generation {
 		m.mu.Unlock()
 		return false, nil
 	}

@@ -11,7 +11,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kubelet_device_plugin_registration_total",
-			Help: "Cumulative number of device plugin registrations, by both registration paths: RegisterPlugin (plugins_registry, through the reconciler) and v1beta1 Register on kubelet.sock. Unlike the kubelet, which counts only kubelet.sock registrations.",
+			Help: "Cumulative number of successful device plugin registrations, by both registration paths: RegisterPlugin (plugins_registry, through the reconciler) and v1beta1 Register on kubelet.sock. Unlike the kubelet, which counts only kubelet.sock registrations, and every attempt: a refused registration is not counted, so labels only name registered resources.",
 		}, []string{"resource_name"}),
 		devices: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "kubelet_device_plugin_devices",

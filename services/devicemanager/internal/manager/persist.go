@@ -142,11 +142,12 @@ func (m *Manager) redial(ctx context.Context, old *entry) {
 	defer unlock()
 	if err := m.connect(ctx, e); err != nil {
 		m.log.InfoContext(ctx, "recorded endpoint does not answer; waiting for its plugin to register again",
-			"resource", old.resource, "endpoint", old.path, "error", err)
+			"resource", old.resource, "endpoint", old.path, "dial_path", dialPath, "error", err)
 		return
 	}
 	if _, err := m.install(e); err != nil {
+		m.log.WarnContext(ctx, "recorded endpoint not restored", "resource", e.resource, "endpoint", e.path, "dial_path", e.dialPath, "error", err)
 		return
 	}
-	m.log.InfoContext(ctx, "recorded endpoint live again", "resource", e.resource, "endpoint", e.path, "generation", e.generation)
+	m.log.InfoContext(ctx, "recorded endpoint live again", "resource", e.resource, "endpoint", e.path, "dial_path", e.dialPath, "generation", e.generation)
 }

@@ -2,14 +2,33 @@ package manager
 
 import (
 	"fmt"
+	"unicode"
+	"unicode/utf8"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
-// validateRegistration applies the kubelet's version and resource-name
-// checks, with its error messages for each registration path.
+// Limits of a registration beyond pkg/bounds' names.
+const (
+	// maxGeneration bounds the opaque generation string.
+	maxGeneration = 256
+	// maxVersions bounds the bytes of all a plugin's versions together, so
+	// the kubelet's version message, which lists them, stays short.
+	maxVersions = bounds.MaxEcho
+)
+
+// validateRegistration checks the bounds of every field (DESIGN "Bounds":
+// lengths and characters, errors that echo at most bounds.MaxEcho bytes of
+// a value), then applies the kubelet's version and resource-name checks,
+// with its error messages for each registration path. Errors wrap
+// errdefs.ErrInvalidArgument.
 func validateRegistration(r Registration) error {
+	if err := validateBounds(r); err != nil {
+		return err
+	}
 	var err error
 	if r.Path == PathKubeletSock {
 		// A legacy Register names exactly one version.
@@ -23,6 +42,68 @@ func validateRegistration(r Registration) error {
 	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func validateBounds(r Registration) error {
+	// An empty name gets the kubelet's message, below.
+	if r.Resource != "" {
+		if err := bounds.Name("resource name", r.Resource); err != nil {
+			return err
+		}
+	}
+	if err := socketPath("endpoint", r.Endpoint, false); err != nil {
+		return err
+	}
+	if err := socketPath("socket path", r.SocketPath, true); err != nil {
+		return err
+	}
+	if err := text("generation", r.Generation, maxGeneration); err != nil {
+		return err
+	}
+	n := 0
+	for _, v := range r.Versions {
+		if err := text("version", v, bounds.MaxName); err != nil {
+			return err
+		}
+		n += len(v)
+	}
+	if n > maxVersions {
+		return fmt.Errorf("versions %s: %d bytes together, more than %d: %w", bounds.Quote(fmt.Sprint(r.Versions)), n, maxVersions, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// socketPath checks the bounds of a Unix socket path: at most
+// unixsock.MaxPathLen bytes, printable. Where it may be dialled is the
+// Confiner's business.
+func socketPath(what, p string, optional bool) error {
+	switch {
+	case p == "" && optional:
+		return nil
+	case p == "":
+		return fmt.Errorf("%s is empty: %w", what, errdefs.ErrInvalidArgument)
+	case len(p) > unixsock.MaxPathLen:
+		return fmt.Errorf("%s %s is %d bytes, longer than the %d bytes a Unix socket path may have: %w",
+			what, bounds.Quote(p), len(p), unixsock.MaxPathLen, errdefs.ErrInvalidArgument)
+	}
+	return text(what, p, unixsock.MaxPathLen)
+}
+
+// text checks a value pkg/bounds has no rule for (paths, versions,
+// generations): at most max bytes, valid UTF-8, printable. Empty passes.
+func text(what, s string, max int) error {
+	switch {
+	case len(s) > max:
+		return fmt.Errorf("%s %s is %d bytes, longer than %d: %w", what, bounds.Quote(s), len(s), max, errdefs.ErrInvalidArgument)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s %s is not valid UTF-8: %w", what, bounds.Quote(s), errdefs.ErrInvalidArgument)
+	}
+	for _, c := range s {
+		if !unicode.IsPrint(c) {
+			return fmt.Errorf("%s %s contains the unprintable character %U: %w", what, bounds.Quote(s), c, errdefs.ErrInvalidArgument)
+		}
 	}
 	return nil
 }

@@ -189,6 +189,13 @@ func (m *Manager) Health(name string, ids []string) []bool {
 	return out
 }
 
+// Known implements allocator.Resources.
+func (m *Manager) Known(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.resources[name] != nil
+}
+
 // AllocationsChanged implements allocator.Resources: the views of those
 // resources (free and allocated devices) are published again.
 func (m *Manager) AllocationsChanged(names []string) {

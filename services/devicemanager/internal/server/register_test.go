@@ -374,11 +374,12 @@ func TestRollingUpgradeNoDip(t *testing.T) {
 	if r.GetEndpoints()[0].GetEndpoint() != p1.SocketPath() {
 		t.Fatalf("endpoints = %v", r.GetEndpoints())
 	}
+	gen1 := testutil.Generation(t, p1.SocketPath())
 	p1.Stop()
 	e.waitResource(res, "only p2", func(r *dmv1.Resource) bool {
 		return len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetEndpoint() == p2.SocketPath() && r.GetEndpoints()[0].GetPrimary()
 	})
-	if _, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p1.SocketPath()}); err != nil {
+	if _, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p1.SocketPath(), Generation: gen1}); err != nil {
 		t.Fatal(err)
 	}
 	e.waitCounts(res, 4, 4)
@@ -469,12 +470,19 @@ func TestDeregister(t *testing.T) {
 	if err != nil || resp.GetRemoved() {
 		t.Fatalf("deregister with a stale generation: %v, %v", resp, err)
 	}
-	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: testutil.Generation(t, p.SocketPath())})
+	// An empty generation would match whatever is registered there now.
+	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath()})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "generation") {
+		t.Fatalf("deregister with no generation: %v, %v; want InvalidArgument", resp, err)
+	}
+	e.waitCounts(res, 2, 2)
+	gen := testutil.Generation(t, p.SocketPath())
+	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: gen})
 	if err != nil || !resp.GetRemoved() || resp.GetInstanceId() != e.m.InstanceID() {
 		t.Fatalf("deregister: %v, %v", resp, err)
 	}
 	e.waitCounts(res, 0, 2)
-	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath()})
+	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: gen})
 	if err != nil || resp.GetRemoved() {
 		t.Fatalf("second deregister: %v, %v", resp, err)
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
@@ -42,21 +44,36 @@ func NewRegistration(m Registrar, dir string, log *slog.Logger) *Registration {
 }
 
 // Register implements v1beta1.Registration: the endpoint is a file name in
-// the device-plugins directory, joined to it at once. Each legacy
-// registration starts its own trace.
+// the device-plugins directory, joined to it at once and dialled as exactly
+// that path (a '#', '?' or "%xx" in the name is part of the name). Each
+// legacy registration starts its own trace.
+//
+// Errors toward the plugin are the kubelet's: an endpoint live under
+// another resource gets a plain error (code Unknown), as the kubelet's
+// Register returns; request errors keep their InvalidArgument code.
 func (r *Registration) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	ctx, span := tracer.Start(ctx, "legacy Register "+req.GetResourceName(), trace.WithNewRoot())
+	name := "legacy Register"
+	if bounds.Name("resource name", req.GetResourceName()) == nil {
+		name += " " + req.GetResourceName()
+	}
+	ctx, span := tracer.Start(ctx, name, trace.WithNewRoot())
 	defer span.End()
 	ep := req.GetEndpoint()
-	if ep == "" || strings.Contains(ep, "/") || ep == "." || ep == ".." {
-		return nil, fmt.Errorf("endpoint %q must be a socket file name in %s: %w", ep, r.dir, errdefs.ErrInvalidArgument)
+	if ep == "" || strings.ContainsAny(ep, "/\x00") || ep == "." || ep == ".." {
+		return nil, fmt.Errorf("endpoint %s must be a socket file name in %s: %w", bounds.Quote(ep), r.dir, errdefs.ErrInvalidArgument)
 	}
 	err := r.m.Register(ctx, manager.Registration{
 		Resource: req.GetResourceName(), Endpoint: filepath.Join(r.dir, ep), Versions: []string{req.GetVersion()},
 		Path: manager.PathKubeletSock,
 	})
 	if err != nil {
-		r.log.WarnContext(ctx, "legacy Register failed", "resource", req.GetResourceName(), "endpoint", ep, "error", err)
+		r.log.WarnContext(ctx, "legacy Register failed", "resource", bounds.Quote(req.GetResourceName()), "endpoint", bounds.Quote(ep), "error", err)
+		var conflict *manager.EndpointConflictError
+		if errors.As(err, &conflict) {
+			// The kubelet's wording for a socket it already serves; a
+			// plain error, as all of its Register errors are.
+			return nil, fmt.Errorf("device plugin already connected: %s (it serves %s)", conflict.Endpoint, conflict.Other)
+		}
 		return nil, err
 	}
 	return &pluginapi.Empty{}, nil
