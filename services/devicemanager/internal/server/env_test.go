@@ -1,11 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,6 +48,63 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
+// logBuffer keeps what a logger wrote, for tests that check the log.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// logger returns a logger that writes, at info level and above, to the
+// buffer (and to testLogger).
+func (b *logBuffer) logger(t testing.TB) *slog.Logger {
+	h := slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelInfo})
+	return slog.New(slog.NewMultiHandler(h, testLogger(t).Handler()))
+}
+
+// has reports whether a line of the log has message msg and every attr,
+// as "key=value" (the value quoted as the text handler quotes it).
+func (b *logBuffer) has(msg string, attrs ...string) bool {
+	for line := range strings.Lines(b.String()) {
+		if !strings.Contains(line, "msg="+quoteLog(msg)) {
+			continue
+		}
+		ok := true
+		for i := 0; i+1 < len(attrs); i += 2 {
+			if !strings.Contains(line, " "+attrs[i]+"="+quoteLog(attrs[i+1])) {
+				ok = false
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// quoteLog renders a value as slog's text handler does.
+func quoteLog(v string) string {
+	var b bytes.Buffer
+	slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey {
+			return slog.Attr{}
+		}
+		return a
+	}})).Info("", "v", v)
+	return strings.TrimSuffix(strings.TrimPrefix(b.String(), "v="), "\n")
+}
+
 // env is a devicemanager driven in-process through its gRPC API over a real
 // Unix socket, with kubelet.sock served beside it, put together as main.go
 // does (main's runtime would also install its own tracer provider, which
@@ -57,6 +117,7 @@ type env struct {
 	grace   time.Duration
 	m       *manager.Manager
 	metrics *prometheus.Registry
+	logs    *logBuffer // the manager's and kubelet.sock's log
 	client  dmv1.DeviceManagerServiceClient
 	stop    func()
 	stopped bool
@@ -65,7 +126,7 @@ type env struct {
 func newEnv(t testing.TB, grace time.Duration) *env {
 	t.Helper()
 	root := testutil.TempDir(t)
-	e := &env{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), regDir: filepath.Join(root, "plugins_registry"), grace: grace}
+	e := &env{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), regDir: filepath.Join(root, "plugins_registry"), grace: grace, logs: &logBuffer{}}
 	if err := os.MkdirAll(e.regDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +159,7 @@ func (e *env) start() {
 	e.metrics = prometheus.NewRegistry()
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace,
-		Store: store.NewCheckpoint(e.dpDir), Log: testLogger(e.t), Registerer: e.metrics,
+		Store: store.NewCheckpoint(e.dpDir), Log: e.logs.logger(e.t), Registerer: e.metrics,
 	})
 	if err != nil {
 		cancel()
@@ -115,7 +176,7 @@ func (e *env) start() {
 		dmv1.RegisterDeviceManagerServiceServer(s, NewService(m))
 	})
 	stopKubelet := serve(e.t, e.kubeletSock(), func(s *grpc.Server) {
-		pluginapi.RegisterRegistrationServer(s, NewRegistration(m, e.dpDir, testLogger(e.t)))
+		pluginapi.RegisterRegistrationServer(s, NewRegistration(m, e.dpDir, e.logs.logger(e.t)))
 	})
 	conn, err := rpcutil.DialPeer(filepath.Join(e.root, "dm.sock"))
 	if err != nil {
