@@ -46,6 +46,13 @@ import (
 // capacity (the kubelet's endpointStopGracePeriod).
 const DefaultGracePeriod = 5 * time.Minute
 
+// watchBuffer is how many changes a Watch subscriber may have pending
+// before the hub drops it (stream.ErrSlow). The API's WatchResources moves
+// them at once into its own queue, bounded in bytes (see package server),
+// so this only absorbs a burst of changes while that move is scheduled; it
+// is kept small because every subscriber's buffer is allocated in full.
+const watchBuffer = 256
+
 // redialTimeout bounds the redial of one recorded endpoint at start.
 const redialTimeout = 3 * time.Second
 
@@ -127,7 +134,7 @@ func New(cfg Config) (*Manager, error) {
 		store:      cfg.Store,
 		instanceID: uuid.NewString(),
 		metrics:    newMetrics(cfg.Registerer),
-		hub:        stream.NewHub[Change](0),
+		hub:        stream.NewHub[Change](watchBuffer),
 		resources:  map[string]*resource{},
 		dirty:      map[string]bool{},
 		wake:       make(chan struct{}, 1),

@@ -118,15 +118,26 @@ type env struct {
 	m       *manager.Manager
 	metrics *prometheus.Registry
 	logs    *logBuffer // the manager's and kubelet.sock's log
-	client  dmv1.DeviceManagerServiceClient
-	stop    func()
-	stopped bool
+	svc     *Service
+	// watchLimits are the Service's (set before start).
+	watchLimits WatchLimits
+	client      dmv1.DeviceManagerServiceClient
+	stop        func()
+	stopped     bool
 }
 
 func newEnv(t testing.TB, grace time.Duration) *env {
 	t.Helper()
+	return newEnvWatch(t, grace, WatchLimits{})
+}
+
+// newEnvWatch is newEnv with the Service's WatchResources bounded by
+// limits.
+func newEnvWatch(t testing.TB, grace time.Duration, limits WatchLimits) *env {
+	t.Helper()
 	root := testutil.TempDir(t)
-	e := &env{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), regDir: filepath.Join(root, "plugins_registry"), grace: grace, logs: &logBuffer{}}
+	e := &env{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), regDir: filepath.Join(root, "plugins_registry"), grace: grace,
+		logs: &logBuffer{}, watchLimits: limits}
 	if err := os.MkdirAll(e.regDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +184,8 @@ func (e *env) start() {
 		}
 	}()
 	stopAPI := serve(e.t, filepath.Join(e.root, "dm.sock"), func(s *grpc.Server) {
-		dmv1.RegisterDeviceManagerServiceServer(s, NewService(m))
+		e.svc = NewService(m, e.watchLimits)
+		dmv1.RegisterDeviceManagerServiceServer(s, e.svc)
 	})
 	stopKubelet := serve(e.t, e.kubeletSock(), func(s *grpc.Server) {
 		pluginapi.RegisterRegistrationServer(s, NewRegistration(m, e.dpDir, e.logs.logger(e.t)))

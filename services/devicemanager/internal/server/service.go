@@ -41,13 +41,17 @@ var _ Backend = (*manager.Manager)(nil)
 // Service implements DeviceManagerService over a Backend.
 type Service struct {
 	dmv1.UnimplementedDeviceManagerServiceServer
-	m Backend
+	m     Backend
+	watch *watchBudget
 }
 
 var _ dmv1.DeviceManagerServiceServer = (*Service)(nil)
 
-// NewService returns the gRPC adapter for m.
-func NewService(m Backend) *Service { return &Service{m: m} }
+// NewService returns the gRPC adapter for m, its WatchResources streams
+// bounded by limits (zero fields take the defaults).
+func NewService(m Backend, limits WatchLimits) *Service {
+	return &Service{m: m, watch: newWatchBudget(limits)}
+}
 
 // RegisterPlugin implements DeviceManagerService.
 func (s *Service) RegisterPlugin(ctx context.Context, req *dmv1.RegisterPluginRequest) (*dmv1.RegisterPluginResponse, error) {
@@ -79,19 +83,78 @@ func (s *Service) ListResources(context.Context, *dmv1.ListResourcesRequest) (*d
 	return out, nil
 }
 
-// WatchResources implements DeviceManagerService.
+// WatchResources implements DeviceManagerService: the snapshot, the synced
+// marker, then live changes (pkg/stream's shape), within the service's
+// WatchLimits. A pump moves the manager's changes into the stream's
+// bounded queue as they come, so the manager's per-subscriber buffer stays
+// nearly empty, while this handler sends at the client's pace; a client
+// that falls too far behind, or a stream that does not fit in the bounds,
+// gets RESOURCE_EXHAUSTED.
 func (s *Service) WatchResources(req *dmv1.WatchResourcesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourcesResponse]) error {
+	w, err := s.watch.open()
+	if err != nil {
+		return err
+	}
+	defer w.close()
 	id := s.m.InstanceID()
-	snap, sub, rev := s.m.Watch()
-	send := func(c manager.Change) error {
+	toAPI := func(c manager.Change) *dmv1.WatchResourcesResponse {
 		if req.GetOmitDeviceIds() {
 			c.Resource.Healthy, c.Resource.Unhealthy, c.Resource.Allocated = nil, nil, nil
 		}
-		return ss.Send(changeToAPI(id, c))
+		return changeToAPI(id, c)
 	}
-	return stream.Serve(ss.Context(), snap, sub, send, func() error {
-		return ss.Send(&dmv1.WatchResourcesResponse{InstanceId: id, Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
-	})
+	snap, sub, rev := s.m.Watch()
+	defer sub.Close()
+	first := make([]*dmv1.WatchResourcesResponse, 0, len(snap)+1)
+	for _, c := range snap {
+		first = append(first, toAPI(c))
+	}
+	first = append(first, &dmv1.WatchResourcesResponse{InstanceId: id, Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
+	if err := w.admit(first); err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ss.Context())
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		pump(ctx, sub, w, toAPI)
+	}()
+	defer func() {
+		cancel()
+		<-pumped
+	}()
+	for {
+		m, err := w.next(ctx)
+		if m == nil {
+			return err
+		}
+		err = ss.Send(m)
+		w.sent()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// pump moves the changes of sub into w until ctx ends, sub is closed or w
+// is evicted.
+func pump(ctx context.Context, sub *stream.Subscription[manager.Change], w *watchStream, toAPI func(manager.Change) *dmv1.WatchResourcesResponse) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case c, ok := <-sub.C:
+			if !ok {
+				w.end(sub.Err())
+				return
+			}
+			if !w.push(toAPI(c)) {
+				sub.Close()
+				return
+			}
+		}
+	}
 }
 
 // Allocate implements DeviceManagerService.
