@@ -160,7 +160,7 @@ type pick struct {
 
 // Allocate implements Allocator.
 func (l *Ledger) Allocate(ctx context.Context, req *Request) ([]ResourceAllocation, error) {
-	if err := validate(req); err != nil {
+	if err := ValidateRequest(req); err != nil {
 		return nil, err
 	}
 	ctx, span := tracer.Start(ctx, "allocate")

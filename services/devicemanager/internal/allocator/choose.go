@@ -16,11 +16,11 @@ import (
 // maxResources bounds the resources of one request.
 const maxResources = 64
 
-// validate checks the shape of a request: identifiers (pkg/bounds: lengths
-// and characters, errors that echo at most bounds.MaxEcho bytes of a
-// value), counts and must-include lists. Errors wrap
-// errdefs.ErrInvalidArgument.
-func validate(req *Request) error {
+// ValidateRequest checks the shape of a request, as Allocate does first:
+// identifiers (pkg/bounds: lengths and characters, errors that echo at most
+// bounds.MaxEcho bytes of a value), counts and must-include lists. Errors
+// wrap errdefs.ErrInvalidArgument.
+func ValidateRequest(req *Request) error {
 	if err := bounds.PodUID(req.PodUID); err != nil {
 		return err
 	}

@@ -165,7 +165,7 @@ func (m *Manager) GracePeriod() time.Duration { return m.grace }
 // once it succeeds, so that metric labels only ever name registered
 // resources.
 func (m *Manager) Register(ctx context.Context, r Registration) error {
-	if err := validateRegistration(r); err != nil {
+	if err := ValidateRegistration(r); err != nil {
 		return err
 	}
 	dialPath, err := m.confiner.Resolve(r.Endpoint)

@@ -20,12 +20,14 @@ const (
 	maxVersions = bounds.MaxEcho
 )
 
-// validateRegistration checks the bounds of every field (DESIGN "Bounds":
+// ValidateRegistration checks a registration as Register does before it
+// touches the filesystem: the bounds of every field (DESIGN "Bounds":
 // lengths and characters, errors that echo at most bounds.MaxEcho bytes of
-// a value), then applies the kubelet's version and resource-name checks,
-// with its error messages for each registration path. Errors wrap
+// a value), then the kubelet's version and resource-name checks, with its
+// error messages for each registration path. Where the endpoint may be
+// dialled is checked by Register itself. Errors wrap
 // errdefs.ErrInvalidArgument.
-func validateRegistration(r Registration) error {
+func ValidateRegistration(r Registration) error {
 	if err := validateBounds(r); err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ func TestValidateRegistration(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := validateRegistration(tc.r)
+			err := ValidateRegistration(tc.r)
 			if tc.msg == "" {
 				if err != nil {
 					t.Fatalf("valid registration refused: %v", err)

@@ -60,6 +60,13 @@ func changeToAPI(instanceID string, c manager.Change) *dmv1.WatchResourcesRespon
 	}
 }
 
+func registrationFromAPI(req *dmv1.RegisterPluginRequest) manager.Registration {
+	return manager.Registration{
+		Resource: req.GetResourceName(), Endpoint: req.GetEndpoint(), Versions: req.GetVersions(),
+		SocketPath: req.GetSocketPath(), Generation: req.GetGeneration(), Path: manager.PathPluginsRegistry,
+	}
+}
+
 func allocateRequestFromAPI(req *dmv1.AllocateRequest) *allocator.Request {
 	out := &allocator.Request{PodUID: req.GetPodUid(), Container: req.GetContainerName()}
 	for _, rr := range req.GetResources() {

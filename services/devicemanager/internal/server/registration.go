@@ -58,16 +58,12 @@ func (r *Registration) Register(ctx context.Context, req *pluginapi.RegisterRequ
 	}
 	ctx, span := tracer.Start(ctx, name, trace.WithNewRoot())
 	defer span.End()
-	ep := req.GetEndpoint()
-	if ep == "" || strings.ContainsAny(ep, "/\x00") || ep == "." || ep == ".." {
-		return nil, fmt.Errorf("endpoint %s must be a socket file name in %s: %w", bounds.Quote(ep), r.dir, errdefs.ErrInvalidArgument)
+	reg, err := legacyRegistration(r.dir, req)
+	if err == nil {
+		err = r.m.Register(ctx, reg)
 	}
-	err := r.m.Register(ctx, manager.Registration{
-		Resource: req.GetResourceName(), Endpoint: filepath.Join(r.dir, ep), Versions: []string{req.GetVersion()},
-		Path: manager.PathKubeletSock,
-	})
 	if err != nil {
-		r.log.WarnContext(ctx, "legacy Register failed", "resource", bounds.Quote(req.GetResourceName()), "endpoint", bounds.Quote(ep), "error", err)
+		r.log.WarnContext(ctx, "legacy Register failed", "resource", bounds.Quote(req.GetResourceName()), "endpoint", bounds.Quote(req.GetEndpoint()), "error", err)
 		var conflict *manager.EndpointConflictError
 		if errors.As(err, &conflict) {
 			// The kubelet's wording for a socket it already serves; a
@@ -77,4 +73,17 @@ func (r *Registration) Register(ctx context.Context, req *pluginapi.RegisterRequ
 		return nil, err
 	}
 	return &pluginapi.Empty{}, nil
+}
+
+// legacyRegistration is the registration a legacy Register asks for: its
+// endpoint, a file name, joined to dir, the device-plugins directory.
+func legacyRegistration(dir string, req *pluginapi.RegisterRequest) (manager.Registration, error) {
+	ep := req.GetEndpoint()
+	if ep == "" || strings.ContainsAny(ep, "/\x00") || ep == "." || ep == ".." {
+		return manager.Registration{}, fmt.Errorf("endpoint %s must be a socket file name in %s: %w", bounds.Quote(ep), dir, errdefs.ErrInvalidArgument)
+	}
+	return manager.Registration{
+		Resource: req.GetResourceName(), Endpoint: filepath.Join(dir, ep), Versions: []string{req.GetVersion()},
+		Path: manager.PathKubeletSock,
+	}, nil
 }

@@ -55,11 +55,7 @@ func NewService(m Backend, limits WatchLimits) *Service {
 
 // RegisterPlugin implements DeviceManagerService.
 func (s *Service) RegisterPlugin(ctx context.Context, req *dmv1.RegisterPluginRequest) (*dmv1.RegisterPluginResponse, error) {
-	err := s.m.Register(ctx, manager.Registration{
-		Resource: req.GetResourceName(), Endpoint: req.GetEndpoint(), Versions: req.GetVersions(),
-		SocketPath: req.GetSocketPath(), Generation: req.GetGeneration(), Path: manager.PathPluginsRegistry,
-	})
-	if err != nil {
+	if err := s.m.Register(ctx, registrationFromAPI(req)); err != nil {
 		return nil, err
 	}
 	return &dmv1.RegisterPluginResponse{InstanceId: s.m.InstanceID()}, nil
