@@ -126,8 +126,8 @@ func FuzzRegisterPluginRequest(f *testing.F) {
 func FuzzAllocateRequest(f *testing.F) {
 	for _, s := range []struct {
 		pod, container, resource, must string
-		count                           int64
-		n                               uint8
+		count                          int64
+		n                              uint8
 	}{
 		{"0d6b1a6e-0c0f-4f0e-9a8e-3f0c1e7d2b11", "app", "example.com/gpu", "", 1, 1},
 		{"pod", "c", "example.com/gpu", "dev-0", 2, 1},
