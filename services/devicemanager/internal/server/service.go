@@ -2,8 +2,11 @@
 // DeviceManagerService (nodeplug's own API) and the legacy
 // v1beta1.Registration service that plugins call on kubelet.sock, each a
 // thin shell over the manager, and the conversion between the generated
-// types and the manager's. Errors pass through unchanged: the server
-// interceptor (pkg/rpcutil) maps their errdefs sentinels to status codes.
+// types and the manager's. The one thing it keeps is what the wire needs:
+// the bounds of the WatchResources streams (WatchLimits), in count and in
+// the bytes of messages held for clients. Errors pass through unchanged:
+// the server interceptor (pkg/rpcutil) maps their errdefs sentinels to
+// status codes.
 //
 // main.go builds the servers and serves them; nothing here listens.
 package server
