@@ -5,19 +5,23 @@ SHELL := /bin/bash
 MAKEFLAGS += --no-print-directory
 
 # Tool versions. Each Go tool is also pinned in its own module under tools/
-# (buf, grpcurl and Jaeger pin dependencies that would move nodeplug's own);
-# protoc-gen-go and protoc-gen-go-grpc are tool lines in go.mod.
-BUF_VERSION     := v1.75.0
-GRPCURL_VERSION := v1.9.4
-JAEGER_VERSION  := v1.76.0
-COMPOSE_VERSION := v5.6.0
+# (buf, grpcurl, golangci-lint and Jaeger pin dependencies that would move
+# nodeplug's own); protoc-gen-go and protoc-gen-go-grpc are tool lines in
+# go.mod.
+BUF_VERSION           := v1.75.0
+GRPCURL_VERSION       := v1.9.4
+GOLANGCI_LINT_VERSION := v2.15.0
+JAEGER_VERSION        := v1.76.0
+COMPOSE_VERSION       := v5.6.0
 
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 TOOLS     ?= $(HOME)/.cache/nodeplug/tools
 BUF       := $(TOOLS)/buf-$(BUF_VERSION)
 GRPCURL   := $(TOOLS)/grpcurl-$(GRPCURL_VERSION)
 JAEGER    := $(TOOLS)/jaeger-$(JAEGER_VERSION)
+GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 export BUF_CACHE_DIR ?= $(HOME)/.cache/nodeplug/buf
+export GOLANGCI_LINT_CACHE ?= $(HOME)/.cache/nodeplug/golangci-lint
 export DOCKER_CONFIG ?= $(HOME)/.docker
 
 BINARIES := nodeplug-watcher:./services/watcher \
@@ -65,10 +69,11 @@ check-generate: generate ## Fail when the committed generated code is stale.
 	@echo "generated code is current"
 
 .PHONY: lint
-lint: $(BUF) ## gofmt, go vet, buf lint, buf format, buf breaking against the previous commit.
+lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml), buf lint, buf format, buf breaking against the previous commit.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^pkg/api/')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	$(GOLANGCI_LINT) run ./...
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
 	@if git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then \
@@ -76,7 +81,7 @@ lint: $(BUF) ## gofmt, go vet, buf lint, buf format, buf breaking against the pr
 	else echo "buf breaking: no previous commit with protos, skipped"; fi
 
 .PHONY: tools
-tools: $(BUF) $(GRPCURL) ## Install the pinned tools (skipped when present).
+tools: $(BUF) $(GRPCURL) $(GOLANGCI_LINT) ## Install the pinned tools (skipped when present).
 
 $(BUF):
 	@mkdir -p $(TOOLS)
@@ -85,6 +90,10 @@ $(BUF):
 $(GRPCURL):
 	@mkdir -p $(TOOLS)
 	go -C tools/grpcurl build -o $@ github.com/fullstorydev/grpcurl/cmd/grpcurl
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(TOOLS)
+	go -C tools/golangci-lint build -o $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 $(JAEGER):
 	@mkdir -p $(TOOLS)

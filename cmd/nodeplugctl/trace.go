@@ -115,7 +115,7 @@ func (c *cli) fetchTrace(ctx context.Context, id string) (*jaegerTrace, error) {
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("Jaeger at %s did not answer within %s (raise --timeout)", base, c.g.timeout)
+			return nil, fmt.Errorf("no answer from Jaeger at %s within %s (raise --timeout)", base, c.g.timeout)
 		}
 		return nil, fmt.Errorf("cannot reach Jaeger at %s: %v — is it running? (make up starts it, or set --jaeger-url)", base, err)
 	}
@@ -129,11 +129,11 @@ func (c *cli) fetchTrace(ctx context.Context, id string) (*jaegerTrace, error) {
 		return nil, notFound
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("Jaeger at %s answered %s: %s", base, resp.Status, excerpt(body))
+		return nil, fmt.Errorf("query to Jaeger at %s: %s: %s", base, resp.Status, excerpt(body))
 	}
 	var jr jaegerResponse
 	if err := json.Unmarshal(body, &jr); err != nil {
-		return nil, fmt.Errorf("Jaeger at %s sent something that is not a trace (%v): %s — is --jaeger-url the query service?", base, err, excerpt(body))
+		return nil, fmt.Errorf("what Jaeger at %s sent is not a trace (%v): %s — is --jaeger-url the query service?", base, err, excerpt(body))
 	}
 	for _, t := range jr.Data {
 		if len(t.Spans) > 0 {
@@ -141,7 +141,7 @@ func (c *cli) fetchTrace(ctx context.Context, id string) (*jaegerTrace, error) {
 		}
 	}
 	if len(jr.Errors) > 0 {
-		return nil, fmt.Errorf("Jaeger at %s: %s", base, jr.Errors[0].Msg)
+		return nil, fmt.Errorf("error from Jaeger at %s: %s", base, jr.Errors[0].Msg)
 	}
 	return nil, notFound
 }

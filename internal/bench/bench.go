@@ -147,7 +147,7 @@ type FootprintResult struct {
 type runner struct {
 	cfg   Config
 	root  string
-	st    *stack.Stack
+	st    *stack.Processes
 	dm    dmv1.DeviceManagerServiceClient
 	rc    rcv1.ReconcilerServiceClient
 	res   *follower[*dmv1.Resource]
@@ -171,7 +171,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 		defer os.RemoveAll(root)
 	}
-	st := stack.New(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s")
+	st := stack.NewProcesses(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s")
 	defer st.StopAll()
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err
@@ -254,13 +254,11 @@ func (r *runner) socket(prefix string) string {
 	return filepath.Join(r.root, "plugins_registry", fmt.Sprintf("%s-%d.sock", prefix, r.seq.Add(1)))
 }
 
-// devicePlugin is a device plugin that records when it was told it is
-// registered.
+// devicePlugin is a device plugin that records when its socket appeared.
 type devicePlugin struct {
 	*deviceplugin.Plugin
-	final      string // its path in plugins_registry
-	started    time.Time
-	registered chan time.Time
+	final   string // its path in plugins_registry
+	started time.Time
 }
 
 func (r *runner) newDevicePlugin(resource string, devices int) (*devicePlugin, error) {
@@ -271,21 +269,13 @@ func (r *runner) newDevicePlugin(resource string, devices int) (*devicePlugin, e
 // empty) and is moved into plugins_registry by appear, so that many sockets
 // can appear at once.
 func (r *runner) newStagedDevicePlugin(resource string, devices int, staging string) (*devicePlugin, error) {
-	dp := &devicePlugin{registered: make(chan time.Time, 1), final: r.socket("dp")}
+	dp := &devicePlugin{final: r.socket("dp")}
 	listen := dp.final
 	if staging != "" {
 		listen = filepath.Join(staging, filepath.Base(dp.final))
 	}
 	p, err := deviceplugin.New(deviceplugin.Options{
 		Resource: resource, SocketPath: listen, Endpoint: dp.final, Devices: devices,
-		OnRegistrationStatus: func(st *registerapi.RegistrationStatus) {
-			if st.GetPluginRegistered() {
-				select {
-				case dp.registered <- time.Now():
-				default:
-				}
-			}
-		},
 	})
 	if err != nil {
 		return nil, err
@@ -312,6 +302,18 @@ func remove(path string, stop func()) time.Time {
 	_ = os.Remove(path)
 	stop()
 	return t
+}
+
+// registeredAt waits until the plugin is told it is registered and returns
+// when that status arrived.
+func registeredAt(ctx context.Context, reg *testplugin.Registration, what string) (time.Time, error) {
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	st, err := reg.WaitStatus(wctx, testplugin.Registered)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s: %w", what, err)
+	}
+	return st.Time, nil
 }
 
 func waitTime(ctx context.Context, ch <-chan time.Time, what string) (time.Time, error) {
@@ -363,7 +365,7 @@ func (r *runner) registration(ctx context.Context, n int) (RegistrationResult, e
 	var notify, alloc []time.Duration
 	var last time.Time
 	for i, dp := range plugins {
-		t, err := waitTime(ctx, dp.registered, dp.Resource()+" registered")
+		t, err := registeredAt(ctx, dp.Registration, dp.Resource()+" registered")
 		if err != nil {
 			return out, err
 		}
@@ -431,11 +433,8 @@ func (r *runner) churn(ctx context.Context) (ChurnResult, error) {
 		}
 		defer p.Stop()
 		resident[p.Path()] = name
-		wctx, cancel := context.WithTimeout(ctx, time.Minute)
-		_, err = p.WaitStatus(wctx, testplugin.Registered)
-		cancel()
-		if err != nil {
-			return out, fmt.Errorf("resident plugin %s: %w", name, err)
+		if _, err := registeredAt(ctx, p.Registration, "resident plugin "+name); err != nil {
+			return out, err
 		}
 	}
 	var mu sync.Mutex
@@ -452,17 +451,15 @@ func (r *runner) churn(ctx context.Context) (ChurnResult, error) {
 				t0 := time.Now()
 				p, _, err := r.draPlugin("churn")
 				if err == nil {
-					wctx, cancel := context.WithTimeout(ctx, time.Minute)
-					var st testplugin.Status
-					st, err = p.WaitStatus(wctx, testplugin.Registered)
-					cancel()
+					var registered time.Time
+					registered, err = registeredAt(ctx, p.Registration, p.Path()+" registered")
 					if err == nil {
 						gone := r.plugs.wait(p.Path(), nil)
 						t1 := remove(p.Path(), p.Stop)
 						var t2 time.Time
 						t2, err = waitTime(ctx, gone, p.Path()+" deregistered")
 						mu.Lock()
-						reg = append(reg, st.Time.Sub(t0))
+						reg = append(reg, registered.Sub(t0))
 						dereg = append(dereg, t2.Sub(t1))
 						mu.Unlock()
 					} else {
@@ -671,10 +668,7 @@ func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 		plugins = append(plugins, p)
 	}
 	for _, p := range plugins {
-		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		_, err := p.WaitStatus(wctx, testplugin.Registered)
-		cancel()
-		if err != nil {
+		if _, err := registeredAt(ctx, p.Registration, p.Path()+" registered"); err != nil {
 			return out, err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 // TestShortRun runs `nodeplug-bench -short` against freshly built binaries:
@@ -19,11 +20,7 @@ func TestShortRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the services")
 	}
-	dir, err := os.MkdirTemp("", "npbench")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-bench"); err != nil {

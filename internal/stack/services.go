@@ -8,10 +8,11 @@ import (
 	"time"
 )
 
-// Stack runs the three services over one root dir. The first start of a
-// service binds a free port; a restart reuses its address, so clients (the
-// reconciler, tests) reconnect to the same place.
-type Stack struct {
+// Processes runs the three services over one root dir, each as a process of
+// its own binary. The first start of a service binds a free port; a restart
+// reuses its address, so clients (the reconciler, tests) reconnect to the
+// same place.
+type Processes struct {
 	Bin  string   // directory holding the binaries
 	Root string   // --root-dir
 	Env  []string // extra environment for every service
@@ -21,14 +22,14 @@ type Stack struct {
 	addrs map[string]string
 }
 
-// New returns a stack that has not started anything yet.
-func New(bin, root string, env ...string) *Stack {
-	return &Stack{Bin: bin, Root: root, Env: env, procs: map[string]*Process{}, addrs: map[string]string{}}
+// NewProcesses returns a Processes that has not started anything yet.
+func NewProcesses(bin, root string, env ...string) *Processes {
+	return &Processes{Bin: bin, Root: root, Env: env, procs: map[string]*Process{}, addrs: map[string]string{}}
 }
 
 // StartAll starts the watcher, the devicemanager and the reconciler, each
 // once the previous one listens.
-func (s *Stack) StartAll(ctx context.Context) error {
+func (s *Processes) StartAll(ctx context.Context) error {
 	for _, name := range Services {
 		if err := s.Start(ctx, name); err != nil {
 			return err
@@ -38,7 +39,7 @@ func (s *Stack) StartAll(ctx context.Context) error {
 }
 
 // Start starts (or restarts) one service and waits until it listens.
-func (s *Stack) Start(ctx context.Context, name string) error {
+func (s *Processes) Start(ctx context.Context, name string) error {
 	s.mu.Lock()
 	listen := s.addrs[name]
 	if listen == "" {
@@ -88,28 +89,28 @@ func (s *Stack) Start(ctx context.Context, name string) error {
 }
 
 // Addr returns a service's gRPC address.
-func (s *Stack) Addr(name string) string {
+func (s *Processes) Addr(name string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.addrs[name]
 }
 
 // Process returns a service's current process.
-func (s *Stack) Process(name string) *Process {
+func (s *Processes) Process(name string) *Process {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.procs[name]
 }
 
 // Kill SIGKILLs one service.
-func (s *Stack) Kill(name string) {
+func (s *Processes) Kill(name string) {
 	if p := s.Process(name); p != nil {
 		p.Kill()
 	}
 }
 
 // StopAll stops every service with SIGTERM, in reverse start order.
-func (s *Stack) StopAll() {
+func (s *Processes) StopAll() {
 	for i := len(Services) - 1; i >= 0; i-- {
 		if p := s.Process(Services[i]); p != nil {
 			_ = p.Stop(10 * time.Second)

@@ -1,6 +1,9 @@
-// Package stack starts nodeplug's service binaries as real processes and
-// finds their bound addresses from their logs. The end-to-end tests and
-// nodeplug-bench use it.
+// Package stack builds nodeplug's binaries and runs them as real processes,
+// finding their bound addresses from their logs: one Process per binary, and
+// Processes for the three services over one root dir. The end-to-end tests,
+// nodeplug-bench and the devicemanager's binary tests use it. (It is the
+// process stack of tests and tools; the services compose themselves in
+// their own main.go.)
 package stack
 
 import (

@@ -6,7 +6,9 @@
 //
 // It is the core of nodeplug-sampleplugin and the plugin that tests, the
 // benchmark and the local stack use. Health flips, stream endings and errors
-// can be injected, and every call is logged.
+// can be injected, and every DevicePlugin call is logged. The registration
+// service is pkg/testplugin's Registration, embedded: its knobs and its
+// record of NotifyRegistrationStatus are the Plugin's.
 package deviceplugin
 
 import (
@@ -30,18 +32,18 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
-// Method names used in the call log and for error injection.
+// Method names of the v1beta1.DevicePlugin calls, used in the call log and
+// for error injection.
 const (
-	MethodGetInfo                  = "GetInfo"
-	MethodNotifyRegistrationStatus = "NotifyRegistrationStatus"
-	MethodGetDevicePluginOptions   = "GetDevicePluginOptions"
-	MethodListAndWatch             = "ListAndWatch"
-	MethodGetPreferredAllocation   = "GetPreferredAllocation"
-	MethodAllocate                 = "Allocate"
-	MethodPreStartContainer        = "PreStartContainer"
+	MethodGetDevicePluginOptions = "GetDevicePluginOptions"
+	MethodListAndWatch           = "ListAndWatch"
+	MethodGetPreferredAllocation = "GetPreferredAllocation"
+	MethodAllocate               = "Allocate"
+	MethodPreStartContainer      = "PreStartContainer"
 )
 
 // Options configure a Plugin.
@@ -72,9 +74,6 @@ type Options struct {
 	AllocateResponse func(ids []string) *pluginapi.ContainerAllocateResponse
 	// Log receives the plugin's own log lines; nil discards them.
 	Log *slog.Logger
-	// OnRegistrationStatus, when set, is called with every
-	// NotifyRegistrationStatus the plugin receives (after it is recorded).
-	OnRegistrationStatus func(*registerapi.RegistrationStatus)
 }
 
 // Call is one entry of the call log.
@@ -91,7 +90,10 @@ type Call struct {
 // Plugin is a fake device plugin. It is safe for concurrent use.
 type Plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
-	registerapi.UnimplementedRegistrationServer
+	// Registration serves pluginregistration.Registration: GetInfo answers
+	// the resource name as a DevicePlugin at Options.Endpoint (or the
+	// socket), and every NotifyRegistrationStatus is recorded.
+	*testplugin.Registration
 
 	opts Options
 	log  *slog.Logger
@@ -101,7 +103,6 @@ type Plugin struct {
 	streams  map[chan struct{}]chan error
 	failures map[string]error
 	calls    []Call
-	statuses []*registerapi.RegistrationStatus
 	changed  chan struct{} // closed and replaced on every change
 	prefer   []string      // fixed GetPreferredAllocation answer, if set
 
@@ -135,6 +136,12 @@ func New(opts Options) (*Plugin, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.Registration = testplugin.NewRegistration(testplugin.Info{
+		Type:     registerapi.DevicePlugin,
+		Name:     opts.Resource,
+		Endpoint: cmp.Or(opts.Endpoint, opts.SocketPath),
+		Versions: []string{pluginapi.Version},
+	}, p.log)
 	for _, id := range ids {
 		p.devices = append(p.devices, &pluginapi.Device{ID: id, Health: pluginapi.Healthy})
 	}
@@ -161,7 +168,7 @@ func (p *Plugin) Start() error {
 	}
 	s := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(s, p)
-	registerapi.RegisterRegistrationServer(s, p)
+	registerapi.RegisterRegistrationServer(s, p.Registration)
 	p.server, p.listener, p.served = s, lis, make(chan struct{})
 	served := p.served
 	go func() {
@@ -336,50 +343,11 @@ func (p *Plugin) CallCount(method string) int {
 	return n
 }
 
-// RegistrationStatuses returns what NotifyRegistrationStatus reported.
-func (p *Plugin) RegistrationStatuses() []*registerapi.RegistrationStatus {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return slices.Clone(p.statuses)
-}
-
 func (p *Plugin) record(c Call) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, c)
 	return p.failures[c.Method]
-}
-
-// GetInfo implements pluginregistration.Registration.
-func (p *Plugin) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	if err := p.record(Call{Method: MethodGetInfo}); err != nil {
-		return nil, err
-	}
-	return &registerapi.PluginInfo{
-		Type:              registerapi.DevicePlugin,
-		Name:              p.opts.Resource,
-		Endpoint:          cmp.Or(p.opts.Endpoint, p.opts.SocketPath),
-		SupportedVersions: []string{pluginapi.Version},
-	}, nil
-}
-
-// NotifyRegistrationStatus implements pluginregistration.Registration.
-func (p *Plugin) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
-	if err := p.record(Call{Method: MethodNotifyRegistrationStatus}); err != nil {
-		return nil, err
-	}
-	p.mu.Lock()
-	p.statuses = append(p.statuses, st)
-	p.mu.Unlock()
-	if p.opts.OnRegistrationStatus != nil {
-		p.opts.OnRegistrationStatus(st)
-	}
-	if st.GetPluginRegistered() {
-		p.log.Info("registered", "resource", p.opts.Resource)
-	} else {
-		p.log.Warn("registration failed", "resource", p.opts.Resource, "error", st.GetError())
-	}
-	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
 // GetDevicePluginOptions implements v1beta1.DevicePlugin.
@@ -407,9 +375,7 @@ func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[p
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
-		if _, ok := p.streams[stop]; ok {
-			delete(p.streams, stop)
-		}
+		delete(p.streams, stop)
 		p.mu.Unlock()
 	}()
 	for {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,7 +16,10 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
@@ -25,13 +27,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func startPlugin(t *testing.T, opts Options) *Plugin {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	if opts.SocketPath == "" {
-		opts.SocketPath = filepath.Join(dir, "p.sock")
+		opts.SocketPath = filepath.Join(testutil.TempDir(t), "p.sock")
 	}
 	p, err := New(opts)
 	if err != nil {
@@ -139,8 +136,16 @@ func TestPluginServesBothServices(t *testing.T) {
 	if _, err := registerapi.NewRegistrationClient(conn).NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
 		t.Fatal(err)
 	}
-	if st := p.RegistrationStatuses(); len(st) != 1 || !st[0].PluginRegistered {
-		t.Fatalf("statuses = %v", st)
+	if st, err := p.WaitStatus(ctx, testplugin.Registered); err != nil || len(p.Statuses()) != 1 {
+		t.Fatalf("WaitStatus = %+v, %v; statuses %v", st, err, p.Statuses())
+	}
+	// The registration knobs are the embedded Registration's.
+	p.SetGetInfoError(status.Error(codes.Unavailable, "not ready"))
+	if _, err := registerapi.NewRegistrationClient(conn).GetInfo(ctx, &registerapi.InfoRequest{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("GetInfo with an injected failure: %v", err)
+	}
+	if n := p.GetInfoCalls(); n != 2 {
+		t.Fatalf("GetInfo calls %d, want 2", n)
 	}
 }
 
@@ -156,15 +161,11 @@ func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) 
 }
 
 func TestPluginRegisterOnKubeletSock(t *testing.T) {
-	dir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := testutil.TempDir(t)
 	kubelet := &fakeKubelet{got: make(chan *pluginapi.RegisterRequest, 1)}
 	ks, _ := rpcutil.NewServer(discardLogger())
 	pluginapi.RegisterRegistrationServer(ks, kubelet)
-	lis, err := listen(filepath.Join(dir, "kubelet.sock"))
+	lis, err := unixsock.Listen(filepath.Join(dir, app.KubeletSocketName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func TestPluginRegisterOnKubeletSock(t *testing.T) {
 	defer ks.Stop()
 
 	p := startPlugin(t, Options{Resource: "example.com/dev", Devices: 1, SocketPath: filepath.Join(dir, "dp.sock")})
-	if err := p.Register(context.Background(), filepath.Join(dir, "kubelet.sock")); err != nil {
+	if err := p.Register(context.Background(), filepath.Join(dir, app.KubeletSocketName)); err != nil {
 		t.Fatal(err)
 	}
 	r := <-kubelet.got
@@ -189,5 +190,3 @@ func TestPluginRegisterOnKubeletSock(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func listen(path string) (net.Listener, error) { return unixsock.Listen(path) }

@@ -2,14 +2,17 @@ package stream
 
 import (
 	"context"
-
-	"github.com/nodeplug/nodeplug/pkg/errdefs"
 )
 
 // Serve writes a Watch stream: every snapshot item, then the synced marker,
 // then live items from sub until ctx ends or the subscription is closed. It
-// closes sub before returning. The returned error is a gRPC status error
-// (RESOURCE_EXHAUSTED when the subscriber fell behind).
+// closes sub before returning.
+//
+// The error is a plain error, never a gRPC status: ctx's error, why the
+// subscription was closed (ErrSlow when the subscriber fell behind, which
+// wraps errdefs.ErrResourceExhausted), or a send's error. The server's
+// error interceptor (pkg/rpcutil) turns it into the status the client sees:
+// RESOURCE_EXHAUSTED for a slow subscriber.
 func Serve[T any](ctx context.Context, snapshot []T, sub *Subscription[T], send func(T) error, synced func() error) error {
 	defer sub.Close()
 	for _, item := range snapshot {
@@ -23,10 +26,10 @@ func Serve[T any](ctx context.Context, snapshot []T, sub *Subscription[T], send 
 	for {
 		select {
 		case <-ctx.Done():
-			return errdefs.ToGRPC(ctx.Err())
+			return ctx.Err()
 		case item, ok := <-sub.C:
 			if !ok {
-				return errdefs.ToGRPC(sub.Err())
+				return sub.Err()
 			}
 			if err := send(item); err != nil {
 				return err

@@ -12,8 +12,8 @@ import (
 )
 
 // ErrSlow is the reason a subscription is closed when its buffer overflows.
-// It wraps errdefs.ErrResourceExhausted, so it reaches gRPC clients as
-// RESOURCE_EXHAUSTED.
+// It wraps errdefs.ErrResourceExhausted, which the server's error
+// interceptor maps to RESOURCE_EXHAUSTED.
 var ErrSlow = fmt.Errorf("subscriber fell behind the stream buffer; resubscribe: %w", errdefs.ErrResourceExhausted)
 
 // DefaultBuffer is the number of live items a subscriber may have pending.

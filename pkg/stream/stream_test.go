@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
@@ -69,8 +68,11 @@ func TestServeOrderAndOverflowStatus(t *testing.T) {
 			t.Fatalf("sent %v, want %v", out, want)
 		}
 	}
-	if status.Code(err) != codes.ResourceExhausted || !errors.Is(errdefs.FromGRPC(err), errdefs.ErrResourceExhausted) {
-		t.Fatalf("Serve error = %v, want RESOURCE_EXHAUSTED", err)
+	if !errors.Is(err, ErrSlow) || !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("Serve error = %v, want ErrSlow", err)
+	}
+	if _, ok := status.FromError(err); ok {
+		t.Fatalf("Serve error %v is a gRPC status; the interceptor maps errors", err)
 	}
 }
 
@@ -80,8 +82,8 @@ func TestServeEndsWithContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := Serve(ctx, nil, sub, func(int) error { return nil }, func() error { return nil })
-	if status.Code(err) != codes.Canceled {
-		t.Fatalf("Serve = %v, want Canceled", err)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve = %v, want context.Canceled", err)
 	}
 	if h.Len() != 0 {
 		t.Fatal("subscription not removed")

@@ -3,7 +3,6 @@ package testplugin
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -20,12 +20,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func start(t *testing.T, info Info) (*Plugin, registerapi.RegistrationClient) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	p, err := Start(filepath.Join(dir, "sub", "p.sock"), info)
+	p, err := Start(filepath.Join(testutil.TempDir(t), "sub", "p.sock"), info)
 	if err != nil {
 		t.Fatal(err)
 	}

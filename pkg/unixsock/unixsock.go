@@ -115,7 +115,7 @@ func (c *Confiner) Dirs() []string { return append([]string(nil), c.dirs...) }
 // directory (without touching the filesystem).
 func (c *Confiner) Within(p string) bool {
 	for _, d := range c.dirs {
-		if p == d || strings.HasPrefix(p, d+string(filepath.Separator)) {
+		if p == d || strings.HasPrefix(p, strings.TrimSuffix(d, string(filepath.Separator))+string(filepath.Separator)) {
 			return true
 		}
 	}

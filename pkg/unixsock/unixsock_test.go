@@ -186,3 +186,80 @@ func TestListenLongestPath(t *testing.T) {
 		t.Fatalf("mode %v, %v", mode, err)
 	}
 }
+
+// TestConfinerRootAllowsEverything: an allowed dir of "/" allows every
+// absolute path (it used to allow nothing: "/" + "/" was the prefix).
+func TestConfinerRootAllowsEverything(t *testing.T) {
+	c, err := NewConfiner([]string{"/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"/", "/tmp/x.sock", "/var/lib/kubelet/plugins_registry/a.sock"} {
+		if !c.Within(p) {
+			t.Errorf("Within(%q) = false under /", p)
+		}
+	}
+	dir := tempDir(t)
+	sock := filepath.Join(dir, "a.sock")
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := c.Resolve(sock); err != nil {
+		t.Errorf("Resolve(%q) under /: %v", sock, err)
+	}
+}
+
+// FuzzConfinerResolve: whatever the path, Resolve does not panic, and what
+// it accepts lies inside the allowed directory once symlinks are followed.
+func FuzzConfinerResolve(f *testing.F) {
+	dir, err := os.MkdirTemp("", "npfz")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = os.RemoveAll(dir) })
+	allowed := filepath.Join(dir, "allowed")
+	outside := filepath.Join(dir, "outside")
+	for _, d := range []string{allowed, outside} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			f.Fatal(err)
+		}
+	}
+	for _, name := range []string{"in.sock", "lnk#x"} {
+		l, err := Listen(filepath.Join(allowed, name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Cleanup(func() { _ = l.Close() })
+	}
+	lo, err := Listen(filepath.Join(outside, "victim.sock"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = lo.Close() })
+	if err := os.Symlink(filepath.Join(outside, "victim.sock"), filepath.Join(allowed, "lnk")); err != nil {
+		f.Fatal(err)
+	}
+	c, err := NewConfiner([]string{allowed})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"in.sock", "lnk", "lnk#x", "../outside/victim.sock", "%2E%2E%2Foutside%2Fvictim.sock", "", "/", "a\x00b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, rel string) {
+		p := allowed + "/" + rel
+		resolved, err := c.Resolve(p)
+		if err != nil {
+			return
+		}
+		real, err := filepath.EvalSymlinks(resolved)
+		if err != nil {
+			return // removed meanwhile: nothing to dial
+		}
+		if !c.Within(real) {
+			t.Fatalf("Resolve(%q) accepted %q, outside %s", p, real, allowed)
+		}
+	})
+}

@@ -1,6 +1,9 @@
 // Command nodeplug-devicemanager owns device plugin endpoints, device
 // health, allocations and the checkpoint. It accepts plugins through
 // RegisterPlugin (from the reconciler) and the legacy kubelet.sock.
+//
+// This file is the only place where its parts are put together: flags →
+// configuration → the store and the manager → the gRPC servers.
 package main
 
 import (
@@ -8,10 +11,14 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 func main() {
@@ -21,17 +28,31 @@ func main() {
 		Flags: func(fs *app.Flags) {
 			fs.DurationVar(&grace, "grace-period", manager.DefaultGracePeriod, "how long a resource with no live endpoint keeps its capacity")
 		},
-		Setup: func(ctx context.Context, rt *app.Runtime) error {
-			d, err := server.Start(ctx, server.Options{
-				DevicePluginsDir: rt.Config.DevicePluginsDir(), AllowedDirs: rt.Config.AllowedDirs,
-				GracePeriod: grace, Log: rt.Log, Registerer: rt.Metrics,
-			})
-			if err != nil {
-				return err
-			}
-			dmv1.RegisterDeviceManagerServiceServer(rt.Server, d.Service)
-			rt.Go(d.Run)
-			return nil
-		},
+		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace) },
 	}, os.Args[1:]))
+}
+
+// setup refuses a live kubelet.sock, restores the state and removes stale
+// sockets (manager.Open), then serves the API and kubelet.sock. The manager
+// runs until the service stops, then flushes its state; it never
+// deregisters plugins or releases allocations.
+func setup(ctx context.Context, rt *app.Runtime, grace time.Duration) error {
+	dir := rt.Config.DevicePluginsDir()
+	m, err := manager.Open(ctx, manager.Config{
+		DevicePluginsDir: dir, AllowedDirs: rt.Config.AllowedDirs, GracePeriod: grace,
+		Store: store.NewCheckpoint(dir), Log: rt.Log, Registerer: rt.Metrics,
+	})
+	if err != nil {
+		return err
+	}
+	rt.Go(m.Run)
+	dmv1.RegisterDeviceManagerServiceServer(rt.Server, server.NewService(m, server.WatchLimits{}))
+	kubeletSock := manager.KubeletSocketPath(dir)
+	if err := rt.ServeUnix(kubeletSock, func(s *grpc.Server) {
+		pluginapi.RegisterRegistrationServer(s, server.NewRegistration(m, dir, rt.Log))
+	}); err != nil {
+		return err
+	}
+	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "instance_id", m.InstanceID(), "grace_period", m.GracePeriod())
+	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -12,13 +13,11 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
-	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
-
-const waitFor = 60 * time.Second
 
 // proc is a running nodeplug-devicemanager binary.
 type proc struct {
@@ -31,11 +30,7 @@ type proc struct {
 // returns it.
 func buildBinaries(t *testing.T, names ...string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	dir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if err := stack.Build(ctx, dir, names...); err != nil {
@@ -76,32 +71,34 @@ func startProc(t *testing.T, bin, root string) *proc {
 }
 
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
 	t.Cleanup(cancel)
 	return ctx
 }
 
+// waitLive waits until resource name has one live endpoint and
+// allocatable devices, and returns it.
 func waitLive(t *testing.T, c dmv1.DeviceManagerServiceClient, name string, allocatable int64) *dmv1.Resource {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	var last *dmv1.Resource
-	for time.Now().Before(deadline) {
+	var found *dmv1.Resource
+	testutil.Eventually(t, fmt.Sprintf("%s live with %d allocatable", name, allocatable), func() error {
 		resp, err := c.ListResources(ctxT(t), &dmv1.ListResourcesRequest{})
-		if err == nil {
-			for _, r := range resp.GetResources() {
-				if r.GetName() == name {
-					last = r
-					if r.GetAllocatable() == allocatable && len(r.GetEndpoints()) == 1 &&
-						r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE {
-						return r
-					}
+		if err != nil {
+			return err
+		}
+		for _, r := range resp.GetResources() {
+			if r.GetName() == name {
+				if r.GetAllocatable() == allocatable && len(r.GetEndpoints()) == 1 &&
+					r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE {
+					found = r
+					return nil
 				}
+				return fmt.Errorf("last: %v", r)
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s never live with %d allocatable; last %v", name, allocatable, last)
-	return nil
+		return fmt.Errorf("no resource %s", name)
+	})
+	return found
 }
 
 func newPlugin(t *testing.T, opts deviceplugin.Options) *deviceplugin.Plugin {
@@ -126,24 +123,16 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	bin := filepath.Join(buildBinaries(t, "nodeplug-devicemanager"), "nodeplug-devicemanager")
-	root, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(root)
+	root := testutil.TempDir(t)
 	dpDir := filepath.Join(root, "device-plugins")
 	reg := newPlugin(t, deviceplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true,
 		SocketPath: filepath.Join(root, "plugins_registry", "reg.sock")})
 	first := startProc(t, bin, root)
 	legacy := newPlugin(t, deviceplugin.Options{Resource: "example.com/legacy", Devices: 2, SocketPath: filepath.Join(dpDir, "legacy.sock")})
 
-	id, _, err := unixsock.Stat(reg.SocketPath())
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := first.client.RegisterPlugin(ctxT(t), &dmv1.RegisterPluginRequest{
 		ResourceName: reg.Resource(), Endpoint: reg.SocketPath(), Versions: []string{pluginapi.Version},
-		SocketPath: reg.SocketPath(), Generation: id.Generation(),
+		SocketPath: reg.SocketPath(), Generation: testutil.Generation(t, reg.SocketPath()),
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +207,7 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	}
 
 	// SIGTERM: a clean exit that deregisters and releases nothing.
-	if err := second.Stop(waitFor); err != nil {
+	if err := second.Stop(testutil.Deadline); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 	third := startProc(t, bin, root)
@@ -232,13 +221,7 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	if !proto.Equal(before, final) {
 		t.Fatalf("allocations differ after SIGTERM:\n%v\n%v", before, final)
 	}
-	deadline := time.Now().Add(waitFor)
-	for legacy.StreamCount() != 1 || reg.StreamCount() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("plugins have %d and %d ListAndWatch streams, want one each", legacy.StreamCount(), reg.StreamCount())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, "one ListAndWatch stream per plugin", func() bool { return legacy.StreamCount() == 1 && reg.StreamCount() == 1 })
 }
 
 // TestSamplePluginKubeletSockAcrossRestart runs nodeplug-sampleplugin in
@@ -252,11 +235,7 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 	}
 	dir := buildBinaries(t, "nodeplug-devicemanager", "nodeplug-sampleplugin")
 	bin, sample := filepath.Join(dir, "nodeplug-devicemanager"), filepath.Join(dir, "nodeplug-sampleplugin")
-	root, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(root)
+	root := testutil.TempDir(t)
 	first := startProc(t, bin, root)
 
 	plugin, err := stack.Start(sample, []string{"--mode", "kubelet-sock", "--resource", "example.com/sample", "--devices", "4",
@@ -264,7 +243,7 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = plugin.Stop(waitFor) })
+	t.Cleanup(func() { _ = plugin.Stop(testutil.Deadline) })
 	control, err := plugin.Addr(ctxT(t), "control endpoint listening")
 	if err != nil {
 		t.Fatal(err)
@@ -278,7 +257,7 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	waitLive(t, first.client, "example.com/sample", 3)
 
 	first.close() // SIGKILL
@@ -290,21 +269,17 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 
 	// The plugin exits on SIGTERM and removes its socket: its devices turn
 	// unhealthy, capacity kept.
-	if err := plugin.Stop(waitFor); err != nil {
+	if err := plugin.Stop(testutil.Deadline); err != nil {
 		t.Fatalf("sample plugin exit: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(root, "device-plugins", "sample.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind: %v", err)
 	}
-	deadline := time.Now().Add(waitFor)
-	for {
+	testutil.Eventually(t, "devices unhealthy, capacity kept, after the plugin exited", func() error {
 		resp, err := second.client.ListResources(ctxT(t), &dmv1.ListResourcesRequest{})
-		if err == nil && len(resp.GetResources()) == 1 && resp.GetResources()[0].GetAllocatable() == 0 && resp.GetResources()[0].GetCapacity() == 4 {
-			break
+		if err == nil && (len(resp.GetResources()) != 1 || resp.GetResources()[0].GetAllocatable() != 0 || resp.GetResources()[0].GetCapacity() != 4) {
+			err = fmt.Errorf("resources: %v", resp)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("resources after the plugin exited: %v, %v", resp, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err
+	})
 }

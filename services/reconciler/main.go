@@ -2,50 +2,174 @@
 // watcher's socket events, registers each plugin (GetInfo, validation, the
 // handler of its type, NotifyRegistrationStatus) and serves
 // nodeplug.reconciler.v1.ReconcilerService.
+//
+// This file is the only place where the reconciler's parts are wired
+// together: flags → config → newService (the status board, the handlers,
+// the control loop, the watcher client, the gRPC adapter) → servers.
 package main
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
-	"github.com/nodeplug/nodeplug/services/reconciler/internal/stack"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/server"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/watchclient"
 )
 
 func main() {
-	var watcherAddr, dmAddr string
-	var resync time.Duration
+	cfg := config{}
 	os.Exit(app.Main(app.Service{
 		Binary:         "reconciler",
 		DefaultListen:  "127.0.0.1:50052",
 		DefaultMetrics: "127.0.0.1:9452",
 		Flags: func(fs *app.Flags) {
-			fs.StringVar(&watcherAddr, "watcher-addr", "127.0.0.1:50051", "watcher gRPC address (host:port or absolute unix socket path)")
-			fs.StringVar(&dmAddr, "devicemanager-addr", "127.0.0.1:50053", "devicemanager gRPC address (host:port or absolute unix socket path)")
-			fs.DurationVar(&resync, "resync-period", 5*time.Minute, "safety-net reconcile interval (changes are reconciled at once)")
+			fs.StringVar(&cfg.WatcherAddr, "watcher-addr", "127.0.0.1:50051", "watcher gRPC address (host:port or absolute unix socket path)")
+			fs.StringVar(&cfg.DeviceManagerAddr, "devicemanager-addr", "127.0.0.1:50053", "devicemanager gRPC address (host:port or absolute unix socket path)")
+			fs.DurationVar(&cfg.ResyncPeriod, "resync-period", reconciler.DefaultResyncPeriod, "safety-net reconcile interval (changes are reconciled at once)")
 		},
 		Setup: func(_ context.Context, rt *app.Runtime) error {
-			s, err := stack.New(stack.Config{WatcherAddr: watcherAddr, DeviceManagerAddr: dmAddr, ResyncPeriod: resync, AllowedDirs: rt.Config.AllowedDirs, Log: rt.Log})
-			if err != nil {
-				return err
-			}
-			s.Service.Register(rt.Server)
-			if err := s.Reconciler.RegisterMetrics(rt.Metrics); err != nil {
-				return err
-			}
-			// Healthy once the watcher's first snapshot arrived, so that a
-			// plugin started after the reconciler is healthy is a live
-			// event (and its registration one trace from the watcher on).
-			ready := rt.DeferReady()
-			rt.Go(func(ctx context.Context) error {
-				if s.Reconciler.WaitSynced(ctx) == nil {
-					ready()
-				}
-				return nil
-			})
-			rt.Go(s.Run)
-			return nil
+			cfg.AllowedDirs = rt.Config.AllowedDirs
+			cfg.Log = rt.Log
+			return setup(rt, cfg)
 		},
 	}, os.Args[1:]))
+}
+
+// config is what the reconciler is configured with.
+type config struct {
+	// WatcherAddr and DeviceManagerAddr are host:port or absolute Unix
+	// socket paths.
+	WatcherAddr       string
+	DeviceManagerAddr string
+	ResyncPeriod      time.Duration
+	// AllowedDirs confine plugin endpoints (none: no confinement).
+	AllowedDirs []string
+	Log         *slog.Logger
+	// Clock drives backoff and resync; the wall clock when nil.
+	Clock clock.Clock
+}
+
+// service is the reconciler's parts, wired together.
+type service struct {
+	status  *status.Board          // what the API publishes
+	loop    *reconciler.Reconciler // the control loop
+	drivers *handler.Drivers       // CSI and DRA drivers
+	devices *handler.DevicePlugin  // the devicemanager's handler
+	watch   *watchclient.Client    // feeds the loop from the watcher
+	api     *server.Server         // the gRPC adapter
+
+	conns []*grpc.ClientConn
+}
+
+// newService builds the reconciler. Nothing is dialled until run.
+func newService(cfg config) (*service, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	var confiner *unixsock.Confiner
+	if len(cfg.AllowedDirs) > 0 {
+		var err error
+		if confiner, err = unixsock.NewConfiner(cfg.AllowedDirs); err != nil {
+			return nil, err
+		}
+	}
+	wconn, err := rpcutil.DialPeer(cfg.WatcherAddr)
+	if err != nil {
+		return nil, err
+	}
+	dconn, err := rpcutil.DialPeer(cfg.DeviceManagerAddr)
+	if err != nil {
+		_ = wconn.Close()
+		return nil, err
+	}
+	s := &service{
+		status:  status.New(cfg.Clock),
+		drivers: handler.NewDrivers(),
+		conns:   []*grpc.ClientConn{wconn, dconn},
+	}
+	// A restarted devicemanager lost its endpoints: register every device
+	// plugin with it again.
+	s.devices = handler.NewDevicePlugin(devicemanagerv1.NewDeviceManagerServiceClient(dconn), cfg.Log.With("handler", handler.TypeDevicePlugin),
+		func(_, _ string) { s.loop.Reregister(handler.TypeDevicePlugin) })
+	s.loop = reconciler.New(reconciler.Options{
+		Handlers: map[string]cache.Handler{
+			handler.TypeDevicePlugin: s.devices,
+			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers),
+			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers),
+		},
+		Status:       s.status,
+		Log:          cfg.Log,
+		Clock:        cfg.Clock,
+		ResyncPeriod: cfg.ResyncPeriod,
+		Confiner:     confiner,
+	})
+	s.watch = watchclient.New(watcherv1.NewWatcherServiceClient(wconn), s.loop, cfg.Log)
+	s.api = server.New(s.status, s.drivers)
+	return s, nil
+}
+
+// run runs the control loop, the watcher client and the devicemanager
+// watch until ctx ends, then ends the API's streams and closes the
+// connections.
+func (s *service) run(ctx context.Context) error {
+	defer s.close()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.loop.Run(gctx) })
+	g.Go(func() error { return s.watch.Run(gctx) })
+	g.Go(func() error { return s.devices.Run(gctx) })
+	err := g.Wait()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// close ends the API's streams and closes the connections to the peers.
+func (s *service) close() {
+	s.status.Close()
+	for _, c := range s.conns {
+		_ = c.Close()
+	}
+}
+
+// setup serves the reconciler's API and metrics on the runtime's server
+// and runs the service. Health stays NOT_SERVING until the watcher's first
+// snapshot arrived, so that a plugin started after the reconciler is
+// healthy is a live event (and its registration one trace from the watcher
+// on).
+func setup(rt *app.Runtime, cfg config) error {
+	s, err := newService(cfg)
+	if err != nil {
+		return err
+	}
+	s.api.Register(rt.Server)
+	if err := s.loop.RegisterMetrics(rt.Metrics); err != nil {
+		s.close()
+		return err
+	}
+	ready := rt.DeferReady()
+	rt.Go(func(ctx context.Context) error {
+		if s.loop.WaitSynced(ctx) == nil {
+			ready()
+		}
+		return nil
+	})
+	rt.Go(s.run)
+	return nil
 }

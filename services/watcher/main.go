@@ -1,16 +1,22 @@
 // Command nodeplug-watcher watches <root-dir>/plugins_registry for plugin
 // registration sockets and streams their appearance and removal over gRPC
 // (nodeplug.watcher.v1.WatcherService).
+//
+// This file is the only place where the watcher's parts are wired together:
+// flags → config → newService (the socket watcher, the gRPC adapter) →
+// servers.
 package main
 
 import (
 	"context"
+	"log/slog"
 	"os"
 
-	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/watcher/internal/grpcapi"
+	"github.com/nodeplug/nodeplug/services/watcher/internal/server"
 	"github.com/nodeplug/nodeplug/services/watcher/internal/socketwatch"
 )
 
@@ -19,25 +25,64 @@ func main() {
 		Binary:         "watcher",
 		DefaultListen:  "127.0.0.1:50051",
 		DefaultMetrics: "127.0.0.1:9451",
-		Setup:          setup,
+		Setup: func(_ context.Context, rt *app.Runtime) error {
+			return setup(rt, config{
+				Dir:         rt.Config.PluginsDir(),
+				AllowedDirs: rt.Config.AllowedDirs,
+				Log:         rt.Log,
+				Metrics:     rt.Metrics,
+			})
+		},
 	}, os.Args[1:]))
 }
 
-func setup(_ context.Context, rt *app.Runtime) error {
-	conf, err := unixsock.NewConfiner(rt.Config.AllowedDirs)
+// config is what the watcher is configured with.
+type config struct {
+	// Dir is the directory to watch (<root>/plugins_registry).
+	Dir string
+	// AllowedDirs decide which symlinked sockets count.
+	AllowedDirs []string
+	Log         *slog.Logger
+	Metrics     prometheus.Registerer
+}
+
+// service is the watcher's parts, wired together.
+type service struct {
+	watch *socketwatch.Watcher // the socket set and its subscribers
+	api   *server.Server       // the gRPC adapter
+}
+
+// newService builds the watcher: it creates the directory if needed and
+// reads the sockets already present; changes are followed once run is
+// called.
+func newService(cfg config) (*service, error) {
+	conf, err := unixsock.NewConfiner(cfg.AllowedDirs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	w, err := socketwatch.New(socketwatch.Options{
-		Dir:        rt.Config.PluginsDir(),
+		Dir:        cfg.Dir,
 		Confiner:   conf,
-		Log:        rt.Log,
-		Registerer: rt.Metrics,
+		Log:        cfg.Log,
+		Registerer: cfg.Metrics,
 	})
+	if err != nil {
+		return nil, err
+	}
+	return &service{watch: w, api: server.New(w)}, nil
+}
+
+// run follows the directory until ctx ends, then ends every stream.
+func (s *service) run(ctx context.Context) error { return s.watch.Run(ctx) }
+
+// setup serves the watcher's API on the runtime's server and runs the
+// service.
+func setup(rt *app.Runtime, cfg config) error {
+	s, err := newService(cfg)
 	if err != nil {
 		return err
 	}
-	watcherv1.RegisterWatcherServiceServer(rt.Server, grpcapi.New(w))
-	rt.Go(w.Run)
+	s.api.Register(rt.Server)
+	rt.Go(s.run)
 	return nil
 }

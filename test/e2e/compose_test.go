@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 // Ports of the compose test's own stack, so it never collides with a
@@ -80,7 +81,7 @@ func TestCompose(t *testing.T) {
 	}
 
 	var resources []map[string]any
-	eventually(t, "the sample plugin's resource is allocatable", func() error {
+	testutil.Eventually(t, "the sample plugin's resource is allocatable", func() error {
 		out, err := ctl("resources", "-o", "json")
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
@@ -128,7 +129,7 @@ func TestCompose(t *testing.T) {
 		t.Fatalf("no trace ID for the sample plugin:\n%s", out)
 	}
 	jaeger := "http://127.0.0.1:" + composePorts["NODEPLUG_JAEGER_PORT"]
-	eventually(t, "the registration trace in Jaeger with all three services", func() error {
+	testutil.Eventually(t, "the registration trace in Jaeger with all three services", func() error {
 		resp, err := http.Get(jaeger + "/api/traces/" + traceID)
 		if err != nil {
 			return err

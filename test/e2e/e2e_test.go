@@ -14,8 +14,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
@@ -51,19 +53,15 @@ func TestMain(m *testing.M) {
 type env struct {
 	t    *testing.T
 	root string
-	st   *stack.Stack
+	st   *stack.Processes
 	dm   dmv1.DeviceManagerServiceClient
 	rc   rcv1.ReconcilerServiceClient
 }
 
 func newEnv(t *testing.T, extraEnv ...string) *env {
 	t.Helper()
-	root, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(root) })
-	st := stack.New(binDir, root, extraEnv...)
+	root := testutil.TempDir(t)
+	st := stack.NewProcesses(binDir, root, extraEnv...)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	t.Cleanup(func() {
@@ -109,7 +107,7 @@ func (e *env) waitLive() {
 	}
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
-	eventually(e.t, "the reconciler is healthy", func() error {
+	testutil.Eventually(e.t, "the reconciler is healthy", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
@@ -128,9 +126,9 @@ func (e *env) waitLive() {
 // calls Register on kubelet.sock.
 func (e *env) plugin(name, resource string, devices int, legacy bool) *deviceplugin.Plugin {
 	e.t.Helper()
-	dir := filepath.Join(e.root, "plugins_registry")
+	dir := app.PluginsRegistryDir(e.root)
 	if legacy {
-		dir = filepath.Join(e.root, "device-plugins")
+		dir = app.DevicePluginsDir(e.root)
 	}
 	p, err := deviceplugin.New(deviceplugin.Options{Resource: resource, SocketPath: filepath.Join(dir, name+".sock"), Devices: devices})
 	if err != nil {
@@ -143,7 +141,7 @@ func (e *env) plugin(name, resource string, devices int, legacy bool) *deviceplu
 	if legacy {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := p.Register(ctx, filepath.Join(dir, "kubelet.sock")); err != nil {
+		if err := p.Register(ctx, app.KubeletSocket(e.root)); err != nil {
 			e.t.Fatalf("legacy Register: %v", err)
 		}
 	}
@@ -166,25 +164,9 @@ func (e *env) resource(name string) *dmv1.Resource {
 	return nil
 }
 
-// eventually polls cond until it returns nil or a minute passes.
-func eventually(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func (e *env) waitAllocatable(name string, n int64) {
 	e.t.Helper()
-	eventually(e.t, "resource "+name+" allocatable", func() error {
+	testutil.Eventually(e.t, "resource "+name+" allocatable", func() error {
 		r := e.resource(name)
 		if r == nil {
 			return fmt.Errorf("resource %s absent", name)

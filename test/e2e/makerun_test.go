@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 // readmeCommands returns the command lines of the README's "Looking inside"
@@ -76,11 +77,7 @@ func TestMakeRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmds := readmeCommands(t, root)
-	runDir, err := os.MkdirTemp("", "nprun")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(runDir)
+	runDir := testutil.TempDir(t)
 
 	var out syncBuffer
 	mk := exec.Command("make", "run")
@@ -161,7 +158,8 @@ func TestMakeRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-done:
+	case err := <-done:
+		t.Logf("make run exited after SIGINT: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatalf("make run did not stop after SIGINT:\n%s", out.String())
 	}
@@ -246,11 +244,7 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 	if err := asNobody(context.Background(), "test", "-x", filepath.Join(root, "scripts", "run.sh")).Run(); err != nil {
 		t.Skipf("the checkout is not readable by nobody here (%v)", err)
 	}
-	runDir, err := os.MkdirTemp("", "nprun")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(runDir)
+	runDir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if err := filepath.Walk(runDir, func(p string, _ os.FileInfo, err error) error {
@@ -301,7 +295,8 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-done:
+	case err := <-done:
+		t.Logf("run.sh exited after SIGINT: %v", err)
 	case <-time.After(60 * time.Second):
 		t.Fatalf("run.sh did not stop after SIGINT:\n%s", out.String())
 	}

@@ -6,25 +6,46 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 // span is one exported span, flattened.
 type span struct {
 	Service  string
+	Kind     string // internal, server, client, producer or consumer
 	Name     string
 	TraceID  string
 	SpanID   string
 	ParentID string
-	Links    []string // linked trace IDs
+	Links    []spanRef
 	Start    time.Time
 	End      time.Time
+}
+
+// spanRef is the target of a span link.
+type spanRef struct{ TraceID, SpanID string }
+
+// Span kinds as the sink records them.
+const (
+	kindInternal = "internal"
+	kindServer   = "server"
+	kindClient   = "client"
+	kindProducer = "producer"
+)
+
+// kindName maps an OTLP span kind to the sink's name for it.
+func kindName(k tracepb.Span_SpanKind) string {
+	return strings.ToLower(strings.TrimPrefix(k.String(), "SPAN_KIND_"))
 }
 
 // otlpSink is an OTLP/gRPC trace receiver running in the test process.
@@ -70,12 +91,13 @@ func (s *otlpSink) Export(_ context.Context, req *coltracepb.ExportTraceServiceR
 		}
 		for _, ss := range rs.GetScopeSpans() {
 			for _, sp := range ss.GetSpans() {
-				var links []string
+				var links []spanRef
 				for _, l := range sp.GetLinks() {
-					links = append(links, hex.EncodeToString(l.GetTraceId()))
+					links = append(links, spanRef{TraceID: hex.EncodeToString(l.GetTraceId()), SpanID: hex.EncodeToString(l.GetSpanId())})
 				}
 				s.spans = append(s.spans, span{
 					Service:  service,
+					Kind:     kindName(sp.GetKind()),
 					Name:     sp.GetName(),
 					TraceID:  hex.EncodeToString(sp.GetTraceId()),
 					SpanID:   hex.EncodeToString(sp.GetSpanId()),
@@ -104,21 +126,20 @@ func (s *otlpSink) Trace(traceID string) []span {
 	return out
 }
 
-// waitFor polls the trace until cond holds or the deadline passes.
+// waitFor waits until the spans of the trace satisfy cond and returns them.
+// Spans are exported in batches, some after the reply that made them
+// reached the test: a trace is complete when cond says so, not before.
 func (s *otlpSink) waitFor(t *testing.T, traceID string, cond func([]span) error) []span {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		spans := s.Trace(traceID)
-		err := cond(spans)
-		if err == nil {
-			return spans
+	var spans []span
+	testutil.Eventually(t, "trace "+traceID, func() error {
+		spans = s.Trace(traceID)
+		if err := cond(spans); err != nil {
+			return fmt.Errorf("%w\nspans:\n%s", err, dump(spans))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("trace %s: %v\nspans:\n%s", traceID, err, dump(spans))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return spans
 }
 
 func dump(spans []span) string {
@@ -128,20 +149,41 @@ func dump(spans []span) string {
 		t0 = spans[0].Start
 	}
 	for _, sp := range spans {
-		fmt.Fprintf(&b, "  %-24s %-66s +%-9v %-9v id=%s parent=%s\n", sp.Service, sp.Name,
+		fmt.Fprintf(&b, "  %-24s %-8s %-66s +%-9v %-9v id=%s parent=%s", sp.Service, sp.Kind, sp.Name,
 			sp.Start.Sub(t0).Round(time.Microsecond), sp.End.Sub(sp.Start).Round(time.Microsecond), sp.SpanID, sp.ParentID)
+		for _, l := range sp.Links {
+			fmt.Fprintf(&b, " link=%s/%s", l.TraceID, l.SpanID)
+		}
+		b.WriteByte('\n')
 	}
 	return b.String()
 }
 
-// find returns the first span of service whose name contains substr.
-func find(spans []span, service, substr string) (span, bool) {
+// spanSpec names one span precisely: the service that made it, its kind and
+// its whole name. (A name alone is ambiguous: the client and the server of
+// one RPC share it, and a step span is often named after the call it makes.)
+type spanSpec struct{ service, kind, name string }
+
+func (s spanSpec) String() string { return s.service + " " + s.kind + " span " + strconv.Quote(s.name) }
+
+// find returns the first span matching spec.
+func find(spans []span, spec spanSpec) (span, bool) {
 	for _, sp := range spans {
-		if sp.Service == service && strings.Contains(strings.ToLower(sp.Name), strings.ToLower(substr)) {
+		if sp.Service == spec.service && sp.Kind == spec.kind && sp.Name == spec.name {
 			return sp, true
 		}
 	}
 	return span{}, false
+}
+
+// findAll checks that every spec has a span in spans.
+func findAll(spans []span, specs ...spanSpec) error {
+	for _, spec := range specs {
+		if _, ok := find(spans, spec); !ok {
+			return fmt.Errorf("no %s", spec)
+		}
+	}
+	return nil
 }
 
 // isDescendant reports whether span d descends from span a within spans.

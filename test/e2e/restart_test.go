@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-
 	"fmt"
 	"sync"
 	"testing"
@@ -10,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 )
@@ -36,7 +36,7 @@ func watchAllocatable(e *env) *allocWatch {
 		for ctx.Err() == nil {
 			stream, err := e.dm.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
 			if err != nil {
-				time.Sleep(50 * time.Millisecond)
+				pause(ctx)
 				continue
 			}
 			w.mu.Lock()
@@ -68,7 +68,7 @@ func watchAllocatable(e *env) *allocWatch {
 				}
 				w.mu.Unlock()
 			}
-			time.Sleep(50 * time.Millisecond)
+			pause(ctx)
 		}
 	}()
 	select {
@@ -77,6 +77,14 @@ func watchAllocatable(e *env) *allocWatch {
 		e.t.Fatal("WatchResources never synced")
 	}
 	return w
+}
+
+// pause waits a little before the watch resubscribes, or until ctx ends.
+func pause(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(50 * time.Millisecond):
+	}
 }
 
 func (w *allocWatch) stop() (minimum map[string]int64, streams int) {
@@ -101,7 +109,7 @@ func TestRestartsKeepState(t *testing.T) {
 			legacy := e.plugin("legacy", "example.com/legacy", 2, true)
 			e.waitAllocatable("example.com/registry", 4)
 			e.waitAllocatable("example.com/legacy", 2)
-			eventually(t, "reconciler shows the plugin registered", func() error {
+			testutil.Eventually(t, "reconciler shows the plugin registered", func() error {
 				if p := e.pluginBySocket(viaRegistry.SocketPath()); p.GetState() != rcv1.PluginState_PLUGIN_STATE_REGISTERED {
 					return fmt.Errorf("state %v", p.GetState())
 				}
@@ -121,7 +129,7 @@ func TestRestartsKeepState(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			registryNotifies := len(viaRegistry.RegistrationStatuses())
+			registryNotifies := len(viaRegistry.Statuses())
 
 			w := watchAllocatable(e)
 			e.st.Kill(svc)
@@ -131,7 +139,7 @@ func TestRestartsKeepState(t *testing.T) {
 
 			// Converged: the reconciler (new or old) has the plugin
 			// registered, both resources are live with their endpoints.
-			eventually(t, "convergence after the restart", func() error {
+			testutil.Eventually(t, "convergence after the restart", func() error {
 				if p := e.pluginBySocket(viaRegistry.SocketPath()); p.GetState() != rcv1.PluginState_PLUGIN_STATE_REGISTERED {
 					return fmt.Errorf("registry plugin state %v", p.GetState())
 				}
@@ -162,7 +170,7 @@ func TestRestartsKeepState(t *testing.T) {
 			if svc == "devicemanager" {
 				// The watch breaks with the old process; resubscribed, its
 				// snapshot shows both resources back at full allocatable.
-				eventually(t, "WatchResources resubscribed with the resources back", func() error {
+				testutil.Eventually(t, "WatchResources resubscribed with the resources back", func() error {
 					w.mu.Lock()
 					defer w.mu.Unlock()
 					if w.streams < 2 {
@@ -215,7 +223,7 @@ func TestRestartsKeepState(t *testing.T) {
 					t.Errorf("legacy plugin has %d ListAndWatch streams, want 1", got)
 				}
 			}
-			if got := len(viaRegistry.RegistrationStatuses()); svc == "watcher" && got != registryNotifies {
+			if got := len(viaRegistry.Statuses()); svc == "watcher" && got != registryNotifies {
 				t.Errorf("a watcher restart re-registered the plugin (%d → %d notifications)", registryNotifies, got)
 			}
 		})

@@ -1,19 +1,28 @@
-// Package manager is the devicemanager's core: device plugin endpoints and
-// their ListAndWatch streams, the per-resource device sets, allocations, the
-// grace period of stopped resources and the checkpoint.
+// Package manager is the devicemanager's core. It ties together the
+// connections to device plugins (package endpoint), the allocations
+// (package allocator) and the saved state (package store), and owns what
+// lies between them: the endpoints of each resource and which one is
+// primary, the per-resource device sets (the latest ListAndWatch update of
+// any live endpoint, last writer wins), the grace period of resources with
+// no live endpoint, and the Watch hub that publishes every change.
 //
-// It knows nothing of nodeplug's own API (the gRPC adapter in package server
-// converts); it talks to plugins with the upstream v1beta1 client. All
-// methods are safe for concurrent use.
+// Concurrency and ordering: every method of Manager is safe for concurrent
+// use. One mutex guards the resources and their endpoints; registrations
+// and deregistrations of one endpoint path run one at a time. Locks are
+// taken in this order only: an endpoint path's or a container's lock, the
+// write lock of the store, the manager's mutex, the allocator's mutex.
+// Changes reach Watch subscribers in the order they happen, each with a
+// revision one higher than the last.
+//
+// Errors wrap errdefs sentinels; the package knows nothing of gRPC status
+// codes or of nodeplug's own API (package server converts).
 package manager
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -21,43 +30,49 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/grpc"
-	grpccodes "google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/checkpoint"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/keylock"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 // DefaultGracePeriod is how long a resource with no live endpoint keeps its
 // capacity (the kubelet's endpointStopGracePeriod).
 const DefaultGracePeriod = 5 * time.Minute
 
-// Timeouts of the calls to plugins.
-const (
-	dialTimeout     = 10 * time.Second
-	optionsTimeout  = 10 * time.Second
-	preferredTimout = 10 * time.Second
-	allocateTimeout = 30 * time.Second
-	preStartTimeout = pluginapi.KubeletPreStartContainerRPCTimeoutInSecs * time.Second
-	redialTimeout   = 3 * time.Second
-)
+// watchBuffer is how many changes a Watch subscriber may have pending
+// before the hub drops it (stream.ErrSlow). The API's WatchResources moves
+// them at once into its own queue, bounded in bytes (see package server),
+// so this only absorbs a burst of changes while that move is scheduled; it
+// is kept small because every subscriber's buffer is allocated in full.
+const watchBuffer = 256
+
+// redialTimeout bounds the redial of one recorded endpoint at start.
+const redialTimeout = 3 * time.Second
+
+var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")
+
+var errShuttingDown = fmt.Errorf("devicemanager is shutting down: %w", errdefs.ErrUnavailable)
 
 // Config configures a Manager.
 type Config struct {
-	// DevicePluginsDir is <root>/device-plugins: the checkpoint lives there.
+	// DevicePluginsDir is <root>/device-plugins: kubelet.sock and the
+	// legacy plugins' sockets live there.
 	DevicePluginsDir string
-	// AllowedDirs confine the endpoints that may be dialled.
+	// AllowedDirs confine the endpoints that may be dialled (default:
+	// DevicePluginsDir).
 	AllowedDirs []string
 	// GracePeriod defaults to DefaultGracePeriod.
 	GracePeriod time.Duration
-	Log         *slog.Logger
+	// Store keeps the state durable; required.
+	Store store.Store
+	Log   *slog.Logger
 	// Registerer receives the metrics; nil means none are registered.
 	Registerer prometheus.Registerer
 }
@@ -67,99 +82,34 @@ type Manager struct {
 	log        *slog.Logger
 	grace      time.Duration
 	confiner   *unixsock.Confiner
-	ckptPath   string
+	store      store.Store
 	instanceID string
 	metrics    *metrics
 	hub        *stream.Hub[Change]
+	alloc      *allocator.Ledger
 
-	regLocks   keyedMutex // per endpoint path
-	allocLocks keyedMutex // per pod/container
+	regLocks keylock.Mutex // per endpoint path
+
+	saveMu sync.Mutex // orders staging and commit of the store
 
 	mu        sync.Mutex
 	resources map[string]*resource
-	allocs    map[allocKey]*allocation
-	// owners maps resource → device → the allocation holding it, committed
-	// or reserved by an Allocate in flight.
-	owners   map[string]map[string]allocKey
-	seq      uint64
-	revision uint64
-	version  uint64 // bumped on every change the checkpoint holds
-	closing  bool
-	wake     chan struct{}
-	dirty    chan struct{} // asks Run to write the checkpoint
+	dirty     map[string]bool // resources changed since they were last staged
+	seq       uint64
+	revision  uint64
+	closing   bool
+	wake      chan struct{} // a grace period started: Run recomputes its timer
+	flush     chan struct{} // asks Run to write the state soon
 
-	saveMu sync.Mutex
-	saved  uint64
-
-	wg sync.WaitGroup
+	wg sync.WaitGroup // stream goroutines and connection closes
 }
 
-type resource struct {
-	name    string
-	devices map[string]*device
-	// ids caches the sorted keys of devices; nil after devices changed.
-	ids []string
-	// enc caches the checkpoint encoding; nil after any change.
-	enc       []byte
-	endpoints map[string]*endpoint // by endpoint path
-	primary   *endpoint
-	// stoppedAt is set while no endpoint is live: the grace period runs.
-	stoppedAt time.Time
-}
-
-// sortedIDs returns the device IDs in sorted order. The slice is shared:
-// callers must not change it.
-func (r *resource) sortedIDs() []string {
-	if r.ids == nil {
-		r.ids = slices.Sorted(maps.Keys(r.devices))
-	}
-	return r.ids
-}
-
-type device struct {
-	id      string
-	healthy bool
-	numa    []int64
-}
-
-type endpoint struct {
-	resource   string
-	path       string // as registered (absolute)
-	dialPath   string // resolved inside the allowed directories
-	socketPath string
-	generation string
-	regPath    RegistrationPath
-	versions   []string
-	opts       *pluginapi.DevicePluginOptions
-	state      EndpointState
-	seq        uint64
-	registered time.Time
-	stopped    time.Time
-
-	conn      *grpc.ClientConn
-	client    pluginapi.DevicePluginClient
-	cancel    context.CancelFunc
-	firstSpan trace.Span
-	// closed: its end has been handled (replaced, deregistered or stopped);
-	// its stream no longer changes anything.
-	closed bool
-}
-
-type allocKey struct{ pod, container, resource string }
-
-type allocation struct {
-	key     allocKey
-	ids     []string
-	resp    *pluginapi.ContainerAllocateResponse
-	traceID string
-	at      time.Time
-	enc     []byte // checkpoint encoding, made at the first write
-}
-
-var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")
-
-// New returns a manager with no state; call Restore before serving.
+// New returns a manager with no state; Open is the usual way to get one
+// (it also restores the saved state).
 func New(cfg Config) (*Manager, error) {
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("devicemanager: no store configured: %w", errdefs.ErrInvalidArgument)
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -177,20 +127,21 @@ func New(cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(cfg.DevicePluginsDir, 0o750); err != nil {
 		return nil, fmt.Errorf("create %s: %w", cfg.DevicePluginsDir, err)
 	}
-	return &Manager{
+	m := &Manager{
 		log:        cfg.Log,
 		grace:      cfg.GracePeriod,
 		confiner:   conf,
-		ckptPath:   checkpoint.Path(cfg.DevicePluginsDir),
+		store:      cfg.Store,
 		instanceID: uuid.NewString(),
 		metrics:    newMetrics(cfg.Registerer),
-		hub:        stream.NewHub[Change](0),
+		hub:        stream.NewHub[Change](watchBuffer),
 		resources:  map[string]*resource{},
-		allocs:     map[allocKey]*allocation{},
-		owners:     map[string]map[string]allocKey{},
+		dirty:      map[string]bool{},
 		wake:       make(chan struct{}, 1),
-		dirty:      make(chan struct{}, 1),
-	}, nil
+		flush:      make(chan struct{}, 1),
+	}
+	m.alloc = allocator.New(allocator.Config{Resources: m, Persist: m.persist, Log: cfg.Log, Registerer: cfg.Registerer})
+	return m, nil
 }
 
 // InstanceID identifies this manager; it is new on every start.
@@ -200,12 +151,21 @@ func (m *Manager) InstanceID() string { return m.instanceID }
 func (m *Manager) GracePeriod() time.Duration { return m.grace }
 
 // Register connects a device plugin endpoint: dial, GetDevicePluginOptions,
-// open ListAndWatch. It returns once the stream is open; the first device
-// update arrives asynchronously. A live endpoint registered again with the
-// same generation is left as it is; a different generation replaces it.
+// open ListAndWatch. It returns once the stream is open and the
+// registration is durable; the first device update arrives
+// asynchronously. A live endpoint registered again with the same
+// generation is left as it is; a different generation replaces it, keeping
+// the resource's devices until the new endpoint's first update.
+//
+// One live endpoint serves one resource: naming an endpoint (its path, or
+// the socket it resolves to) that is live under another resource fails
+// with an *EndpointConflictError (errdefs.ErrAlreadyExists).
+//
+// The registration is counted (kubelet_device_plugin_registration_total)
+// once it succeeds, so that metric labels only ever name registered
+// resources.
 func (m *Manager) Register(ctx context.Context, r Registration) error {
-	m.metrics.registrations.WithLabelValues(r.Resource).Inc()
-	if err := validateRegistration(r); err != nil {
+	if err := ValidateRegistration(r); err != nil {
 		return err
 	}
 	dialPath, err := m.confiner.Resolve(r.Endpoint)
@@ -228,34 +188,40 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
-		return fmt.Errorf("devicemanager is shutting down: %w", errdefs.ErrUnavailable)
+		return errShuttingDown
+	}
+	if err := m.conflictLocked(r.Resource, r.Endpoint, dialPath); err != nil {
+		m.mu.Unlock()
+		m.log.WarnContext(ctx, "device plugin registration refused", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
+		return err
 	}
 	if res := m.resources[r.Resource]; res != nil {
-		if ep := res.endpoints[r.Endpoint]; ep != nil && !ep.closed && ep.generation == r.Generation {
+		if e := res.endpoints[r.Endpoint]; e != nil && !e.closed && e.generation == r.Generation {
 			m.mu.Unlock()
+			m.metrics.registrations.WithLabelValues(r.Resource).Inc()
 			m.log.DebugContext(ctx, "endpoint already connected with this generation", "resource", r.Resource, "endpoint", r.Endpoint, "generation", r.Generation)
 			return nil
 		}
 	}
 	m.mu.Unlock()
 
-	ep := &endpoint{
+	e := &entry{
 		resource: r.Resource, path: r.Endpoint, dialPath: dialPath, socketPath: r.SocketPath,
 		generation: r.Generation, regPath: r.Path, versions: slices.Clone(r.Versions),
 	}
-	lw, err := m.connect(ctx, ep)
-	if err != nil {
-		m.log.WarnContext(ctx, "device plugin registration failed", "resource", r.Resource, "endpoint", r.Endpoint, "error", err)
+	if err := m.connect(ctx, e); err != nil {
+		m.log.WarnContext(ctx, "device plugin registration failed", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
 		return err
 	}
-	old, err := m.install(ep)
+	old, err := m.install(e)
 	if err != nil {
+		m.log.WarnContext(ctx, "device plugin registration refused", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
 		return err
 	}
-	go m.run(ep, lw)
-	m.log.InfoContext(ctx, "device plugin endpoint registered", "resource", r.Resource, "endpoint", r.Endpoint,
+	m.metrics.registrations.WithLabelValues(r.Resource).Inc()
+	m.log.InfoContext(ctx, "device plugin endpoint registered", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath,
 		"generation", r.Generation, "registration_path", string(r.Path), "replaced", old != nil,
-		"pre_start_required", ep.opts.GetPreStartRequired(), "preferred_allocation", ep.opts.GetGetPreferredAllocationAvailable())
+		"pre_start_required", e.opts.PreStartRequired, "preferred_allocation", e.opts.PreferredAllocation)
 	// A registration is on disk before it is acknowledged, so that a
 	// restart right after it still redials the endpoint (concurrent
 	// registrations share writes).
@@ -265,222 +231,215 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	return nil
 }
 
-// connect dials ep, gets its options and opens ListAndWatch. The stream
-// carries the trace of ctx; a span "first ListAndWatch update" is started in
-// ctx and ended when the first update arrives.
-func (m *Manager) connect(ctx context.Context, ep *endpoint) (grpc.ServerStreamingClient[pluginapi.ListAndWatchResponse], error) {
-	cctx, span := tracer.Start(ctx, "connect "+ep.resource)
-	defer span.End()
-	conn, err := newPluginConn(ep.dialPath)
+// connect opens e's connection (see endpoint.Connect).
+func (m *Manager) connect(ctx context.Context, e *entry) error {
+	conn, err := endpoint.Connect(ctx, e.resource, e.path, e.dialPath)
 	if err != nil {
-		span.SetStatus(codes.Error, err.Error())
-		return nil, fmt.Errorf("failed to dial device plugin: %v: %w", err, errdefs.ErrUnavailable)
+		return err
 	}
-	client := pluginapi.NewDevicePluginClient(conn)
-	octx, ospan := tracer.Start(cctx, "GetDevicePluginOptions")
-	octx, cancel := context.WithTimeout(octx, optionsTimeout)
-	opts, err := client.GetDevicePluginOptions(octx, &pluginapi.Empty{})
-	cancel()
-	if err != nil {
-		ospan.SetStatus(codes.Error, err.Error())
-		ospan.End()
-		span.SetStatus(codes.Error, err.Error())
-		_ = conn.Close()
-		return nil, fmt.Errorf("failed to get device plugin options for %s at %s: %s: %w", ep.resource, ep.path, status.Convert(err).Message(), pluginErrKind(err))
-	}
-	ospan.End()
-	sctx, scancel := context.WithCancel(trace.ContextWithSpanContext(context.Background(), trace.SpanContextFromContext(cctx)))
-	lw, err := client.ListAndWatch(sctx, &pluginapi.Empty{})
-	if err != nil {
-		scancel()
-		_ = conn.Close()
-		span.SetStatus(codes.Error, err.Error())
-		return nil, fmt.Errorf("failed to open ListAndWatch of %s at %s: %s: %w", ep.resource, ep.path, status.Convert(err).Message(), pluginErrKind(err))
-	}
-	_, ep.firstSpan = tracer.Start(ctx, "first ListAndWatch update")
-	ep.conn, ep.client, ep.opts, ep.cancel = conn, client, opts, scancel
-	return lw, nil
+	e.conn, e.opts = conn, conn.Options()
+	return nil
 }
 
-// pluginErrKind classifies a plugin call error: transport problems are
-// Unavailable, anything else the plugin said is Internal.
-func pluginErrKind(err error) error {
-	switch status.Code(err) {
-	case grpccodes.Unavailable, grpccodes.DeadlineExceeded, grpccodes.Canceled:
-		return errdefs.ErrUnavailable
-	}
-	return errdefs.ErrInternal
-}
-
-// install makes ep the primary endpoint of its resource (see installLocked)
-// and accounts for its stream goroutine; it fails once the manager closes.
-func (m *Manager) install(ep *endpoint) (*endpoint, error) {
+// install makes e, connected, the primary endpoint of its resource (see
+// installLocked), closes the endpoint it replaces and starts receiving its
+// stream. It fails once the manager closes, and when e's socket became
+// live under another resource while e was connecting (another path to
+// it); e's connection is then closed.
+func (m *Manager) install(e *entry) (*entry, error) {
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
-		ep.cancel()
-		_ = ep.conn.Close()
-		m.endFirstSpan(ep, errors.New("shutting down"))
-		return nil, fmt.Errorf("devicemanager is shutting down: %w", errdefs.ErrUnavailable)
+		e.conn.Close(errShuttingDown)
+		return nil, errShuttingDown
 	}
-	old := m.installLocked(ep, time.Now())
+	if err := m.conflictLocked(e.resource, e.path, e.dialPath); err != nil {
+		m.mu.Unlock()
+		e.conn.Close(err)
+		return nil, err
+	}
+	old := m.installLocked(e, time.Now())
 	m.wg.Add(1) // under the lock: Close sets closing before it waits
 	m.mu.Unlock()
 	if old != nil {
-		old.cancel()
-		_ = old.conn.Close()
+		old.conn.Close(errors.New("replaced before its first update"))
 	}
+	go m.run(e)
 	return old, nil
 }
 
-// installLocked makes ep the primary endpoint of its resource and returns
-// the endpoint it replaces on the same path, if any.
-func (m *Manager) installLocked(ep *endpoint, now time.Time) *endpoint {
-	res := m.resources[ep.resource]
+// installLocked makes e the primary endpoint of its resource and returns
+// the live endpoint it replaces on the same path, if any (marked closed).
+func (m *Manager) installLocked(e *entry, now time.Time) *entry {
+	res := m.resources[e.resource]
 	if res == nil {
-		res = &resource{name: ep.resource, devices: map[string]*device{}, endpoints: map[string]*endpoint{}}
-		m.resources[ep.resource] = res
+		res = &resource{name: e.resource, devices: map[string]*device{}, endpoints: map[string]*entry{}}
+		m.resources[e.resource] = res
 	}
-	old := res.endpoints[ep.path]
+	old := res.endpoints[e.path]
 	if old != nil {
-		if !old.closed {
-			old.closed = true
-			m.endFirstSpan(old, errors.New("replaced before its first update"))
+		if old.closed {
+			old = nil // already handled
 		} else {
-			old = nil // already cleaned up
+			old.closed = true
 		}
 	}
 	m.seq++
-	ep.seq = m.seq
-	if ep.registered.IsZero() {
-		ep.registered = now
+	e.seq = m.seq
+	if e.registered.IsZero() {
+		e.registered = now
 	}
-	ep.state = StateConnecting
-	res.endpoints[ep.path] = ep
+	e.state = StateConnecting
+	res.endpoints[e.path] = e
 	// Stopped endpoints are only kept while nothing is live.
-	for p, e := range res.endpoints {
-		if e != ep && e.state == StateStopped {
+	for p, o := range res.endpoints {
+		if o != e && o.state == StateStopped {
 			delete(res.endpoints, p)
 		}
 	}
-	res.primary = ep
+	res.primary = e
 	res.stoppedAt = time.Time{}
 	m.changedLocked(res)
 	return old
 }
 
-func (m *Manager) endFirstSpan(ep *endpoint, err error) {
-	if ep.firstSpan == nil {
-		return
-	}
-	if err != nil {
-		ep.firstSpan.SetStatus(codes.Error, err.Error())
-	}
-	ep.firstSpan.End()
-	ep.firstSpan = nil
+// EndpointConflictError refuses a registration that names an endpoint live
+// under another resource: one live endpoint serves one resource, or the
+// same devices would be allocatable twice. It wraps
+// errdefs.ErrAlreadyExists.
+type EndpointConflictError struct {
+	Endpoint string // as registered
+	Resource string // what the registration asked for
+	Other    string // the resource the endpoint serves
 }
 
-// run receives ListAndWatch updates until the stream ends. The stream is
-// never reopened (as the kubelet): the plugin must register again.
-func (m *Manager) run(ep *endpoint, lw grpc.ServerStreamingClient[pluginapi.ListAndWatchResponse]) {
-	defer m.wg.Done()
-	for {
-		resp, err := lw.Recv()
-		if err != nil {
-			m.streamEnded(ep, err)
-			return
+func (e *EndpointConflictError) Error() string {
+	return fmt.Sprintf("endpoint %s is live under resource %s, so it cannot serve %s: one endpoint serves one resource",
+		e.Endpoint, e.Other, e.Resource)
+}
+
+// Unwrap makes the error errdefs.ErrAlreadyExists.
+func (e *EndpointConflictError) Unwrap() error { return errdefs.ErrAlreadyExists }
+
+// conflictLocked returns an *EndpointConflictError when the endpoint at
+// path, or any endpoint resolving to dialPath, is live (not closed) under
+// a resource other than resource.
+func (m *Manager) conflictLocked(resource, path, dialPath string) error {
+	for name, res := range m.resources {
+		if name == resource {
+			continue
 		}
-		m.update(ep, resp.GetDevices())
+		for _, o := range res.endpoints {
+			if !o.closed && (o.path == path || (o.dialPath != "" && o.dialPath == dialPath)) {
+				return &EndpointConflictError{Endpoint: path, Resource: resource, Other: name}
+			}
+		}
 	}
+	return nil
 }
 
-// update replaces the resource's device set with an update from ep (last
-// writer wins).
-func (m *Manager) update(ep *endpoint, devs []*pluginapi.Device) {
+// run receives e's ListAndWatch updates until the stream ends. The stream
+// is never reopened (as the kubelet): the plugin must register again.
+func (m *Manager) run(e *entry) {
+	defer m.wg.Done()
+	err := e.conn.Run(func(devs []endpoint.Device) { m.update(e, devs) })
+	m.streamEnded(e, err)
+}
+
+// update replaces the resource's device set with an update from e (last
+// writer wins). Devices whose IDs break the bounds (bounds.DeviceID) are
+// dropped, with a warning.
+func (m *Manager) update(e *entry, devs []endpoint.Device) {
+	devs = m.validDevices(e, devs)
 	m.mu.Lock()
-	if ep.closed || m.closing {
+	if e.closed || m.closing {
 		m.mu.Unlock()
 		return
 	}
-	res := m.resources[ep.resource]
-	first := ep.state == StateConnecting
-	ep.state = StateLive
+	res := m.resources[e.resource]
+	first := e.state == StateConnecting
+	e.state = StateLive
 	res.devices = make(map[string]*device, len(devs))
 	res.ids = nil
 	for _, d := range devs {
-		nd := &device{id: d.GetID(), healthy: d.GetHealth() == pluginapi.Healthy}
-		for _, n := range d.GetTopology().GetNodes() {
-			nd.numa = append(nd.numa, n.GetID())
-		}
-		res.devices[nd.id] = nd
-	}
-	if first {
-		m.endFirstSpan(ep, nil)
+		res.devices[d.ID] = &device{id: d.ID, healthy: d.Healthy, numa: d.NUMANodes}
 	}
 	m.changedLocked(res)
 	healthy, total := res.healthyCount(), len(res.devices)
 	m.mu.Unlock()
-	m.log.Debug("device update", "resource", ep.resource, "endpoint", ep.path, "devices", total, "healthy", healthy, "first", first)
+	m.log.Debug("device update", "resource", e.resource, "endpoint", e.path, "devices", total, "healthy", healthy, "first", first)
 	m.persistSoon()
 }
 
-func (r *resource) healthyCount() int {
-	n := 0
-	for _, d := range r.devices {
-		if d.healthy {
-			n++
+// validDevices returns the devices of devs whose IDs are within the bounds,
+// and logs those it drops.
+func (m *Manager) validDevices(e *entry, devs []endpoint.Device) []endpoint.Device {
+	var dropped int
+	var first error
+	out := devs[:0:0]
+	for _, d := range devs {
+		if err := bounds.DeviceID(d.ID); err != nil {
+			if dropped == 0 {
+				first = err
+			}
+			dropped++
+			continue
 		}
+		out = append(out, d)
 	}
-	return n
+	if dropped > 0 {
+		m.log.Warn("device plugin sent invalid device IDs; those devices are ignored", "resource", e.resource, "endpoint", e.path,
+			"dropped", dropped, "kept", len(out), "first_error", first)
+	}
+	return out
 }
 
-func (m *Manager) streamEnded(ep *endpoint, err error) {
+func (m *Manager) streamEnded(e *entry, err error) {
 	m.mu.Lock()
-	if ep.closed || m.closing {
+	if e.closed || m.closing {
 		m.mu.Unlock()
 		return
 	}
-	m.log.Warn("ListAndWatch ended unexpectedly", "resource", ep.resource, "endpoint", ep.path, "error", err)
-	m.stopLocked(ep, time.Now(), fmt.Errorf("ListAndWatch ended: %w", err))
+	m.log.Warn("ListAndWatch ended unexpectedly", "resource", e.resource, "endpoint", e.path, "error", err)
+	m.stopLocked(e, time.Now(), err)
 	m.mu.Unlock()
 	m.persistSoon()
 }
 
-// stopLocked handles the end of ep: with other endpoints still there a
+// stopLocked handles the end of e: with other endpoints still there a
 // survivor becomes primary; as the last one it stays, stopped, with every
 // device unhealthy (capacity kept) until the grace period ends.
-func (m *Manager) stopLocked(ep *endpoint, now time.Time, why error) {
-	ep.closed = true
-	ep.cancel()
-	conn := ep.conn
-	m.wg.Add(1)
-	go func() { defer m.wg.Done(); _ = conn.Close() }()
-	m.endFirstSpan(ep, why)
-	ep.state = StateStopped
-	ep.stopped = now
-	res := m.resources[ep.resource]
-	if res == nil || res.endpoints[ep.path] != ep {
+func (m *Manager) stopLocked(e *entry, now time.Time, why error) {
+	e.closed = true
+	if conn := e.conn; conn != nil {
+		m.wg.Add(1)
+		go func() { defer m.wg.Done(); conn.Close(why) }()
+	}
+	e.state = StateStopped
+	e.stopped = now
+	res := m.resources[e.resource]
+	if res == nil || res.endpoints[e.path] != e {
 		return
 	}
-	var survivor *endpoint
-	for _, e := range res.endpoints {
-		if e != ep && !e.closed && (survivor == nil || e.seq > survivor.seq) {
-			survivor = e
+	var survivor *entry
+	for _, o := range res.endpoints {
+		if o != e && !o.closed && (survivor == nil || o.seq > survivor.seq) {
+			survivor = o
 		}
 	}
 	if survivor != nil {
-		delete(res.endpoints, ep.path)
-		if res.primary == ep || res.primary == nil || res.primary.closed {
+		delete(res.endpoints, e.path)
+		if res.primary == e || res.primary == nil || res.primary.closed {
 			res.primary = survivor
 			m.log.Info("endpoint promoted to primary", "resource", res.name, "endpoint", survivor.path)
 		}
 	} else {
-		for p, e := range res.endpoints {
-			if e != ep {
+		for p, o := range res.endpoints {
+			if o != e {
 				delete(res.endpoints, p)
 			}
 		}
-		res.primary = ep
+		res.primary = e
 		for _, d := range res.devices {
 			d.healthy = false
 		}
@@ -492,231 +451,72 @@ func (m *Manager) stopLocked(ep *endpoint, now time.Time, why error) {
 	m.changedLocked(res)
 }
 
-// persistBatch is how long Run gathers changes before a write they ask for
-// with persistSoon.
-const persistBatch = 10 * time.Millisecond
-
-// persistSoon asks Run to write the checkpoint. Device updates, stopped
-// endpoints, deregistrations and expiries use it, so they never wait for
-// the disk: writes are gathered, and a registration, an Allocate or a
-// Release (which write before they return) or Close writes everything
-// pending too.
-func (m *Manager) persistSoon() {
-	select {
-	case m.dirty <- struct{}{}:
-	default:
-	}
-}
-
-func (m *Manager) poke() {
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
-}
-
-// Deregister removes the endpoint of resource at path; with a generation
-// only if it matches. It reports whether an endpoint was removed.
+// Deregister removes the endpoint of resource at path if its generation
+// (or, for a legacy registration, its socket identity) is generation. It
+// reports whether an endpoint was removed. Every argument is required: an
+// empty generation would match an endpoint registered since.
 func (m *Manager) Deregister(ctx context.Context, resourceName, path, generation string) (bool, error) {
-	if resourceName == "" || path == "" {
-		return false, fmt.Errorf("resource name and endpoint are required: %w", errdefs.ErrInvalidArgument)
+	if resourceName == "" || path == "" || generation == "" {
+		return false, fmt.Errorf("resource name, endpoint and generation are required to deregister: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := bounds.Name("resource name", resourceName); err != nil {
+		return false, err
+	}
+	if err := socketPath("endpoint", path, false); err != nil {
+		return false, err
+	}
+	if err := text("generation", generation, maxGeneration); err != nil {
+		return false, err
 	}
 	unlock := m.regLocks.Lock(path)
 	defer unlock()
 	m.mu.Lock()
 	if m.closing {
 		m.mu.Unlock()
-		return false, fmt.Errorf("devicemanager is shutting down: %w", errdefs.ErrUnavailable)
+		return false, errShuttingDown
 	}
 	res := m.resources[resourceName]
-	var ep *endpoint
+	var e *entry
 	if res != nil {
-		ep = res.endpoints[path]
+		e = res.endpoints[path]
 	}
-	if ep == nil || ep.closed || (generation != "" && ep.generation != generation) {
+	if e == nil || e.closed || e.generation != generation {
 		m.mu.Unlock()
 		return false, nil
 	}
-	m.stopLocked(ep, time.Now(), errors.New("deregistered"))
+	m.stopLocked(e, time.Now(), errors.New("deregistered"))
 	m.mu.Unlock()
-	m.log.InfoContext(ctx, "device plugin endpoint deregistered", "resource", resourceName, "endpoint", path, "generation", ep.generation)
+	m.log.InfoContext(ctx, "device plugin endpoint deregistered", "resource", resourceName, "endpoint", path, "generation", e.generation)
 	m.persistSoon()
 	return true, nil
 }
 
-// Run removes resources whose grace period ended and writes the checkpoint
-// when asked (persistSoon), until ctx ends.
-func (m *Manager) Run(ctx context.Context) error {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		m.mu.Lock()
-		next, removed := m.expireLocked(time.Now())
-		m.mu.Unlock()
-		if removed {
-			m.persistSoon()
-		}
-		wait := time.Hour
-		if !next.IsZero() {
-			wait = max(time.Until(next), time.Millisecond)
-		}
-		timer.Reset(wait)
-	writes:
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-m.wake:
-				break writes
-			case <-timer.C:
-				break writes
-			case <-m.dirty:
-				// Gather the changes of a burst (many plugins registering
-				// at once) into one write.
-				select {
-				case <-ctx.Done():
-				case <-time.After(persistBatch):
-				}
-				if err := m.persist(); err != nil {
-					m.log.Error("writing checkpoint", "error", err)
-				}
-			}
-		}
-	}
-}
-
-// expireLocked removes resources whose grace period ended and returns the
-// next deadline.
-func (m *Manager) expireLocked(now time.Time) (next time.Time, removed bool) {
-	for name, res := range m.resources {
-		if res.stoppedAt.IsZero() {
-			continue
-		}
-		deadline := res.stoppedAt.Add(m.grace)
-		if !now.Before(deadline) {
-			m.log.Info("resource removed: grace period ended with no live endpoint", "resource", name)
-			delete(m.resources, name)
-			m.metrics.forget(name)
-			m.publishLocked(true, m.viewLocked(res))
-			m.version++
-			removed = true
-			continue
-		}
-		if next.IsZero() || deadline.Before(next) {
-			next = deadline
-		}
-	}
-	return next, removed
-}
-
-// changedLocked records a change of res: metrics, the Watch stream and the
-// checkpoint version.
-func (m *Manager) changedLocked(res *resource) {
-	m.version++
-	res.enc = nil
-	v := m.viewLocked(res)
-	m.metrics.devices.WithLabelValues(res.name, "healthy").Set(float64(len(v.Healthy)))
-	m.metrics.devices.WithLabelValues(res.name, "unhealthy").Set(float64(len(v.Unhealthy)))
-	m.publishLocked(false, v)
-}
-
-func (m *Manager) publishLocked(removed bool, r ResourceInfo) {
-	m.revision++
-	m.hub.Publish(Change{Removed: removed, Resource: r, Revision: m.revision})
-}
-
-func (m *Manager) viewLocked(res *resource) ResourceInfo {
-	v := ResourceInfo{Name: res.name, Capacity: int64(len(res.devices))}
-	owners := m.owners[res.name]
-	for _, id := range res.sortedIDs() {
-		d := res.devices[id]
-		if d.healthy {
-			v.Healthy = append(v.Healthy, id)
-			if _, taken := owners[id]; !taken {
-				v.Free++
-			}
-		} else {
-			v.Unhealthy = append(v.Unhealthy, id)
-		}
-	}
-	v.Allocatable = int64(len(v.Healthy))
-	v.Allocated = slices.Sorted(maps.Keys(owners))
-	eps := slices.SortedFunc(maps.Values(res.endpoints), func(a, b *endpoint) int { return cmp.Compare(a.seq, b.seq) })
-	for _, e := range eps {
-		v.Endpoints = append(v.Endpoints, EndpointInfo{
-			Endpoint: e.path, SocketPath: e.socketPath, Generation: e.generation, Path: e.regPath,
-			State: e.state, Versions: slices.Clone(e.versions), Primary: e == res.primary,
-			PreStartRequired:    e.opts.GetPreStartRequired(),
-			PreferredAllocation: e.opts.GetGetPreferredAllocationAvailable(),
-			Registered:          e.registered, Stopped: e.stopped,
-		})
-	}
-	if !res.stoppedAt.IsZero() {
-		v.GraceDeadline = res.stoppedAt.Add(m.grace)
-	}
-	return v
-}
-
-// ListResources returns every resource, sorted by name.
-func (m *Manager) ListResources() []ResourceInfo {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []ResourceInfo
-	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
-		out = append(out, m.viewLocked(m.resources[name]))
-	}
-	return out
-}
-
-// Watch returns the current resources as a snapshot (at revision rev) and
-// a subscription to every later change, consistently.
-func (m *Manager) Watch() (snapshot []Change, sub *stream.Subscription[Change], rev uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	sub = m.hub.Subscribe()
-	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
-		snapshot = append(snapshot, Change{Resource: m.viewLocked(m.resources[name]), Revision: m.revision})
-	}
-	return snapshot, sub, m.revision
-}
-
-// LiveEndpointPaths returns the resolved socket paths of endpoints that are
-// not stopped.
-func (m *Manager) LiveEndpointPaths() map[string]bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := map[string]bool{}
-	for _, res := range m.resources {
-		for _, e := range res.endpoints {
-			if !e.closed {
-				out[e.dialPath] = true
-				out[e.path] = true
-			}
-		}
-	}
-	return out
-}
-
 // Close stops every stream and connection without deregistering anything,
-// and writes the checkpoint a last time.
+// ends the Watch streams, and makes the state durable a last time. Run
+// calls it when its context ends.
 func (m *Manager) Close() error {
 	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return nil
+	}
 	m.closing = true
-	var eps []*endpoint
+	var conns []*endpoint.Conn
 	for _, res := range m.resources {
 		for _, e := range res.endpoints {
-			if e.cancel != nil {
-				eps = append(eps, e)
+			if e.conn != nil && !e.closed {
+				conns = append(conns, e.conn)
 			}
 		}
 	}
-	m.version++
 	m.mu.Unlock()
-	for _, e := range eps {
-		e.cancel()
-		_ = e.conn.Close()
+	for _, c := range conns {
+		c.Close(errShuttingDown)
 	}
 	m.wg.Wait()
 	m.hub.Close(fmt.Errorf("devicemanager shutting down: %w", errdefs.ErrUnavailable))
-	return m.persist()
+	if err := m.persist(); err != nil {
+		return err
+	}
+	return m.store.Flush()
 }

@@ -2,90 +2,110 @@ package manager
 
 import (
 	"fmt"
-	"slices"
-	"strings"
-	"sync"
+	"unicode"
+	"unicode/utf8"
 
-	"k8s.io/apimachinery/pkg/util/validation"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
-// IsExtendedResourceName reports whether name is an extended resource name
-// as the kubelet defines it: it has a domain prefix that is not
-// kubernetes.io, does not start with "requests.", and "requests."+name is a
-// qualified name.
-func IsExtendedResourceName(name string) bool {
-	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") {
-		return false
-	}
-	if strings.HasPrefix(name, "requests.") {
-		return false
-	}
-	return len(validation.IsQualifiedName("requests."+name)) == 0
-}
+// Limits of a registration beyond pkg/bounds' names.
+const (
+	// maxGeneration bounds the opaque generation string.
+	maxGeneration = 256
+	// maxVersions bounds the bytes of all a plugin's versions together, so
+	// the kubelet's version message, which lists them, stays short.
+	maxVersions = bounds.MaxEcho
+)
 
-// validateRegistration applies the kubelet's version and resource-name
-// checks, with its error messages for each registration path.
-func validateRegistration(r Registration) error {
-	legacy := r.Path == PathKubeletSock
-	if legacy {
-		if len(r.Versions) != 1 || !slices.Contains(pluginapi.SupportedVersions[:], r.Versions[0]) {
-			v := ""
-			if len(r.Versions) > 0 {
-				v = r.Versions[0]
-			}
-			return fmt.Errorf("requested API version %q is not supported by kubelet. Supported version is %q: %w",
-				v, pluginapi.Version, errdefs.ErrInvalidArgument)
-		}
-		if !IsExtendedResourceName(r.Resource) {
-			return fmt.Errorf("the ResourceName %q is invalid: %w", r.Resource, errdefs.ErrInvalidArgument)
-		}
-		return nil
+// ValidateRegistration checks a registration as Register does before it
+// touches the filesystem: the bounds of every field (DESIGN "Bounds":
+// lengths and characters, errors that echo at most bounds.MaxEcho bytes of
+// a value), then the kubelet's version and resource-name checks, with its
+// error messages for each registration path. Where the endpoint may be
+// dialled is checked by Register itself. Errors wrap
+// errdefs.ErrInvalidArgument.
+func ValidateRegistration(r Registration) error {
+	if err := validateBounds(r); err != nil {
+		return err
 	}
-	if !slices.Contains(r.Versions, pluginapi.Version) {
-		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v: %w",
-			pluginapi.Version, r.Versions, errdefs.ErrInvalidArgument)
+	var err error
+	if r.Path == PathKubeletSock {
+		// A legacy Register names exactly one version.
+		v := ""
+		if len(r.Versions) == 1 {
+			v = r.Versions[0]
+		}
+		err = kubeletrules.ValidateLegacyRegister(v, r.Resource)
+	} else {
+		err = kubeletrules.ValidatePluginWatcher(r.Resource, r.Versions)
 	}
-	if !IsExtendedResourceName(r.Resource) {
-		return fmt.Errorf("invalid name of device plugin socket: the ResourceName %q is invalid: %w", r.Resource, errdefs.ErrInvalidArgument)
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
 
-// keyedMutex serialises work per key.
-type keyedMutex struct {
-	mu sync.Mutex
-	m  map[string]*keyedEntry
-}
-
-type keyedEntry struct {
-	mu   sync.Mutex
-	refs int
-}
-
-// Lock locks key and returns its unlock function.
-func (k *keyedMutex) Lock(key string) func() {
-	k.mu.Lock()
-	if k.m == nil {
-		k.m = map[string]*keyedEntry{}
-	}
-	e := k.m[key]
-	if e == nil {
-		e = &keyedEntry{}
-		k.m[key] = e
-	}
-	e.refs++
-	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
-		k.mu.Lock()
-		e.refs--
-		if e.refs == 0 {
-			delete(k.m, key)
+func validateBounds(r Registration) error {
+	// An empty name gets the kubelet's message, below.
+	if r.Resource != "" {
+		if err := bounds.Name("resource name", r.Resource); err != nil {
+			return err
 		}
-		k.mu.Unlock()
 	}
+	if err := socketPath("endpoint", r.Endpoint, false); err != nil {
+		return err
+	}
+	if err := socketPath("socket path", r.SocketPath, true); err != nil {
+		return err
+	}
+	if err := text("generation", r.Generation, maxGeneration); err != nil {
+		return err
+	}
+	n := 0
+	for _, v := range r.Versions {
+		if err := text("version", v, bounds.MaxName); err != nil {
+			return err
+		}
+		n += len(v)
+	}
+	if n > maxVersions {
+		return fmt.Errorf("versions %s: %d bytes together, more than %d: %w", bounds.Quote(fmt.Sprint(r.Versions)), n, maxVersions, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// socketPath checks the bounds of a Unix socket path: at most
+// unixsock.MaxPathLen bytes, printable. Where it may be dialled is the
+// Confiner's business.
+func socketPath(what, p string, optional bool) error {
+	switch {
+	case p == "" && optional:
+		return nil
+	case p == "":
+		return fmt.Errorf("%s is empty: %w", what, errdefs.ErrInvalidArgument)
+	case len(p) > unixsock.MaxPathLen:
+		return fmt.Errorf("%s %s is %d bytes, longer than the %d bytes a Unix socket path may have: %w",
+			what, bounds.Quote(p), len(p), unixsock.MaxPathLen, errdefs.ErrInvalidArgument)
+	}
+	return text(what, p, unixsock.MaxPathLen)
+}
+
+// text checks a value pkg/bounds has no rule for (paths, versions,
+// generations): at most max bytes, valid UTF-8, printable. Empty passes.
+func text(what, s string, max int) error {
+	switch {
+	case len(s) > max:
+		return fmt.Errorf("%s %s is %d bytes, longer than %d: %w", what, bounds.Quote(s), len(s), max, errdefs.ErrInvalidArgument)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s %s is not valid UTF-8: %w", what, bounds.Quote(s), errdefs.ErrInvalidArgument)
+	}
+	for _, c := range s {
+		if !unicode.IsPrint(c) {
+			return fmt.Errorf("%s %s contains the unprintable character %U: %w", what, bounds.Quote(s), c, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
 
@@ -59,17 +60,24 @@ func changeToAPI(instanceID string, c manager.Change) *dmv1.WatchResourcesRespon
 	}
 }
 
-func allocateRequestFromAPI(req *dmv1.AllocateRequest) *manager.AllocateRequest {
-	out := &manager.AllocateRequest{PodUID: req.GetPodUid(), Container: req.GetContainerName()}
+func registrationFromAPI(req *dmv1.RegisterPluginRequest) manager.Registration {
+	return manager.Registration{
+		Resource: req.GetResourceName(), Endpoint: req.GetEndpoint(), Versions: req.GetVersions(),
+		SocketPath: req.GetSocketPath(), Generation: req.GetGeneration(), Path: manager.PathPluginsRegistry,
+	}
+}
+
+func allocateRequestFromAPI(req *dmv1.AllocateRequest) *allocator.Request {
+	out := &allocator.Request{PodUID: req.GetPodUid(), Container: req.GetContainerName()}
 	for _, rr := range req.GetResources() {
-		out.Resources = append(out.Resources, manager.ResourceRequest{
+		out.Resources = append(out.Resources, allocator.ResourceRequest{
 			Name: rr.GetResourceName(), Count: rr.GetCount(), MustInclude: rr.GetMustIncludeDeviceIds(),
 		})
 	}
 	return out
 }
 
-func resourceAllocationToAPI(a manager.ResourceAllocation) *dmv1.ResourceAllocation {
+func resourceAllocationToAPI(a allocator.ResourceAllocation) *dmv1.ResourceAllocation {
 	out := &dmv1.ResourceAllocation{ResourceName: a.Resource, DeviceIds: a.DeviceIDs, ContainerResponse: responseToAPI(a.Response)}
 	for _, d := range a.Devices {
 		h := dmv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY
@@ -81,7 +89,7 @@ func resourceAllocationToAPI(a manager.ResourceAllocation) *dmv1.ResourceAllocat
 	return out
 }
 
-func allocationToAPI(a manager.Allocation) *dmv1.Allocation {
+func allocationToAPI(a allocator.Allocation) *dmv1.Allocation {
 	return &dmv1.Allocation{
 		PodUid: a.PodUID, ContainerName: a.Container, ResourceName: a.Resource, DeviceIds: a.DeviceIDs,
 		ContainerResponse: responseToAPI(a.Response), TraceId: a.TraceID, AllocatedTime: timestamp(a.Allocated),

@@ -1,11 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,13 +17,17 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 // spans records every span of the tests.
@@ -34,8 +41,6 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-const waitFor = 30 * time.Second
-
 func testLogger(t testing.TB) *slog.Logger {
 	if os.Getenv("NODEPLUG_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -43,29 +48,96 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
+// logBuffer keeps what a logger wrote, for tests that check the log.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// logger returns a logger that writes, at info level and above, to the
+// buffer (and to testLogger).
+func (b *logBuffer) logger(t testing.TB) *slog.Logger {
+	h := slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelInfo})
+	return slog.New(slog.NewMultiHandler(h, testLogger(t).Handler()))
+}
+
+// has reports whether a line of the log has message msg and every attr,
+// as "key=value" (the value quoted as the text handler quotes it).
+func (b *logBuffer) has(msg string, attrs ...string) bool {
+	for line := range strings.Lines(b.String()) {
+		if !strings.Contains(line, "msg="+quoteLog(msg)) {
+			continue
+		}
+		ok := true
+		for i := 0; i+1 < len(attrs); i += 2 {
+			if !strings.Contains(line, " "+attrs[i]+"="+quoteLog(attrs[i+1])) {
+				ok = false
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// quoteLog renders a value as slog's text handler does.
+func quoteLog(v string) string {
+	var b bytes.Buffer
+	slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey || a.Key == slog.LevelKey || a.Key == slog.MessageKey {
+			return slog.Attr{}
+		}
+		return a
+	}})).Info("", "v", v)
+	return strings.TrimSuffix(strings.TrimPrefix(b.String(), "v="), "\n")
+}
+
 // env is a devicemanager driven in-process through its gRPC API over a real
-// Unix socket.
+// Unix socket, with kubelet.sock served beside it, put together as main.go
+// does (main's runtime would also install its own tracer provider, which
+// the tracing tests replace).
 type env struct {
 	t       testing.TB
 	root    string
 	dpDir   string
 	regDir  string
 	grace   time.Duration
-	d       *Daemon
+	m       *manager.Manager
 	metrics *prometheus.Registry
-	client  dmv1.DeviceManagerServiceClient
-	stop    func()
-	stopped bool
+	logs    *logBuffer // the manager's and kubelet.sock's log
+	svc     *Service
+	// watchLimits are the Service's (set before start).
+	watchLimits WatchLimits
+	client      dmv1.DeviceManagerServiceClient
+	stop        func()
+	stopped     bool
 }
 
 func newEnv(t testing.TB, grace time.Duration) *env {
 	t.Helper()
-	root, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	e := &env{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), regDir: filepath.Join(root, "plugins_registry"), grace: grace}
+	return newEnvWatch(t, grace, WatchLimits{})
+}
+
+// newEnvWatch is newEnv with the Service's WatchResources bounded by
+// limits.
+func newEnvWatch(t testing.TB, grace time.Duration, limits WatchLimits) *env {
+	t.Helper()
+	root := testutil.TempDir(t)
+	e := &env{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), regDir: filepath.Join(root, "plugins_registry"), grace: grace,
+		logs: &logBuffer{}, watchLimits: limits}
 	if err := os.MkdirAll(e.regDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -74,39 +146,59 @@ func newEnv(t testing.TB, grace time.Duration) *env {
 	return e
 }
 
+// serve serves a gRPC server built by register on a new socket at path
+// until the returned stop.
+func serve(t testing.TB, path string, register func(*grpc.Server)) (stop func()) {
+	t.Helper()
+	lis, err := unixsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := rpcutil.NewServer(testLogger(t))
+	register(srv)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(lis) }()
+	return func() {
+		srv.Stop()
+		<-served
+	}
+}
+
 func (e *env) start() {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	e.metrics = prometheus.NewRegistry()
-	d, err := Start(ctx, Options{DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace, Log: testLogger(e.t), Registerer: e.metrics})
+	m, err := manager.Open(ctx, manager.Config{
+		DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace,
+		Store: store.NewCheckpoint(e.dpDir), Log: e.logs.logger(e.t), Registerer: e.metrics,
+	})
 	if err != nil {
 		cancel()
 		e.t.Fatal(err)
 	}
-	srv, _ := rpcutil.NewServer(testLogger(e.t))
-	dmv1.RegisterDeviceManagerServiceServer(srv, d.Service)
-	lis, err := unixsock.Listen(filepath.Join(e.root, "dm.sock"))
-	if err != nil {
-		cancel()
-		e.t.Fatal(err)
-	}
-	served, ran := make(chan struct{}), make(chan struct{})
-	go func() { defer close(served); _ = srv.Serve(lis) }()
+	ran := make(chan struct{})
 	go func() {
 		defer close(ran)
-		if err := d.Run(ctx); err != nil {
-			e.t.Errorf("daemon run: %v", err)
+		if err := m.Run(ctx); err != nil {
+			e.t.Errorf("manager run: %v", err)
 		}
 	}()
+	stopAPI := serve(e.t, filepath.Join(e.root, "dm.sock"), func(s *grpc.Server) {
+		e.svc = NewService(m, e.watchLimits)
+		dmv1.RegisterDeviceManagerServiceServer(s, e.svc)
+	})
+	stopKubelet := serve(e.t, e.kubeletSock(), func(s *grpc.Server) {
+		pluginapi.RegisterRegistrationServer(s, NewRegistration(m, e.dpDir, e.logs.logger(e.t)))
+	})
 	conn, err := rpcutil.DialPeer(filepath.Join(e.root, "dm.sock"))
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.d, e.client, e.stopped = d, dmv1.NewDeviceManagerServiceClient(conn), false
+	e.m, e.client, e.stopped = m, dmv1.NewDeviceManagerServiceClient(conn), false
 	e.stop = func() {
 		_ = conn.Close()
-		srv.Stop()
-		<-served
+		stopAPI()
+		stopKubelet()
 		cancel()
 		<-ran
 	}
@@ -120,7 +212,7 @@ func (e *env) shutdown() {
 }
 
 func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -148,21 +240,11 @@ func (e *env) plugin(name string, opts deviceplugin.Options, legacy bool) *devic
 	return p
 }
 
-// generation is the watcher's generation of a socket.
-func generation(t testing.TB, path string) string {
-	t.Helper()
-	id, _, err := unixsock.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id.Generation()
-}
-
 // register registers p through RegisterPlugin, as the reconciler does.
 func (e *env) register(p *deviceplugin.Plugin) (*dmv1.RegisterPluginResponse, error) {
 	return e.client.RegisterPlugin(ctxT(e.t), &dmv1.RegisterPluginRequest{
 		ResourceName: p.Resource(), Endpoint: p.SocketPath(), Versions: []string{pluginapi.Version},
-		SocketPath: p.SocketPath(), Generation: generation(e.t, p.SocketPath()),
+		SocketPath: p.SocketPath(), Generation: testutil.Generation(e.t, p.SocketPath()),
 	})
 }
 
@@ -173,7 +255,7 @@ func (e *env) mustRegister(p *deviceplugin.Plugin) {
 	}
 }
 
-func (e *env) kubeletSock() string { return filepath.Join(e.dpDir, KubeletSocketName) }
+func (e *env) kubeletSock() string { return manager.KubeletSocketPath(e.dpDir) }
 
 func (e *env) resource(name string) *dmv1.Resource {
 	e.t.Helper()
@@ -189,21 +271,18 @@ func (e *env) resource(name string) *dmv1.Resource {
 	return nil
 }
 
-// waitResource polls until cond holds for the named resource (nil when
+// waitResource waits until cond holds for the named resource (nil when
 // absent).
 func (e *env) waitResource(name, what string, cond func(*dmv1.Resource) bool) *dmv1.Resource {
 	e.t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for {
-		r := e.resource(name)
-		if cond(r) {
-			return r
+	var r *dmv1.Resource
+	testutil.Eventually(e.t, name+": "+what, func() error {
+		if r = e.resource(name); !cond(r) {
+			return fmt.Errorf("last: %v", r)
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%s: waited %v for %s; last: %v", name, waitFor, what, r)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
+	return r
 }
 
 // waitCounts waits for allocatable/capacity of a resource.
@@ -214,20 +293,14 @@ func (e *env) waitCounts(name string, allocatable, capacity int64) *dmv1.Resourc
 	})
 }
 
-// waitCalls polls until p saw n calls of method.
+// waitCalls waits until p saw n calls of method.
 func waitCalls(t *testing.T, p *deviceplugin.Plugin, method string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for p.CallCount(method) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited for %d %s calls, have %d", n, method, p.CallCount(method))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, fmt.Sprintf("%d %s calls", n, method), func() bool { return p.CallCount(method) >= n })
 }
 
 func contextWithCancel(t testing.TB) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*testutil.Deadline)
 	t.Cleanup(cancel)
 	return ctx, cancel
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
@@ -34,31 +36,41 @@ func findSpan(ss []sdktrace.ReadOnlySpan, name string) sdktrace.ReadOnlySpan {
 	return nil
 }
 
-// waitSpans polls until trace id has a span named like each of names.
+// waitSpans waits until trace id has an ended span named like each of
+// names, and returns the trace's ended spans.
 func waitSpans(t *testing.T, id string, names ...string) []sdktrace.ReadOnlySpan {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for {
-		ss := spansOf(id)
-		missing := ""
+	var ss []sdktrace.ReadOnlySpan
+	testutil.Eventually(t, "spans "+strings.Join(names, ", ")+" in trace "+id, func() error {
+		ss = spansOf(id)
 		for _, n := range names {
 			if findSpan(ss, n) == nil {
-				missing = n
-				break
+				var have []string
+				for _, s := range ss {
+					have = append(have, s.Name())
+				}
+				return fmt.Errorf("no span %q; has %v", n, have)
 			}
 		}
-		if missing == "" {
-			return ss
-		}
-		if time.Now().After(deadline) {
-			var have []string
-			for _, s := range ss {
-				have = append(have, s.Name())
+		return nil
+	})
+	return ss
+}
+
+// waitSpan waits until an ended span matches and returns it.
+func waitSpan(t *testing.T, what string, match func(sdktrace.ReadOnlySpan) bool) sdktrace.ReadOnlySpan {
+	t.Helper()
+	var found sdktrace.ReadOnlySpan
+	testutil.WaitFor(t, what, func() bool {
+		for _, s := range spans.Ended() {
+			if match(s) {
+				found = s
+				return true
 			}
-			t.Fatalf("trace %s has no span %q; has %v", id, missing, have)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
+	return found
 }
 
 func TestTracing(t *testing.T) {
@@ -75,18 +87,15 @@ func TestTracing(t *testing.T) {
 		t.Fatal(err)
 	}
 	root.End()
-	ss := waitSpans(t, id, "DeviceManagerService/RegisterPlugin", "connect example.com/traced", "GetDevicePluginOptions",
+	ss := waitSpans(t, id, "connect example.com/traced", "GetDevicePluginOptions",
 		"v1beta1.DevicePlugin/GetDevicePluginOptions", "first ListAndWatch update")
-	// The test's client span has the same name; the parent is the server's.
-	var server sdktrace.ReadOnlySpan
-	for _, s := range ss {
-		if strings.Contains(s.Name(), "DeviceManagerService/RegisterPlugin") && s.SpanKind() == trace.SpanKindServer {
-			server = s
-		}
-	}
-	if server == nil {
-		t.Fatal("no RegisterPlugin server span")
-	}
+	// The server span ends after the reply has been sent, so it may end
+	// after the client has the reply: wait for it. The test's client span
+	// has the same name; the parent is the server's.
+	server := waitSpan(t, "the RegisterPlugin server span", func(s sdktrace.ReadOnlySpan) bool {
+		return s.SpanContext().TraceID() == root.SpanContext().TraceID() && s.SpanKind() == trace.SpanKindServer &&
+			strings.Contains(s.Name(), "DeviceManagerService/RegisterPlugin")
+	})
 	for _, n := range []string{"connect example.com/traced", "first ListAndWatch update"} {
 		if s := findSpan(ss, n); s.Parent().SpanID() != server.SpanContext().SpanID() {
 			t.Errorf("span %q is not a child of the RegisterPlugin server span", n)
@@ -101,19 +110,9 @@ func TestTracing(t *testing.T) {
 	}
 	lroot.End()
 	e.waitCounts("example.com/traced-legacy", 1, 1)
-	var reg sdktrace.ReadOnlySpan
-	deadline := time.Now().Add(waitFor)
-	for reg == nil {
-		for _, s := range spans.Ended() {
-			if s.Name() == "legacy Register example.com/traced-legacy" {
-				reg = s
-			}
-		}
-		if reg == nil && time.Now().After(deadline) {
-			t.Fatal("no legacy Register span")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	reg := waitSpan(t, "the legacy Register span", func(s sdktrace.ReadOnlySpan) bool {
+		return s.Name() == "legacy Register example.com/traced-legacy"
+	})
 	if reg.Parent().IsValid() || reg.SpanContext().TraceID() == lroot.SpanContext().TraceID() {
 		t.Fatal("the legacy Register span is not a new root")
 	}

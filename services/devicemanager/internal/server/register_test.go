@@ -1,9 +1,7 @@
 package server
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,10 +13,10 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
-	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 func TestRegisterBothPaths(t *testing.T) {
@@ -28,15 +26,15 @@ func TestRegisterBothPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.GetInstanceId() != e.d.Manager.InstanceID() || resp.GetInstanceId() == "" {
-		t.Fatalf("instance id %q, want %q", resp.GetInstanceId(), e.d.Manager.InstanceID())
+	if resp.GetInstanceId() != e.m.InstanceID() || resp.GetInstanceId() == "" {
+		t.Fatalf("instance id %q, want %q", resp.GetInstanceId(), e.m.InstanceID())
 	}
 	r := e.waitCounts("example.com/reg", 4, 4)
 	if r.GetFree() != 4 || len(r.GetEndpoints()) != 1 {
 		t.Fatalf("resource = %v", r)
 	}
 	ep := r.GetEndpoints()[0]
-	if ep.GetEndpoint() != reg.SocketPath() || ep.GetSocketPath() != reg.SocketPath() || ep.GetGeneration() != generation(t, reg.SocketPath()) ||
+	if ep.GetEndpoint() != reg.SocketPath() || ep.GetSocketPath() != reg.SocketPath() || ep.GetGeneration() != testutil.Generation(t, reg.SocketPath()) ||
 		ep.GetRegistrationPath() != dmv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || !ep.GetPrimary() ||
 		ep.GetState() != dmv1.EndpointState_ENDPOINT_STATE_LIVE {
 		t.Fatalf("endpoint = %v", ep)
@@ -49,7 +47,7 @@ func TestRegisterBothPaths(t *testing.T) {
 	r = e.waitCounts("example.com/legacy", 2, 2)
 	ep = r.GetEndpoints()[0]
 	if ep.GetEndpoint() != filepath.Join(e.dpDir, "legacy.sock") || ep.GetRegistrationPath() != dmv1.RegistrationPath_REGISTRATION_PATH_KUBELET_SOCK ||
-		ep.GetGeneration() != generation(t, legacy.SocketPath()) {
+		ep.GetGeneration() != testutil.Generation(t, legacy.SocketPath()) {
 		t.Fatalf("legacy endpoint = %v", ep)
 	}
 }
@@ -57,11 +55,7 @@ func TestRegisterBothPaths(t *testing.T) {
 func TestRegisterRejects(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	good := e.plugin("good", deviceplugin.Options{Resource: "example.com/good", Devices: 1}, false)
-	outsideDir, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(outsideDir)
+	outsideDir := testutil.TempDir(t)
 	outside, err := deviceplugin.New(deviceplugin.Options{Resource: "example.com/out", Devices: 1, SocketPath: filepath.Join(outsideDir, "out.sock")})
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +107,7 @@ func TestRegisterRejects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	kc := pluginapi.NewRegistrationClient(conn)
 	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 1}, true)
 	ltests := []struct {
@@ -328,7 +322,7 @@ func watchAllocatable(t *testing.T, e *env, resource string) (values func() []in
 			if err != nil {
 				return
 			}
-			if msg.GetInstanceId() != e.d.Manager.InstanceID() {
+			if msg.GetInstanceId() != e.m.InstanceID() {
 				t.Errorf("watch item with instance id %q", msg.GetInstanceId())
 			}
 			if msg.GetSynced() != nil {
@@ -347,7 +341,7 @@ func watchAllocatable(t *testing.T, e *env, resource string) (values func() []in
 	}()
 	select {
 	case <-synced:
-	case <-time.After(waitFor):
+	case <-time.After(testutil.Deadline):
 		t.Fatal("no synced marker")
 	}
 	var got []int64
@@ -380,11 +374,12 @@ func TestRollingUpgradeNoDip(t *testing.T) {
 	if r.GetEndpoints()[0].GetEndpoint() != p1.SocketPath() {
 		t.Fatalf("endpoints = %v", r.GetEndpoints())
 	}
+	gen1 := testutil.Generation(t, p1.SocketPath())
 	p1.Stop()
 	e.waitResource(res, "only p2", func(r *dmv1.Resource) bool {
 		return len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetEndpoint() == p2.SocketPath() && r.GetEndpoints()[0].GetPrimary()
 	})
-	if _, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p1.SocketPath()}); err != nil {
+	if _, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p1.SocketPath(), Generation: gen1}); err != nil {
 		t.Fatal(err)
 	}
 	e.waitCounts(res, 4, 4)
@@ -431,13 +426,7 @@ func TestReRegistration(t *testing.T) {
 	if r.GetAllocatable() != 3 {
 		t.Fatalf("resource = %v", r)
 	}
-	deadline := time.Now().Add(waitFor)
-	for p.StreamCount() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the replaced stream is still open (%d streams)", p.StreamCount())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, "the replaced stream closed", func() bool { return p.StreamCount() == 1 })
 	for _, v := range values() {
 		if v != 3 {
 			t.Fatalf("allocatable changed during re-registration")
@@ -466,7 +455,7 @@ func TestReRegistration(t *testing.T) {
 	}
 	e.waitResource("example.com/rereg-legacy", "the new socket live", func(r *dmv1.Resource) bool {
 		return len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetGeneration() != oldGen &&
-			r.GetEndpoints()[0].GetGeneration() == generation(t, legacy.SocketPath()) &&
+			r.GetEndpoints()[0].GetGeneration() == testutil.Generation(t, legacy.SocketPath()) &&
 			r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE && r.GetAllocatable() == 2
 	})
 }
@@ -481,67 +470,21 @@ func TestDeregister(t *testing.T) {
 	if err != nil || resp.GetRemoved() {
 		t.Fatalf("deregister with a stale generation: %v, %v", resp, err)
 	}
-	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: generation(t, p.SocketPath())})
-	if err != nil || !resp.GetRemoved() || resp.GetInstanceId() != e.d.Manager.InstanceID() {
+	// An empty generation would match whatever is registered there now.
+	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath()})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "generation") {
+		t.Fatalf("deregister with no generation: %v, %v; want InvalidArgument", resp, err)
+	}
+	e.waitCounts(res, 2, 2)
+	gen := testutil.Generation(t, p.SocketPath())
+	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: gen})
+	if err != nil || !resp.GetRemoved() || resp.GetInstanceId() != e.m.InstanceID() {
 		t.Fatalf("deregister: %v, %v", resp, err)
 	}
 	e.waitCounts(res, 0, 2)
-	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath()})
+	resp, err = e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: gen})
 	if err != nil || resp.GetRemoved() {
 		t.Fatalf("second deregister: %v, %v", resp, err)
-	}
-}
-
-func TestRefusesLiveKubeletSock(t *testing.T) {
-	root, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(root)
-	lis, err := unixsock.Listen(filepath.Join(root, KubeletSocketName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = Start(ctxT(t), Options{DevicePluginsDir: root, Log: testLogger(t)})
-	if !errors.Is(err, ErrKubeletRunning) {
-		t.Fatalf("Start with a live kubelet.sock: %v", err)
-	}
-	lis.Close() // Go removes the socket file on Close; make a stale one.
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(root, KubeletSocketName), Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.SetUnlinkOnClose(false)
-	l.Close()
-	// A stale socket of some other plugin is swept, the checkpoint kept.
-	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(root, "stale.sock"), Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale.SetUnlinkOnClose(false)
-	stale.Close()
-	if err := os.WriteFile(filepath.Join(root, "kubelet_internal_checkpoint"), []byte("{}"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := contextWithCancel(t)
-	d, err := Start(ctx, Options{DevicePluginsDir: root, Log: testLogger(t)})
-	if err != nil {
-		t.Fatalf("Start with a stale kubelet.sock: %v", err)
-	}
-	done := make(chan error)
-	go func() { done <- d.Run(ctx) }()
-	if _, err := os.Stat(filepath.Join(root, "stale.sock")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("stale socket not swept: %v", err)
-	}
-	if b, err := os.ReadFile(filepath.Join(root, "kubelet_internal_checkpoint")); err != nil || string(b) != "{}" {
-		t.Errorf("the kubelet's checkpoint was touched: %q, %v", b, err)
-	}
-	if !unixsock.IsSocket(filepath.Join(root, KubeletSocketName)) {
-		t.Error("kubelet.sock not served")
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -11,9 +11,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/checkpoint"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 func TestRestartRestoresAndRedials(t *testing.T) {
@@ -46,7 +47,7 @@ func TestRestartRestoresAndRedials(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldID := e.d.Manager.InstanceID()
+	oldID := e.m.InstanceID()
 	regGen := e.resource("example.com/reg").GetEndpoints()[0].GetGeneration()
 
 	e.shutdown()
@@ -57,10 +58,10 @@ func TestRestartRestoresAndRedials(t *testing.T) {
 		t.Fatal(err)
 	}
 	stale.SetUnlinkOnClose(false)
-	stale.Close()
+	_ = stale.Close()
 	e.start()
 
-	if e.d.Manager.InstanceID() == oldID {
+	if e.m.InstanceID() == oldID {
 		t.Fatal("instance id unchanged across a restart")
 	}
 	// Still-serving plugins are live again without registering anew.
@@ -122,7 +123,7 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.shutdown()
-	path := checkpoint.Path(e.dpDir)
+	path := store.Path(e.dpDir)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -149,11 +150,72 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/c", 1)); err != nil {
 		t.Fatal(err)
 	}
-	d, err := checkpoint.Load(path)
+	d, err := store.ReadFile(path)
 	if err != nil || len(d.Allocations) != 1 {
 		t.Fatalf("fresh checkpoint: %v, %v", d, err)
 	}
 	if matches, _ := filepath.Glob(path + ".corrupt-*"); len(matches) != 1 || !strings.Contains(matches[0], "corrupt") {
 		t.Fatalf("aside files: %v", matches)
+	}
+}
+
+// TestCheckpointSymlinkNotFollowed: a symlink planted at the checkpoint
+// path, to a file outside that holds a valid checkpoint of other
+// allocations, is neither read nor written through. The service starts
+// with none of the target's state, moves the link aside as it does a
+// corrupt file and says so loudly; its next write puts a regular file in
+// place, and the target keeps its bytes.
+func TestCheckpointSymlinkNotFollowed(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/l", Devices: 2}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/l", 2, 2)
+	if _, err := e.client.Allocate(ctxT(t), allocReq("planted-pod", "c", "example.com/l", 1)); err != nil {
+		t.Fatal(err)
+	}
+	e.shutdown()
+	// The victim: a valid checkpoint, outside the root, that would
+	// restore an allocation if it were followed.
+	path := store.Path(e.dpDir)
+	victim := filepath.Join(testutil.TempDir(t), "victim")
+	content, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(victim, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, path); err != nil {
+		t.Fatal(err)
+	}
+
+	e.start()
+	if !e.logs.has("CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints", "path", path) ||
+		!strings.Contains(e.logs.String(), "symbolic link") {
+		t.Fatalf("no loud log line about the link:\n%s", e.logs.String())
+	}
+	matches, _ := filepath.Glob(path + ".corrupt-*")
+	if len(matches) != 1 {
+		t.Fatalf("link not moved aside: %v", matches)
+	}
+	if target, err := os.Readlink(matches[0]); err != nil || target != victim {
+		t.Fatalf("moved aside %s: %q, %v; want the link itself", matches[0], target, err)
+	}
+	if l, err := e.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{}); err != nil || len(l.GetAllocations()) != 0 {
+		t.Fatalf("the link's target was read: %v, %v", l, err)
+	}
+	e.mustRegister(p)
+	e.waitCounts("example.com/l", 2, 2)
+	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/l", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(path); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("checkpoint after a write: %v, %v", fi, err)
+	}
+	if b, err := os.ReadFile(victim); err != nil || string(b) != string(content) {
+		t.Fatalf("the link's target was written (%d bytes, %v)", len(b), err)
 	}
 }

@@ -60,6 +60,21 @@ type Handler interface {
 	Deregister(ctx context.Context, p Plugin) error
 }
 
+// OrphanDeregisterer is implemented by handlers that keep registrations
+// outside this process (the devicemanager's endpoints), which can outlive
+// the reconciler's knowledge of them: registered by an earlier reconciler,
+// or left by a deregistration that failed.
+//
+// DeregisterOrphans deregisters every such registration whose socket path
+// and generation desired rejects, and returns how many it removed. desired
+// holds for a socket in the desired state of the world. The reconciler
+// calls it after the first snapshot, after a failed deregistration and
+// after the handler reports that its downstream restarted; after an error
+// it calls it again at its next pass.
+type OrphanDeregisterer interface {
+	DeregisterOrphans(ctx context.Context, desired func(socketPath, generation string) bool) (int, error)
+}
+
 // DesiredStateOfWorld is the set of sockets that exist.
 type DesiredStateOfWorld interface {
 	// AddOrUpdate records a socket. It reports whether the entry changed

@@ -4,15 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/validation"
-
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 )
@@ -21,8 +18,6 @@ import (
 // returns only after the devicemanager dialled the plugin and called
 // GetDevicePluginOptions, so it is generous.
 const DeviceManagerTimeout = 30 * time.Second
-
-const devicePluginVersion = "v1beta1"
 
 // DevicePlugin handles DevicePlugin registrations by relaying them to the
 // devicemanager (RegisterPlugin / DeregisterPlugin). It follows the
@@ -38,7 +33,10 @@ type DevicePlugin struct {
 	onChange func(old, new string)
 }
 
-var _ cache.Handler = (*DevicePlugin)(nil)
+var (
+	_ cache.Handler            = (*DevicePlugin)(nil)
+	_ cache.OrphanDeregisterer = (*DevicePlugin)(nil)
+)
 
 // NewDevicePlugin returns a handler talking to the devicemanager through
 // client. onChange (may be nil) is called, outside any lock, when the
@@ -50,25 +48,10 @@ func NewDevicePlugin(client devicemanagerv1.DeviceManagerServiceClient, log *slo
 	return &DevicePlugin{client: client, log: log, onChange: onChange}
 }
 
-// IsExtendedResourceName reports whether name is an extended resource name:
-// a qualified name outside the kubernetes.io namespace (and not a
-// requests.* quota name), valid also with the requests. prefix.
-func IsExtendedResourceName(name string) bool {
-	if !strings.Contains(name, "/") || strings.Contains(name, "kubernetes.io/") || strings.HasPrefix(name, "requests.") {
-		return false
-	}
-	return len(validation.IsQualifiedName("requests."+name)) == 0
-}
-
-// Validate applies the kubelet's device plugin rules, with its messages.
+// Validate applies the kubelet's device plugin rules for plugins found in
+// plugins_registry, with its messages (kubeletrules.ValidatePluginWatcher).
 func (h *DevicePlugin) Validate(_ context.Context, name, _ string, versions []string) error {
-	if !slices.Contains(versions, devicePluginVersion) {
-		return fmt.Errorf("manager version, %s, is not among plugin supported versions %v", devicePluginVersion, versions)
-	}
-	if !IsExtendedResourceName(name) {
-		return fmt.Errorf("invalid name of device plugin socket: %s", fmt.Sprintf("the ResourceName %q is invalid", name))
-	}
-	return nil
+	return kubeletrules.ValidatePluginWatcher(name, versions)
 }
 
 // Register calls the devicemanager's RegisterPlugin. Registering the same
@@ -162,15 +145,15 @@ func (h *DevicePlugin) watch(ctx context.Context) (synced bool, err error) {
 	}
 }
 
-// Sweep deregisters every endpoint the devicemanager got through
-// plugins_registry whose registration socket and generation keep rejects
-// (no longer in the desired state): they were registered by an earlier
-// reconciler, or before a failed deregistration, and their sockets
+// DeregisterOrphans deregisters every endpoint the devicemanager got
+// through plugins_registry whose registration socket and generation are not
+// desired (no longer in the desired state): they were registered by an
+// earlier reconciler, or before a failed deregistration, and their sockets
 // vanished or were recreated meanwhile. Each is deregistered with its own
 // generation, so a newer registration of the same endpoint stays. Legacy
 // kubelet.sock endpoints are left alone. It returns the number of endpoints
 // removed.
-func (h *DevicePlugin) Sweep(ctx context.Context, keep func(socketPath, generation string) bool) (int, error) {
+func (h *DevicePlugin) DeregisterOrphans(ctx context.Context, desired func(socketPath, generation string) bool) (int, error) {
 	lctx, cancel := context.WithTimeout(ctx, DeviceManagerTimeout)
 	defer cancel()
 	resp, err := h.client.ListResources(lctx, &devicemanagerv1.ListResourcesRequest{})
@@ -182,7 +165,7 @@ func (h *DevicePlugin) Sweep(ctx context.Context, keep func(socketPath, generati
 	var firstErr error
 	for _, r := range resp.GetResources() {
 		for _, e := range r.GetEndpoints() {
-			if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || keep(e.GetSocketPath(), e.GetGeneration()) {
+			if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || desired(e.GetSocketPath(), e.GetGeneration()) {
 				continue
 			}
 			resp, err := h.client.DeregisterPlugin(lctx, &devicemanagerv1.DeregisterPluginRequest{ResourceName: r.GetName(), Endpoint: e.GetEndpoint(), Generation: e.GetGeneration()})

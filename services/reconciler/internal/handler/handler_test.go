@@ -2,13 +2,17 @@ package handler
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 )
 
-func TestIsExtendedResourceName(t *testing.T) {
+// The device plugin handler accepts exactly the kubelet's extended
+// resource names.
+func TestDevicePluginResourceNames(t *testing.T) {
+	dp := NewDevicePlugin(nil, nil, nil)
 	for name, want := range map[string]bool{
 		"example.com/gpu":                        true,
 		"nvidia.com/gpu":                         true,
@@ -22,8 +26,12 @@ func TestIsExtendedResourceName(t *testing.T) {
 		"example.com/" + strings.Repeat("a", 63): true,
 		"example.com/" + strings.Repeat("a", 64): false,
 	} {
-		if got := IsExtendedResourceName(name); got != want {
-			t.Errorf("IsExtendedResourceName(%q) = %v, want %v", name, got, want)
+		err := dp.Validate(context.Background(), name, "/e.sock", []string{"v1beta1"})
+		if got := err == nil; got != want {
+			t.Errorf("Validate(%q) = %v, want accepted %v", name, err, want)
+		}
+		if err != nil && err.Error() != fmt.Sprintf("invalid name of device plugin socket: the ResourceName %q is invalid", name) {
+			t.Errorf("Validate(%q) = %q, not the kubelet's message", name, err)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
 // metrics are the reconciler's Prometheus metrics.
@@ -86,8 +88,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range m.r.asw.List() {
 		ch <- prometheus.MustNewConstMetric(m.totalDesc, prometheus.GaugeValue, 1, p.SocketPath, "actual_state_of_world")
 	}
-	counts := map[State]int{StatePending: 0, StateRegistered: 0, StateFailed: 0}
-	for _, s := range m.r.Plugins() {
+	counts := map[status.State]int{status.StatePending: 0, status.StateRegistered: 0, status.StateFailed: 0}
+	for _, s := range m.r.status.List() {
 		counts[s.State]++
 	}
 	for st, n := range counts {

@@ -8,24 +8,27 @@
 // A pass first unregisters what is gone or has a new generation, then
 // re-registers what a handler asked for (a restarted devicemanager), then
 // registers what is missing. Each operation runs in the executor: one per
-// socket path at a time, with backoff per socket generation.
+// socket path at a time, with backoff per socket generation. What the loop
+// learns is recorded on a status.Board, which the API publishes; the loop
+// never reads its decisions back from it.
+//
+// The files: reconciler.go (the loop and its inputs), register.go (the
+// kubelet's register sequence, step by step), operations.go (unregister and
+// register again), orphans.go (downstream registrations whose sockets are
+// gone), trace.go (spans), metrics.go.
 package reconciler
 
 import (
-	"cmp"
 	"context"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
-
-	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
 // Defaults.
@@ -35,21 +38,13 @@ const (
 	DefaultNotifyTimeout  = 5 * time.Second // the kubelet's
 )
 
-// Sweeper is implemented by handlers that keep registrations outside this
-// process (the devicemanager's endpoints). After the first snapshot, after
-// a failed deregistration, and after a handler reports that its downstream
-// restarted, the reconciler asks it to drop registrations that keep
-// rejects: keep holds for a socket path and generation that is in the
-// desired state.
-type Sweeper interface {
-	Sweep(ctx context.Context, keep func(socketPath, generation string) bool) (int, error)
-}
-
 // Options configure a Reconciler.
 type Options struct {
 	// Handlers by plugin type (DevicePlugin, CSIPlugin, DRAPlugin).
 	Handlers map[string]cache.Handler
-	Log      *slog.Logger
+	// Status receives every socket's status; a new board when nil.
+	Status *status.Board
+	Log    *slog.Logger
 	// Clock drives backoff and resync; the wall clock when nil.
 	Clock clock.Clock
 	// ResyncPeriod is the safety-net pass interval (DefaultResyncPeriod
@@ -71,24 +66,19 @@ type Reconciler struct {
 	dsw      cache.DesiredStateOfWorld
 	asw      cache.ActualStateOfWorld
 	handlers map[string]cache.Handler
+	status   *status.Board
 	log      *slog.Logger
 	clock    clock.Clock
 	exec     *executor.Executor
 	opts     Options
 	metrics  *metrics
-	instance string
 
 	wake chan struct{}
 	bg   sync.WaitGroup
 
-	mu           sync.Mutex
-	status       map[string]*PluginStatus
-	hub          *stream.Hub[Change]
-	revision     uint64
-	reregister   map[string]bool
-	deleteTrace  map[string]map[string]string
-	needSweep    bool
-	sweepFailing bool
+	mu         sync.Mutex
+	reregister map[string]bool
+	orphans    orphanCheck
 	// What the next pass looks at: every socket (full) or only the dirty
 	// ones, so a burst of N events costs O(N), not O(N²).
 	full   bool
@@ -106,6 +96,9 @@ func New(o Options) *Reconciler {
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
+	if o.Status == nil {
+		o.Status = status.New(o.Clock)
+	}
 	if o.ResyncPeriod <= 0 {
 		o.ResyncPeriod = DefaultResyncPeriod
 	}
@@ -116,20 +109,17 @@ func New(o Options) *Reconciler {
 		o.NotifyTimeout = DefaultNotifyTimeout
 	}
 	r := &Reconciler{
-		dsw:         cache.NewDesiredStateOfWorld(),
-		asw:         cache.NewActualStateOfWorld(),
-		handlers:    o.Handlers,
-		log:         o.Log,
-		clock:       o.Clock,
-		opts:        o,
-		instance:    uuid.NewString(),
-		wake:        make(chan struct{}, 1),
-		status:      map[string]*PluginStatus{},
-		hub:         stream.NewHub[Change](0),
-		reregister:  map[string]bool{},
-		deleteTrace: map[string]map[string]string{},
-		dirty:       map[string]struct{}{},
-		syncedCh:    make(chan struct{}),
+		dsw:        cache.NewDesiredStateOfWorld(),
+		asw:        cache.NewActualStateOfWorld(),
+		handlers:   o.Handlers,
+		status:     o.Status,
+		log:        o.Log,
+		clock:      o.Clock,
+		opts:       o,
+		wake:       make(chan struct{}, 1),
+		reregister: map[string]bool{},
+		dirty:      map[string]struct{}{},
+		syncedCh:   make(chan struct{}),
 	}
 	r.metrics = newMetrics(r)
 	r.exec = executor.New(executor.Options{Clock: o.Clock, Log: o.Log, MaxParallel: o.MaxParallel, Due: r.wakePath})
@@ -141,9 +131,6 @@ func (r *Reconciler) DSW() cache.DesiredStateOfWorld { return r.dsw }
 
 // ASW returns the actual state of the world.
 func (r *Reconciler) ASW() cache.ActualStateOfWorld { return r.asw }
-
-// InstanceID identifies this reconciler process.
-func (r *Reconciler) InstanceID() string { return r.instance }
 
 // Synced reports whether a first snapshot of the sockets arrived.
 func (r *Reconciler) Synced() bool {
@@ -189,17 +176,15 @@ func (r *Reconciler) signal() {
 
 // ReplaceSockets makes the DSW exactly sockets (a new watcher stream's
 // snapshot): sockets with an unchanged generation are left alone, so a
-// watcher restart causes no re-registration.
+// watcher restart causes no re-registration. After the first snapshot,
+// downstream registrations whose sockets are gone are deregistered.
 func (r *Reconciler) ReplaceSockets(sockets []cache.Socket) {
 	added, changed, removed := r.dsw.Replace(sockets)
 	r.mu.Lock()
-	first := !r.synced
-	r.synced = true
-	if first {
+	if !r.synced {
+		r.synced = true
 		close(r.syncedCh)
-	}
-	if first {
-		r.needSweep = true
+		r.orphans.due = true
 	}
 	r.mu.Unlock()
 	r.log.Info("desired state replaced from snapshot", "sockets", len(sockets), "added", added, "changed", changed, "removed", removed)
@@ -225,17 +210,13 @@ func (r *Reconciler) SocketDeleted(path, generation string, traceContext map[str
 	if !r.dsw.Remove(path, generation) {
 		return
 	}
-	if len(traceContext) > 0 {
-		r.mu.Lock()
-		r.deleteTrace[path] = traceContext
-		r.mu.Unlock()
-	}
+	r.status.SetDeleteTrace(path, traceContext)
 	r.wakePath(path)
 }
 
 // Reregister asks for every registered plugin of type typ to be registered
 // with its handler again (its downstream restarted and lost them), and for
-// a sweep of registrations whose sockets are gone.
+// the downstream registrations whose sockets are gone to be deregistered.
 func (r *Reconciler) Reregister(typ string) {
 	r.mu.Lock()
 	for _, p := range r.asw.List() {
@@ -243,38 +224,18 @@ func (r *Reconciler) Reregister(typ string) {
 			r.reregister[p.SocketPath] = true
 		}
 	}
-	r.needSweep = true
+	r.orphans.due = true
 	r.mu.Unlock()
 	r.Wake()
 }
 
 // Run reconciles until ctx ends, then waits for running operations.
 func (r *Reconciler) Run(ctx context.Context) error {
-	var timerMu sync.Mutex
-	var timer clock.Timer
-	var arm func()
-	arm = func() {
-		timerMu.Lock()
-		defer timerMu.Unlock()
-		if ctx.Err() != nil {
-			return
-		}
-		timer = r.clock.AfterFunc(r.opts.ResyncPeriod, func() {
-			r.log.Debug("periodic resync")
-			r.Wake()
-			arm()
-		})
-	}
-	arm()
+	stopResync := r.resyncEvery(ctx, r.opts.ResyncPeriod)
 	defer func() {
-		timerMu.Lock()
-		if timer != nil {
-			timer.Stop()
-		}
-		timerMu.Unlock()
+		stopResync()
 		r.exec.Wait()
 		r.bg.Wait()
-		r.hub.Close(nil)
 	}()
 	for {
 		r.reconcile(ctx)
@@ -282,6 +243,34 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-r.wake:
+		}
+	}
+}
+
+// resyncEvery wakes a pass over every socket each period until ctx ends or
+// the returned function is called.
+func (r *Reconciler) resyncEvery(ctx context.Context, period time.Duration) (stop func()) {
+	var mu sync.Mutex
+	var timer clock.Timer
+	var arm func()
+	arm = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		timer = r.clock.AfterFunc(period, func() {
+			r.log.Debug("periodic resync")
+			r.Wake()
+			arm()
+		})
+	}
+	arm()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if timer != nil {
+			timer.Stop()
 		}
 	}
 }
@@ -299,10 +288,10 @@ func (r *Reconciler) reconcile(ctx context.Context) {
 		for _, d := range r.dsw.List() {
 			dirty[d.Path] = struct{}{}
 		}
-		r.mu.Lock()
-		for path := range r.status {
+		for _, path := range r.status.Paths() {
 			dirty[path] = struct{}{}
 		}
+		r.mu.Lock()
 		for path := range r.reregister {
 			dirty[path] = struct{}{}
 		}
@@ -311,14 +300,8 @@ func (r *Reconciler) reconcile(ctx context.Context) {
 	for path := range dirty {
 		r.reconcilePath(ctx, path)
 	}
-	r.mu.Lock()
-	sweep := r.needSweep && r.synced
-	if sweep {
-		r.needSweep = false
-	}
-	r.mu.Unlock()
-	if sweep {
-		r.startSweep(ctx)
+	if r.orphansDue() {
+		r.deregisterOrphans(ctx)
 	}
 }
 
@@ -336,7 +319,7 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 		if desired {
 			gen = d.Generation
 		}
-		r.run(ctx, path, gen, r.unregisterOp(p))
+		r.run(ctx, path, gen, func(ctx context.Context, _ executor.Attempt) error { return r.unregister(ctx, p) })
 	}
 
 	// 2. Register again what a handler's restarted downstream lost.
@@ -347,16 +330,16 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 		if !registered || !desired || p.Generation != d.Generation {
 			// Gone or replaced: the other steps handle it.
 			r.dropReregister(path)
-		} else if r.run(ctx, path, p.Generation, r.reregisterOp(p)) {
+		} else if r.run(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
 			r.dropReregister(path)
 		}
 	}
 
 	// 3. Register what is missing; keep a status entry per socket.
 	if desired {
-		r.ensureStatus(d)
+		r.status.Track(d.Path, d.Generation, r.asw.ExistsWithGeneration(d.Path, d.Generation))
 		if !r.asw.ExistsWithGeneration(d.Path, d.Generation) {
-			r.run(ctx, d.Path, d.Generation, r.registerOp(d))
+			r.run(ctx, d.Path, d.Generation, func(ctx context.Context, a executor.Attempt) error { return r.register(ctx, d, a) })
 		}
 		return
 	}
@@ -369,7 +352,7 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 		return
 	}
 	r.exec.Forget(path)
-	r.removeStatus(path)
+	r.status.Remove(path)
 }
 
 // desired reports whether the socket at path with generation is in the
@@ -393,132 +376,4 @@ func (r *Reconciler) run(ctx context.Context, path, gen string, op executor.Op) 
 		r.log.Error("starting operation", "socket_path", path, "error", err)
 	}
 	return err == nil
-}
-
-func (r *Reconciler) startSweep(ctx context.Context) {
-	for typ, h := range r.handlers {
-		s, ok := h.(Sweeper)
-		if !ok {
-			continue
-		}
-		r.bg.Add(1)
-		go func() {
-			defer r.bg.Done()
-			n, err := s.Sweep(ctx, r.desired)
-			if err != nil && ctx.Err() == nil {
-				// Try again at the next pass; warn once per failure streak.
-				r.mu.Lock()
-				r.needSweep = true
-				warn := !r.sweepFailing
-				r.sweepFailing = true
-				r.mu.Unlock()
-				lvl := slog.LevelDebug
-				if warn {
-					lvl = slog.LevelWarn
-				}
-				r.log.Log(ctx, lvl, "sweeping registrations whose sockets are gone failed; retrying at the next pass", "type", typ, "removed", n, "error", err)
-				return
-			}
-			r.mu.Lock()
-			r.sweepFailing = false
-			r.mu.Unlock()
-			if n > 0 {
-				r.log.Info("swept registrations whose sockets are gone", "type", typ, "removed", n)
-			}
-		}()
-	}
-}
-
-// Plugins returns every known socket's status, sorted by socket path.
-func (r *Reconciler) Plugins() []PluginStatus {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pluginsLocked()
-}
-
-func (r *Reconciler) pluginsLocked() []PluginStatus {
-	out := make([]PluginStatus, 0, len(r.status))
-	for _, s := range r.status {
-		out = append(out, s.clone())
-	}
-	slices.SortFunc(out, func(a, b PluginStatus) int { return cmp.Compare(a.SocketPath, b.SocketPath) })
-	return out
-}
-
-// Plugin returns one socket's status.
-func (r *Reconciler) Plugin(path string) (PluginStatus, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.status[path]
-	if !ok {
-		return PluginStatus{}, false
-	}
-	return s.clone(), true
-}
-
-// Watch returns the current statuses and a subscription to every change
-// after them, with the revision the snapshot describes.
-func (r *Reconciler) Watch() ([]PluginStatus, uint64, *stream.Subscription[Change]) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.pluginsLocked(), r.revision, r.hub.Subscribe()
-}
-
-func (r *Reconciler) ensureStatus(d cache.Socket) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.status[d.Path]
-	if ok && s.Generation == d.Generation {
-		return
-	}
-	if !ok {
-		s = &PluginStatus{SocketPath: d.Path}
-		r.status[d.Path] = s
-	}
-	registered := r.asw.ExistsWithGeneration(d.Path, d.Generation)
-	*s = PluginStatus{SocketPath: d.Path, Generation: d.Generation, State: StatePending, LastTransition: r.clock.Now(),
-		Name: s.Name, Type: s.Type, Endpoint: s.Endpoint, Versions: s.Versions, LastTraceID: s.LastTraceID}
-	if registered {
-		s.State = StateRegistered
-	}
-	r.publishLocked(false, s)
-}
-
-// update changes path's status (creating it) and publishes the change.
-func (r *Reconciler) update(path, gen string, f func(s *PluginStatus)) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.status[path]
-	if !ok {
-		s = &PluginStatus{SocketPath: path, Generation: gen, State: StatePending, LastTransition: r.clock.Now()}
-		r.status[path] = s
-	}
-	if s.Generation != gen {
-		// A newer generation took over the path; this operation's news is
-		// stale.
-		return
-	}
-	before := s.State
-	f(s)
-	if s.State != before {
-		s.LastTransition = r.clock.Now()
-	}
-	r.publishLocked(false, s)
-}
-
-func (r *Reconciler) removeStatus(path string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.status[path]
-	if !ok {
-		return
-	}
-	delete(r.status, path)
-	delete(r.deleteTrace, path)
-	r.publishLocked(true, s)
-}
-
-func (r *Reconciler) publishLocked(removed bool, s *PluginStatus) {
-	r.revision++
-	r.hub.Publish(Change{Removed: removed, Plugin: s.clone(), Revision: r.revision})
 }

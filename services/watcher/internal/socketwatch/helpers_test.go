@@ -14,27 +14,12 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// waitFor bounds every wait in these tests: generous, since the machine may be
-// loaded; nothing here measures time.
-const waitFor = 30 * time.Second
-
-// tempDir returns a short directory under os.TempDir (a t.TempDir path can
-// exceed the socket path limit), removed at the end of the test.
-func tempDir(t *testing.T) string {
-	t.Helper()
-	d, err := os.MkdirTemp("", "np")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(d) })
-	return d
-}
 
 // listen creates a socket at path with a real listener, closed (and the file
 // removed) at the end of the test.
@@ -47,9 +32,10 @@ func listen(t *testing.T, path string) {
 	t.Cleanup(func() { _ = l.Close() })
 }
 
-// bindOnly creates a socket file at path and closes the listener without
-// removing the file, so many sockets need no open descriptors.
-func bindOnly(t *testing.T, path string) {
+// staleSocket leaves a socket file at path that nobody listens on (the
+// listener is closed without removing the file), so many sockets need no
+// open descriptors.
+func staleSocket(t *testing.T, path string) {
 	t.Helper()
 	l, err := net.Listen("unix", path)
 	if err != nil {
@@ -58,15 +44,6 @@ func bindOnly(t *testing.T, path string) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	_ = l.Close()
-}
-
-func generation(t *testing.T, path string) string {
-	t.Helper()
-	id, _, err := unixsock.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return id.Generation()
 }
 
 func mkdir(t *testing.T, path string) {
@@ -87,7 +64,7 @@ type harness struct {
 // that need sockets present before the start put them in between.
 func setup(t *testing.T) *harness {
 	t.Helper()
-	base := tempDir(t)
+	base := testutil.TempDir(t)
 	h := &harness{dir: filepath.Join(base, "reg"), outside: filepath.Join(base, "out")}
 	mkdir(t, h.dir)
 	mkdir(t, h.outside)
@@ -129,7 +106,7 @@ func run(t *testing.T, opts Options) (*Watcher, func()) {
 			if err != nil {
 				t.Errorf("Run: %v", err)
 			}
-		case <-time.After(waitFor):
+		case <-time.After(testutil.Deadline):
 			t.Error("Run did not return after cancel")
 		}
 	}
@@ -161,7 +138,7 @@ func (s *sub) next(t *testing.T) Event {
 			t.Fatalf("subscription ended: %v", s.s.Err())
 		}
 		return ev
-	case <-time.After(waitFor):
+	case <-time.After(testutil.Deadline):
 		t.Fatal("no event within the deadline")
 	}
 	return Event{}

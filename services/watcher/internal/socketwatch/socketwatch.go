@@ -1,7 +1,8 @@
 // Package socketwatch keeps the set of plugin registration sockets under one
 // directory tree current with fsnotify and fans every change out to
-// subscribers as a snapshot → synced → live stream. It knows nothing of gRPC;
-// the watcher service's gRPC adapter is a thin layer over Watcher.
+// subscribers as a snapshot → synced → live stream. It knows nothing of gRPC:
+// its errors wrap pkg/errdefs sentinels, and the watcher service's gRPC
+// adapter (internal/server) is a thin layer over Watcher.
 //
 // What counts, and how changes are reported (the watcher-events contract):
 //
@@ -268,13 +269,15 @@ func (w *Watcher) Subscribe() ([]Event, Synced, *stream.Subscription[Event], err
 }
 
 // Watch streams the snapshot, the synced marker and live events through send
-// and synced until ctx ends, a send fails, the subscriber falls behind (a
-// RESOURCE_EXHAUSTED status error) or the watcher stops (UNAVAILABLE). The
-// error is a gRPC status error, as stream.Serve returns.
+// and synced until ctx ends (ctx's error), a send fails (its error), the
+// subscriber falls behind (stream.ErrSlow, which wraps
+// errdefs.ErrResourceExhausted) or the watcher stops (ErrStopped, which
+// wraps errdefs.ErrUnavailable). The errors are plain errors; the gRPC
+// server's interceptor maps them to status codes.
 func (w *Watcher) Watch(ctx context.Context, send func(Event) error, synced func(Synced) error) error {
 	snap, marker, sub, err := w.Subscribe()
 	if err != nil {
-		return errdefs.ToGRPC(err)
+		return err
 	}
 	err = stream.Serve(ctx, snap, sub, send, func() error { return synced(marker) })
 	if errors.Is(sub.Err(), stream.ErrSlow) {

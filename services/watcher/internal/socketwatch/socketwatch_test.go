@@ -19,10 +19,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -329,7 +329,7 @@ func TestEventFields(t *testing.T) {
 	}
 	snap := s.snapshot[0]
 	if !snap.Snapshot || snap.Type != Created || snap.Path != h.path("early.sock") ||
-		snap.Generation != generation(t, h.path("early.sock")) || snap.TraceContext != nil ||
+		snap.Generation != testutil.Generation(t, h.path("early.sock")) || snap.TraceContext != nil ||
 		snap.Revision != s.synced.Revision || snap.ObservedTime.IsZero() {
 		t.Fatalf("snapshot event %+v (synced %+v)", snap, s.synced)
 	}
@@ -337,7 +337,7 @@ func TestEventFields(t *testing.T) {
 	listen(t, h.path("late.sock"))
 	ev := s.next(t)
 	if ev.Snapshot || ev.Type != Created || ev.Path != h.path("late.sock") ||
-		ev.Generation != generation(t, h.path("late.sock")) || ev.ObservedTime.IsZero() {
+		ev.Generation != testutil.Generation(t, h.path("late.sock")) || ev.ObservedTime.IsZero() {
 		t.Fatalf("live event %+v", ev)
 	}
 	if ev.Revision != s.synced.Revision+1 {
@@ -402,7 +402,7 @@ func TestRecreateWithLostRemove(t *testing.T) {
 	listen(t, p)
 	got := h.barrier(t, s)
 	if len(got) != 2 || got[0].Type != Deleted || got[0].Generation != old ||
-		got[1].Type != Created || got[1].Generation != generation(t, p) || got[1].Generation == old ||
+		got[1].Type != Created || got[1].Generation != testutil.Generation(t, p) || got[1].Generation == old ||
 		got[0].Path != p || got[1].Path != p || got[1].Revision != got[0].Revision+1 {
 		t.Fatalf("events = %+v, want DELETED %s then CREATED with the new generation", got, old)
 	}
@@ -432,7 +432,7 @@ func TestChmodChownKeepGeneration(t *testing.T) {
 	if got := h.barrier(t, s); len(got) != 0 {
 		t.Fatalf("chmod/chown caused events: %+v", got)
 	}
-	if g := generation(t, p); g != gen {
+	if g := testutil.Generation(t, p); g != gen {
 		t.Fatalf("generation changed from %s to %s", gen, g)
 	}
 	socks, _ := h.w.List()
@@ -484,8 +484,8 @@ func TestStopEndsSubscriptions(t *testing.T) {
 		t.Fatalf("subscription ended with %v, want ErrStopped", sub.Err())
 	}
 	err = w.Watch(context.Background(), func(Event) error { return nil }, func(Synced) error { return nil })
-	if status.Code(err) != codes.Unavailable {
-		t.Fatalf("Watch on a stopped watcher = %v, want UNAVAILABLE", err)
+	if !errors.Is(err, ErrStopped) || !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("Watch on a stopped watcher = %v, want ErrStopped", err)
 	}
 }
 
@@ -543,7 +543,7 @@ func TestManySubscribersOneStalled(t *testing.T) {
 				if path != p {
 					t.Fatalf("reader %d got %s, want %s", r, path, p)
 				}
-			case <-time.After(waitFor):
+			case <-time.After(testutil.Deadline):
 				t.Fatalf("reader %d did not get %s", r, p)
 			}
 		}
@@ -561,8 +561,8 @@ func TestManySubscribersOneStalled(t *testing.T) {
 	// ... and, once it reads again, learns why.
 	close(stalled)
 	err := <-stalledErr
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("stalled subscriber ended with %v, want RESOURCE_EXHAUSTED", err)
+	if !errors.Is(err, stream.ErrSlow) || !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("stalled subscriber ended with %v, want stream.ErrSlow", err)
 	}
 	if stalledGot > buffer+1 {
 		t.Fatalf("stalled subscriber received %d events, more than its buffer", stalledGot)
@@ -592,7 +592,7 @@ func TestBurstOfSockets(t *testing.T) {
 	for wk := range workers {
 		wg.Go(func() {
 			for i := wk; i < n; i += workers {
-				bindOnly(t, h.path(fmt.Sprintf("w%d/s%04d.sock", wk, i)))
+				staleSocket(t, h.path(fmt.Sprintf("w%d/s%04d.sock", wk, i)))
 			}
 		})
 	}
@@ -673,7 +673,7 @@ func TestOverflowRescan(t *testing.T) {
 		if ev.Type == Deleted && ev.Generation != gens[ev.Path] {
 			t.Fatalf("DELETED %s with generation %s, want %s", ev.Path, ev.Generation, gens[ev.Path])
 		}
-		if ev.Type == Created && ev.Generation != generation(t, ev.Path) {
+		if ev.Type == Created && ev.Generation != testutil.Generation(t, ev.Path) {
 			t.Fatalf("CREATED %s with a stale generation", ev.Path)
 		}
 		if ev.TraceContext["traceparent"] == "" {
@@ -721,7 +721,7 @@ func TestLongPaths(t *testing.T) {
 		}
 		listen(t, p)
 		ev := s.next(t)
-		if ev.Type != Created || ev.Path != p || ev.Generation != generation(t, p) {
+		if ev.Type != Created || ev.Path != p || ev.Generation != testutil.Generation(t, p) {
 			t.Fatalf("got %+v, want CREATED %s", ev, p)
 		}
 	}
@@ -835,23 +835,17 @@ func TestPluginDirectoryRemoved(t *testing.T) {
 		t.Fatalf("got %+v, want DELETED x/a.sock", ev)
 	}
 	// The watcher recreates the directory; wait for it, then use it.
-	deadline := time.Now().Add(waitFor)
-	for {
-		if fi, err := os.Stat(h.dir); err == nil && fi.IsDir() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("plugin directory was not recreated")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, "the plugin directory recreated", func() bool {
+		fi, err := os.Stat(h.dir)
+		return err == nil && fi.IsDir()
+	})
 	if got := h.barrier(t, s); len(got) != 0 {
 		t.Fatalf("unexpected events %+v", got)
 	}
 }
 
 func TestNewRejectsBadDirectories(t *testing.T) {
-	base := tempDir(t)
+	base := testutil.TempDir(t)
 	file := filepath.Join(base, "file")
 	writeFile(t, file)
 	for _, tc := range []struct {

@@ -1,0 +1,301 @@
+// Package allocator chooses devices for containers and keeps the record of
+// which container holds which device: choice, reservation, the plugin's
+// preferred allocation, the plugin calls, and rollback.
+//
+// An Allocate for a container:
+//  1. returns the saved answer when the same request was made before (the
+//     plugin is not called again);
+//  2. chooses, per resource, healthy free devices, the must-include ones
+//     first: the plugin's preference when it offers GetPreferredAllocation
+//     (checked: a subset of what was offered, the right size, with every
+//     must-include device), else the lowest IDs in sorted order;
+//  3. reserves them before any plugin call, so two concurrent requests
+//     never get the same device;
+//  4. calls the plugin's Allocate, then PreStartContainer when required;
+//  5. records the allocation and makes it durable before it returns.
+//
+// Any failure releases every reservation of the request: nothing stays
+// allocated. The device sets themselves belong to the manager, which the
+// Ledger sees through the Resources interface.
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/keylock"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
+)
+
+// maxPickAttempts bounds how often a choice made with no lock held
+// (GetPreferredAllocation) is retried when a concurrent allocation took one
+// of its devices.
+const maxPickAttempts = 5
+
+var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")
+
+// Allocator allocates devices to containers and records who holds what.
+//
+// Thread safety and ordering: every method is safe for concurrent use.
+// Allocate calls for the same pod and container run one at a time, so
+// concurrent identical requests yield one allocation; other calls run
+// concurrently. An Allocate or Release that returns nil has made its change
+// durable.
+type Allocator interface {
+	// Allocate gives devices to one container (see the package doc).
+	Allocate(ctx context.Context, req *Request) ([]ResourceAllocation, error)
+	// Release frees the devices of a pod, or of one of its containers when
+	// container is set, and returns how many were freed. Releasing what is
+	// not there frees nothing and succeeds.
+	Release(ctx context.Context, pod, container string) (int64, error)
+	// List returns every allocation (of one pod when pod is set), sorted by
+	// pod, container and resource. The plugin responses are shared:
+	// callers must not modify them.
+	List(pod string) []Allocation
+	// Taken returns, sorted, the devices of resource that are allocated or
+	// reserved by an Allocate in flight.
+	Taken(resource string) []string
+	// Restore adds allocations read from the store. Call it before serving.
+	Restore(recs []store.Allocation)
+	// Stage moves into b every allocation change not staged before, for
+	// the next store commit.
+	Stage(b *store.Batch)
+}
+
+// Resources is the Ledger's view of the device sets, which the manager
+// owns. The Ledger calls it with none of its own locks held, so its methods
+// may call the Ledger's Taken.
+type Resources interface {
+	// Candidates returns the plugin that allocates devices of resource
+	// and its healthy devices, sorted. It fails with errdefs.ErrNotFound
+	// for an unknown resource and errdefs.ErrFailedPrecondition when the
+	// resource has no live endpoint or no healthy device.
+	Candidates(resource string) (endpoint.Plugin, []string, error)
+	// Health reports, for each of ids, whether resource has that device
+	// and it is healthy now.
+	Health(resource string, ids []string) []bool
+	// Known reports whether resource is registered (has a device set).
+	Known(resource string) bool
+	// AllocationsChanged is told, after the change, the resources whose
+	// allocations changed.
+	AllocationsChanged(resources []string)
+}
+
+// Config configures a Ledger.
+type Config struct {
+	Resources Resources
+	// Persist makes every change staged so far durable (see Stage).
+	// Allocate and Release call it before they return.
+	Persist func() error
+	Log     *slog.Logger
+	// Registerer receives the metrics; nil means none are registered.
+	Registerer prometheus.Registerer
+}
+
+// Ledger is the Allocator: the record of every allocation and of the
+// reservations of the Allocate calls in flight.
+type Ledger struct {
+	res     Resources
+	persist func() error
+	log     *slog.Logger
+	metrics *metrics
+
+	containers keylock.Mutex // per pod and container
+
+	mu     sync.Mutex
+	allocs map[key]*allocation
+	// owners maps resource → device → the allocation holding it,
+	// committed or reserved by an Allocate in flight.
+	owners map[string]map[string]key
+	dirty  map[key]bool // changed since the last Stage
+}
+
+var _ Allocator = (*Ledger)(nil)
+
+type key struct{ pod, container, resource string }
+
+func (k key) String() string { return k.pod + "\x00" + k.container + "\x00" + k.resource }
+
+type allocation struct {
+	key       key
+	ids       []string
+	resp      *pluginapi.ContainerAllocateResponse
+	respBytes []byte // resp as stored
+	traceID   string
+	at        time.Time
+}
+
+// New returns an empty Ledger.
+func New(cfg Config) *Ledger {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Ledger{
+		res: cfg.Resources, persist: cfg.Persist, log: cfg.Log, metrics: newMetrics(cfg.Registerer),
+		allocs: map[key]*allocation{}, owners: map[string]map[string]key{}, dirty: map[key]bool{},
+	}
+}
+
+// pick is the devices chosen and reserved for one resource of a request,
+// with the plugin that will allocate them.
+type pick struct {
+	key       key
+	ids       []string
+	plugin    endpoint.Plugin
+	resp      *pluginapi.ContainerAllocateResponse
+	respBytes []byte
+}
+
+// Allocate implements Allocator.
+func (l *Ledger) Allocate(ctx context.Context, req *Request) ([]ResourceAllocation, error) {
+	if err := ValidateRequest(req); err != nil {
+		return nil, err
+	}
+	ctx, span := tracer.Start(ctx, "allocate")
+	defer span.End()
+	span.SetAttributes(attribute.String("pod_uid", req.PodUID), attribute.String("container", req.Container))
+	resp, err := l.allocate(ctx, req)
+	if err != nil {
+		span.SetStatus(codes.Error, err.Error())
+		// Metric labels only name registered resources, never what a
+		// caller asked for.
+		for _, rr := range req.Resources {
+			if l.res.Known(rr.Name) {
+				l.metrics.allocations.WithLabelValues(rr.Name, "failed").Inc()
+			}
+		}
+		return nil, err
+	}
+	return resp, nil
+}
+
+func (l *Ledger) allocate(ctx context.Context, req *Request) ([]ResourceAllocation, error) {
+	unlock := l.containers.Lock(req.PodUID + "\x00" + req.Container)
+	defer unlock()
+
+	// Saved answers, and the resources that need new devices.
+	var todo []ResourceRequest
+	l.mu.Lock()
+	for _, rr := range req.Resources {
+		k := key{req.PodUID, req.Container, rr.Name}
+		if a := l.allocs[k]; a != nil {
+			if int64(len(a.ids)) != rr.Count {
+				l.mu.Unlock()
+				return nil, fmt.Errorf("pod %q container %q changed request for resource %q from %d to %d: %w",
+					k.pod, k.container, k.resource, len(a.ids), rr.Count, errdefs.ErrFailedPrecondition)
+			}
+			continue
+		}
+		todo = append(todo, rr)
+	}
+	l.mu.Unlock()
+
+	var picks []*pick
+	rollback := func() {
+		l.mu.Lock()
+		for _, p := range picks {
+			l.unreserveLocked(p.key)
+		}
+		l.mu.Unlock()
+	}
+	for _, rr := range todo {
+		p, err := l.choose(ctx, key{req.PodUID, req.Container, rr.Name}, rr)
+		if err != nil {
+			rollback()
+			return nil, err
+		}
+		picks = append(picks, p)
+	}
+	for _, p := range picks {
+		if err := l.callPlugin(ctx, p); err != nil {
+			rollback()
+			return nil, err
+		}
+	}
+	if len(picks) > 0 {
+		if err := l.commit(ctx, picks); err != nil {
+			return nil, err
+		}
+	}
+
+	l.mu.Lock()
+	found := make([]*allocation, 0, len(req.Resources))
+	for _, rr := range req.Resources {
+		a := l.allocs[key{req.PodUID, req.Container, rr.Name}]
+		if a == nil {
+			l.mu.Unlock()
+			// Released by a concurrent Release after it was made.
+			return nil, fmt.Errorf("allocation of %q for pod %q container %q was released while being made: %w",
+				rr.Name, req.PodUID, req.Container, errdefs.ErrFailedPrecondition)
+		}
+		found = append(found, a)
+	}
+	l.mu.Unlock()
+	out := make([]ResourceAllocation, 0, len(found))
+	for _, a := range found {
+		out = append(out, l.view(a))
+	}
+	if len(picks) == 0 {
+		for _, rr := range req.Resources {
+			l.metrics.allocations.WithLabelValues(rr.Name, "reused").Inc()
+		}
+	}
+	return out, nil
+}
+
+// commit records the allocations of picks and makes them durable; when
+// they cannot be saved it takes them back.
+func (l *Ledger) commit(ctx context.Context, picks []*pick) error {
+	now, traceID := time.Now(), telemetry.TraceID(ctx)
+	resources := make([]string, 0, len(picks))
+	l.mu.Lock()
+	for _, p := range picks {
+		l.allocs[p.key] = &allocation{key: p.key, ids: p.ids, resp: p.resp, respBytes: p.respBytes, traceID: traceID, at: now}
+		l.dirty[p.key] = true
+		resources = append(resources, p.key.resource)
+	}
+	l.mu.Unlock()
+	l.res.AllocationsChanged(resources)
+	if err := l.persist(); err != nil {
+		l.mu.Lock()
+		for _, p := range picks {
+			delete(l.allocs, p.key)
+			l.unreserveLocked(p.key)
+			l.dirty[p.key] = true
+		}
+		l.mu.Unlock()
+		l.res.AllocationsChanged(resources)
+		if err2 := l.persist(); err2 != nil {
+			l.log.ErrorContext(ctx, "writing checkpoint after rollback", "error", err2)
+		}
+		return fmt.Errorf("allocation not saved: %v: %w", err, errdefs.ErrInternal)
+	}
+	for _, p := range picks {
+		l.metrics.allocations.WithLabelValues(p.key.resource, "allocated").Inc()
+		l.log.InfoContext(ctx, "devices allocated", "pod_uid", p.key.pod, "container", p.key.container,
+			"resource", p.key.resource, "devices", p.ids)
+	}
+	return nil
+}
+
+// view describes a, with the current health of its devices. a's fields
+// never change once it is recorded, so no lock is needed.
+func (l *Ledger) view(a *allocation) ResourceAllocation {
+	v := ResourceAllocation{Resource: a.key.resource, DeviceIDs: slices.Clone(a.ids), Response: a.resp}
+	for i, healthy := range l.res.Health(a.key.resource, a.ids) {
+		v.Devices = append(v.Devices, DeviceStatus{ID: a.ids[i], Healthy: healthy})
+	}
+	return v
+}

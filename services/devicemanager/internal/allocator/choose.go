@@ -1,0 +1,186 @@
+package allocator
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nodeplug/nodeplug/pkg/bounds"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
+)
+
+// maxResources bounds the resources of one request.
+const maxResources = 64
+
+// ValidateRequest checks the shape of a request, as Allocate does first:
+// identifiers (pkg/bounds: lengths and characters, errors that echo at most
+// bounds.MaxEcho bytes of a value), counts and must-include lists. Errors
+// wrap errdefs.ErrInvalidArgument.
+func ValidateRequest(req *Request) error {
+	if err := bounds.PodUID(req.PodUID); err != nil {
+		return err
+	}
+	if err := bounds.ContainerName(req.Container, false); err != nil {
+		return err
+	}
+	if len(req.Resources) == 0 {
+		return fmt.Errorf("no resources requested: %w", errdefs.ErrInvalidArgument)
+	}
+	if len(req.Resources) > maxResources {
+		return fmt.Errorf("%d resources requested, more than %d: %w", len(req.Resources), maxResources, errdefs.ErrInvalidArgument)
+	}
+	seen := map[string]bool{}
+	for _, rr := range req.Resources {
+		name := rr.Name
+		if err := bounds.Name("resource name", name); err != nil {
+			return err
+		}
+		if seen[name] {
+			return fmt.Errorf("resource %q requested twice: %w", name, errdefs.ErrInvalidArgument)
+		}
+		seen[name] = true
+		if rr.Count <= 0 {
+			return fmt.Errorf("count of %q must be > 0, got %d: %w", name, rr.Count, errdefs.ErrInvalidArgument)
+		}
+		must := rr.MustInclude
+		if int64(len(must)) > rr.Count {
+			return fmt.Errorf("%d must-include devices of %q exceed the count %d: %w", len(must), name, rr.Count, errdefs.ErrInvalidArgument)
+		}
+		mseen := map[string]bool{}
+		for _, id := range must {
+			if err := bounds.DeviceID(id); err != nil {
+				return fmt.Errorf("must-include devices of %q: %w", name, err)
+			}
+			if mseen[id] {
+				return fmt.Errorf("must-include devices of %q: repeated ID %q: %w", name, id, errdefs.ErrInvalidArgument)
+			}
+			mseen[id] = true
+		}
+	}
+	return nil
+}
+
+// choose picks and reserves devices for one resource.
+func (l *Ledger) choose(ctx context.Context, k key, rr ResourceRequest) (*pick, error) {
+	count := int(rr.Count)
+	must := rr.MustInclude
+	for attempt := 1; ; attempt++ {
+		plugin, healthy, err := l.res.Candidates(k.resource)
+		if err != nil {
+			return nil, err
+		}
+		l.mu.Lock()
+		owners := l.owners[k.resource]
+		var free []string
+		for _, id := range healthy {
+			if _, taken := owners[id]; !taken {
+				free = append(free, id)
+			}
+		}
+		for _, id := range must {
+			if !slices.Contains(free, id) {
+				l.mu.Unlock()
+				return nil, fmt.Errorf("must-include device %q of %s is not healthy and free: %w", id, k.resource, errdefs.ErrFailedPrecondition)
+			}
+		}
+		if len(free) < count {
+			l.mu.Unlock()
+			return nil, fmt.Errorf("requested number of devices unavailable for %s. Requested: %d, Available: %d: %w",
+				k.resource, count, len(free), errdefs.ErrFailedPrecondition)
+		}
+		if !plugin.Options().PreferredAllocation {
+			ids := slices.Clone(must)
+			for _, id := range free {
+				if len(ids) == count {
+					break
+				}
+				if !slices.Contains(ids, id) {
+					ids = append(ids, id)
+				}
+			}
+			slices.Sort(ids)
+			l.reserveLocked(k, ids)
+			l.mu.Unlock()
+			return &pick{key: k, ids: ids, plugin: plugin}, nil
+		}
+		l.mu.Unlock()
+
+		ids, err := preferred(ctx, plugin, free, must, count)
+		if err != nil {
+			return nil, err
+		}
+		health := l.res.Health(k.resource, ids)
+		l.mu.Lock()
+		ok := !slices.Contains(health, false)
+		for _, id := range ids {
+			if _, taken := l.owners[k.resource][id]; taken {
+				ok = false
+			}
+		}
+		if ok {
+			l.reserveLocked(k, ids)
+			l.mu.Unlock()
+			return &pick{key: k, ids: ids, plugin: plugin}, nil
+		}
+		l.mu.Unlock()
+		if attempt == maxPickAttempts {
+			return nil, fmt.Errorf("devices of %s preferred by its plugin were taken concurrently %d times: %w", k.resource, attempt, errdefs.ErrFailedPrecondition)
+		}
+	}
+}
+
+// preferred asks the plugin for its choice and checks it: a subset of what
+// was offered, the right size, including every must-include ID.
+func preferred(ctx context.Context, plugin endpoint.Plugin, avail, must []string, count int) ([]string, error) {
+	answer, err := plugin.GetPreferredAllocation(ctx, avail, must, count)
+	if err != nil {
+		return nil, err
+	}
+	ids := slices.Clone(answer)
+	bad := func(why string) error {
+		return fmt.Errorf("device plugin %s GetPreferredAllocation returned %v: %s: %w", plugin, ids, why, errdefs.ErrInternal)
+	}
+	if len(ids) != count {
+		return nil, bad(fmt.Sprintf("%d devices, want %d", len(ids), count))
+	}
+	seen := map[string]bool{}
+	for _, id := range ids {
+		if seen[id] {
+			return nil, bad(fmt.Sprintf("device %q twice", id))
+		}
+		seen[id] = true
+		if !slices.Contains(avail, id) {
+			return nil, bad(fmt.Sprintf("device %q was not offered", id))
+		}
+	}
+	for _, id := range must {
+		if !seen[id] {
+			return nil, bad(fmt.Sprintf("must-include device %q missing", id))
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// callPlugin runs Allocate, then PreStartContainer when required.
+func (l *Ledger) callPlugin(ctx context.Context, p *pick) error {
+	start := time.Now()
+	resp, err := p.plugin.Allocate(ctx, p.ids)
+	l.metrics.allocDuration.WithLabelValues(p.key.resource).Observe(time.Since(start).Seconds())
+	if err != nil {
+		return err
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp)
+	if err != nil {
+		return fmt.Errorf("device plugin %s: encode allocation response: %v: %w", p.plugin, err, errdefs.ErrInternal)
+	}
+	p.resp, p.respBytes = resp, b
+	if p.plugin.Options().PreStartRequired {
+		return p.plugin.PreStartContainer(ctx, p.ids)
+	}
+	return nil
+}

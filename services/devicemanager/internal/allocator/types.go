@@ -1,0 +1,48 @@
+package allocator
+
+import (
+	"time"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Request asks for devices for one container.
+type Request struct {
+	PodUID    string
+	Container string
+	Resources []ResourceRequest
+}
+
+// ResourceRequest asks for Count devices of one resource, including the
+// MustInclude ones.
+type ResourceRequest struct {
+	Name        string
+	Count       int64
+	MustInclude []string
+}
+
+// DeviceStatus is a device's current health.
+type DeviceStatus struct {
+	ID      string
+	Healthy bool
+}
+
+// ResourceAllocation is what a container got of one resource: the devices,
+// the plugin's answer and each device's current health.
+type ResourceAllocation struct {
+	Resource  string
+	DeviceIDs []string
+	Response  *pluginapi.ContainerAllocateResponse
+	Devices   []DeviceStatus
+}
+
+// Allocation is one container's devices of one resource, as listed.
+type Allocation struct {
+	PodUID    string
+	Container string
+	Resource  string
+	DeviceIDs []string
+	Response  *pluginapi.ContainerAllocateResponse
+	TraceID   string
+	Allocated time.Time
+}

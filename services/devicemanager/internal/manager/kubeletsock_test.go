@@ -1,0 +1,95 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+)
+
+// busySocket listens at path with a backlog of zero and fills it with
+// connections nobody accepts, so that the next connect fails with EAGAIN
+// rather than ECONNREFUSED: a live socket that cannot take a connection
+// now. It is a plain socket listening as a busy kubelet's would.
+func busySocket(t *testing.T, path string) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		c, err := net.Dial("unix", path)
+		if errors.Is(err, syscall.EAGAIN) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("filling the backlog of %s: %v", path, err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		if i == 64 {
+			t.Fatalf("the backlog of %s never filled", path)
+		}
+	}
+}
+
+// TestOpenStopsWhenKubeletSockCannotBeJudged: only ECONNREFUSED makes
+// kubelet.sock stale. A socket whose backlog is full (EAGAIN) or that the
+// process may not connect to (EACCES) may belong to a live kubelet: Open
+// fails naming the socket and why, and removes nothing, neither
+// kubelet.sock nor the stale plugin sockets beside it.
+func TestOpenStopsWhenKubeletSockCannotBeJudged(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, path string)
+		errno syscall.Errno
+	}{
+		{"full backlog", busySocket, syscall.EAGAIN},
+		{"no permission", func(t *testing.T, path string) {
+			if os.Geteuid() == 0 {
+				t.Skip("root connects to a socket of mode 0; the full-backlog case covers a dial error other than ECONNREFUSED")
+			}
+			rudeSocket(t, path)
+			if err := os.Chmod(path, 0); err != nil {
+				t.Fatal(err)
+			}
+		}, syscall.EACCES},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.TempDir(t)
+			kubelet := KubeletSocketPath(dir)
+			tc.setup(t, kubelet)
+			stale := filepath.Join(dir, "stale.sock")
+			staleSocket(t, stale)
+
+			m, err := Open(context.Background(), config(dir))
+			if err == nil {
+				_ = m.Close()
+				t.Fatal("Open succeeded beside a kubelet.sock it could not judge")
+			}
+			if errors.Is(err, ErrKubeletRunning) || !errors.Is(err, tc.errno) {
+				t.Fatalf("Open: %v; want an error wrapping %v", err, tc.errno)
+			}
+			for _, p := range []string{kubelet, stale} {
+				if !exists(p) {
+					t.Errorf("%s was removed", p)
+				}
+			}
+			if exists(filepath.Join(dir, "nodeplug_checkpoint")) {
+				t.Error("a checkpoint was written although the start stopped")
+			}
+		})
+	}
+}

@@ -1,0 +1,92 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// registered returns a manager under a new root with one plugin of devices
+// devices registered through plugins_registry and its first update in.
+func registered(t *testing.T, resource string, devices int) (*Manager, *deviceplugin.Plugin, string) {
+	t.Helper()
+	root := testutil.TempDir(t)
+	dpDir := filepath.Join(root, "device-plugins")
+	m, err := Open(ctxT(t), Config{DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.NewCheckpoint(dpDir), Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	p, err := deviceplugin.New(deviceplugin.Options{Resource: resource, Devices: devices, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	if err := m.Register(ctxT(t), Registration{Resource: resource, Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, resource+" allocatable", func() error {
+		if rs := m.ListResources(); len(rs) != 1 || rs[0].Allocatable != int64(devices) {
+			return fmt.Errorf("resources %+v", rs)
+		}
+		return nil
+	})
+	return m, p, dpDir
+}
+
+// TestAllocationNotSavedIsRolledBack: an allocation that cannot be made
+// durable is refused and leaves nothing allocated; once the store works
+// again, allocating works and is saved.
+func TestAllocationNotSavedIsRolledBack(t *testing.T) {
+	const res = "example.com/unsaved"
+	m, p, dpDir := registered(t, res, 2)
+	if err := os.RemoveAll(dpDir); err != nil { // the checkpoint cannot be written
+		t.Fatal(err)
+	}
+	req := &allocator.Request{PodUID: "pod", Container: "c", Resources: []allocator.ResourceRequest{{Name: res, Count: 1}}}
+	_, err := m.Allocate(ctxT(t), req)
+	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "allocation not saved") {
+		t.Fatalf("Allocate with a broken store: %v", err)
+	}
+	if p.CallCount(deviceplugin.MethodAllocate) != 1 {
+		t.Fatalf("the plugin was called %d times, want 1", p.CallCount(deviceplugin.MethodAllocate))
+	}
+	if l := m.ListAllocations(""); len(l) != 0 {
+		t.Fatalf("allocations after the failure: %+v", l)
+	}
+	if r := m.ListResources()[0]; r.Free != 2 || len(r.Allocated) != 0 {
+		t.Fatalf("devices still taken after the failure: %+v", r)
+	}
+
+	if err := os.Mkdir(dpDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.Allocate(ctxT(t), req)
+	if err != nil || len(got) != 1 || len(got[0].DeviceIDs) != 1 {
+		t.Fatalf("Allocate once the store works: %+v, %v", got, err)
+	}
+	d, err := store.ReadFile(store.Path(dpDir))
+	if err != nil || d == nil || len(d.Allocations) != 1 || len(d.Resources) != 1 {
+		t.Fatalf("saved state: %+v, %v", d, err)
+	}
+}

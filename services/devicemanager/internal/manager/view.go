@@ -1,0 +1,226 @@
+package manager
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
+)
+
+// resource is one resource's device set and endpoints, guarded by
+// Manager.mu.
+type resource struct {
+	name    string
+	devices map[string]*device
+	// ids caches the sorted keys of devices; nil after devices changed.
+	ids       []string
+	endpoints map[string]*entry // by endpoint path
+	primary   *entry
+	// stoppedAt is set while no endpoint is live: the grace period runs.
+	stoppedAt time.Time
+}
+
+// sortedIDs returns the device IDs in sorted order. The slice is shared:
+// callers must not change it.
+func (r *resource) sortedIDs() []string {
+	if r.ids == nil {
+		r.ids = slices.Sorted(maps.Keys(r.devices))
+	}
+	return r.ids
+}
+
+func (r *resource) healthyCount() int {
+	n := 0
+	for _, d := range r.devices {
+		if d.healthy {
+			n++
+		}
+	}
+	return n
+}
+
+type device struct {
+	id      string
+	healthy bool
+	numa    []int64
+}
+
+// entry is one registered endpoint of a resource, guarded by Manager.mu.
+type entry struct {
+	resource   string
+	path       string // as registered (absolute)
+	dialPath   string // resolved inside the allowed directories
+	socketPath string
+	generation string
+	regPath    RegistrationPath
+	versions   []string
+	opts       endpoint.Options
+	state      EndpointState
+	seq        uint64
+	registered time.Time
+	stopped    time.Time
+	// conn is nil for an endpoint restored from the store and not
+	// redialled.
+	conn *endpoint.Conn
+	// closed: its end has been handled (replaced, deregistered or stopped);
+	// its stream no longer changes anything.
+	closed bool
+}
+
+// changedLocked records a change of res: it is staged for the store, and
+// published.
+func (m *Manager) changedLocked(res *resource) {
+	m.dirty[res.name] = true
+	m.publishViewLocked(res)
+}
+
+// publishViewLocked updates the metrics of res and publishes its view.
+func (m *Manager) publishViewLocked(res *resource) {
+	v := m.viewLocked(res)
+	m.metrics.devices.WithLabelValues(res.name, "healthy").Set(float64(len(v.Healthy)))
+	m.metrics.devices.WithLabelValues(res.name, "unhealthy").Set(float64(len(v.Unhealthy)))
+	m.publishLocked(false, v)
+}
+
+func (m *Manager) publishLocked(removed bool, r ResourceInfo) {
+	m.revision++
+	m.hub.Publish(Change{Removed: removed, Resource: r, Revision: m.revision})
+}
+
+func (m *Manager) viewLocked(res *resource) ResourceInfo {
+	v := ResourceInfo{Name: res.name, Capacity: int64(len(res.devices))}
+	taken := m.alloc.Taken(res.name)
+	for _, id := range res.sortedIDs() {
+		d := res.devices[id]
+		if d.healthy {
+			v.Healthy = append(v.Healthy, id)
+			if _, found := slices.BinarySearch(taken, id); !found {
+				v.Free++
+			}
+		} else {
+			v.Unhealthy = append(v.Unhealthy, id)
+		}
+	}
+	v.Allocatable = int64(len(v.Healthy))
+	v.Allocated = taken
+	for _, e := range res.sortedEndpoints() {
+		v.Endpoints = append(v.Endpoints, EndpointInfo{
+			Endpoint: e.path, SocketPath: e.socketPath, Generation: e.generation, Path: e.regPath,
+			State: e.state, Versions: slices.Clone(e.versions), Primary: e == res.primary,
+			PreStartRequired: e.opts.PreStartRequired, PreferredAllocation: e.opts.PreferredAllocation,
+			Registered: e.registered, Stopped: e.stopped,
+		})
+	}
+	if !res.stoppedAt.IsZero() {
+		v.GraceDeadline = res.stoppedAt.Add(m.grace)
+	}
+	return v
+}
+
+// sortedEndpoints returns the endpoints in registration order.
+func (r *resource) sortedEndpoints() []*entry {
+	return slices.SortedFunc(maps.Values(r.endpoints), func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
+}
+
+// ListResources returns every resource, sorted by name.
+func (m *Manager) ListResources() []ResourceInfo {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []ResourceInfo
+	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
+		out = append(out, m.viewLocked(m.resources[name]))
+	}
+	return out
+}
+
+// Watch returns the current resources as a snapshot (at revision rev) and
+// a subscription to every later change, consistently: no change falls
+// between them.
+func (m *Manager) Watch() (snapshot []Change, sub *stream.Subscription[Change], rev uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sub = m.hub.Subscribe()
+	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
+		snapshot = append(snapshot, Change{Resource: m.viewLocked(m.resources[name]), Revision: m.revision})
+	}
+	return snapshot, sub, m.revision
+}
+
+// The manager is the allocator's view of the device sets.
+var _ allocator.Resources = (*Manager)(nil)
+
+// Candidates implements allocator.Resources: the primary endpoint of
+// resource and its healthy devices.
+func (m *Manager) Candidates(name string) (endpoint.Plugin, []string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	res := m.resources[name]
+	if res == nil {
+		return nil, nil, fmt.Errorf("cannot allocate unregistered device %s: %w", name, errdefs.ErrNotFound)
+	}
+	var healthy []string
+	for _, id := range res.sortedIDs() {
+		if res.devices[id].healthy {
+			healthy = append(healthy, id)
+		}
+	}
+	if e := res.primary; e == nil || e.closed || len(healthy) == 0 {
+		return nil, nil, fmt.Errorf("no healthy devices present; cannot allocate unhealthy devices %s: %w", name, errdefs.ErrFailedPrecondition)
+	}
+	return res.primary.conn, healthy, nil
+}
+
+// Health implements allocator.Resources.
+func (m *Manager) Health(name string, ids []string) []bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	res := m.resources[name]
+	out := make([]bool, len(ids))
+	for i, id := range ids {
+		out[i] = res != nil && res.devices[id] != nil && res.devices[id].healthy
+	}
+	return out
+}
+
+// Known implements allocator.Resources.
+func (m *Manager) Known(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.resources[name] != nil
+}
+
+// AllocationsChanged implements allocator.Resources: the views of those
+// resources (free and allocated devices) are published again.
+func (m *Manager) AllocationsChanged(names []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, name := range names {
+		if res := m.resources[name]; res != nil {
+			m.publishViewLocked(res)
+		}
+	}
+}
+
+// Allocate gives devices to one container (see allocator.Allocator).
+func (m *Manager) Allocate(ctx context.Context, req *allocator.Request) ([]allocator.ResourceAllocation, error) {
+	return m.alloc.Allocate(ctx, req)
+}
+
+// Release frees the devices of a pod, or of one of its containers (see
+// allocator.Allocator).
+func (m *Manager) Release(ctx context.Context, pod, container string) (int64, error) {
+	return m.alloc.Release(ctx, pod, container)
+}
+
+// ListAllocations returns every allocation, or those of one pod (see
+// allocator.Allocator).
+func (m *Manager) ListAllocations(pod string) []allocator.Allocation {
+	return m.alloc.List(pod)
+}

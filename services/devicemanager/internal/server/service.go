@@ -1,0 +1,188 @@
+// Package server holds the devicemanager's gRPC adapters and nothing more:
+// DeviceManagerService (nodeplug's own API) and the legacy
+// v1beta1.Registration service that plugins call on kubelet.sock, each a
+// thin shell over the manager, and the conversion between the generated
+// types and the manager's. The one thing it keeps is what the wire needs:
+// the bounds of the WatchResources streams (WatchLimits), in count and in
+// the bytes of messages held for clients. Errors pass through unchanged:
+// the server interceptor (pkg/rpcutil) maps their errdefs sentinels to
+// status codes.
+//
+// main.go builds the servers and serves them; nothing here listens.
+package server
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+)
+
+var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")
+
+// Backend is what DeviceManagerService needs of the device manager. Every
+// method is safe for concurrent use; Watch's snapshot and subscription are
+// consistent (no change falls between them).
+type Backend interface {
+	InstanceID() string
+	Register(ctx context.Context, r manager.Registration) error
+	Deregister(ctx context.Context, resource, endpoint, generation string) (bool, error)
+	ListResources() []manager.ResourceInfo
+	Watch() ([]manager.Change, *stream.Subscription[manager.Change], uint64)
+	Allocate(ctx context.Context, req *allocator.Request) ([]allocator.ResourceAllocation, error)
+	Release(ctx context.Context, pod, container string) (int64, error)
+	ListAllocations(pod string) []allocator.Allocation
+}
+
+var _ Backend = (*manager.Manager)(nil)
+
+// Service implements DeviceManagerService over a Backend.
+type Service struct {
+	dmv1.UnimplementedDeviceManagerServiceServer
+	m     Backend
+	watch *watchBudget
+}
+
+var _ dmv1.DeviceManagerServiceServer = (*Service)(nil)
+
+// NewService returns the gRPC adapter for m, its WatchResources streams
+// bounded by limits (zero fields take the defaults).
+func NewService(m Backend, limits WatchLimits) *Service {
+	return &Service{m: m, watch: newWatchBudget(limits)}
+}
+
+// RegisterPlugin implements DeviceManagerService.
+func (s *Service) RegisterPlugin(ctx context.Context, req *dmv1.RegisterPluginRequest) (*dmv1.RegisterPluginResponse, error) {
+	if err := s.m.Register(ctx, registrationFromAPI(req)); err != nil {
+		return nil, err
+	}
+	return &dmv1.RegisterPluginResponse{InstanceId: s.m.InstanceID()}, nil
+}
+
+// DeregisterPlugin implements DeviceManagerService.
+func (s *Service) DeregisterPlugin(ctx context.Context, req *dmv1.DeregisterPluginRequest) (*dmv1.DeregisterPluginResponse, error) {
+	removed, err := s.m.Deregister(ctx, req.GetResourceName(), req.GetEndpoint(), req.GetGeneration())
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.DeregisterPluginResponse{InstanceId: s.m.InstanceID(), Removed: removed}, nil
+}
+
+// ListResources implements DeviceManagerService.
+func (s *Service) ListResources(context.Context, *dmv1.ListResourcesRequest) (*dmv1.ListResourcesResponse, error) {
+	out := &dmv1.ListResourcesResponse{InstanceId: s.m.InstanceID()}
+	for _, r := range s.m.ListResources() {
+		out.Resources = append(out.Resources, resourceToAPI(r))
+	}
+	return out, nil
+}
+
+// WatchResources implements DeviceManagerService: the snapshot, the synced
+// marker, then live changes (pkg/stream's shape), within the service's
+// WatchLimits. A pump moves the manager's changes into the stream's
+// bounded queue as they come, so the manager's per-subscriber buffer stays
+// nearly empty, while this handler sends at the client's pace; a client
+// that falls too far behind, or a stream that does not fit in the bounds,
+// gets RESOURCE_EXHAUSTED.
+func (s *Service) WatchResources(req *dmv1.WatchResourcesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourcesResponse]) error {
+	w, err := s.watch.open()
+	if err != nil {
+		return err
+	}
+	defer w.close()
+	id := s.m.InstanceID()
+	toAPI := func(c manager.Change) *dmv1.WatchResourcesResponse {
+		if req.GetOmitDeviceIds() {
+			c.Resource.Healthy, c.Resource.Unhealthy, c.Resource.Allocated = nil, nil, nil
+		}
+		return changeToAPI(id, c)
+	}
+	snap, sub, rev := s.m.Watch()
+	defer sub.Close()
+	first := make([]*dmv1.WatchResourcesResponse, 0, len(snap)+1)
+	for _, c := range snap {
+		first = append(first, toAPI(c))
+	}
+	first = append(first, &dmv1.WatchResourcesResponse{InstanceId: id, Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
+	if err := w.admit(first); err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(ss.Context())
+	pumped := make(chan struct{})
+	go func() {
+		defer close(pumped)
+		pump(ctx, sub, w, toAPI)
+	}()
+	defer func() {
+		cancel()
+		<-pumped
+	}()
+	for {
+		m, err := w.next(ctx)
+		if m == nil {
+			return err
+		}
+		err = ss.Send(m)
+		w.sent()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// pump moves the changes of sub into w until ctx ends, sub is closed or w
+// is evicted.
+func pump(ctx context.Context, sub *stream.Subscription[manager.Change], w *watchStream, toAPI func(manager.Change) *dmv1.WatchResourcesResponse) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case c, ok := <-sub.C:
+			if !ok {
+				w.end(sub.Err())
+				return
+			}
+			if !w.push(toAPI(c)) {
+				sub.Close()
+				return
+			}
+		}
+	}
+}
+
+// Allocate implements DeviceManagerService.
+func (s *Service) Allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
+	allocs, err := s.m.Allocate(ctx, allocateRequestFromAPI(req))
+	if err != nil {
+		return nil, err
+	}
+	out := &dmv1.AllocateResponse{PodUid: req.GetPodUid(), ContainerName: req.GetContainerName()}
+	for _, a := range allocs {
+		out.Allocations = append(out.Allocations, resourceAllocationToAPI(a))
+	}
+	return out, nil
+}
+
+// Release implements DeviceManagerService.
+func (s *Service) Release(ctx context.Context, req *dmv1.ReleaseRequest) (*dmv1.ReleaseResponse, error) {
+	n, err := s.m.Release(ctx, req.GetPodUid(), req.GetContainerName())
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.ReleaseResponse{ReleasedDevices: n}, nil
+}
+
+// ListAllocations implements DeviceManagerService.
+func (s *Service) ListAllocations(_ context.Context, req *dmv1.ListAllocationsRequest) (*dmv1.ListAllocationsResponse, error) {
+	out := &dmv1.ListAllocationsResponse{InstanceId: s.m.InstanceID()}
+	for _, a := range s.m.ListAllocations(req.GetPodUid()) {
+		out.Allocations = append(out.Allocations, allocationToAPI(a))
+	}
+	return out, nil
+}

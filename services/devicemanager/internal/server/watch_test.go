@@ -1,0 +1,318 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+)
+
+// follower reads a WatchResources stream to its end and hands on every
+// change of resource after the synced marker.
+type follower struct {
+	changes chan *dmv1.Resource
+	done    chan struct{}
+	err     error // why the stream ended; valid after done
+}
+
+func follow(t *testing.T, ws grpc.ServerStreamingClient[dmv1.WatchResourcesResponse], resource string) *follower {
+	t.Helper()
+	f := &follower{changes: make(chan *dmv1.Resource, 4096), done: make(chan struct{})}
+	synced := make(chan struct{})
+	go func() {
+		defer close(f.done)
+		isSynced := false
+		for {
+			msg, err := ws.Recv()
+			if err != nil {
+				f.err = err
+				if !isSynced {
+					close(synced)
+				}
+				return
+			}
+			if msg.GetSynced() != nil {
+				isSynced = true
+				close(synced)
+			} else if c := msg.GetChange(); isSynced && c.GetResource().GetName() == resource {
+				f.changes <- c.GetResource()
+			}
+		}
+	}()
+	select {
+	case <-synced:
+	case <-time.After(testutil.Deadline):
+		t.Fatal("no synced marker")
+	}
+	select {
+	case <-f.done:
+		t.Fatalf("the stream ended before its synced marker: %v", f.err)
+	default:
+	}
+	return f
+}
+
+// next waits for the follower's next change.
+func (f *follower) next(t *testing.T) *dmv1.Resource {
+	t.Helper()
+	select {
+	case r := <-f.changes:
+		return r
+	case <-f.done:
+		t.Fatalf("the stream ended: %v", f.err)
+	case <-time.After(testutil.Deadline):
+		t.Fatal("no change")
+	}
+	return nil
+}
+
+// flip turns dev-0 of p unhealthy or healthy and waits until every
+// follower saw the resource with that many allocatable devices.
+func flip(t *testing.T, p *deviceplugin.Plugin, healthy bool, total int64, fs ...*follower) {
+	t.Helper()
+	if err := p.SetHealth("dev-0", healthy); err != nil {
+		t.Fatal(err)
+	}
+	want := total - 1
+	if healthy {
+		want = total
+	}
+	for _, f := range fs {
+		for r := f.next(t); r.GetAllocatable() != want; r = f.next(t) {
+		}
+	}
+}
+
+// TestWatchStreamsBoundedInCount: past the limit of open streams a new
+// WatchResources gets RESOURCE_EXHAUSTED; the open ones keep working, and
+// a stream that ends makes room for another.
+func TestWatchStreamsBoundedInCount(t *testing.T) {
+	const limit = 3
+	e := newEnvWatch(t, time.Minute, WatchLimits{Streams: limit})
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/w", Devices: 2}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/w", 2, 2)
+
+	var open []*follower
+	var cancels []context.CancelFunc
+	for range limit {
+		ctx, cancel := contextWithCancel(t)
+		ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, follow(t, ws, "example.com/w"))
+		cancels = append(cancels, cancel)
+	}
+	for i := range 2 {
+		ws, err := e.client.WatchResources(ctxT(t), &dmv1.WatchResourcesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ws.Recv(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "too many WatchResources streams") {
+			t.Fatalf("stream %d past the limit: %v; want RESOURCE_EXHAUSTED", limit+i+1, err)
+		}
+	}
+	flip(t, p, false, 2, open...)
+	flip(t, p, true, 2, open...)
+
+	cancels[0]()
+	<-open[0].done
+	testutil.WaitFor(t, "the cancelled stream gone", func() bool { return e.svc.watch.stats().streams == limit-1 })
+	ctx, cancel := contextWithCancel(t)
+	defer cancel()
+	ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open[0] = follow(t, ws, "example.com/w")
+	flip(t, p, false, 2, open...)
+	for _, c := range cancels {
+		c()
+	}
+}
+
+// TestWatchStreamsDefaultCount: of 80 streams opened at once, exactly
+// DefaultWatchStreams are served; the rest get RESOURCE_EXHAUSTED at once
+// (500 such streams that never read took the devicemanager from 27 MB to
+// 214 MB before the bound).
+func TestWatchStreamsDefaultCount(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	ctx, cancel := contextWithCancel(t)
+	defer cancel()
+	const n = DefaultWatchStreams + 16
+	var served, refused int
+	var streams []grpc.ServerStreamingClient[dmv1.WatchResourcesResponse]
+	for range n {
+		ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams = append(streams, ws)
+	}
+	for _, ws := range streams {
+		msg, err := ws.Recv()
+		switch {
+		case err == nil && msg.GetSynced() != nil:
+			served++
+		case status.Code(err) == codes.ResourceExhausted:
+			refused++
+		default:
+			t.Fatalf("first message %v, %v", msg, err)
+		}
+	}
+	if served != DefaultWatchStreams || refused != n-DefaultWatchStreams {
+		t.Fatalf("%d served, %d refused; want %d and %d", served, refused, DefaultWatchStreams, n-DefaultWatchStreams)
+	}
+	if st := e.svc.watch.stats(); st.streams != DefaultWatchStreams {
+		t.Fatalf("budget: %+v", st)
+	}
+}
+
+// stalledWatch opens a WatchResources stream on its own connection, with
+// the smallest flow-control windows gRPC allows and no dynamic window, and
+// never reads it: the server's sends block once about 64 KiB are in flight.
+func stalledWatch(t *testing.T, e *env) (grpc.ServerStreamingClient[dmv1.WatchResourcesResponse], context.CancelFunc) {
+	t.Helper()
+	conn, err := rpcutil.DialPeer(filepath.Join(e.root, "dm.sock"), grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := contextWithCancel(t)
+	ws, err := dmv1.NewDeviceManagerServiceClient(conn).WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = conn.Close() })
+	return ws, cancel
+}
+
+// TestWatchBytesBounded: two subscribers that stop reading while a third
+// keeps up. The messages the streams hold never pass the service's byte
+// bound; the laggards are ended with RESOURCE_EXHAUSTED (the first because
+// all streams together reached the bound and it held the most, the second
+// at its own bound) and their bytes are given back at once, while the
+// subscriber that reads sees every change. A laggard that reads again gets
+// what was in flight, then the error.
+func TestWatchBytesBounded(t *testing.T) {
+	// About 20 KiB a message: 100 devices with 200-byte IDs.
+	var ids []string
+	for i := range 100 {
+		ids = append(ids, fmt.Sprintf("dev-%d-%s", i, strings.Repeat("x", 190)))
+	}
+	ids[0] = "dev-0"
+	limits := WatchLimits{Bytes: 192 << 10, StreamBytes: 128 << 10}
+	e := newEnvWatch(t, time.Minute, limits)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/big", DeviceIDs: ids}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/big", 100, 100)
+
+	ctx, cancel := contextWithCancel(t)
+	defer cancel()
+	ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := follow(t, ws, "example.com/big")
+	s1, _ := stalledWatch(t, e)
+	s2, _ := stalledWatch(t, e)
+	testutil.WaitFor(t, "three streams open", func() bool { return e.svc.watch.stats().streams == 3 })
+
+	flips := 0
+	for healthy := false; e.svc.watch.stats().evicted < 2; healthy = !healthy {
+		if flips++; flips > 200 {
+			t.Fatalf("no laggard evicted after %d changes: %+v", flips, e.svc.watch.stats())
+		}
+		flip(t, p, healthy, 100, reader)
+		if st := e.svc.watch.stats(); st.held > limits.Bytes {
+			t.Fatalf("streams hold %d bytes, past the bound of %d", st.held, limits.Bytes)
+		}
+	}
+	// The laggards' queues are gone: what is held is at most the message
+	// each was sending when it stalled.
+	if st := e.svc.watch.stats(); st.held > 2*(30<<10) {
+		t.Fatalf("after the evictions the streams hold %d bytes", st.held)
+	}
+	flip(t, p, flips%2 == 0, 100, reader)
+
+	var msgs []string
+	for _, s := range []grpc.ServerStreamingClient[dmv1.WatchResourcesResponse]{s1, s2} {
+		got := 0
+		for {
+			if _, err = s.Recv(); err != nil {
+				break
+			}
+			got++
+		}
+		if status.Code(err) != codes.ResourceExhausted || got >= flips+2 {
+			t.Fatalf("laggard: %d messages then %v; want fewer than %d, then RESOURCE_EXHAUSTED", got, err, flips+2)
+		}
+		msgs = append(msgs, status.Convert(err).Message())
+	}
+	joined := strings.Join(msgs, "\n")
+	if !strings.Contains(joined, "held the most") || !strings.Contains(joined, "fell behind") {
+		t.Fatalf("laggards ended with:\n%s", joined)
+	}
+	testutil.WaitFor(t, "the laggards gone and their bytes given back", func() bool {
+		st := e.svc.watch.stats()
+		return st.streams == 1 && st.held == 0
+	})
+	flip(t, p, flips%2 != 0, 100, reader)
+}
+
+// TestWatchSnapshotMustFit: a new stream whose snapshot does not fit in the
+// bytes left gets RESOURCE_EXHAUSTED, while the stream already open keeps
+// working and a subscriber that omits the device IDs (a small snapshot) is
+// served.
+func TestWatchSnapshotMustFit(t *testing.T) {
+	e := newEnvWatch(t, time.Minute, WatchLimits{Bytes: 48 << 10})
+	ctx, cancel := contextWithCancel(t)
+	defer cancel()
+	ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader := follow(t, ws, "example.com/snap-a")
+	// Three resources of about 20 KiB each: a message fits (two, even, if
+	// the reader is slow), a snapshot of all three does not.
+	var plugins []*deviceplugin.Plugin
+	for _, name := range []string{"a", "b", "c"} {
+		var ids []string
+		for i := range 100 {
+			ids = append(ids, fmt.Sprintf("dev-%d-%s", i, strings.Repeat("x", 190)))
+		}
+		ids[0] = "dev-0"
+		p := e.plugin(name, deviceplugin.Options{Resource: "example.com/snap-" + name, DeviceIDs: ids}, false)
+		e.mustRegister(p)
+		e.waitCounts(p.Resource(), 100, 100)
+		plugins = append(plugins, p)
+	}
+	for r := reader.next(t); r.GetAllocatable() != 100; r = reader.next(t) {
+	}
+
+	late, err := e.client.WatchResources(ctxT(t), &dmv1.WatchResourcesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := late.Recv(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "snapshot") {
+		t.Fatalf("a stream whose snapshot does not fit: %v; want RESOURCE_EXHAUSTED", err)
+	}
+	flip(t, plugins[0], false, 100, reader)
+
+	small, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{OmitDeviceIds: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	follow(t, small, "example.com/snap-a")
+}

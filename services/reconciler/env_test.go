@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
+	"github.com/nodeplug/nodeplug/pkg/testplugin"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
+)
+
+var spans = tracetest.NewSpanRecorder()
+
+func TestMain(m *testing.M) {
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
+	otel.SetTextMapPropagator(telemetry.Propagator)
+	goleak.VerifyTestMain(m)
+}
+
+func testLog() *slog.Logger {
+	if os.Getenv("NODEPLUG_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// env is a reconciler service running in-process against a fake watcher and
+// a fake devicemanager, both served over real Unix sockets.
+type env struct {
+	t       *testing.T
+	root    string
+	plugins string
+	w       *fakeWatcher
+	dm      *fakeDM
+	clk     *clock.Fake
+	s       *service
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func newEnv(t *testing.T) *env {
+	root, plugins := tempRoot(t)
+	e := &env{t: t, root: root, plugins: plugins, clk: clock.NewFake(time.Unix(1_000_000, 0))}
+	e.w = newFakeWatcher(t, filepath.Join(root, "watcher.sock"))
+	e.dm = newFakeDM(t, filepath.Join(root, "dm.sock"))
+	e.start()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// start runs a (new) reconciler.
+func (e *env) start() {
+	e.t.Helper()
+	s, err := newService(config{
+		WatcherAddr:       filepath.Join(e.root, "watcher.sock"),
+		DeviceManagerAddr: filepath.Join(e.root, "dm.sock"),
+		AllowedDirs:       []string{e.root},
+		Log:               testLog(),
+		Clock:             e.clk,
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.s, e.cancel, e.done = s, cancel, make(chan struct{})
+	streams := e.w.Streams()
+	defer testutil.WaitFor(e.t, "the reconciler's first snapshot", func() bool { return e.w.Streams() > streams && s.loop.Synced() })
+	go func() {
+		defer close(e.done)
+		if err := s.run(ctx); err != nil {
+			e.t.Errorf("run: %v", err)
+		}
+	}()
+}
+
+// stop stops the reconciler (as SIGTERM would: nothing is deregistered).
+func (e *env) stop() {
+	if e.cancel == nil {
+		return
+	}
+	e.cancel()
+	<-e.done
+	e.cancel = nil
+}
+
+func (e *env) sock(name string) string { return filepath.Join(e.plugins, name+".sock") }
+
+// plugin starts a test plugin at plugins_registry/<file>.sock.
+func (e *env) plugin(file string, info testplugin.Info, opts ...testplugin.Options) *testplugin.Plugin {
+	e.t.Helper()
+	p, err := testplugin.Start(e.sock(file), info, opts...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(p.Stop)
+	return p
+}
+
+func (e *env) status(path string) (status.PluginStatus, bool) {
+	return e.s.status.Get(path)
+}
+
+// waitState waits until path's status satisfies cond and returns it.
+func (e *env) waitState(path string, what string, cond func(s status.PluginStatus) bool) status.PluginStatus {
+	e.t.Helper()
+	var st status.PluginStatus
+	testutil.WaitFor(e.t, path+" "+what, func() bool {
+		var ok bool
+		st, ok = e.status(path)
+		return ok && cond(st)
+	})
+	return st
+}
+
+func (e *env) waitRegistered(path string) status.PluginStatus {
+	e.t.Helper()
+	return e.waitState(path, "registered", func(s status.PluginStatus) bool { return s.State == status.StateRegistered })
+}
+
+func (e *env) waitFailed(path string, failures int) status.PluginStatus {
+	e.t.Helper()
+	return e.waitState(path, "failed", func(s status.PluginStatus) bool {
+		return s.State == status.StateFailed && s.Failures == failures
+	})
+}
+
+func (e *env) waitGone(path string) {
+	e.t.Helper()
+	testutil.WaitFor(e.t, path+" forgotten", func() bool {
+		_, ok := e.status(path)
+		_, inASW := e.s.loop.ASW().Get(path)
+		return !ok && !inASW
+	})
+}
+
+func waitCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func devicePlugin(name string) testplugin.Info {
+	return testplugin.Info{Type: "DevicePlugin", Name: name, Versions: []string{"v1beta1"}}
+}
+
+func draPlugin(name string) testplugin.Info {
+	return testplugin.Info{Type: "DRAPlugin", Name: name, Versions: []string{"v1.DRAPlugin"}}
+}

@@ -1,0 +1,296 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/google/uuid"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
+)
+
+// serve serves s on a Unix socket at path until the test ends.
+func serve(t *testing.T, path string, register func(s *grpc.Server)) {
+	t.Helper()
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := rpcutil.NewServer(slog.New(slog.DiscardHandler))
+	register(s)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(lis) }()
+	t.Cleanup(func() { s.Stop(); <-done })
+}
+
+// fakeWatcher serves the watcher's API over sockets the test reports.
+type fakeWatcher struct {
+	watcherv1.UnimplementedWatcherServiceServer
+
+	mu       sync.Mutex
+	instance string
+	revision uint64
+	sockets  map[string]string // path → generation
+	subs     map[chan *watcherv1.WatchSocketEventsResponse]struct{}
+	stop     chan struct{}
+	streams  int // streams that got past their snapshot
+}
+
+func newFakeWatcher(t *testing.T, path string) *fakeWatcher {
+	w := &fakeWatcher{instance: uuid.NewString(), sockets: map[string]string{}, subs: map[chan *watcherv1.WatchSocketEventsResponse]struct{}{}, stop: make(chan struct{})}
+	serve(t, path, func(s *grpc.Server) { watcherv1.RegisterWatcherServiceServer(s, w) })
+	t.Cleanup(func() { w.mu.Lock(); close(w.stop); w.stop = make(chan struct{}); w.mu.Unlock() })
+	return w
+}
+
+func (w *fakeWatcher) WatchSocketEvents(_ *watcherv1.WatchSocketEventsRequest, srv grpc.ServerStreamingServer[watcherv1.WatchSocketEventsResponse]) error {
+	w.mu.Lock()
+	id, stop := w.instance, w.stop
+	var snap []*watcherv1.WatchSocketEventsResponse
+	for _, p := range slices.Sorted(maps.Keys(w.sockets)) {
+		snap = append(snap, &watcherv1.WatchSocketEventsResponse{InstanceId: id, Item: &watcherv1.WatchSocketEventsResponse_Event{Event: &watcherv1.SocketEvent{
+			Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED, Path: p, Generation: w.sockets[p], Revision: w.revision, Snapshot: true, ObservedTime: timestamppb.Now(),
+		}}})
+	}
+	snap = append(snap, &watcherv1.WatchSocketEventsResponse{InstanceId: id, Item: &watcherv1.WatchSocketEventsResponse_Synced{Synced: &watcherv1.Synced{Revision: w.revision, SocketCount: uint32(len(w.sockets))}}})
+	ch := make(chan *watcherv1.WatchSocketEventsResponse, 100000)
+	w.subs[ch] = struct{}{}
+	w.mu.Unlock()
+	defer func() { w.mu.Lock(); delete(w.subs, ch); w.mu.Unlock() }()
+	for _, m := range snap {
+		if err := srv.Send(m); err != nil {
+			return err
+		}
+	}
+	w.mu.Lock()
+	w.streams++
+	w.mu.Unlock()
+	for {
+		select {
+		case m := <-ch:
+			if err := srv.Send(m); err != nil {
+				return err
+			}
+		case <-stop:
+			return fmt.Errorf("watcher restarting: %w", errdefs.ErrUnavailable)
+		case <-srv.Context().Done():
+			return srv.Context().Err()
+		}
+	}
+}
+
+func (w *fakeWatcher) broadcastLocked(ev *watcherv1.SocketEvent) {
+	w.revision++
+	ev.Revision = w.revision
+	ev.ObservedTime = timestamppb.Now()
+	for ch := range w.subs {
+		ch <- &watcherv1.WatchSocketEventsResponse{InstanceId: w.instance, Item: &watcherv1.WatchSocketEventsResponse_Event{Event: ev}}
+	}
+}
+
+// eventTrace starts and ends a root span, as the watcher does per event,
+// and returns its carrier and trace ID.
+func eventTrace(name string) (map[string]string, string) {
+	ctx, span := telemetry.Tracer("fakewatcher").Start(context.Background(), name)
+	defer span.End()
+	return telemetry.Inject(ctx), telemetry.TraceID(ctx)
+}
+
+// Created reports the socket at path (stat'ed for its generation) and
+// returns the event's trace ID.
+func (w *fakeWatcher) Created(t *testing.T, path string) string {
+	t.Helper()
+	gen := testutil.Generation(t, path)
+	carrier, traceID := eventTrace("watcher.created")
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.sockets[path] = gen
+	w.broadcastLocked(&watcherv1.SocketEvent{Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED, Path: path, Generation: gen, TraceContext: carrier})
+	return traceID
+}
+
+// Deleted reports the removal of path and returns the event's trace ID.
+func (w *fakeWatcher) Deleted(path string) string {
+	carrier, traceID := eventTrace("watcher.deleted")
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	gen, ok := w.sockets[path]
+	if !ok {
+		return ""
+	}
+	delete(w.sockets, path)
+	w.broadcastLocked(&watcherv1.SocketEvent{Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED, Path: path, Generation: gen, TraceContext: carrier})
+	return traceID
+}
+
+// Restart ends every stream (as a watcher process restart does) after
+// applying change to the socket set without events.
+func (w *fakeWatcher) Restart(change func(sockets map[string]string)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	close(w.stop)
+	w.stop = make(chan struct{})
+	w.instance = uuid.NewString()
+	if change != nil {
+		change(w.sockets)
+	}
+}
+
+func (w *fakeWatcher) Streams() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.streams
+}
+
+// fakeDM is the devicemanager's API over an in-memory endpoint table.
+type fakeDM struct {
+	devicemanagerv1.UnimplementedDeviceManagerServiceServer
+
+	mu          sync.Mutex
+	instance    string
+	endpoints   map[string]dmEndpoint // by endpoint path
+	registerErr error
+	calls       []string
+	stop        chan struct{}
+}
+
+type dmEndpoint struct {
+	resource, socketPath, generation string
+}
+
+func newFakeDM(t *testing.T, path string) *fakeDM {
+	d := &fakeDM{instance: uuid.NewString(), endpoints: map[string]dmEndpoint{}, stop: make(chan struct{})}
+	serve(t, path, func(s *grpc.Server) { devicemanagerv1.RegisterDeviceManagerServiceServer(s, d) })
+	t.Cleanup(func() { d.mu.Lock(); close(d.stop); d.stop = make(chan struct{}); d.mu.Unlock() })
+	return d
+}
+
+func (d *fakeDM) RegisterPlugin(_ context.Context, r *devicemanagerv1.RegisterPluginRequest) (*devicemanagerv1.RegisterPluginResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, "register "+r.GetEndpoint()+" "+r.GetGeneration())
+	if d.registerErr != nil {
+		return nil, d.registerErr
+	}
+	d.endpoints[r.GetEndpoint()] = dmEndpoint{resource: r.GetResourceName(), socketPath: r.GetSocketPath(), generation: r.GetGeneration()}
+	return &devicemanagerv1.RegisterPluginResponse{InstanceId: d.instance}, nil
+}
+
+func (d *fakeDM) DeregisterPlugin(_ context.Context, r *devicemanagerv1.DeregisterPluginRequest) (*devicemanagerv1.DeregisterPluginResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.calls = append(d.calls, "deregister "+r.GetEndpoint()+" "+r.GetGeneration())
+	e, ok := d.endpoints[r.GetEndpoint()]
+	removed := ok && e.resource == r.GetResourceName() && (r.GetGeneration() == "" || r.GetGeneration() == e.generation)
+	if removed {
+		delete(d.endpoints, r.GetEndpoint())
+	}
+	return &devicemanagerv1.DeregisterPluginResponse{InstanceId: d.instance, Removed: removed}, nil
+}
+
+func (d *fakeDM) ListResources(context.Context, *devicemanagerv1.ListResourcesRequest) (*devicemanagerv1.ListResourcesResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	byName := map[string]*devicemanagerv1.Resource{}
+	for ep, e := range d.endpoints {
+		r := byName[e.resource]
+		if r == nil {
+			r = &devicemanagerv1.Resource{Name: e.resource}
+			byName[e.resource] = r
+		}
+		r.Endpoints = append(r.Endpoints, &devicemanagerv1.Endpoint{Endpoint: ep, SocketPath: e.socketPath, Generation: e.generation,
+			RegistrationPath: devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY, State: devicemanagerv1.EndpointState_ENDPOINT_STATE_LIVE})
+	}
+	resp := &devicemanagerv1.ListResourcesResponse{InstanceId: d.instance}
+	for _, n := range slices.Sorted(maps.Keys(byName)) {
+		resp.Resources = append(resp.Resources, byName[n])
+	}
+	return resp, nil
+}
+
+func (d *fakeDM) WatchResources(_ *devicemanagerv1.WatchResourcesRequest, srv grpc.ServerStreamingServer[devicemanagerv1.WatchResourcesResponse]) error {
+	d.mu.Lock()
+	id, stop := d.instance, d.stop
+	d.mu.Unlock()
+	if err := srv.Send(&devicemanagerv1.WatchResourcesResponse{InstanceId: id, Item: &devicemanagerv1.WatchResourcesResponse_Synced{Synced: &devicemanagerv1.Synced{}}}); err != nil {
+		return err
+	}
+	select {
+	case <-stop:
+		return fmt.Errorf("devicemanager restarting: %w", errdefs.ErrUnavailable)
+	case <-srv.Context().Done():
+		return srv.Context().Err()
+	}
+}
+
+// Restart forgets every endpoint and takes a new instance ID, as a
+// devicemanager that lost its state would.
+func (d *fakeDM) Restart() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	close(d.stop)
+	d.stop = make(chan struct{})
+	d.instance = uuid.NewString()
+	d.endpoints = map[string]dmEndpoint{}
+}
+
+func (d *fakeDM) SetRegisterError(err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.registerErr = err
+}
+
+func (d *fakeDM) Endpoints() map[string]dmEndpoint {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return maps.Clone(d.endpoints)
+}
+
+func (d *fakeDM) Calls() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.calls)
+}
+
+// fakeCSI serves csi.v1 Identity and Node for a test plugin's socket.
+type fakeCSI struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedNodeServer
+	name string
+}
+
+func (c *fakeCSI) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: c.name, VendorVersion: "1.2.3"}, nil
+}
+
+func (c *fakeCSI) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: "node-1", MaxVolumesPerNode: 16,
+		AccessibleTopology: &csi.Topology{Segments: map[string]string{"topology.example.com/zone": "a"}}}, nil
+}
+
+// tempRoot returns a short temporary root with plugins_registry beneath it.
+func tempRoot(t *testing.T) (root, plugins string) {
+	t.Helper()
+	root = testutil.TempDir(t)
+	plugins = filepath.Join(root, "plugins_registry")
+	if err := os.MkdirAll(plugins, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return root, plugins
+}

@@ -1,0 +1,292 @@
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
+)
+
+// connectParams make a refused connection (fsnotify reports a socket at
+// bind(), before listen()) be retried within milliseconds, inside the
+// GetInfo budget, instead of after gRPC's default second.
+var connectParams = grpc.ConnectParams{
+	Backoff: backoff.Config{
+		BaseDelay:  2 * time.Millisecond,
+		Multiplier: 2,
+		Jitter:     0.2,
+		MaxDelay:   50 * time.Millisecond,
+	},
+	MinConnectTimeout: time.Second,
+}
+
+// register is one attempt at the kubelet's register sequence for the socket
+// d (pluginmanager operationexecutor, GenerateRegisterPluginFunc), one
+// function per step:
+//
+//  1. getInfo: dial the socket and call GetInfo within its budget;
+//  2. pickHandler: the handler of the plugin's type;
+//  3. validate: the endpoint's confinement, then the handler's Validate;
+//  4. addToASW: into the actual state before the handler's Register, so
+//     that a socket removed meanwhile is processed as an unregistration;
+//  5. handlerRegister: the handler's Register (out of the ASW again when it
+//     fails);
+//  6. notifyRegistered: NotifyRegistrationStatus(true) (both undone when it
+//     fails).
+//
+// A failure in steps 2 to 5 is told to the plugin (refuse); a failed GetInfo
+// is not. beginRegister and endRegister put the attempt's span, status,
+// metrics and log around the steps. An error makes the executor back off.
+func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.Attempt) (err error) {
+	ctx, span := r.beginRegister(ctx, d, a)
+	start := time.Now()
+	var p cache.Plugin
+	defer func() { r.endRegister(ctx, span, d, a, p.Type, time.Since(start), err) }()
+
+	p, conn, err := r.getInfo(ctx, d)
+	if err != nil {
+		return err
+	}
+	defer conn.close()
+	r.identified(span, p)
+	if err := r.admit(ctx, &p); err != nil {
+		return r.refuse(ctx, conn, p, err)
+	}
+	if err := r.notifyRegistered(ctx, conn, p); err != nil {
+		return err
+	}
+	r.status.Registered(d.Path, d.Generation)
+	return nil
+}
+
+// admit runs steps 2 to 5: after it returns nil the plugin is registered
+// with its handler and recorded in the ASW; after an error, neither.
+func (r *Reconciler) admit(ctx context.Context, p *cache.Plugin) error {
+	h, err := r.pickHandler(p.Type)
+	if err != nil {
+		return err
+	}
+	p.Handler = h
+	if err := r.validate(ctx, *p); err != nil {
+		return err
+	}
+	if err := r.addToASW(*p); err != nil {
+		return err
+	}
+	return r.handlerRegister(ctx, *p)
+}
+
+// beginRegister starts the attempt's span, continuing the event's trace on
+// a first attempt and linking a retry to the first attempt, and marks the
+// socket pending with that trace.
+func (r *Reconciler) beginRegister(ctx context.Context, d cache.Socket, a executor.Attempt) (context.Context, trace.Span) {
+	var carrier map[string]string
+	var link trace.SpanContext
+	if a.Failures == 0 {
+		carrier = d.TraceContext
+	} else {
+		link = r.status.FirstAttempt(d.Path)
+	}
+	ctx, span := startSpan(ctx, "reconciler.register", carrier, link,
+		attribute.String("nodeplug.socket_path", d.Path),
+		attribute.String("nodeplug.generation", d.Generation),
+		attribute.Int("nodeplug.attempt", a.Failures+1))
+	r.status.Attempting(d.Path, d.Generation, span.SpanContext(), a.Failures == 0)
+	return ctx, span
+}
+
+// endRegister ends the attempt's span, counts it, and records and logs a
+// failure with the time of the next attempt, or logs the success.
+func (r *Reconciler) endRegister(ctx context.Context, span trace.Span, d cache.Socket, a executor.Attempt, typ string, took time.Duration, err error) {
+	endSpan(span, err)
+	r.metrics.observeRegistration(typ, err, took)
+	if err != nil {
+		failures := a.Failures + 1
+		next := r.clock.Now().Add(executor.Delay(failures))
+		r.status.Failed(d.Path, d.Generation, err, failures, next)
+		r.log.WarnContext(ctx, "plugin registration failed", "socket_path", d.Path, "generation", d.Generation, "failures", failures, "next_retry", next, "error", err)
+		return
+	}
+	r.log.InfoContext(ctx, "plugin registered", "socket_path", d.Path, "generation", d.Generation, "type", typ, "duration", took)
+}
+
+// pluginConn is the connection to a plugin's registration socket for one
+// attempt.
+type pluginConn struct {
+	path   string
+	conn   *grpc.ClientConn
+	client registerapi.RegistrationClient
+}
+
+func (c *pluginConn) close() { _ = c.conn.Close() }
+
+// getInfo (step 1) dials the plugin and calls GetInfo within the GetInfo
+// budget. A refused connection is retried by gRPC within milliseconds inside
+// that budget (WaitForReady), so a socket reported at bind() before listen()
+// is not a failure. The plugin's endpoint defaults to its socket.
+func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin, *pluginConn, error) {
+	var info *registerapi.PluginInfo
+	c := &pluginConn{path: d.Path}
+	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) error {
+		var err error
+		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams))
+		if err != nil {
+			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, err)
+		}
+		c.client = registerapi.NewRegistrationClient(c.conn)
+		gctx, cancel := context.WithTimeout(ctx, r.opts.GetInfoTimeout)
+		defer cancel()
+		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+		if err != nil {
+			c.close()
+			return fmt.Errorf("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket %s, err: %w", d.Path, errdefs.FromGRPC(err))
+		}
+		return nil
+	})
+	if err != nil {
+		return cache.Plugin{}, nil, err
+	}
+	p := cache.Plugin{
+		SocketPath: d.Path,
+		Generation: d.Generation,
+		Type:       info.GetType(),
+		Name:       info.GetName(),
+		Endpoint:   info.GetEndpoint(),
+		Versions:   info.GetSupportedVersions(),
+	}
+	if p.Endpoint == "" {
+		p.Endpoint = d.Path
+	}
+	return p, c, nil
+}
+
+// identified records what GetInfo said, on the span and in the status.
+func (r *Reconciler) identified(span trace.Span, p cache.Plugin) {
+	span.SetAttributes(attribute.String("nodeplug.plugin.type", p.Type), attribute.String("nodeplug.plugin.name", p.Name), attribute.String("nodeplug.plugin.endpoint", p.Endpoint))
+	r.status.Identified(p.SocketPath, p.Generation, p.Name, p.Type, p.Endpoint, p.Versions)
+}
+
+// pickHandler (step 2) returns the handler of plugin type typ.
+func (r *Reconciler) pickHandler(typ string) (cache.Handler, error) {
+	h := r.handlers[typ]
+	if h == nil {
+		return nil, fmt.Errorf("no handler registered for plugin type: %s", typ)
+	}
+	return h, nil
+}
+
+// validate (step 3) confines the plugin's endpoint, then asks its handler.
+func (r *Reconciler) validate(ctx context.Context, p cache.Plugin) error {
+	err := step(ctx, "reconciler.Validate", func(ctx context.Context) error {
+		if err := r.checkEndpoint(p.Endpoint); err != nil {
+			return err
+		}
+		return p.Handler.Validate(ctx, p.Name, p.Endpoint, p.Versions)
+	})
+	if err != nil {
+		return fmt.Errorf("plugin validation failed: %w", err)
+	}
+	return nil
+}
+
+// checkEndpoint confines a plugin's endpoint to the allowed directories.
+// An endpoint that does not exist yet is judged by its path alone (the
+// handler that dials it fails later if it never appears); one that exists
+// must resolve, symlinks followed, inside the allowed directories.
+func (r *Reconciler) checkEndpoint(endpoint string) error {
+	c := r.opts.Confiner
+	if c == nil {
+		return nil
+	}
+	_, err := c.Resolve(endpoint)
+	if err != nil && filepath.IsAbs(endpoint) && !slices.Contains(strings.Split(endpoint, "/"), "..") && c.Within(filepath.Clean(endpoint)) {
+		if _, serr := os.Lstat(endpoint); errors.Is(serr, fs.ErrNotExist) {
+			return nil
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("endpoint %s is not allowed: %w", endpoint, err)
+	}
+	return nil
+}
+
+// addToASW (step 4) records the plugin as registered.
+func (r *Reconciler) addToASW(p cache.Plugin) error {
+	if err := r.asw.Add(p); err != nil {
+		return fmt.Errorf("recording the plugin failed: %w", err)
+	}
+	return nil
+}
+
+// handlerRegister (step 5) registers the plugin with its handler; on
+// failure it leaves the ASW again.
+func (r *Reconciler) handlerRegister(ctx context.Context, p cache.Plugin) error {
+	err := step(ctx, "reconciler.handler.Register", func(ctx context.Context) error { return p.Handler.Register(ctx, p) })
+	if err != nil {
+		r.asw.Remove(p.SocketPath)
+		return fmt.Errorf("plugin registration failed: %w", err)
+	}
+	return nil
+}
+
+// notifyRegistered (step 6) tells the plugin it is registered. When that
+// fails, the registration is undone (ASW and handler) so that the retry
+// starts over.
+func (r *Reconciler) notifyRegistered(ctx context.Context, conn *pluginConn, p cache.Plugin) error {
+	err := r.notify(ctx, conn, nil)
+	if err == nil {
+		return nil
+	}
+	r.asw.Remove(p.SocketPath)
+	if derr := p.Handler.Deregister(ctx, p); derr != nil {
+		r.log.WarnContext(ctx, "deregistering after a failed notification", "socket_path", p.SocketPath, "error", derr)
+	}
+	return fmt.Errorf("RegisterPlugin error -- plugin %q at socket %s: %w", p.Name, p.SocketPath, err)
+}
+
+// refuse tells the plugin why it was not registered, in the kubelet's
+// words: the plugin, the socket, the step that failed and its cause. It
+// returns the refusal (and the notification's failure, if any).
+func (r *Reconciler) refuse(ctx context.Context, conn *pluginConn, p cache.Plugin, cause error) error {
+	return r.notify(ctx, conn, fmt.Errorf("RegisterPlugin error -- plugin %q (type %q) at socket %s: %w", p.Name, p.Type, p.SocketPath, cause))
+}
+
+// notify sends NotifyRegistrationStatus: registered when refusal is nil,
+// else not registered with refusal as the reason. It returns refusal, the
+// RPC's failure, or both.
+func (r *Reconciler) notify(ctx context.Context, conn *pluginConn, refusal error) error {
+	return step(ctx, "reconciler.NotifyRegistrationStatus", func(ctx context.Context) error {
+		registered := refusal == nil
+		trace.SpanFromContext(ctx).SetAttributes(attribute.Bool("nodeplug.registered", registered))
+		req := &registerapi.RegistrationStatus{PluginRegistered: registered}
+		if !registered {
+			req.Error = refusal.Error()
+		}
+		nctx, cancel := context.WithTimeout(ctx, r.opts.NotifyTimeout)
+		defer cancel()
+		_, err := conn.client.NotifyRegistrationStatus(nctx, req)
+		switch {
+		case err != nil && !registered:
+			return fmt.Errorf("%w; and telling the plugin failed: %w", refusal, errdefs.FromGRPC(err))
+		case err != nil:
+			return fmt.Errorf("failed to send registration status at socket %s: %w", conn.path, errdefs.FromGRPC(err))
+		}
+		return refusal
+	})
+}

@@ -1,0 +1,132 @@
+// Package server is the gRPC adapter of nodeplug.reconciler.v1: a thin
+// shell over the published status (status.Board) and the driver registry
+// (handler.Drivers), converting their types to the API's. It decides
+// nothing; errors are mapped to status codes by the server's interceptor.
+package server
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
+)
+
+// Server implements reconcilerv1.ReconcilerServiceServer.
+type Server struct {
+	reconcilerv1.UnimplementedReconcilerServiceServer
+	status  *status.Board
+	drivers *handler.Drivers
+}
+
+var _ reconcilerv1.ReconcilerServiceServer = (*Server)(nil)
+
+// New returns the service over the statuses on board and drivers.
+func New(board *status.Board, drivers *handler.Drivers) *Server {
+	return &Server{status: board, drivers: drivers}
+}
+
+// Register adds the service to srv.
+func (s *Server) Register(srv *grpc.Server) { reconcilerv1.RegisterReconcilerServiceServer(srv, s) }
+
+// PluginToProto converts a status.
+func PluginToProto(p status.PluginStatus) *reconcilerv1.Plugin {
+	out := &reconcilerv1.Plugin{
+		SocketPath:        p.SocketPath,
+		State:             stateToProto(p.State),
+		Name:              p.Name,
+		Type:              p.Type,
+		Endpoint:          p.Endpoint,
+		SupportedVersions: p.Versions,
+		Generation:        p.Generation,
+		LastError:         p.LastError,
+		LastTraceId:       p.LastTraceID,
+		Failures:          uint32(p.Failures),
+	}
+	if !p.NextRetry.IsZero() && p.State == status.StateFailed {
+		out.NextRetryTime = timestamppb.New(p.NextRetry)
+	}
+	if !p.LastTransition.IsZero() {
+		out.LastTransitionTime = timestamppb.New(p.LastTransition)
+	}
+	return out
+}
+
+func stateToProto(s status.State) reconcilerv1.PluginState {
+	switch s {
+	case status.StatePending:
+		return reconcilerv1.PluginState_PLUGIN_STATE_PENDING
+	case status.StateRegistered:
+		return reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED
+	case status.StateFailed:
+		return reconcilerv1.PluginState_PLUGIN_STATE_FAILED
+	}
+	return reconcilerv1.PluginState_PLUGIN_STATE_UNSPECIFIED
+}
+
+// ListPlugins returns every known socket.
+func (s *Server) ListPlugins(context.Context, *reconcilerv1.ListPluginsRequest) (*reconcilerv1.ListPluginsResponse, error) {
+	resp := &reconcilerv1.ListPluginsResponse{InstanceId: s.status.InstanceID()}
+	for _, p := range s.status.List() {
+		resp.Plugins = append(resp.Plugins, PluginToProto(p))
+	}
+	return resp, nil
+}
+
+// WatchPlugins streams the snapshot, a synced marker and every change.
+func (s *Server) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, srv grpc.ServerStreamingServer[reconcilerv1.WatchPluginsResponse]) error {
+	snapshot, rev, sub := s.status.Watch()
+	items := make([]status.Change, len(snapshot))
+	for i, p := range snapshot {
+		items[i] = status.Change{Plugin: p, Revision: rev}
+	}
+	id := s.status.InstanceID()
+	send := func(c status.Change) error {
+		t := reconcilerv1.PluginChangeType_PLUGIN_CHANGE_TYPE_UPDATED
+		if c.Removed {
+			t = reconcilerv1.PluginChangeType_PLUGIN_CHANGE_TYPE_REMOVED
+		}
+		return srv.Send(&reconcilerv1.WatchPluginsResponse{InstanceId: id, Item: &reconcilerv1.WatchPluginsResponse_Change{
+			Change: &reconcilerv1.PluginChange{Type: t, Plugin: PluginToProto(c.Plugin), Revision: c.Revision},
+		}})
+	}
+	synced := func() error {
+		return srv.Send(&reconcilerv1.WatchPluginsResponse{InstanceId: id, Item: &reconcilerv1.WatchPluginsResponse_Synced{
+			Synced: &reconcilerv1.Synced{Revision: rev},
+		}})
+	}
+	return stream.Serve(srv.Context(), items, sub, send, synced)
+}
+
+// ListDrivers returns the CSI and DRA drivers.
+func (s *Server) ListDrivers(context.Context, *reconcilerv1.ListDriversRequest) (*reconcilerv1.ListDriversResponse, error) {
+	resp := &reconcilerv1.ListDriversResponse{}
+	for _, d := range s.drivers.CSI() {
+		resp.CsiDrivers = append(resp.CsiDrivers, &reconcilerv1.CSIDriver{
+			Name:               d.Name,
+			Endpoint:           d.Endpoint,
+			SocketPath:         d.SocketPath,
+			SupportedVersions:  d.Versions,
+			HighestVersion:     d.HighestVersion,
+			NodeId:             d.NodeID,
+			AccessibleTopology: d.AccessibleTopology,
+			MaxVolumesPerNode:  d.MaxVolumesPerNode,
+			VendorVersion:      d.VendorVersion,
+			RegisteredTime:     timestamppb.New(d.Registered),
+		})
+	}
+	for _, d := range s.drivers.DRA() {
+		resp.DraDrivers = append(resp.DraDrivers, &reconcilerv1.DRADriver{
+			Name:              d.Name,
+			Endpoint:          d.Endpoint,
+			SocketPath:        d.SocketPath,
+			SupportedVersions: d.Versions,
+			RegisteredTime:    timestamppb.New(d.Registered),
+		})
+	}
+	return resp, nil
+}

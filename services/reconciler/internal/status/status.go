@@ -1,0 +1,321 @@
+// Package status is the reconciler's published view of its sockets: one
+// PluginStatus per socket, a revision that counts every change, and a hub
+// that streams the changes to watchers (WatchPlugins). It also keeps the
+// trace context that passes from an event, or a first attempt, to the
+// operation that continues it.
+//
+// The control loop (package reconciler) writes to a Board; the API adapter
+// reads from it. The Board decides nothing: it records what the loop tells
+// it and publishes each change. It knows nothing of gRPC.
+package status
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
+)
+
+// State is where a socket's registration stands.
+type State int
+
+// States of a socket.
+const (
+	// StatePending: known, not registered yet, or an operation is running.
+	StatePending State = iota + 1
+	// StateRegistered: registered with its handler and told so.
+	StateRegistered
+	// StateFailed: the last attempt failed; NextRetry says when the next is
+	// due.
+	StateFailed
+)
+
+func (s State) String() string {
+	switch s {
+	case StatePending:
+		return "pending"
+	case StateRegistered:
+		return "registered"
+	case StateFailed:
+		return "failed"
+	}
+	return "unknown"
+}
+
+// PluginStatus is what the reconciler knows about one socket.
+type PluginStatus struct {
+	SocketPath     string
+	State          State
+	Name           string
+	Type           string
+	Endpoint       string
+	Versions       []string
+	Generation     string
+	LastError      string
+	NextRetry      time.Time
+	LastTraceID    string
+	LastTransition time.Time
+	Failures       int
+}
+
+func (s PluginStatus) clone() PluginStatus {
+	s.Versions = slices.Clone(s.Versions)
+	return s
+}
+
+// Change is one entry of the WatchPlugins stream.
+type Change struct {
+	Removed  bool
+	Plugin   PluginStatus
+	Revision uint64
+}
+
+// entry is one socket's status and the trace context of its current
+// generation's first failed attempt, which retries link to.
+type entry struct {
+	PluginStatus
+	firstAttempt trace.SpanContext
+}
+
+// Board holds the statuses. Its methods are safe for concurrent use; every
+// change is published in revision order, and a Watch snapshot is consistent
+// with the changes that follow it.
+//
+// The writing methods take the socket's path and generation: news about a
+// generation that a newer one has replaced is dropped.
+type Board struct {
+	clock    clock.Clock
+	instance string
+
+	mu       sync.Mutex
+	entries  map[string]*entry
+	revision uint64
+	hub      *stream.Hub[Change]
+	// deleteTrace holds, by socket path, the trace context of the DELETED
+	// event that the unregistration continues.
+	deleteTrace map[string]map[string]string
+}
+
+// New returns an empty board stamping transitions with clk (the wall clock
+// when nil), with a new instance ID.
+func New(clk clock.Clock) *Board {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	return &Board{
+		clock:       clk,
+		instance:    uuid.NewString(),
+		entries:     map[string]*entry{},
+		hub:         stream.NewHub[Change](0),
+		deleteTrace: map[string]map[string]string{},
+	}
+}
+
+// InstanceID identifies this reconciler process.
+func (b *Board) InstanceID() string { return b.instance }
+
+// List returns every socket's status, sorted by socket path.
+func (b *Board) List() []PluginStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.listLocked()
+}
+
+func (b *Board) listLocked() []PluginStatus {
+	out := make([]PluginStatus, 0, len(b.entries))
+	for _, e := range b.entries {
+		out = append(out, e.clone())
+	}
+	slices.SortFunc(out, func(a, b PluginStatus) int { return cmp.Compare(a.SocketPath, b.SocketPath) })
+	return out
+}
+
+// Get returns one socket's status.
+func (b *Board) Get(path string) (PluginStatus, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.entries[path]
+	if !ok {
+		return PluginStatus{}, false
+	}
+	return e.clone(), true
+}
+
+// Paths returns the socket paths that have a status.
+func (b *Board) Paths() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Collect(maps.Keys(b.entries))
+}
+
+// Watch returns the current statuses and a subscription to every change
+// after them, with the revision the snapshot describes. The caller closes
+// the subscription.
+func (b *Board) Watch() ([]PluginStatus, uint64, *stream.Subscription[Change]) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.listLocked(), b.revision, b.hub.Subscribe()
+}
+
+// Close ends every subscription.
+func (b *Board) Close() { b.hub.Close(nil) }
+
+// Track makes sure the socket at path with generation has a status. A new
+// generation starts over as pending (registered when registered says so),
+// keeping what the last GetInfo said about the plugin until it is asked
+// again.
+func (b *Board) Track(path, generation string, registered bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.entries[path]
+	if ok && e.Generation == generation {
+		return
+	}
+	if !ok {
+		e = &entry{}
+		b.entries[path] = e
+	}
+	old := e.PluginStatus
+	*e = entry{PluginStatus: PluginStatus{SocketPath: path, Generation: generation, State: StatePending, LastTransition: b.clock.Now(),
+		Name: old.Name, Type: old.Type, Endpoint: old.Endpoint, Versions: old.Versions, LastTraceID: old.LastTraceID}}
+	if registered {
+		e.State = StateRegistered
+	}
+	b.publishLocked(false, e)
+}
+
+// Attempting records that a registration attempt started in span: the
+// socket is pending, and its last trace is the span's. The first attempt of
+// a generation is remembered, for retries to link to.
+func (b *Board) Attempting(path, generation string, span trace.SpanContext, first bool) {
+	b.update(path, generation, func(e *entry) {
+		e.State = StatePending
+		e.LastTraceID = span.TraceID().String()
+		if first {
+			e.firstAttempt = span
+		}
+	})
+}
+
+// FirstAttempt returns the span of the first failed registration attempt of
+// the socket's current generation (invalid when there is none).
+func (b *Board) FirstAttempt(path string) trace.SpanContext {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e, ok := b.entries[path]; ok {
+		return e.firstAttempt
+	}
+	return trace.SpanContext{}
+}
+
+// Identified records what the plugin's GetInfo said.
+func (b *Board) Identified(path, generation, name, typ, endpoint string, versions []string) {
+	b.update(path, generation, func(e *entry) {
+		e.Name, e.Type, e.Endpoint, e.Versions = name, typ, endpoint, slices.Clone(versions)
+	})
+}
+
+// Registered records a successful registration: no error, no failures, no
+// retry due.
+func (b *Board) Registered(path, generation string) {
+	b.update(path, generation, func(e *entry) {
+		e.State = StateRegistered
+		e.LastError = ""
+		e.Failures = 0
+		e.NextRetry = time.Time{}
+		e.firstAttempt = trace.SpanContext{}
+	})
+}
+
+// Failed records a failed attempt, the failures in a row so far and when
+// the next attempt is due.
+func (b *Board) Failed(path, generation string, err error, failures int, next time.Time) {
+	b.update(path, generation, func(e *entry) {
+		e.State = StateFailed
+		e.LastError = err.Error()
+		e.Failures = failures
+		e.NextRetry = next
+	})
+}
+
+// Unregistering records that the socket's registration is being undone in
+// the trace traceID.
+func (b *Board) Unregistering(path, generation, traceID string) {
+	b.update(path, generation, func(e *entry) {
+		e.State = StatePending
+		e.LastTraceID = traceID
+	})
+}
+
+// Traced records the trace of an operation that does not change the state
+// (registering again with a handler).
+func (b *Board) Traced(path, generation, traceID string) {
+	b.update(path, generation, func(e *entry) { e.LastTraceID = traceID })
+}
+
+// Remove forgets the socket at path and publishes its removal.
+func (b *Board) Remove(path string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.deleteTrace, path)
+	e, ok := b.entries[path]
+	if !ok {
+		return
+	}
+	delete(b.entries, path)
+	b.publishLocked(true, e)
+}
+
+// SetDeleteTrace keeps the trace context of the DELETED event for the
+// socket at path, for the unregistration to continue.
+func (b *Board) SetDeleteTrace(path string, carrier map[string]string) {
+	if len(carrier) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.deleteTrace[path] = carrier
+}
+
+// TakeDeleteTrace returns and forgets the trace context SetDeleteTrace kept
+// for path (nil when there is none).
+func (b *Board) TakeDeleteTrace(path string) map[string]string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c := b.deleteTrace[path]
+	delete(b.deleteTrace, path)
+	return c
+}
+
+// update changes the status of path (creating it) and publishes the change,
+// unless a newer generation took over the path.
+func (b *Board) update(path, generation string, f func(e *entry)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.entries[path]
+	if !ok {
+		e = &entry{PluginStatus: PluginStatus{SocketPath: path, Generation: generation, State: StatePending, LastTransition: b.clock.Now()}}
+		b.entries[path] = e
+	}
+	if e.Generation != generation {
+		return
+	}
+	before := e.State
+	f(e)
+	if e.State != before {
+		e.LastTransition = b.clock.Now()
+	}
+	b.publishLocked(false, e)
+}
+
+func (b *Board) publishLocked(removed bool, e *entry) {
+	b.revision++
+	b.hub.Publish(Change{Removed: removed, Plugin: e.clone(), Revision: b.revision})
+}

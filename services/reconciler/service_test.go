@@ -1,0 +1,652 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/testplugin"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
+)
+
+func csiOptions(name string) testplugin.Options {
+	return testplugin.Options{Register: func(s *grpc.Server) {
+		f := &fakeCSI{name: name}
+		csi.RegisterIdentityServer(s, f)
+		csi.RegisterNodeServer(s, f)
+	}}
+}
+
+// The kubelet's behaviour: a plugin registers when its socket appears and
+// is deregistered when it goes, for every plugin type.
+func TestRegistrationAndDeregistration(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		info       testplugin.Info
+		opts       []testplugin.Options
+		registered func(t *testing.T, e *env, path string)
+		gone       func(t *testing.T, e *env, path string)
+	}{
+		{
+			name: "DevicePlugin",
+			info: devicePlugin("example.com/gpu"),
+			registered: func(t *testing.T, e *env, path string) {
+				ep, ok := e.dm.Endpoints()[path]
+				if !ok || ep.resource != "example.com/gpu" || ep.socketPath != path || ep.generation != testutil.Generation(t, path) {
+					t.Fatalf("devicemanager endpoints = %+v, want %s registered with its generation", e.dm.Endpoints(), path)
+				}
+			},
+			gone: func(t *testing.T, e *env, path string) {
+				testutil.WaitFor(t, "devicemanager endpoint removed", func() bool { return len(e.dm.Endpoints()) == 0 })
+			},
+		},
+		{
+			name: "DRAPlugin",
+			info: draPlugin("dra.example.com"),
+			registered: func(t *testing.T, e *env, path string) {
+				d := e.s.drivers.DRA()
+				if len(d) != 1 || d[0].Name != "dra.example.com" || d[0].Endpoint != path || d[0].SocketPath != path {
+					t.Fatalf("DRA drivers = %+v", d)
+				}
+			},
+			gone: func(t *testing.T, e *env, path string) {
+				if d := e.s.drivers.DRA(); len(d) != 0 {
+					t.Fatalf("DRA drivers after removal = %+v", d)
+				}
+			},
+		},
+		{
+			name: "CSIPlugin",
+			info: testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"0.3.0", "1.0.0", "1.2.0"}},
+			opts: []testplugin.Options{csiOptions("csi.example.com")},
+			registered: func(t *testing.T, e *env, path string) {
+				d := e.s.drivers.CSI()
+				if len(d) != 1 || d[0].Name != "csi.example.com" || d[0].NodeID != "node-1" || d[0].MaxVolumesPerNode != 16 ||
+					d[0].AccessibleTopology["topology.example.com/zone"] != "a" || d[0].HighestVersion != "1.2.0" || d[0].VendorVersion != "1.2.3" {
+					t.Fatalf("CSI drivers = %+v", d)
+				}
+			},
+			gone: func(t *testing.T, e *env, path string) {
+				if d := e.s.drivers.CSI(); len(d) != 0 {
+					t.Fatalf("CSI drivers after removal = %+v", d)
+				}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			p := e.plugin("p", tc.info, tc.opts...)
+			e.w.Created(t, p.Path())
+			if _, err := p.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
+				t.Fatal(err)
+			}
+			st := e.waitRegistered(p.Path())
+			if st.Name != tc.info.Name || st.Type != tc.info.Type || st.Endpoint != p.Path() || st.Generation != testutil.Generation(t, p.Path()) || st.Failures != 0 || st.LastError != "" {
+				t.Fatalf("status = %+v", st)
+			}
+			if a, ok := e.s.loop.ASW().Get(p.Path()); !ok || a.Generation != st.Generation {
+				t.Fatalf("ASW entry = %+v, %v", a, ok)
+			}
+			tc.registered(t, e, p.Path())
+
+			p.Stop()
+			e.w.Deleted(p.Path())
+			e.waitGone(p.Path())
+			tc.gone(t, e, p.Path())
+			if n := len(p.Statuses()); n != 1 {
+				t.Fatalf("plugin got %d notifications, want 1 (unregistration does not contact it)", n)
+			}
+		})
+	}
+}
+
+// The kubelet's behaviour: a recreated socket (new generation) is
+// deregistered and registered again, in that order.
+func TestReregistrationOnSocketRecreation(t *testing.T) {
+	for _, withDelete := range []bool{true, false} {
+		t.Run(fmt.Sprintf("delete_event=%v", withDelete), func(t *testing.T) {
+			e := newEnv(t)
+			p := e.plugin("dev", devicePlugin("example.com/dev"))
+			path := p.Path()
+			e.w.Created(t, path)
+			old := e.waitRegistered(path).Generation
+
+			p.Stop()
+			if withDelete {
+				e.w.Deleted(path)
+			}
+			p2 := e.plugin("dev", devicePlugin("example.com/dev"))
+			e.w.Created(t, path)
+			if _, err := p2.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
+				t.Fatal(err)
+			}
+			st := e.waitRegistered(path)
+			if st.Generation == old {
+				t.Fatal("generation did not change on recreation")
+			}
+			testutil.WaitFor(t, "devicemanager has the new generation", func() bool { return e.dm.Endpoints()[path].generation == st.Generation })
+			calls := strings.Join(e.dm.Calls(), "\n")
+			want := strings.Join([]string{"register " + path + " " + old, "deregister " + path + " " + old, "register " + path + " " + st.Generation}, "\n")
+			if calls != want {
+				t.Fatalf("devicemanager calls:\n%s\nwant:\n%s", calls, want)
+			}
+		})
+	}
+}
+
+// The kubelet's behaviour: refused registrations are told to the plugin
+// with a reason naming the socket, the plugin and the failed step, nothing
+// is recorded, and the socket backs off.
+func TestRefusedRegistrations(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		info testplugin.Info
+		want string
+	}{
+		{"unknown type", testplugin.Info{Type: "FooPlugin", Name: "foo.example.com"}, "no handler registered for plugin type: FooPlugin"},
+		{"device plugin version", testplugin.Info{Type: "DevicePlugin", Name: "example.com/dev", Versions: []string{"v1alpha1"}}, "manager version, v1beta1, is not among plugin supported versions [v1alpha1]"},
+		{"device plugin name", testplugin.Info{Type: "DevicePlugin", Name: "kubernetes.io/dev", Versions: []string{"v1beta1"}}, `invalid name of device plugin socket: the ResourceName "kubernetes.io/dev" is invalid`},
+		{"DRA no versions", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com"}, "empty list of supported gRPC services"},
+		{"DRA unknown service", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Versions: []string{"v1alpha3.Node"}}, "none of services supported by the plugin"},
+		{"CSI version 2", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"2.0.0"}}, "None of the versions specified"},
+		{"endpoint outside allowed dirs", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/nonexistent-np/dra.sock", Versions: []string{"v1.DRAPlugin"}}, "endpoint /nonexistent-np/dra.sock is not allowed"},
+		{"endpoint with ..", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/tmp/../etc/dra.sock", Versions: []string{"v1.DRAPlugin"}}, `contains ".."`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			p := e.plugin("bad", tc.info)
+			e.w.Created(t, p.Path())
+			got, err := p.WaitStatus(waitCtx(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Registered {
+				t.Fatal("plugin was told it registered")
+			}
+			for _, want := range []string{tc.want, p.Path(), fmt.Sprintf("%q", tc.info.Name)} {
+				if !strings.Contains(got.Error, want) {
+					t.Errorf("reason %q does not contain %q", got.Error, want)
+				}
+			}
+			st := e.waitFailed(p.Path(), 1)
+			if !strings.Contains(st.LastError, tc.want) {
+				t.Errorf("last error %q does not contain %q", st.LastError, tc.want)
+			}
+			if want := e.clk.Now().Add(executor.InitialBackoff); !st.NextRetry.Equal(want) {
+				t.Errorf("next retry %v, want %v", st.NextRetry, want)
+			}
+			if _, ok := e.s.loop.ASW().Get(p.Path()); ok {
+				t.Error("refused plugin is in the ASW")
+			}
+			if n := len(e.dm.Calls()); n != 0 {
+				t.Errorf("devicemanager got %d calls", n)
+			}
+		})
+	}
+}
+
+// The kubelet's behaviour: a GetInfo that hangs past its 1 s budget is a
+// failure with backoff, and the plugin is not notified.
+func TestGetInfoTimeoutBacksOff(t *testing.T) {
+	e := newEnv(t)
+	p := e.plugin("slow", draPlugin("dra.example.com"))
+	p.SetGetInfoDelay(time.Minute)
+	e.w.Created(t, p.Path())
+	st := e.waitFailed(p.Path(), 1)
+	if !strings.Contains(st.LastError, "GetInfo") || !strings.Contains(st.LastError, p.Path()) {
+		t.Fatalf("last error = %q", st.LastError)
+	}
+	if n := len(p.Statuses()); n != 0 {
+		t.Fatalf("plugin got %d notifications after a failed GetInfo", n)
+	}
+	p.SetGetInfoDelay(0)
+	e.clk.Advance(executor.InitialBackoff)
+	e.waitRegistered(p.Path())
+	if n := p.GetInfoCalls(); n != 2 {
+		t.Fatalf("GetInfo calls = %d, want 2", n)
+	}
+}
+
+// The kubelet's behaviour: a failed NotifyRegistrationStatus(true) undoes
+// the registration (ASW entry and handler) and is retried.
+func TestNotifyFailureIsRetried(t *testing.T) {
+	e := newEnv(t)
+	p := e.plugin("dev", devicePlugin("example.com/dev"))
+	p.SetNotifyError(errors.New("plugin is busy"))
+	gen := ""
+	e.w.Created(t, p.Path())
+	gen = testutil.Generation(t, p.Path())
+	st := e.waitFailed(p.Path(), 1)
+	if !strings.Contains(st.LastError, "plugin is busy") {
+		t.Fatalf("last error = %q", st.LastError)
+	}
+	if _, ok := e.s.loop.ASW().Get(p.Path()); ok {
+		t.Fatal("ASW keeps a plugin whose notification failed")
+	}
+	want := []string{"register " + p.Path() + " " + gen, "deregister " + p.Path() + " " + gen}
+	if got := e.dm.Calls(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("devicemanager calls %v, want %v", got, want)
+	}
+	p.SetNotifyError(nil)
+	e.clk.Advance(executor.InitialBackoff)
+	e.waitRegistered(p.Path())
+	if _, ok := e.dm.Endpoints()[p.Path()]; !ok {
+		t.Fatal("devicemanager lacks the endpoint after the retry")
+	}
+}
+
+// The kubelet's behaviour: a handler failure removes the ASW entry and is
+// told to the plugin, then retried.
+func TestHandlerFailureRollsBackASW(t *testing.T) {
+	e := newEnv(t)
+	e.dm.SetRegisterError(fmt.Errorf("failed to get device plugin options: %w", errdefs.ErrFailedPrecondition))
+	p := e.plugin("dev", devicePlugin("example.com/dev"))
+	e.w.Created(t, p.Path())
+	got, err := p.WaitStatus(waitCtx(t), testplugin.Rejected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"plugin registration failed", "failed to get device plugin options", p.Path(), "example.com/dev"} {
+		if !strings.Contains(got.Error, want) {
+			t.Errorf("reason %q lacks %q", got.Error, want)
+		}
+	}
+	e.waitFailed(p.Path(), 1)
+	if _, ok := e.s.loop.ASW().Get(p.Path()); ok {
+		t.Fatal("ASW keeps a plugin whose handler failed")
+	}
+	e.dm.SetRegisterError(nil)
+	e.clk.Advance(executor.InitialBackoff)
+	e.waitRegistered(p.Path())
+	if _, err := p.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Done better than the kubelet: a stale socket backs off on its own while
+// the other plugins of the same pass register, and its retries come due by
+// themselves, 500 ms then 1 s later.
+func TestStaleSocketBacksOffWhileOthersRegister(t *testing.T) {
+	e := newEnv(t)
+	stale := e.sock("stale")
+	staleSocket(t, stale)
+	var good []*testplugin.Plugin
+	for i := range 3 {
+		good = append(good, e.plugin(fmt.Sprintf("good%d", i), draPlugin(fmt.Sprintf("dra%d.example.com", i))))
+	}
+	// One snapshot with all four: they start in the same pass.
+	streams := e.w.Streams()
+	e.w.Restart(func(m map[string]string) {
+		m[stale] = testutil.Generation(t, stale)
+		for _, p := range good {
+			m[p.Path()] = testutil.Generation(t, p.Path())
+		}
+	})
+	testutil.WaitFor(t, "new watcher stream", func() bool { return e.w.Streams() > streams })
+	for _, p := range good {
+		e.waitRegistered(p.Path())
+	}
+	st := e.waitFailed(stale, 1)
+	if !strings.Contains(st.LastError, stale) {
+		t.Fatalf("last error = %q", st.LastError)
+	}
+	t0 := e.clk.Now()
+	if !st.NextRetry.Equal(t0.Add(500 * time.Millisecond)) {
+		t.Fatalf("next retry %v, want %v", st.NextRetry, t0.Add(500*time.Millisecond))
+	}
+	e.clk.Advance(500 * time.Millisecond)
+	st = e.waitFailed(stale, 2)
+	if want := t0.Add(1500 * time.Millisecond); !st.NextRetry.Equal(want) {
+		t.Fatalf("second next retry %v, want %v", st.NextRetry, want)
+	}
+	for _, p := range good {
+		if s, _ := e.status(p.Path()); s.State != status.StateRegistered {
+			t.Fatalf("%s: %v", p.Path(), s.State)
+		}
+	}
+}
+
+// Done better than the kubelet: a socket recreated after failures is
+// attempted at once instead of waiting out the old generation's backoff.
+func TestRecreatedSocketSkipsOldBackoff(t *testing.T) {
+	e := newEnv(t)
+	path := e.sock("flaky")
+	staleSocket(t, path)
+	e.w.Created(t, path)
+	e.waitFailed(path, 1)
+	e.clk.Advance(executor.InitialBackoff)
+	st := e.waitFailed(path, 2)
+	now, retryAt := e.clk.Now(), st.NextRetry
+	if !retryAt.After(now) {
+		t.Fatalf("not in backoff: next retry %v, now %v", retryAt, now)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	e.w.Deleted(path)
+	p := e.plugin("flaky", draPlugin("dra.example.com"))
+	e.w.Created(t, p.Path())
+	// The clock does not move: the old backoff (1 s) is still running.
+	st = e.waitRegistered(path)
+	if st.Failures != 0 || st.LastError != "" {
+		t.Fatalf("status after recreation = %+v", st)
+	}
+	if !e.clk.Now().Equal(now) || !e.clk.Now().Before(retryAt) {
+		t.Fatalf("registered at %v, old generation's retry due at %v", e.clk.Now(), retryAt)
+	}
+}
+
+// fsnotify reports a socket at bind(), possibly before listen(): a refused
+// connection within the GetInfo budget is retried at once and is not a
+// failure.
+func TestSocketBoundBeforeListenIsNotAFailure(t *testing.T) {
+	e := newEnv(t)
+	path := e.sock("late")
+	fd, err := bindWithoutListen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.w.Created(t, path)
+	// Wait until the registration attempt is under way, then listen.
+	e.waitState(path, "attempt started", func(s status.PluginStatus) bool { return s.LastTraceID != "" })
+	lis, err := listenOn(fd, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testplugin.Serve(lis, path, draPlugin("dra.example.com"))
+	t.Cleanup(p.Stop)
+	st := e.waitState(path, "attempt finished", func(s status.PluginStatus) bool { return s.State != status.StatePending })
+	if st.State != status.StateRegistered || st.Failures != 0 {
+		t.Fatalf("status = %+v, want registered at the first attempt", st)
+	}
+	if n := len(p.Statuses()); n != 1 {
+		t.Fatalf("notifications = %d", n)
+	}
+}
+
+// Done better than the kubelet: a watcher restart (a new stream whose
+// snapshot has the same generations) deregisters nothing; a socket that
+// vanished meanwhile leaves.
+func TestWatcherRestartCausesNoDeregistration(t *testing.T) {
+	e := newEnv(t)
+	a := e.plugin("a", devicePlugin("example.com/a"))
+	b := e.plugin("b", devicePlugin("example.com/b"))
+	c := e.plugin("c", draPlugin("dra.example.com"))
+	for _, p := range []*testplugin.Plugin{a, b, c} {
+		e.w.Created(t, p.Path())
+		e.waitRegistered(p.Path())
+	}
+	b.Stop()
+	streams := e.w.Streams()
+	e.w.Restart(func(m map[string]string) { delete(m, b.Path()) })
+	testutil.WaitFor(t, "new watcher stream", func() bool { return e.w.Streams() > streams })
+	e.waitGone(b.Path())
+	// A barrier: a plugin created after the restart registers; any
+	// deregistration from the restart would have started before it.
+	d := e.plugin("d", draPlugin("dra2.example.com"))
+	e.w.Created(t, d.Path())
+	e.waitRegistered(d.Path())
+	for _, p := range []*testplugin.Plugin{a, c} {
+		if n, calls := len(p.Statuses()), p.GetInfoCalls(); n != 1 || calls != 1 {
+			t.Fatalf("%s: %d notifications, %d GetInfo calls; want 1 and 1", p.Path(), n, calls)
+		}
+		if s, _ := e.status(p.Path()); s.State != status.StateRegistered {
+			t.Fatalf("%s: %v", p.Path(), s.State)
+		}
+	}
+	for _, call := range e.dm.Calls() {
+		if strings.HasPrefix(call, "deregister "+a.Path()) {
+			t.Fatalf("device plugin a was deregistered: %v", e.dm.Calls())
+		}
+	}
+	if _, ok := e.dm.Endpoints()[b.Path()]; ok {
+		t.Fatal("vanished socket b is still registered downstream")
+	}
+	if len(e.s.drivers.DRA()) != 2 {
+		t.Fatalf("DRA drivers = %+v", e.s.drivers.DRA())
+	}
+}
+
+// Done better than the kubelet: a reconciler restart registers again without
+// duplicating anything downstream, deregisters what vanished while it was
+// down, and rebuilds the CSI and DRA records.
+func TestReconcilerRestart(t *testing.T) {
+	e := newEnv(t)
+	a := e.plugin("a", devicePlugin("example.com/a"))
+	b := e.plugin("b", devicePlugin("example.com/b"))
+	c := e.plugin("c", draPlugin("dra.example.com"))
+	d := e.plugin("d", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}}, csiOptions("csi.example.com"))
+	f := e.plugin("f", devicePlugin("example.com/f"))
+	for _, p := range []*testplugin.Plugin{a, b, c, d, f} {
+		e.w.Created(t, p.Path())
+		e.waitRegistered(p.Path())
+	}
+	genA := e.dm.Endpoints()[a.Path()].generation
+	e.stop()
+	// While the reconciler is down, b goes away and f is recreated by a
+	// plugin that now hangs: neither old registration may survive.
+	b.Stop()
+	e.w.Deleted(b.Path())
+	f.Stop()
+	e.w.Deleted(f.Path())
+	f2 := e.plugin("f", devicePlugin("example.com/f"))
+	f2.SetGetInfoDelay(time.Minute)
+	e.w.Created(t, f2.Path())
+	e.start()
+	for _, p := range []*testplugin.Plugin{a, c, d} {
+		e.waitRegistered(p.Path())
+	}
+	e.waitFailed(f2.Path(), 1)
+	testutil.WaitFor(t, "vanished and stale endpoints swept", func() bool {
+		eps := e.dm.Endpoints()
+		_, hasB := eps[b.Path()]
+		_, hasF := eps[f.Path()]
+		return !hasB && !hasF
+	})
+	eps := e.dm.Endpoints()
+	if len(eps) != 1 || eps[a.Path()].generation != genA {
+		t.Fatalf("devicemanager endpoints = %+v, want only %s with generation %s", eps, a.Path(), genA)
+	}
+	if dra, csiDrivers := e.s.drivers.DRA(), e.s.drivers.CSI(); len(dra) != 1 || dra[0].SocketPath != c.Path() || len(csiDrivers) != 1 || csiDrivers[0].NodeID != "node-1" {
+		t.Fatalf("drivers after restart: DRA %+v, CSI %+v", dra, csiDrivers)
+	}
+	var sawDeregB bool
+	for _, call := range e.dm.Calls() {
+		if strings.HasPrefix(call, "deregister "+a.Path()) {
+			t.Fatalf("a was deregistered: %v", e.dm.Calls())
+		}
+		sawDeregB = sawDeregB || strings.HasPrefix(call, "deregister "+b.Path())
+	}
+	if !sawDeregB {
+		t.Fatalf("b was not deregistered: %v", e.dm.Calls())
+	}
+}
+
+// A devicemanager restart (new instance ID) makes every registered device
+// plugin register with it again, without the plugin recreating its socket
+// or being contacted.
+func TestDeviceManagerRestartReregisters(t *testing.T) {
+	e := newEnv(t)
+	a := e.plugin("a", devicePlugin("example.com/a"))
+	b := e.plugin("b", devicePlugin("example.com/b"))
+	c := e.plugin("c", draPlugin("dra.example.com"))
+	for _, p := range []*testplugin.Plugin{a, b, c} {
+		e.w.Created(t, p.Path())
+		e.waitRegistered(p.Path())
+	}
+	want := e.dm.Endpoints()
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
+	e.dm.Restart()
+	testutil.WaitFor(t, "endpoints registered again", func() bool {
+		got := e.dm.Endpoints()
+		return len(got) == 2 && got[a.Path()] == want[a.Path()] && got[b.Path()] == want[b.Path()]
+	})
+	for _, p := range []*testplugin.Plugin{a, b, c} {
+		if n, calls := len(p.Statuses()), p.GetInfoCalls(); n != 1 || calls != 1 {
+			t.Fatalf("%s: %d notifications, %d GetInfo calls; want 1 and 1", p.Path(), n, calls)
+		}
+		if s, _ := e.status(p.Path()); s.State != status.StateRegistered || s.Generation != testutil.Generation(t, p.Path()) {
+			t.Fatalf("%s: %+v", p.Path(), s)
+		}
+	}
+}
+
+// 500 plugins created at once all register, and all deregister when
+// removed (goroutine leaks are checked by TestMain).
+func TestManyPlugins(t *testing.T) {
+	const n = 500
+	e := newEnv(t)
+	plugins := make([]*testplugin.Plugin, n)
+	for i := range n {
+		info := draPlugin(fmt.Sprintf("dra%d.example.com", i))
+		if i%2 == 0 {
+			info = devicePlugin(fmt.Sprintf("example.com/dev%d", i))
+		}
+		plugins[i] = e.plugin(fmt.Sprintf("p%03d", i), info)
+	}
+	for _, p := range plugins {
+		e.w.Created(t, p.Path())
+	}
+	testutil.Eventually(t, "all registered", func() error {
+		for _, s := range e.s.status.List() {
+			if s.State != status.StateRegistered {
+				return fmt.Errorf("%s is %v (failures %d, last error %q)", s.SocketPath, s.State, s.Failures, s.LastError)
+			}
+		}
+		if got := e.s.loop.ASW().Len(); got != n {
+			return fmt.Errorf("%d plugins in the ASW, want %d", got, n)
+		}
+		return nil
+	})
+	if got := len(e.dm.Endpoints()); got != n/2 {
+		t.Fatalf("devicemanager endpoints = %d, want %d", got, n/2)
+	}
+	if got := len(e.s.drivers.DRA()); got != n/2 {
+		t.Fatalf("DRA drivers = %d, want %d", got, n/2)
+	}
+	for _, p := range plugins {
+		if _, err := p.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
+			t.Fatal(err)
+		}
+		p.Stop()
+		e.w.Deleted(p.Path())
+	}
+	testutil.WaitFor(t, "all deregistered", func() bool {
+		return e.s.loop.ASW().Len() == 0 && len(e.s.status.List()) == 0 && len(e.dm.Endpoints()) == 0 && len(e.s.drivers.DRA()) == 0
+	})
+	for _, s := range e.s.status.List() {
+		t.Errorf("left: %+v", s)
+	}
+}
+
+// The periodic resync is a safety net: a desired socket that no event woke
+// the reconciler for is left alone by the passes other sockets wake, and is
+// registered at the next resync.
+func TestResyncIsASafetyNet(t *testing.T) {
+	e := newEnv(t)
+	// A registration first: the loop runs (its resync timer is armed) and
+	// has made the full pass that the watcher's snapshot asked for.
+	first := e.plugin("first", draPlugin("dra-first.example.com"))
+	e.w.Created(t, first.Path())
+	e.waitRegistered(first.Path())
+
+	quiet := e.plugin("quiet", draPlugin("dra.example.com"))
+	// Straight into the DSW, without waking the reconciler.
+	if _, err := e.s.loop.DSW().AddOrUpdate(cache.Socket{Path: quiet.Path(), Generation: testutil.Generation(t, quiet.Path())}); err != nil {
+		t.Fatal(err)
+	}
+	// A barrier: a pass woken for another socket after the quiet one entered
+	// the DSW. Only a resync may register the quiet socket.
+	other := e.plugin("other", draPlugin("dra-other.example.com"))
+	e.w.Created(t, other.Path())
+	e.waitRegistered(other.Path())
+	if st, ok := e.status(quiet.Path()); ok || quiet.GetInfoCalls() != 0 {
+		t.Fatalf("the quiet socket was handled before the resync: status %+v (present %v), %d GetInfo calls", st, ok, quiet.GetInfoCalls())
+	}
+	if _, ok := e.s.loop.ASW().Get(quiet.Path()); ok {
+		t.Fatal("the quiet socket is in the ASW before the resync")
+	}
+
+	resyncAt := e.clk.Now().Add(reconciler.DefaultResyncPeriod)
+	e.clk.Advance(reconciler.DefaultResyncPeriod)
+	st := e.waitRegistered(quiet.Path())
+	if st.LastTransition.Before(resyncAt) {
+		t.Fatalf("registered at %v, before the resync at %v", st.LastTransition, resyncAt)
+	}
+	if n := quiet.GetInfoCalls(); n != 1 {
+		t.Fatalf("GetInfo calls = %d, want 1", n)
+	}
+}
+
+// Without a watcher or a devicemanager the service keeps retrying quietly
+// and stops cleanly (goroutine leaks are checked by TestMain).
+func TestRunWithoutPeers(t *testing.T) {
+	root, _ := tempRoot(t)
+	s, err := newService(config{
+		WatcherAddr:       filepath.Join(root, "no-watcher.sock"),
+		DeviceManagerAddr: filepath.Join(root, "no-dm.sock"),
+		Log:               testLog(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.run(ctx) }()
+	if s.loop.Synced() || len(s.status.List()) != 0 {
+		t.Fatal("synced without a watcher")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+// Endpoints are confined to the allowed directories: a symlink that leads
+// outside is refused; an endpoint inside that does not exist yet is judged
+// by its path.
+func TestEndpointConfinement(t *testing.T) {
+	e := newEnv(t)
+	outside := testutil.TempDir(t)
+	target := filepath.Join(outside, "dra.sock")
+	staleSocket(t, target)
+	link := filepath.Join(e.root, "escape.sock")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+
+	esc := e.plugin("escape", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: link, Versions: []string{"v1.DRAPlugin"}})
+	e.w.Created(t, esc.Path())
+	got, err := esc.WaitStatus(waitCtx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Registered || !strings.Contains(got.Error, "outside the allowed directories") {
+		t.Fatalf("symlink escape: %+v", got)
+	}
+
+	later := filepath.Join(e.root, "later", "dra.sock")
+	ok := e.plugin("later", testplugin.Info{Type: "DRAPlugin", Name: "dra2.example.com", Endpoint: later, Versions: []string{"v1.DRAPlugin"}})
+	e.w.Created(t, ok.Path())
+	if st := e.waitRegistered(ok.Path()); st.Endpoint != later {
+		t.Fatalf("status = %+v", st)
+	}
+}
