@@ -9,14 +9,23 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/app"
 )
 
 // service names one of nodeplug's services and the flag that addresses it.
 type service struct {
 	name string
 	flag string
-	addr func(*globals) string
+	set  func(*globals) string // the flag's value, "" when not given
+}
+
+// addr is the address of svc: its flag, else its API socket under the root
+// dir.
+func (svc service) addr(g *globals) string {
+	if a := svc.set(g); a != "" {
+		return a
+	}
+	return app.APISocket(g.rootDir, svc.name)
 }
 
 var (
@@ -32,9 +41,9 @@ func (c *cli) conn(svc service) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := rpcutil.DialPeer(addr)
+	cc, err := c.g.tls.Dial(addr)
 	if err != nil {
-		return nil, fmt.Errorf("bad %s address %q: %v (set %s)", svc.name, addr, err, svc.flag)
+		return nil, fmt.Errorf("bad %s address %q: %v (set %s, or --root-dir)", svc.name, addr, err, svc.flag)
 	}
 	c.conns[addr] = cc
 	return cc, nil
@@ -58,6 +67,9 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 	msg := st.Message()
 	switch st.Code() {
 	case codes.Unavailable:
+		if strings.Contains(msg, "permission denied") {
+			return fmt.Errorf("may not open the %s's socket %s: %s — the API is for root, the service's user and its --api-group (README: Security)", svc.name, addr, msg)
+		}
 		if isConnectError(msg) {
 			return fmt.Errorf("cannot reach the %s at %s: %s — is it running? (make run, or %s)", svc.name, addr, msg, svc.flag)
 		}
@@ -68,6 +80,8 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 		return fmt.Errorf("%s: %s at %s does not serve this call — is %s the %s's address? (%s)", op, "the service", addr, addr, svc.name, svc.flag)
 	case codes.Canceled:
 		return fmt.Errorf("%s: canceled", op)
+	case codes.PermissionDenied:
+		return fmt.Errorf("%s: %s (README: Security)", op, msg)
 	case codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.AlreadyExists, codes.ResourceExhausted:
 		return fmt.Errorf("%s: %s", op, msg)
 	default:

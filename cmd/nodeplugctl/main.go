@@ -39,27 +39,32 @@ const (
 // globals are the flags every command takes, before or after the command.
 // Each also reads NODEPLUG_CTL_<FLAG> (a flag on the command line wins).
 type globals struct {
+	rootDir           string
 	watcherAddr       string
 	reconcilerAddr    string
 	devicemanagerAddr string
 	jaegerURL         string
 	timeout           time.Duration
+	tls               app.TLS
 }
 
 var globalDefaults = globals{
-	watcherAddr:       app.DefaultWatcherAddr,
-	reconcilerAddr:    app.DefaultReconcilerAddr,
-	devicemanagerAddr: app.DefaultDeviceManagerAddr,
-	jaegerURL:         app.DefaultJaegerURL,
-	timeout:           10 * time.Second,
+	rootDir:   app.DefaultRootDir,
+	jaegerURL: app.DefaultJaegerURL,
+	timeout:   10 * time.Second,
 }
 
 // define defines the global flags on fs, storing into g, with def as their
 // defaults.
 func (g *globals) define(fs *flag.FlagSet, def globals) {
-	fs.StringVar(&g.watcherAddr, "watcher-addr", def.watcherAddr, "watcher gRPC address (host:port or socket path)")
-	fs.StringVar(&g.reconcilerAddr, "reconciler-addr", def.reconcilerAddr, "reconciler gRPC address")
-	fs.StringVar(&g.devicemanagerAddr, "devicemanager-addr", def.devicemanagerAddr, "devicemanager gRPC address")
+	fs.StringVar(&g.rootDir, "root-dir", def.rootDir, "the services' root dir: their API sockets are <root-dir>/nodeplug/<service>.sock")
+	fs.StringVar(&g.watcherAddr, "watcher-addr", def.watcherAddr, "the watcher's API: a socket path, or host:port with the TLS flags (default from --root-dir)")
+	fs.StringVar(&g.reconcilerAddr, "reconciler-addr", def.reconcilerAddr, "the reconciler's API (default from --root-dir)")
+	fs.StringVar(&g.devicemanagerAddr, "devicemanager-addr", def.devicemanagerAddr, "the devicemanager's API (default from --root-dir)")
+	fs.StringVar(&g.tls.CertFile, "tls-cert-file", def.tls.CertFile, "client certificate for host:port addresses (mutual TLS)")
+	fs.StringVar(&g.tls.KeyFile, "tls-key-file", def.tls.KeyFile, "key of --tls-cert-file")
+	fs.StringVar(&g.tls.CAFile, "tls-ca-file", def.tls.CAFile, "CA certificate that signs the services' certificates")
+	fs.BoolVar(&g.tls.Insecure, "insecure-tcp", def.tls.Insecure, "dial host:port without TLS (tests only, loopback only)")
 	fs.StringVar(&g.jaegerURL, "jaeger-url", def.jaegerURL, "Jaeger query base URL")
 	fs.DurationVar(&g.timeout, "timeout", def.timeout, "timeout of each call")
 }

@@ -25,6 +25,7 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/app"
 )
 
 var testNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -617,5 +618,34 @@ func TestWaterfallEdgeCases(t *testing.T) {
 	}
 	if err := renderWaterfall(&bytes.Buffer{}, &jaegerTrace{TraceID: "t"}, 10); err == nil {
 		t.Fatal("a trace without spans rendered")
+	}
+}
+
+// TestFindsSocketsFromTheRootDir: with no address flag, nodeplugctl dials
+// <root>/nodeplug/<service>.sock under --root-dir or NODEPLUG_ROOT_DIR.
+func TestFindsSocketsFromTheRootDir(t *testing.T) {
+	f := &fakeServer{
+		sockets: []*watcherv1.Socket{{Path: "/r/plugins_registry/a.sock", Generation: "g1", ObservedTime: ts(-time.Second)}},
+		live:    make(chan *watcherv1.SocketEvent),
+	}
+	addr := startFake(t, f)
+	root := testutil.TempDir(t)
+	if err := os.MkdirAll(filepath.Join(root, app.APIDirName), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(addr, app.APISocket(root, "watcher")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NODEPLUG_ROOT_DIR", root)
+	if code, out, errOut := runCLI(t, "sockets"); code != exitOK || !strings.Contains(out, "/r/plugins_registry/a.sock") {
+		t.Fatalf("from NODEPLUG_ROOT_DIR: exit %d, stderr %q, output:\n%s", code, errOut, out)
+	}
+	t.Setenv("NODEPLUG_ROOT_DIR", "/nonexistent")
+	if code, out, errOut := runCLI(t, "--root-dir", root, "sockets"); code != exitOK || !strings.Contains(out, "/r/plugins_registry/a.sock") {
+		t.Fatalf("from --root-dir: exit %d, stderr %q, output:\n%s", code, errOut, out)
+	}
+	code, _, errOut := runCLI(t, "sockets")
+	if code == exitOK || !strings.Contains(errOut, "/nonexistent/nodeplug/watcher.sock") {
+		t.Fatalf("a missing root dir: exit %d, stderr %q; want an error naming the socket", code, errOut)
 	}
 }

@@ -2,16 +2,14 @@ package stack
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"sync"
 	"time"
 )
 
 // Processes runs the three services over one root dir, each as a process of
-// its own binary. The first start of a service binds a free port; a restart
-// reuses its address, so clients (the reconciler, tests) reconnect to the
-// same place.
+// its own binary. Each serves its API on <root>/nodeplug/<service>.sock, so
+// a restarted service is where its clients (the reconciler, tests) reconnect.
 type Processes struct {
 	Bin  string   // directory holding the binaries
 	Root string   // --root-dir
@@ -40,22 +38,10 @@ func (s *Processes) StartAll(ctx context.Context) error {
 
 // Start starts (or restarts) one service and waits until it listens.
 func (s *Processes) Start(ctx context.Context, name string) error {
-	s.mu.Lock()
-	listen := s.addrs[name]
-	if listen == "" {
-		listen = "127.0.0.1:0"
-	}
-	// The bound address is found in the info-level "gRPC listening" line.
-	args := []string{"--root-dir", s.Root, "--listen", listen, "--metrics-listen", "127.0.0.1:0", "--log-level", "info"}
-	if name == "reconciler" {
-		w, d := s.addrs["watcher"], s.addrs["devicemanager"]
-		if w == "" || d == "" {
-			s.mu.Unlock()
-			return fmt.Errorf("start the watcher and the devicemanager before the reconciler")
-		}
-		args = append(args, "--watcher-addr", w, "--devicemanager-addr", d)
-	}
-	s.mu.Unlock()
+	// Each service serves its API on <root>/nodeplug/<name>.sock, where
+	// the reconciler finds its peers; the socket is named in the
+	// info-level "gRPC listening" line, which says the service listens.
+	args := []string{"--root-dir", s.Root, "--metrics-listen", "127.0.0.1:0", "--log-level", "info"}
 
 	var p *Process
 	var err error

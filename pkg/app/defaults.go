@@ -30,18 +30,6 @@ const (
 	CheckpointFileName = "nodeplug_checkpoint"
 )
 
-// The services' default gRPC addresses (--listen), which are also the
-// default addresses their clients dial: the reconciler dials the watcher and
-// the devicemanager, nodeplugctl dials all three.
-const (
-	// DefaultWatcherAddr is the watcher's gRPC address.
-	DefaultWatcherAddr = "127.0.0.1:50051"
-	// DefaultReconcilerAddr is the reconciler's gRPC address.
-	DefaultReconcilerAddr = "127.0.0.1:50052"
-	// DefaultDeviceManagerAddr is the devicemanager's gRPC address.
-	DefaultDeviceManagerAddr = "127.0.0.1:50053"
-)
-
 // The services' default Prometheus /metrics addresses (--metrics-listen).
 const (
 	// DefaultWatcherMetricsAddr is the watcher's metrics address.

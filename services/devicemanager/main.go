@@ -24,7 +24,7 @@ import (
 func main() {
 	var grace time.Duration
 	os.Exit(app.Main(app.Service{
-		Binary: "devicemanager", DefaultListen: "127.0.0.1:50053", DefaultMetrics: "127.0.0.1:9453",
+		Binary: "devicemanager", DefaultMetrics: app.DefaultDeviceManagerMetricsAddr,
 		Flags: func(fs *app.Flags) {
 			fs.DurationVar(&grace, "grace-period", manager.DefaultGracePeriod, "how long a resource with no live endpoint keeps its capacity")
 		},

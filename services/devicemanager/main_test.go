@@ -42,7 +42,7 @@ func buildBinaries(t *testing.T, names ...string) string {
 // startProc starts the binary and waits until it serves gRPC.
 func startProc(t *testing.T, bin, root string) *proc {
 	t.Helper()
-	sp, err := stack.Start(bin, []string{"--root-dir", root, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+	sp, err := stack.Start(bin, []string{"--root-dir", root, "--metrics-listen", "",
 		"--grace-period", "1m", "--log-level", "debug"}, nil)
 	if err != nil {
 		t.Fatal(err)

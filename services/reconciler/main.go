@@ -36,14 +36,20 @@ func main() {
 	cfg := config{}
 	os.Exit(app.Main(app.Service{
 		Binary:         "reconciler",
-		DefaultListen:  "127.0.0.1:50052",
-		DefaultMetrics: "127.0.0.1:9452",
+		DefaultMetrics: app.DefaultReconcilerMetricsAddr,
 		Flags: func(fs *app.Flags) {
-			fs.StringVar(&cfg.WatcherAddr, "watcher-addr", "127.0.0.1:50051", "watcher gRPC address (host:port or absolute unix socket path)")
-			fs.StringVar(&cfg.DeviceManagerAddr, "devicemanager-addr", "127.0.0.1:50053", "devicemanager gRPC address (host:port or absolute unix socket path)")
+			fs.StringVar(&cfg.WatcherAddr, "watcher-addr", "", "the watcher's API: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/watcher.sock)")
+			fs.StringVar(&cfg.DeviceManagerAddr, "devicemanager-addr", "", "the devicemanager's API: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/devicemanager.sock)")
 			fs.DurationVar(&cfg.ResyncPeriod, "resync-period", reconciler.DefaultResyncPeriod, "safety-net reconcile interval (changes are reconciled at once)")
 		},
 		Setup: func(_ context.Context, rt *app.Runtime) error {
+			if cfg.WatcherAddr == "" {
+				cfg.WatcherAddr = app.APISocket(rt.Config.RootDir, "watcher")
+			}
+			if cfg.DeviceManagerAddr == "" {
+				cfg.DeviceManagerAddr = app.APISocket(rt.Config.RootDir, "devicemanager")
+			}
+			cfg.Dial = rt.Config.DialPeer
 			cfg.AllowedDirs = rt.Config.AllowedDirs
 			cfg.Log = rt.Log
 			return setup(rt, cfg)
@@ -53,11 +59,14 @@ func main() {
 
 // config is what the reconciler is configured with.
 type config struct {
-	// WatcherAddr and DeviceManagerAddr are host:port or absolute Unix
-	// socket paths.
+	// WatcherAddr and DeviceManagerAddr are absolute Unix socket paths or
+	// host:port.
 	WatcherAddr       string
 	DeviceManagerAddr string
-	ResyncPeriod      time.Duration
+	// Dial connects to a peer (rpcutil.DialPeer when nil; the binary's
+	// applies its TLS flags to host:port addresses).
+	Dial         func(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error)
+	ResyncPeriod time.Duration
 	// AllowedDirs confine plugin endpoints (none: no confinement).
 	AllowedDirs []string
 	Log         *slog.Logger
@@ -89,11 +98,14 @@ func newService(cfg config) (*service, error) {
 			return nil, err
 		}
 	}
-	wconn, err := rpcutil.DialPeer(cfg.WatcherAddr)
+	if cfg.Dial == nil {
+		cfg.Dial = rpcutil.DialPeer
+	}
+	wconn, err := cfg.Dial(cfg.WatcherAddr)
 	if err != nil {
 		return nil, err
 	}
-	dconn, err := rpcutil.DialPeer(cfg.DeviceManagerAddr)
+	dconn, err := cfg.Dial(cfg.DeviceManagerAddr)
 	if err != nil {
 		_ = wconn.Close()
 		return nil, err

@@ -23,8 +23,7 @@ import (
 func main() {
 	os.Exit(app.Main(app.Service{
 		Binary:         "watcher",
-		DefaultListen:  "127.0.0.1:50051",
-		DefaultMetrics: "127.0.0.1:9451",
+		DefaultMetrics: app.DefaultWatcherMetricsAddr,
 		Setup: func(_ context.Context, rt *app.Runtime) error {
 			return setup(rt, config{
 				Dir:         rt.Config.PluginsDir(),
