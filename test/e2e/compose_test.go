@@ -20,9 +20,6 @@ import (
 // Ports of the compose test's own stack, so it never collides with a
 // running `make run` or `make up` on the default ports.
 var composePorts = map[string]string{
-	"NODEPLUG_WATCHER_PORT":               "51051",
-	"NODEPLUG_RECONCILER_PORT":            "51052",
-	"NODEPLUG_DEVICEMANAGER_PORT":         "51053",
 	"NODEPLUG_WATCHER_METRICS_PORT":       "10451",
 	"NODEPLUG_RECONCILER_METRICS_PORT":    "10452",
 	"NODEPLUG_DEVICEMANAGER_METRICS_PORT": "10453",
@@ -70,11 +67,19 @@ func TestCompose(t *testing.T) {
 		t.Fatalf("make up: %v\n%s\ncompose logs:\n%s", err, out, logs)
 	}
 
+	// The host reaches the APIs as the README says: nodeplugctl in a
+	// container on the stack's volume, or, as root, through the volume's
+	// mount point.
+	if out, err := run(2*time.Minute, "docker", "compose", "-p", composeProject, "run", "--rm", "nodeplugctl", "resources"); err != nil {
+		t.Fatalf("docker compose run nodeplugctl resources: %v\n%s", err, out)
+	}
+	mount, err := run(time.Minute, "docker", "volume", "inspect", "-f", "{{.Mountpoint}}", composeProject+"_kubelet")
+	if err != nil {
+		t.Fatalf("docker volume inspect: %v\n%s", err, mount)
+	}
 	ctl := func(args ...string) (string, error) {
 		full := append([]string{
-			"--watcher-addr", "127.0.0.1:" + composePorts["NODEPLUG_WATCHER_PORT"],
-			"--reconciler-addr", "127.0.0.1:" + composePorts["NODEPLUG_RECONCILER_PORT"],
-			"--devicemanager-addr", "127.0.0.1:" + composePorts["NODEPLUG_DEVICEMANAGER_PORT"],
+			"--root-dir", strings.TrimSpace(mount),
 			"--jaeger-url", "http://127.0.0.1:" + composePorts["NODEPLUG_JAEGER_PORT"],
 		}, args...)
 		return run(time.Minute, filepath.Join(root, "bin", "nodeplugctl"), full...)

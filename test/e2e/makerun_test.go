@@ -116,6 +116,20 @@ func TestMakeRun(t *testing.T) {
 	if grpcurl == "" {
 		t.Fatalf("make run did not print a grpcurl line:\n%s", out.String())
 	}
+	// make run prints the one export the README's commands need, and the
+	// README shows it: run them with it.
+	export := ""
+	for _, line := range strings.Split(out.String(), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export NODEPLUG_ROOT_DIR="); ok {
+			export = v
+		}
+	}
+	if export == "" {
+		t.Fatalf("make run did not print the export NODEPLUG_ROOT_DIR=… line:\n%s", out.String())
+	}
+	if readme, _ := os.ReadFile(filepath.Join(root, "README.md")); !bytes.Contains(readme, []byte("export NODEPLUG_ROOT_DIR=")) {
+		t.Error("the README does not show the export NODEPLUG_ROOT_DIR=… line")
+	}
 	// The README says `grpcurl`: put the pinned one on PATH under that name.
 	pathDir := filepath.Join(runDir, "path")
 	if err := os.MkdirAll(pathDir, 0o755); err != nil {
@@ -138,7 +152,7 @@ func TestMakeRun(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		cmd := exec.CommandContext(ctx, "bash", "-c", c)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "PATH="+path)
+		cmd.Env = append(os.Environ(), "PATH="+path, "NODEPLUG_ROOT_DIR="+export)
 		got, err := cmd.CombinedOutput()
 		cancel()
 		if streaming {
@@ -289,6 +303,15 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 		}
 		if st, ok := info.Sys().(*syscall.Stat_t); ok && st.Uid != 65534 {
 			t.Errorf("process %d runs as uid %d, want nobody", pid, st.Uid)
+		}
+	}
+	// The same user reaches its own stack's APIs without sudo, with every
+	// role (the services' own uid).
+	for _, args := range [][]string{{"resources"}, {"allocate", "--pod", "p", "--container", "c", "example.com/sample=1"}, {"release", "--pod", "p"}} {
+		ctl := asNobody(ctx, append([]string{filepath.Join(binDir, "nodeplugctl")}, args...)...)
+		ctl.Env = append(os.Environ(), "NODEPLUG_ROOT_DIR="+filepath.Join(runDir, "root"))
+		if got, err := ctl.CombinedOutput(); err != nil {
+			t.Errorf("nodeplugctl %v as the stack's user: %v\n%s", args, err, got)
 		}
 	}
 	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
