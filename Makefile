@@ -51,6 +51,14 @@ build: ## Build every binary (static, CGO off) into bin/.
 test: ## Run every test under the race detector (the compose test runs when a Docker engine answers).
 	go test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
+.PHONY: fuzz
+fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); seeds also run in make test.
+	FUZZTIME=$(or $(FUZZTIME),10s) scripts/fuzz.sh
+
+.PHONY: stress-test
+stress-test: ## Run the suite under a CPU hog (stress-ng): make test x3, then -count=20 (e2e -count=3); SHORT=1 for CI's short form.
+	SHORT=$(SHORT) TEST_TIMEOUT=$(TEST_TIMEOUT) scripts/stress-test.sh
+
 .PHONY: bench
 bench: build ## Run the benchmarks: nodeplug-bench against real processes, then the Go benchmarks.
 	bin/nodeplug-bench -bin bin -json bench-results.json
