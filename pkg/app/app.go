@@ -316,7 +316,7 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 	if err != nil {
 		return fmt.Errorf("another %s runs with root dir %s: %w", name, cfg.RootDir, err)
 	}
-	defer lock.Release()
+	defer func() { _ = lock.Release() }()
 
 	apiGID, err := lookupGroup("api-group", cfg.APIGroup)
 	if err != nil {

@@ -159,7 +159,6 @@ func DialPlugin(path string, opts ...grpc.DialOption) (*grpc.ClientConn, error) 
 	base := []grpc.DialOption{
 		grpc.WithReadBufferSize(4 << 10),
 		grpc.WithWriteBufferSize(4 << 10),
-		grpc.WithSharedWriteBuffer(true),
 	}
 	return newClient(path, append(base, opts...))
 }

@@ -11,7 +11,7 @@ import (
 
 func TestInjectExtractAndLogIDs(t *testing.T) {
 	tp := sdktrace.NewTracerProvider()
-	defer tp.Shutdown(context.Background())
+	defer func() { _ = tp.Shutdown(context.Background()) }()
 	ctx, span := tp.Tracer("t").Start(context.Background(), "root")
 	defer span.End()
 
