@@ -200,11 +200,12 @@ func stalledWatch(t *testing.T, e *env) (grpc.ServerStreamingClient[dmv1.WatchRe
 
 // TestWatchBytesBounded: two subscribers that stop reading while a third
 // keeps up. The messages the streams hold never pass the service's byte
-// bound; the laggards are ended with RESOURCE_EXHAUSTED (the first because
-// all streams together reached the bound and it held the most, the second
-// at its own bound) and their bytes are given back at once, while the
+// bound; the laggards are ended with RESOURCE_EXHAUSTED (by the service's
+// bound or their own, depending on how far each got before its client's
+// window closed) and their bytes are given back at once, while the
 // subscriber that reads sees every change. A laggard that reads again gets
-// what was in flight, then the error.
+// what was in flight, then the error. TestWatchBudget shows which bound
+// ends which stream.
 func TestWatchBytesBounded(t *testing.T) {
 	// About 20 KiB a message: 100 devices with 200-byte IDs.
 	var ids []string
@@ -212,6 +213,9 @@ func TestWatchBytesBounded(t *testing.T) {
 		ids = append(ids, fmt.Sprintf("dev-%d-%s", i, strings.Repeat("x", 190)))
 	}
 	ids[0] = "dev-0"
+	// A stalled stream stops sending after about 128 KiB (the client's
+	// window and gRPC's write quota), then queues: the bounds are
+	// reached after a few more messages.
 	limits := WatchLimits{Bytes: 192 << 10, StreamBytes: 128 << 10}
 	e := newEnvWatch(t, time.Minute, limits)
 	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/big", DeviceIDs: ids}, false)
@@ -240,13 +244,12 @@ func TestWatchBytesBounded(t *testing.T) {
 		}
 	}
 	// The laggards' queues are gone: what is held is at most the message
-	// each was sending when it stalled.
-	if st := e.svc.watch.stats(); st.held > 2*(30<<10) {
+	// each stream is sending.
+	if st := e.svc.watch.stats(); st.held > 3*(24<<10) {
 		t.Fatalf("after the evictions the streams hold %d bytes", st.held)
 	}
 	flip(t, p, flips%2 == 0, 100, reader)
 
-	var msgs []string
 	for _, s := range []grpc.ServerStreamingClient[dmv1.WatchResourcesResponse]{s1, s2} {
 		got := 0
 		for {
@@ -255,14 +258,9 @@ func TestWatchBytesBounded(t *testing.T) {
 			}
 			got++
 		}
-		if status.Code(err) != codes.ResourceExhausted || got >= flips+2 {
+		if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "resubscribe") || got >= flips+2 {
 			t.Fatalf("laggard: %d messages then %v; want fewer than %d, then RESOURCE_EXHAUSTED", got, err, flips+2)
 		}
-		msgs = append(msgs, status.Convert(err).Message())
-	}
-	joined := strings.Join(msgs, "\n")
-	if !strings.Contains(joined, "held the most") || !strings.Contains(joined, "fell behind") {
-		t.Fatalf("laggards ended with:\n%s", joined)
 	}
 	testutil.WaitFor(t, "the laggards gone and their bytes given back", func() bool {
 		st := e.svc.watch.stats()
