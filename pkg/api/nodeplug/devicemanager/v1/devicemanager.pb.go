@@ -361,8 +361,9 @@ type DeregisterPluginRequest struct {
 	ResourceName string                 `protobuf:"bytes,1,opt,name=resource_name,json=resourceName,proto3" json:"resource_name,omitempty"`
 	// Absolute endpoint path, as given to RegisterPlugin.
 	Endpoint string `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	// When set, the endpoint is removed only if it was registered with this
+	// Required: the endpoint is removed only if it was registered with this
 	// generation (a newer registration of the same endpoint is left alone).
+	// Empty is INVALID_ARGUMENT.
 	Generation    string `protobuf:"bytes,3,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
