@@ -112,7 +112,7 @@ func Connect(ctx context.Context, resource, path, dialPath string) (*Conn, error
 	}
 	conn, err := rpcutil.DialPlugin(dialPath)
 	if err != nil {
-		return fail(fmt.Errorf("failed to dial device plugin: %v: %w", err, errdefs.ErrUnavailable))
+		return fail(&KubeletError{Kubelet: "failed to dial device plugin: " + err.Error(), Kind: errdefs.ErrUnavailable})
 	}
 	client := pluginapi.NewDevicePluginClient(conn)
 	octx, ospan := tracer.Start(cctx, "GetDevicePluginOptions")
@@ -123,7 +123,11 @@ func Connect(ctx context.Context, resource, path, dialPath string) (*Conn, error
 		ospan.SetStatus(codes.Error, err.Error())
 		ospan.End()
 		_ = conn.Close()
-		return fail(fmt.Errorf("failed to get device plugin options for %s at %s: %s: %w", resource, path, status.Convert(err).Message(), kind(err)))
+		return fail(&KubeletError{
+			Kubelet: "failed to get device plugin options: " + err.Error(),
+			Detail:  fmt.Sprintf("failed to get device plugin options for %s at %s: %s", resource, path, status.Convert(err).Message()),
+			Kind:    kind(err),
+		})
 	}
 	ospan.End()
 	// The stream outlives ctx (a request's): it keeps only its trace.
