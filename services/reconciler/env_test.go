@@ -17,6 +17,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
@@ -142,6 +143,16 @@ func (e *env) waitGone(path string) {
 		_, inASW := e.s.loop.ASW().Get(path)
 		return !ok && !inASW
 	})
+}
+
+// expireGetInfo ends the GetInfo budget of the one registration attempt
+// waiting on it: it waits until exactly one budget is running (a stale
+// socket's refused connection is retried until then, a hanging GetInfo
+// waits until then), then moves the clock past it.
+func (e *env) expireGetInfo() {
+	e.t.Helper()
+	testutil.WaitFor(e.t, "a GetInfo budget running", func() bool { return e.clk.Due(reconciler.DefaultGetInfoTimeout) == 1 })
+	e.clk.Advance(reconciler.DefaultGetInfoTimeout)
 }
 
 func waitCtx(t *testing.T) context.Context {

@@ -205,8 +205,13 @@ func TestGetInfoTimeoutBacksOff(t *testing.T) {
 	p := e.plugin("slow", draPlugin("dra.example.com"))
 	p.SetGetInfoDelay(time.Minute)
 	e.w.Created(t, p.Path())
+	testutil.WaitFor(t, "GetInfo called", func() bool { return p.GetInfoCalls() == 1 })
+	if st, _ := e.status(p.Path()); st.State != status.StatePending {
+		t.Fatalf("status before the budget ended = %+v, want pending", st)
+	}
+	e.expireGetInfo()
 	st := e.waitFailed(p.Path(), 1)
-	if !strings.Contains(st.LastError, "GetInfo") || !strings.Contains(st.LastError, p.Path()) {
+	if !strings.Contains(st.LastError, "GetInfo") || !strings.Contains(st.LastError, p.Path()) || !strings.Contains(st.LastError, "no answer within 1s") {
 		t.Fatalf("last error = %q", st.LastError)
 	}
 	if n := len(p.Statuses()); n != 0 {
@@ -278,7 +283,7 @@ func TestHandlerFailureRollsBackASW(t *testing.T) {
 
 // Done better than the kubelet: a stale socket backs off on its own while
 // the other plugins of the same pass register, and its retries come due by
-// themselves, 500 ms then 1 s later.
+// themselves, 500 ms then 1 s after each failure.
 func TestStaleSocketBacksOffWhileOthersRegister(t *testing.T) {
 	e := newEnv(t)
 	stale := e.sock("stale")
@@ -296,20 +301,26 @@ func TestStaleSocketBacksOffWhileOthersRegister(t *testing.T) {
 		}
 	})
 	testutil.WaitFor(t, "new watcher stream", func() bool { return e.w.Streams() > streams })
+	// The good plugins register while the stale socket's attempt is still
+	// retrying its refused connection.
 	for _, p := range good {
 		e.waitRegistered(p.Path())
 	}
+	if st, _ := e.status(stale); st.State == status.StateFailed {
+		t.Fatalf("stale socket = %+v, failed before its GetInfo budget ended", st)
+	}
+	e.expireGetInfo()
 	st := e.waitFailed(stale, 1)
 	if !strings.Contains(st.LastError, stale) {
 		t.Fatalf("last error = %q", st.LastError)
 	}
-	t0 := e.clk.Now()
-	if !st.NextRetry.Equal(t0.Add(500 * time.Millisecond)) {
-		t.Fatalf("next retry %v, want %v", st.NextRetry, t0.Add(500*time.Millisecond))
+	if want := e.clk.Now().Add(500 * time.Millisecond); !st.NextRetry.Equal(want) {
+		t.Fatalf("next retry %v, want %v", st.NextRetry, want)
 	}
 	e.clk.Advance(500 * time.Millisecond)
+	e.expireGetInfo()
 	st = e.waitFailed(stale, 2)
-	if want := t0.Add(1500 * time.Millisecond); !st.NextRetry.Equal(want) {
+	if want := e.clk.Now().Add(time.Second); !st.NextRetry.Equal(want) {
 		t.Fatalf("second next retry %v, want %v", st.NextRetry, want)
 	}
 	for _, p := range good {
@@ -326,8 +337,10 @@ func TestRecreatedSocketSkipsOldBackoff(t *testing.T) {
 	path := e.sock("flaky")
 	staleSocket(t, path)
 	e.w.Created(t, path)
+	e.expireGetInfo()
 	e.waitFailed(path, 1)
 	e.clk.Advance(executor.InitialBackoff)
+	e.expireGetInfo()
 	st := e.waitFailed(path, 2)
 	now, retryAt := e.clk.Now(), st.NextRetry
 	if !retryAt.After(now) {
@@ -449,6 +462,7 @@ func TestReconcilerRestart(t *testing.T) {
 	for _, p := range []*testplugin.Plugin{a, c, d} {
 		e.waitRegistered(p.Path())
 	}
+	e.expireGetInfo()
 	e.waitFailed(f2.Path(), 1)
 	testutil.WaitFor(t, "vanished and stale endpoints swept", func() bool {
 		eps := e.dm.Endpoints()

@@ -137,7 +137,8 @@ type pluginConn struct {
 func (c *pluginConn) close() { _ = c.conn.Close() }
 
 // getInfo (step 1) dials the plugin and calls GetInfo within the GetInfo
-// budget. A refused connection is retried by gRPC within milliseconds inside
+// budget (Options.GetInfoTimeout on the reconciler's clock). A refused
+// connection is retried by gRPC within milliseconds inside
 // that budget (WaitForReady), so a socket reported at bind() before listen()
 // is not a failure. The plugin's endpoint defaults to its socket.
 func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin, *pluginConn, error) {
@@ -150,12 +151,18 @@ func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin,
 			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, err)
 		}
 		c.client = registerapi.NewRegistrationClient(c.conn)
-		gctx, cancel := context.WithTimeout(ctx, r.opts.GetInfoTimeout)
+		// The budget runs on the reconciler's clock, as its backoff does.
+		gctx, cancel := r.clock.WithTimeout(ctx, r.opts.GetInfoTimeout)
 		defer cancel()
 		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 		if err != nil {
 			c.close()
-			return fmt.Errorf("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket %s, err: %w", d.Path, errdefs.FromGRPC(err))
+			if errors.Is(context.Cause(gctx), context.DeadlineExceeded) && ctx.Err() == nil {
+				err = fmt.Errorf("no answer within %s: %w", r.opts.GetInfoTimeout, errdefs.ErrDeadlineExceeded)
+			} else {
+				err = errdefs.FromGRPC(err)
+			}
+			return fmt.Errorf("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket %s, err: %w", d.Path, err)
 		}
 		return nil
 	})
