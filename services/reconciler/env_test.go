@@ -48,11 +48,17 @@ type env struct {
 	s       *service
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// configure, when set, changes the service's configuration.
+	configure func(*config)
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvWith(t, nil) }
+
+// newEnvWith is newEnv with configure applied to the service's
+// configuration.
+func newEnvWith(t *testing.T, configure func(*config)) *env {
 	root, plugins := tempRoot(t)
-	e := &env{t: t, root: root, plugins: plugins, clk: clock.NewFake(time.Unix(1_000_000, 0))}
+	e := &env{t: t, root: root, plugins: plugins, clk: clock.NewFake(time.Unix(1_000_000, 0)), configure: configure}
 	e.w = newFakeWatcher(t, filepath.Join(root, "watcher.sock"))
 	e.dm = newFakeDM(t, filepath.Join(root, "dm.sock"))
 	e.start()
@@ -63,13 +69,17 @@ func newEnv(t *testing.T) *env {
 // start runs a (new) reconciler.
 func (e *env) start() {
 	e.t.Helper()
-	s, err := newService(config{
+	cfg := config{
 		WatcherAddr:       filepath.Join(e.root, "watcher.sock"),
 		DeviceManagerAddr: filepath.Join(e.root, "dm.sock"),
 		AllowedDirs:       []string{e.root},
 		Log:               testLog(),
 		Clock:             e.clk,
-	})
+	}
+	if e.configure != nil {
+		e.configure(&cfg)
+	}
+	s, err := newService(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
