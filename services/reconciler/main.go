@@ -116,7 +116,7 @@ func newService(cfg config) (*service, error) {
 	s.loop = reconciler.New(reconciler.Options{
 		Handlers: map[string]cache.Handler{
 			handler.TypeDevicePlugin: s.devices,
-			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers),
+			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers, confiner),
 			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers),
 		},
 		Status:       s.status,

@@ -162,7 +162,7 @@ func TestRefusedRegistrations(t *testing.T) {
 		{"DRA no versions", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com"}, "empty list of supported gRPC services"},
 		{"DRA unknown service", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Versions: []string{"v1alpha3.Node"}}, "none of services supported by the plugin"},
 		{"CSI version 2", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"2.0.0"}}, "None of the versions specified"},
-		{"endpoint outside allowed dirs", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/nonexistent-np/dra.sock", Versions: []string{"v1.DRAPlugin"}}, "endpoint /nonexistent-np/dra.sock is not allowed"},
+		{"endpoint outside allowed dirs", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/nonexistent-np/dra.sock", Versions: []string{"v1.DRAPlugin"}}, `endpoint not allowed: endpoint "/nonexistent-np/dra.sock" is outside the allowed directories`},
 		{"endpoint with ..", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/tmp/../etc/dra.sock", Versions: []string{"v1.DRAPlugin"}}, `contains ".."`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -635,8 +635,9 @@ func TestRunWithoutPeers(t *testing.T) {
 }
 
 // Endpoints are confined to the allowed directories: a symlink that leads
-// outside is refused; an endpoint inside that does not exist yet is judged
-// by its path.
+// outside is refused, whether it is the endpoint or one of its parent
+// directories; an endpoint inside that does not exist yet is judged by
+// where it would be. (Unlike the kubelet, which takes any CSI endpoint.)
 func TestEndpointConfinement(t *testing.T) {
 	e := newEnv(t)
 	outside := testutil.TempDir(t)
@@ -655,6 +656,30 @@ func TestEndpointConfinement(t *testing.T) {
 	}
 	if got.Registered || !strings.Contains(got.Error, "outside the allowed directories") {
 		t.Fatalf("symlink escape: %+v", got)
+	}
+
+	// A CSI driver outside, reached through a symlinked parent directory:
+	// the endpoint does not exist by its path inside, and would be the
+	// driver outside once followed.
+	outsideCSI := &fakeCSI{name: "csi.example.com"}
+	serve(t, filepath.Join(outside, "csi.sock"), func(s *grpc.Server) {
+		csi.RegisterIdentityServer(s, outsideCSI)
+		csi.RegisterNodeServer(s, outsideCSI)
+	})
+	if err := os.Symlink(outside, filepath.Join(e.root, "csi-link")); err != nil {
+		t.Fatal(err)
+	}
+	viaParent := e.plugin("csi-escape", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Endpoint: filepath.Join(e.root, "csi-link", "csi.sock"), Versions: []string{"1.0.0"}})
+	e.w.Created(t, viaParent.Path())
+	got, err = viaParent.WaitStatus(waitCtx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Registered || !strings.Contains(got.Error, "outside the allowed directories") {
+		t.Fatalf("symlinked parent escape: %+v", got)
+	}
+	if n := outsideCSI.calls.Load(); n != 0 || len(e.s.drivers.CSI()) != 0 {
+		t.Fatalf("the CSI driver outside got %d calls; drivers %+v", n, e.s.drivers.CSI())
 	}
 
 	later := filepath.Join(e.root, "later", "dra.sock")

@@ -4,11 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"slices"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -20,6 +15,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/confine"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 )
 
@@ -212,25 +208,12 @@ func (r *Reconciler) validate(ctx context.Context, p cache.Plugin) error {
 	return nil
 }
 
-// checkEndpoint confines a plugin's endpoint to the allowed directories.
-// An endpoint that does not exist yet is judged by its path alone (the
-// handler that dials it fails later if it never appears); one that exists
-// must resolve, symlinks followed, inside the allowed directories.
+// checkEndpoint confines a plugin's endpoint to the allowed directories
+// (confine.Check): one that exists must resolve, symlinks followed, inside
+// them; one that does not exist yet must be able to appear only inside
+// them. Handlers that dial the endpoint check it again when they dial.
 func (r *Reconciler) checkEndpoint(endpoint string) error {
-	c := r.opts.Confiner
-	if c == nil {
-		return nil
-	}
-	_, err := c.Resolve(endpoint)
-	if err != nil && filepath.IsAbs(endpoint) && !slices.Contains(strings.Split(endpoint, "/"), "..") && c.Within(filepath.Clean(endpoint)) {
-		if _, serr := os.Lstat(endpoint); errors.Is(serr, fs.ErrNotExist) {
-			return nil
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("endpoint %s is not allowed: %w", endpoint, err)
-	}
-	return nil
+	return confine.Check(r.opts.Confiner, endpoint)
 }
 
 // addToASW (step 4) records the plugin as registered.
