@@ -241,6 +241,15 @@ func TestReplacementNoDip(t *testing.T) {
 	}
 	t.Logf("%d samples, every allocatable value %d", len(samples), n)
 
+	// A late DeregisterPlugin of a replaced generation removes nothing.
+	dr, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: ep, Generation: "g1"})
+	if err != nil || dr.GetRemoved() {
+		t.Fatalf("DeregisterPlugin of a replaced generation: %v, %v; want nothing removed", dr, err)
+	}
+	if r := e.resource(res); r.GetAllocatable() != n || r.GetEndpoints()[0].GetGeneration() != fmt.Sprintf("g%d", rounds) {
+		t.Fatalf("after a stale DeregisterPlugin: %v", r)
+	}
+
 	// Control: deregister-then-register, which the reconciler must not do
 	// for a recreated socket, is a dip the sampler sees.
 	if _, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{

@@ -4,9 +4,10 @@
 // thin shell over the manager, and the conversion between the generated
 // types and the manager's. The one thing it keeps is what the wire needs:
 // the bounds of the WatchResources streams (WatchLimits), in count and in
-// the bytes of messages held for clients. Errors pass through unchanged:
-// the server interceptor (pkg/rpcutil) maps their errdefs sentinels to
-// status codes.
+// the bytes of messages held for clients. DeviceManagerService's errors pass
+// through unchanged: the server interceptor (pkg/rpcutil) maps their errdefs
+// sentinels to status codes. The legacy Register answers as the kubelet's
+// does instead: plain errors (code Unknown) in the kubelet's words.
 //
 // main.go builds the servers and serves them; nothing here listens.
 package server
