@@ -12,8 +12,10 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
@@ -687,5 +689,49 @@ func TestEndpointConfinement(t *testing.T) {
 	e.w.Created(t, ok.Path())
 	if st := e.waitRegistered(ok.Path()); st.Endpoint != later {
 		t.Fatalf("status = %+v", st)
+	}
+}
+
+// A GetInfo answer past DESIGN "Bounds" is refused, and nothing of it is
+// echoed or published beyond bounds.MaxEcho bytes: a 100 KB plugin name
+// gives a short reason to the plugin and a short entry in ListPlugins.
+func TestOversizedGetInfoAnswers(t *testing.T) {
+	long := strings.Repeat("x", 100<<10)
+	const short = 4 << 10 // a generous bound on any reason or entry
+	for _, tc := range []struct {
+		name string
+		info testplugin.Info
+		want string
+	}{
+		{"name", testplugin.Info{Type: "DRAPlugin", Name: long, Versions: []string{"v1.DRAPlugin"}}, "plugin name"},
+		{"type", testplugin.Info{Type: long, Name: "dra.example.com", Versions: []string{"v1.DRAPlugin"}}, "plugin type"},
+		{"endpoint", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/" + long, Versions: []string{"v1.DRAPlugin"}}, "107-byte limit"},
+		{"versions", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Versions: strings.Split(long[:2000], "")}, "supported versions"},
+		{"version", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Versions: []string{long}}, "supported version"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			c := serviceClient(t, e)
+			p := e.plugin("big", tc.info)
+			e.w.Created(t, p.Path())
+			got, err := p.WaitStatus(waitCtx(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Registered || !strings.Contains(got.Error, tc.want) || len(got.Error) > short {
+				t.Fatalf("plugin told registered=%v, a reason of %d bytes: %.400q", got.Registered, len(got.Error), got.Error)
+			}
+			e.waitFailed(p.Path(), 1)
+			list, err := c.ListPlugins(waitCtx(t), &reconcilerv1.ListPluginsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := proto.Size(list); len(list.GetPlugins()) != 1 || n > short {
+				t.Fatalf("ListPlugins: %d plugins in %d bytes", len(list.GetPlugins()), n)
+			}
+			if n := len(e.dm.Calls()) + len(e.s.drivers.DRA()); n != 0 {
+				t.Fatalf("the refused plugin reached a handler (%d)", n)
+			}
+		})
 	}
 }

@@ -36,7 +36,10 @@ var connectParams = grpc.ConnectParams{
 // d (pluginmanager operationexecutor, GenerateRegisterPluginFunc), one
 // function per step:
 //
-//  1. getInfo: dial the socket and call GetInfo within its budget;
+//  1. getInfo: dial the socket and call GetInfo within its budget; the
+//     answer is held to DESIGN "Bounds" (checkInfo) before any of it is
+//     recorded, and a plugin that fails them is refused like one that
+//     fails validation;
 //  2. pickHandler: the handler of the plugin's type;
 //  3. validate: the endpoint's confinement, then the handler's Validate;
 //  4. addToASW: into the actual state before the handler's Register, so
@@ -60,6 +63,12 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 		return err
 	}
 	defer conn.close()
+	if err := checkInfo(p); err != nil {
+		// Nothing the plugin said is recorded or echoed beyond its bounds.
+		p = clipped(p)
+		r.identified(span, p)
+		return r.refuse(ctx, conn, p, fmt.Errorf("plugin validation failed: %w", err))
+	}
 	r.identified(span, p)
 	if err := r.admit(ctx, &p); err != nil {
 		return r.refuse(ctx, conn, p, err)
@@ -254,7 +263,12 @@ func (r *Reconciler) notifyRegistered(ctx context.Context, conn *pluginConn, p c
 // words: the plugin, the socket, the step that failed and its cause. It
 // returns the refusal (and the notification's failure, if any).
 func (r *Reconciler) refuse(ctx context.Context, conn *pluginConn, p cache.Plugin, cause error) error {
-	return r.notify(ctx, conn, fmt.Errorf("RegisterPlugin error -- plugin %q (type %q) at socket %s: %w", p.Name, p.Type, p.SocketPath, cause))
+	return r.notify(ctx, conn, refusal(p, cause))
+}
+
+// refusal is the reason a plugin is given when it is not registered.
+func refusal(p cache.Plugin, cause error) error {
+	return fmt.Errorf("RegisterPlugin error -- plugin %q (type %q) at socket %s: %w", p.Name, p.Type, p.SocketPath, cause)
 }
 
 // notify sends NotifyRegistrationStatus: registered when refusal is nil,

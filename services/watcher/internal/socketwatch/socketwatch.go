@@ -432,8 +432,14 @@ func (w *Watcher) unwatch(dir string) {
 
 // hidden reports whether p is outside the watched tree or has a component
 // below it that starts with ".".
-func (w *Watcher) hidden(p string) bool {
-	rel, err := filepath.Rel(w.dir, p)
+func (w *Watcher) hidden(p string) bool { return hiddenBelow(w.dir, p) }
+
+// hiddenBelow reports whether p is outside the directory dir (absolute and
+// clean) or has a component below it that starts with "." (the watcher
+// contract's rule for what does not count; "." and ".." included). dir
+// itself is not hidden.
+func hiddenBelow(dir, p string) bool {
+	rel, err := filepath.Rel(dir, p)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 		return true
 	}
