@@ -118,10 +118,12 @@ type Hub[T any] struct {
 	limits  Limits
 	size    func(T) int
 
-	mu     sync.Mutex
-	subs   map[*Subscription[T]]struct{}
-	held   int64
-	closed uint64
+	mu       sync.Mutex
+	subs     map[*Subscription[T]]struct{}
+	held     int64
+	closed   uint64
+	isClosed bool  // Close was called
+	closeErr error // with this
 }
 
 // NewBoundedHub returns a hub that keeps limits (zero fields take the
@@ -200,7 +202,11 @@ func (h *Hub[T]) Join(snapshot []T) (*Subscription[T], error) {
 		}
 		s.snapshotLen = len(snapshot)
 		h.mu.Lock()
-		h.subs[s] = struct{}{}
+		if h.isClosed {
+			s.finishLocked(h.closeErr)
+		} else {
+			h.subs[s] = struct{}{}
+		}
 		h.mu.Unlock()
 		return s, nil
 	}
@@ -223,6 +229,9 @@ func (h *Hub[T]) Join(snapshot []T) (*Subscription[T], error) {
 	s.queue, s.queued, s.snapshotLen = queue, total, len(snapshot)
 	h.held += total
 	h.subs[s] = struct{}{}
+	if h.isClosed {
+		s.finishLocked(h.closeErr)
+	}
 	return s, nil
 }
 
@@ -331,10 +340,14 @@ func (h *Hub[T]) dropLocked(s *Subscription[T], err error) {
 }
 
 // Close ends every subscription with err (nil for a clean end). What is
-// queued is still delivered, then Next returns err.
+// queued is still delivered, then Next returns err. A subscription joined
+// later ends the same way after its snapshot.
 func (h *Hub[T]) Close(err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if !h.isClosed {
+		h.isClosed, h.closeErr = true, err
+	}
 	for s := range h.subs {
 		if !h.bounded {
 			delete(h.subs, s)

@@ -253,6 +253,26 @@ func TestServeEndsWithContext(t *testing.T) {
 	}
 }
 
+// A subscriber that joins a closed hub gets its snapshot, then the end.
+func TestJoinAfterClose(t *testing.T) {
+	stopped := errors.New("stopped")
+	for _, h := range []*Hub[string]{NewBoundedHub(Limits{}, size), NewHub[string](0)} {
+		h.Close(stopped)
+		sub, err := h.Join([]string{"snap"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		err = Serve(context.Background(), sub, func(s string) error { out = append(out, s); return nil }, func() error { return nil })
+		if !errors.Is(err, stopped) || len(out) != 1 {
+			t.Fatalf("Serve after Close = %v, sent %v", err, out)
+		}
+		if st := h.Stats(); st.Subscribers != 0 || st.Held != 0 {
+			t.Fatalf("after Serve: %+v", st)
+		}
+	}
+}
+
 // A hub made with NewHub also serves through Next: the snapshot first,
 // then what arrives on its channel.
 func TestUnboundedHubNext(t *testing.T) {
