@@ -20,7 +20,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
-// binDir holds the nodeplug-devicemanager binary built by TestMain.
+// binDir holds the service binaries built by TestMain.
 var binDir string
 
 func TestMain(m *testing.M) {
@@ -36,8 +36,8 @@ func run(m *testing.M) int {
 	defer func() { _ = os.RemoveAll(dir) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-devicemanager"); err != nil {
-		fmt.Fprintln(os.Stderr, "build the devicemanager:", err)
+	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"); err != nil {
+		fmt.Fprintln(os.Stderr, "build the services:", err)
 		return 1
 	}
 	binDir = dir
