@@ -33,14 +33,28 @@ func Check(c *unixsock.Confiner, endpoint string) error {
 	if c == nil {
 		return nil
 	}
-	_, err := c.Resolve(endpoint)
-	if err != nil && MayAppear(c, endpoint) {
-		return nil
-	}
-	if err != nil {
+	_, err := resolve(c, endpoint)
+	if err != nil && !errors.Is(err, errMayAppear) {
 		return fmt.Errorf("endpoint not allowed: %w", err)
 	}
 	return nil
+}
+
+// errMayAppear: the endpoint does not exist yet, and MayAppear.
+var errMayAppear = errors.New("endpoint does not exist yet")
+
+// resolve resolves endpoint inside the allowed directories, or says
+// (errMayAppear) that it does not exist yet and MayAppear. An endpoint that
+// appears between the two looks is judged by what is there.
+func resolve(c *unixsock.Confiner, endpoint string) (string, error) {
+	dial, err := c.Resolve(endpoint)
+	if err == nil {
+		return dial, nil
+	}
+	if MayAppear(c, endpoint) {
+		return "", errMayAppear
+	}
+	return c.Resolve(endpoint)
 }
 
 // MayAppear reports whether endpoint does not exist yet and, once created,
@@ -89,11 +103,11 @@ func Resolve(ctx context.Context, c *unixsock.Confiner, endpoint string) (string
 	}
 	var timer *time.Timer
 	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		dial, err := c.Resolve(endpoint)
+		dial, err := resolve(c, endpoint)
 		if err == nil {
 			return dial, nil
 		}
-		if !MayAppear(c, endpoint) {
+		if !errors.Is(err, errMayAppear) {
 			return "", fmt.Errorf("endpoint not allowed: %w", err)
 		}
 		if timer == nil {
