@@ -2,6 +2,8 @@ package stream_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"testing"
@@ -19,30 +21,31 @@ import (
 )
 
 // watchDesc is a one-method streaming service for the test: Watch streams
-// uint64 items from a hub.
+// the hub's items, after a synced marker (an empty value).
 var watchDesc = grpc.StreamDesc{StreamName: "Watch", ServerStreams: true}
 
 const watchMethod = "/nodeplug.streamtest.Test/Watch"
 
-// A subscriber that falls behind gets RESOURCE_EXHAUSTED on the wire:
-// Serve returns ErrSlow, a plain error, and nodeplug's server interceptor
-// maps it. The items buffered before the overflow are delivered first.
-func TestSlowSubscriberGetsResourceExhaustedOnTheWire(t *testing.T) {
-	const buffer = 2
-	hub := stream.NewHub[uint64](buffer)
-	subscribed := make(chan struct{})
-	serve := make(chan struct{})
+// itemSize is what the test's items count for: their bytes.
+func itemSize(b []byte) int { return len(b) }
+
+// serveHub serves the hub's items over a real Unix socket with nodeplug's
+// server (its interceptor maps the hub's errors) and returns a client
+// connection.
+func serveHub(t *testing.T, hub *stream.Hub[[]byte]) *grpc.ClientConn {
+	t.Helper()
 	desc := watchDesc
 	desc.Handler = func(_ any, ss grpc.ServerStream) error {
 		if err := ss.RecvMsg(&emptypb.Empty{}); err != nil {
 			return err
 		}
-		sub := hub.Subscribe()
-		close(subscribed)
-		// The test overflows the subscriber's buffer before Serve reads it.
-		<-serve
-		send := func(v uint64) error { return ss.SendMsg(wrapperspb.UInt64(v)) }
-		return stream.Serve(ss.Context(), []uint64{100}, sub, send, func() error { return send(0) })
+		sub, err := hub.Join(nil)
+		if err != nil {
+			return err
+		}
+		return stream.Serve(ss.Context(), sub,
+			func(b []byte) error { return ss.SendMsg(wrapperspb.Bytes(b)) },
+			func() error { return ss.SendMsg(wrapperspb.Bytes(nil)) })
 	}
 	srv, _ := rpcutil.NewServer(slog.New(slog.DiscardHandler))
 	srv.RegisterService(&grpc.ServiceDesc{ServiceName: "nodeplug.streamtest.Test", HandlerType: (*any)(nil), Streams: []grpc.StreamDesc{desc}}, struct{}{})
@@ -54,53 +57,123 @@ func TestSlowSubscriberGetsResourceExhaustedOnTheWire(t *testing.T) {
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-served })
-
 	conn, err := rpcutil.DialPeer(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// watch opens a stream and reads its synced marker (or its error).
+func watch(ctx context.Context, conn *grpc.ClientConn) (grpc.ClientStream, error) {
+	cs, err := conn.NewStream(ctx, &watchDesc, watchMethod)
+	if err != nil {
+		return nil, err
+	}
+	if err := cs.SendMsg(&emptypb.Empty{}); err != nil {
+		return nil, err
+	}
+	if err := cs.CloseSend(); err != nil {
+		return nil, err
+	}
+	m := &wrapperspb.BytesValue{}
+	if err := cs.RecvMsg(m); err != nil {
+		return nil, err
+	}
+	if len(m.GetValue()) != 0 {
+		return nil, errors.New("first message is not the synced marker")
+	}
+	return cs, nil
+}
+
+// Past the hub's count of subscribers a new stream gets RESOURCE_EXHAUSTED
+// on the wire; a stream that ends makes room for the next.
+func TestTooManyStreamsOnTheWire(t *testing.T) {
+	const max = 3
+	hub := stream.NewBoundedHub(stream.Limits{Subscribers: max}, itemSize)
+	conn := serveHub(t, hub)
+	var cancels []context.CancelFunc
+	for range max {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		if _, err := watch(ctx, conn); err != nil {
+			t.Fatal(err)
+		}
+		cancels = append(cancels, cancel)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
 	defer cancel()
-	cs, err := conn.NewStream(ctx, &watchDesc, watchMethod)
+	if _, err := watch(ctx, conn); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("stream %d: %v, want RESOURCE_EXHAUSTED", max+1, err)
+	}
+	cancels[0]()
+	testutil.WaitFor(t, "the cancelled stream gone", func() bool { return hub.Len() == max-1 })
+	if _, err := watch(ctx, conn); err != nil {
+		t.Fatalf("a stream after one ended: %v", err)
+	}
+}
+
+// A client that stops reading is closed once the streams together would
+// hold more than the hub's byte budget, while a client that reads gets
+// every item; the hub never holds more than its budget, and gives it all
+// back once the streams end. The stalled client, when it reads again, gets
+// what was already on its way, then RESOURCE_EXHAUSTED.
+func TestStalledStreamClosedOnTheWireReaderContinues(t *testing.T) {
+	const item, items, budget = 16 << 10, 200, 256 << 10
+	hub := stream.NewBoundedHub(stream.Limits{Bytes: budget, SubscriberBytes: 1 << 30, Items: 1 << 20}, itemSize)
+	conn := serveHub(t, hub)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
+	defer cancel()
+	stalled, err := watch(ctx, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cs.SendMsg(&emptypb.Empty{}); err != nil {
+	reader, err := watch(ctx, conn)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cs.CloseSend(); err != nil {
-		t.Fatal(err)
+	// The reader takes each item before the next is published: it keeps
+	// up, the stalled stream does not.
+	for i := range items {
+		b := make([]byte, item)
+		b[0] = byte(i)
+		hub.Publish(b)
+		if held := hub.Stats().Held; held > budget {
+			t.Fatalf("hub holds %d bytes after item %d, past its budget of %d", held, i, budget)
+		}
+		m := &wrapperspb.BytesValue{}
+		if err := reader.RecvMsg(m); err != nil {
+			t.Fatalf("reader: item %d: %v", i, err)
+		}
+		if len(m.GetValue()) != item || m.GetValue()[0] != byte(i) {
+			t.Fatalf("reader got item %d out of order", i)
+		}
 	}
-	select {
-	case <-subscribed:
-	case <-ctx.Done():
-		t.Fatal("the server never subscribed")
+	if st := hub.Stats(); st.Closed != 1 {
+		t.Fatalf("stats %+v, want the stalled stream closed", st)
 	}
-	for i := range uint64(buffer + 1) {
-		hub.Publish(i + 1) // the last one overflows the buffer
-	}
-	close(serve)
-
-	var got []uint64
+	n := 0
 	for {
-		m := &wrapperspb.UInt64Value{}
-		err := cs.RecvMsg(m)
-		if err != nil {
-			if status.Code(err) != codes.ResourceExhausted {
-				t.Fatalf("stream ended with %v after %v, want RESOURCE_EXHAUSTED", err, got)
-			}
-			break
+		err := stalled.RecvMsg(&wrapperspb.BytesValue{})
+		if err == nil {
+			n++
+			continue
 		}
-		got = append(got, m.GetValue())
-	}
-	want := []uint64{100, 0, 1, 2} // snapshot, synced, the buffered items
-	if len(got) != len(want) {
-		t.Fatalf("received %v, want %v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("received %v, want %v", got, want)
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("stalled stream ended with %v after %d items, want RESOURCE_EXHAUSTED", err, n)
 		}
+		break
 	}
+	if n >= items {
+		t.Fatalf("stalled stream got all %d items", n)
+	}
+	cancel()
+	if err := reader.RecvMsg(&wrapperspb.BytesValue{}); err == nil || errors.Is(err, io.EOF) {
+		t.Fatalf("reader after cancel: %v", err)
+	}
+	testutil.WaitFor(t, "every stream gone and its bytes given back", func() bool {
+		st := hub.Stats()
+		return st.Subscribers == 0 && st.Held == 0
+	})
 }

@@ -10,10 +10,13 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 )
@@ -220,6 +223,59 @@ func TestServiceAPI(t *testing.T) {
 		len(drivers.GetCsiDrivers()) != 1 || drivers.GetCsiDrivers()[0].GetNodeId() != "node-1" ||
 		drivers.GetCsiDrivers()[0].GetAccessibleTopology()["topology.example.com/zone"] != "a" || drivers.GetCsiDrivers()[0].GetMaxVolumesPerNode() != 16 {
 		t.Fatalf("ListDrivers = %v", drivers)
+	}
+}
+
+// WatchPlugins is bounded in streams: past the limit a stream gets
+// RESOURCE_EXHAUSTED over gRPC, an ended stream makes room for the next,
+// and the streams give back what they held when they end. (The bytes
+// bound is tested over gRPC in pkg/stream and the watcher.)
+func TestWatchPluginsBounds(t *testing.T) {
+	const max = 2
+	e := newEnvWith(t, func(c *config) { c.WatchLimits = stream.Limits{Subscribers: max} })
+	reg := prometheus.NewRegistry()
+	if err := e.s.status.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	c := serviceClient(t, e)
+	a := e.plugin("a", draPlugin("dra.example.com"))
+	e.w.Created(t, a.Path())
+	e.waitRegistered(a.Path())
+
+	watch := func(ctx context.Context) error {
+		w, err := c.WatchPlugins(ctx, &reconcilerv1.WatchPluginsRequest{})
+		if err != nil {
+			return err
+		}
+		for {
+			m, err := w.Recv()
+			if err != nil {
+				return err
+			}
+			if m.GetSynced() != nil {
+				return nil
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(waitCtx(t))
+	defer cancel()
+	for i := range max {
+		if err := watch(ctx); err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	if err := watch(ctx); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("stream %d: %v, want RESOURCE_EXHAUSTED", max+1, err)
+	}
+	cancel()
+	testutil.WaitFor(t, "the streams gone and their bytes given back", func() bool {
+		families, _ := reg.Gather()
+		n, _ := gauge(families, "nodeplug_reconciler_watchers", nil)
+		held, _ := gauge(families, "nodeplug_reconciler_watcher_bytes", nil)
+		return n == 0 && held == 0
+	})
+	if err := watch(waitCtx(t)); err != nil {
+		t.Fatalf("a stream after the others ended: %v", err)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
@@ -47,11 +48,17 @@ type env struct {
 	s       *service
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// configure, when set, changes the service's configuration.
+	configure func(*config)
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *env { return newEnvWith(t, nil) }
+
+// newEnvWith is newEnv with configure applied to the service's
+// configuration.
+func newEnvWith(t *testing.T, configure func(*config)) *env {
 	root, plugins := tempRoot(t)
-	e := &env{t: t, root: root, plugins: plugins, clk: clock.NewFake(time.Unix(1_000_000, 0))}
+	e := &env{t: t, root: root, plugins: plugins, clk: clock.NewFake(time.Unix(1_000_000, 0)), configure: configure}
 	e.w = newFakeWatcher(t, filepath.Join(root, "watcher.sock"))
 	e.dm = newFakeDM(t, filepath.Join(root, "dm.sock"))
 	e.start()
@@ -62,13 +69,17 @@ func newEnv(t *testing.T) *env {
 // start runs a (new) reconciler.
 func (e *env) start() {
 	e.t.Helper()
-	s, err := newService(config{
+	cfg := config{
 		WatcherAddr:       filepath.Join(e.root, "watcher.sock"),
 		DeviceManagerAddr: filepath.Join(e.root, "dm.sock"),
 		AllowedDirs:       []string{e.root},
 		Log:               testLog(),
 		Clock:             e.clk,
-	})
+	}
+	if e.configure != nil {
+		e.configure(&cfg)
+	}
+	s, err := newService(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -142,6 +153,16 @@ func (e *env) waitGone(path string) {
 		_, inASW := e.s.loop.ASW().Get(path)
 		return !ok && !inASW
 	})
+}
+
+// expireGetInfo ends the GetInfo budget of the one registration attempt
+// waiting on it: it waits until exactly one budget is running (a stale
+// socket's refused connection is retried until then, a hanging GetInfo
+// waits until then), then moves the clock past it.
+func (e *env) expireGetInfo() {
+	e.t.Helper()
+	testutil.WaitFor(e.t, "a GetInfo budget running", func() bool { return e.clk.Due(reconciler.DefaultGetInfoTimeout) == 1 })
+	e.clk.Advance(reconciler.DefaultGetInfoTimeout)
 }
 
 func waitCtx(t *testing.T) context.Context {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -272,14 +273,17 @@ func (d *fakeDM) Calls() []string {
 type fakeCSI struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedNodeServer
-	name string
+	name  string
+	calls atomic.Int32
 }
 
 func (c *fakeCSI) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	c.calls.Add(1)
 	return &csi.GetPluginInfoResponse{Name: c.name, VendorVersion: "1.2.3"}, nil
 }
 
 func (c *fakeCSI) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	c.calls.Add(1)
 	return &csi.NodeGetInfoResponse{NodeId: "node-1", MaxVolumesPerNode: 16,
 		AccessibleTopology: &csi.Topology{Segments: map[string]string{"topology.example.com/zone": "a"}}}, nil
 }

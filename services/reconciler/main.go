@@ -22,6 +22,7 @@ import (
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
@@ -69,6 +70,11 @@ type config struct {
 	ResyncPeriod time.Duration
 	// AllowedDirs confine plugin endpoints (none: no confinement).
 	AllowedDirs []string
+	// WatchLimits bound the WatchPlugins streams: at most 64 open, each at
+	// most 4096 changes or 4 MiB behind, 32 MiB held by all of them
+	// together (stream.DefaultLimits, for zero fields); past them,
+	// RESOURCE_EXHAUSTED.
+	WatchLimits stream.Limits
 	Log         *slog.Logger
 	// Clock drives backoff and resync; the wall clock when nil.
 	Clock clock.Clock
@@ -111,7 +117,7 @@ func newService(cfg config) (*service, error) {
 		return nil, err
 	}
 	s := &service{
-		status:  status.New(cfg.Clock),
+		status:  status.New(cfg.Clock, cfg.WatchLimits),
 		drivers: handler.NewDrivers(),
 		conns:   []*grpc.ClientConn{wconn, dconn},
 	}
@@ -122,7 +128,7 @@ func newService(cfg config) (*service, error) {
 	s.loop = reconciler.New(reconciler.Options{
 		Handlers: map[string]cache.Handler{
 			handler.TypeDevicePlugin: s.devices,
-			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers),
+			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers, confiner),
 			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers),
 		},
 		Status:       s.status,
@@ -172,6 +178,10 @@ func setup(rt *app.Runtime, cfg config) error {
 	}
 	s.api.Register(rt.Server)
 	if err := s.loop.RegisterMetrics(rt.Metrics); err != nil {
+		s.close()
+		return err
+	}
+	if err := s.status.RegisterMetrics(rt.Metrics); err != nil {
 		s.close()
 		return err
 	}

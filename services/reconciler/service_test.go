@@ -12,8 +12,10 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
@@ -162,7 +164,7 @@ func TestRefusedRegistrations(t *testing.T) {
 		{"DRA no versions", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com"}, "empty list of supported gRPC services"},
 		{"DRA unknown service", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Versions: []string{"v1alpha3.Node"}}, "none of services supported by the plugin"},
 		{"CSI version 2", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"2.0.0"}}, "None of the versions specified"},
-		{"endpoint outside allowed dirs", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/nonexistent-np/dra.sock", Versions: []string{"v1.DRAPlugin"}}, "endpoint /nonexistent-np/dra.sock is not allowed"},
+		{"endpoint outside allowed dirs", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/nonexistent-np/dra.sock", Versions: []string{"v1.DRAPlugin"}}, `endpoint not allowed: endpoint "/nonexistent-np/dra.sock" is outside the allowed directories`},
 		{"endpoint with ..", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/tmp/../etc/dra.sock", Versions: []string{"v1.DRAPlugin"}}, `contains ".."`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -205,8 +207,13 @@ func TestGetInfoTimeoutBacksOff(t *testing.T) {
 	p := e.plugin("slow", draPlugin("dra.example.com"))
 	p.SetGetInfoDelay(time.Minute)
 	e.w.Created(t, p.Path())
+	testutil.WaitFor(t, "GetInfo called", func() bool { return p.GetInfoCalls() == 1 })
+	if st, _ := e.status(p.Path()); st.State != status.StatePending {
+		t.Fatalf("status before the budget ended = %+v, want pending", st)
+	}
+	e.expireGetInfo()
 	st := e.waitFailed(p.Path(), 1)
-	if !strings.Contains(st.LastError, "GetInfo") || !strings.Contains(st.LastError, p.Path()) {
+	if !strings.Contains(st.LastError, "GetInfo") || !strings.Contains(st.LastError, p.Path()) || !strings.Contains(st.LastError, "no answer within 1s") {
 		t.Fatalf("last error = %q", st.LastError)
 	}
 	if n := len(p.Statuses()); n != 0 {
@@ -278,7 +285,7 @@ func TestHandlerFailureRollsBackASW(t *testing.T) {
 
 // Done better than the kubelet: a stale socket backs off on its own while
 // the other plugins of the same pass register, and its retries come due by
-// themselves, 500 ms then 1 s later.
+// themselves, 500 ms then 1 s after each failure.
 func TestStaleSocketBacksOffWhileOthersRegister(t *testing.T) {
 	e := newEnv(t)
 	stale := e.sock("stale")
@@ -296,20 +303,26 @@ func TestStaleSocketBacksOffWhileOthersRegister(t *testing.T) {
 		}
 	})
 	testutil.WaitFor(t, "new watcher stream", func() bool { return e.w.Streams() > streams })
+	// The good plugins register while the stale socket's attempt is still
+	// retrying its refused connection.
 	for _, p := range good {
 		e.waitRegistered(p.Path())
 	}
+	if st, _ := e.status(stale); st.State == status.StateFailed {
+		t.Fatalf("stale socket = %+v, failed before its GetInfo budget ended", st)
+	}
+	e.expireGetInfo()
 	st := e.waitFailed(stale, 1)
 	if !strings.Contains(st.LastError, stale) {
 		t.Fatalf("last error = %q", st.LastError)
 	}
-	t0 := e.clk.Now()
-	if !st.NextRetry.Equal(t0.Add(500 * time.Millisecond)) {
-		t.Fatalf("next retry %v, want %v", st.NextRetry, t0.Add(500*time.Millisecond))
+	if want := e.clk.Now().Add(500 * time.Millisecond); !st.NextRetry.Equal(want) {
+		t.Fatalf("next retry %v, want %v", st.NextRetry, want)
 	}
 	e.clk.Advance(500 * time.Millisecond)
+	e.expireGetInfo()
 	st = e.waitFailed(stale, 2)
-	if want := t0.Add(1500 * time.Millisecond); !st.NextRetry.Equal(want) {
+	if want := e.clk.Now().Add(time.Second); !st.NextRetry.Equal(want) {
 		t.Fatalf("second next retry %v, want %v", st.NextRetry, want)
 	}
 	for _, p := range good {
@@ -326,8 +339,10 @@ func TestRecreatedSocketSkipsOldBackoff(t *testing.T) {
 	path := e.sock("flaky")
 	staleSocket(t, path)
 	e.w.Created(t, path)
+	e.expireGetInfo()
 	e.waitFailed(path, 1)
 	e.clk.Advance(executor.InitialBackoff)
+	e.expireGetInfo()
 	st := e.waitFailed(path, 2)
 	now, retryAt := e.clk.Now(), st.NextRetry
 	if !retryAt.After(now) {
@@ -449,6 +464,7 @@ func TestReconcilerRestart(t *testing.T) {
 	for _, p := range []*testplugin.Plugin{a, c, d} {
 		e.waitRegistered(p.Path())
 	}
+	e.expireGetInfo()
 	e.waitFailed(f2.Path(), 1)
 	testutil.WaitFor(t, "vanished and stale endpoints swept", func() bool {
 		eps := e.dm.Endpoints()
@@ -621,8 +637,9 @@ func TestRunWithoutPeers(t *testing.T) {
 }
 
 // Endpoints are confined to the allowed directories: a symlink that leads
-// outside is refused; an endpoint inside that does not exist yet is judged
-// by its path.
+// outside is refused, whether it is the endpoint or one of its parent
+// directories; an endpoint inside that does not exist yet is judged by
+// where it would be. (Unlike the kubelet, which takes any CSI endpoint.)
 func TestEndpointConfinement(t *testing.T) {
 	e := newEnv(t)
 	outside := testutil.TempDir(t)
@@ -643,10 +660,78 @@ func TestEndpointConfinement(t *testing.T) {
 		t.Fatalf("symlink escape: %+v", got)
 	}
 
+	// A CSI driver outside, reached through a symlinked parent directory:
+	// the endpoint does not exist by its path inside, and would be the
+	// driver outside once followed.
+	outsideCSI := &fakeCSI{name: "csi.example.com"}
+	serve(t, filepath.Join(outside, "csi.sock"), func(s *grpc.Server) {
+		csi.RegisterIdentityServer(s, outsideCSI)
+		csi.RegisterNodeServer(s, outsideCSI)
+	})
+	if err := os.Symlink(outside, filepath.Join(e.root, "csi-link")); err != nil {
+		t.Fatal(err)
+	}
+	viaParent := e.plugin("csi-escape", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Endpoint: filepath.Join(e.root, "csi-link", "csi.sock"), Versions: []string{"1.0.0"}})
+	e.w.Created(t, viaParent.Path())
+	got, err = viaParent.WaitStatus(waitCtx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Registered || !strings.Contains(got.Error, "outside the allowed directories") {
+		t.Fatalf("symlinked parent escape: %+v", got)
+	}
+	if n := outsideCSI.calls.Load(); n != 0 || len(e.s.drivers.CSI()) != 0 {
+		t.Fatalf("the CSI driver outside got %d calls; drivers %+v", n, e.s.drivers.CSI())
+	}
+
 	later := filepath.Join(e.root, "later", "dra.sock")
 	ok := e.plugin("later", testplugin.Info{Type: "DRAPlugin", Name: "dra2.example.com", Endpoint: later, Versions: []string{"v1.DRAPlugin"}})
 	e.w.Created(t, ok.Path())
 	if st := e.waitRegistered(ok.Path()); st.Endpoint != later {
 		t.Fatalf("status = %+v", st)
+	}
+}
+
+// A GetInfo answer past DESIGN "Bounds" is refused, and nothing of it is
+// echoed or published beyond bounds.MaxEcho bytes: a 100 KB plugin name
+// gives a short reason to the plugin and a short entry in ListPlugins.
+func TestOversizedGetInfoAnswers(t *testing.T) {
+	long := strings.Repeat("x", 100<<10)
+	const short = 4 << 10 // a generous bound on any reason or entry
+	for _, tc := range []struct {
+		name string
+		info testplugin.Info
+		want string
+	}{
+		{"name", testplugin.Info{Type: "DRAPlugin", Name: long, Versions: []string{"v1.DRAPlugin"}}, "plugin name"},
+		{"type", testplugin.Info{Type: long, Name: "dra.example.com", Versions: []string{"v1.DRAPlugin"}}, "plugin type"},
+		{"endpoint", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Endpoint: "/" + long, Versions: []string{"v1.DRAPlugin"}}, "107-byte limit"},
+		{"versions", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Versions: strings.Split(long[:2000], "")}, "supported versions"},
+		{"version", testplugin.Info{Type: "DRAPlugin", Name: "dra.example.com", Versions: []string{long}}, "supported version"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			c := serviceClient(t, e)
+			p := e.plugin("big", tc.info)
+			e.w.Created(t, p.Path())
+			got, err := p.WaitStatus(waitCtx(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Registered || !strings.Contains(got.Error, tc.want) || len(got.Error) > short {
+				t.Fatalf("plugin told registered=%v, a reason of %d bytes: %.400q", got.Registered, len(got.Error), got.Error)
+			}
+			e.waitFailed(p.Path(), 1)
+			list, err := c.ListPlugins(waitCtx(t), &reconcilerv1.ListPluginsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := proto.Size(list); len(list.GetPlugins()) != 1 || n > short {
+				t.Fatalf("ListPlugins: %d plugins in %d bytes", len(list.GetPlugins()), n)
+			}
+			if n := len(e.dm.Calls()) + len(e.s.drivers.DRA()); n != 0 {
+				t.Fatalf("the refused plugin reached a handler (%d)", n)
+			}
+		})
 	}
 }

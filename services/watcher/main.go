@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/watcher/internal/server"
 	"github.com/nodeplug/nodeplug/services/watcher/internal/socketwatch"
@@ -41,6 +42,11 @@ type config struct {
 	Dir string
 	// AllowedDirs decide which symlinked sockets count.
 	AllowedDirs []string
+	// WatchLimits bound the WatchSocketEvents streams: at most 64 open,
+	// each at most 4096 events or 4 MiB behind, 32 MiB held by all of them
+	// together (stream.DefaultLimits, for zero fields); past them,
+	// RESOURCE_EXHAUSTED.
+	WatchLimits stream.Limits
 	Log         *slog.Logger
 	Metrics     prometheus.Registerer
 }
@@ -62,6 +68,7 @@ func newService(cfg config) (*service, error) {
 	w, err := socketwatch.New(socketwatch.Options{
 		Dir:        cfg.Dir,
 		Confiner:   conf,
+		Limits:     cfg.WatchLimits,
 		Log:        cfg.Log,
 		Registerer: cfg.Metrics,
 	})

@@ -6,9 +6,10 @@
 //  1. returns the saved answer when the same request was made before (the
 //     plugin is not called again);
 //  2. chooses, per resource, healthy free devices, the must-include ones
-//     first: the plugin's preference when it offers GetPreferredAllocation
-//     (checked: a subset of what was offered, the right size, with every
-//     must-include device), else the lowest IDs in sorted order;
+//     first: when the plugin offers GetPreferredAllocation, then the
+//     answered IDs that are available, in its order, and the rest by
+//     default (the kubelet's devicesToAllocate: a short, empty or foreign
+//     answer is logged, not an error); else the lowest IDs in sorted order;
 //  3. reserves them before any plugin call, so two concurrent requests
 //     never get the same device;
 //  4. calls the plugin's Allocate, then PreStartContainer when required;

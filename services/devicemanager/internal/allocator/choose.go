@@ -109,7 +109,7 @@ func (l *Ledger) choose(ctx context.Context, k key, rr ResourceRequest) (*pick, 
 		}
 		l.mu.Unlock()
 
-		ids, err := preferred(ctx, plugin, free, must, count)
+		ids, err := l.preferred(ctx, plugin, free, must, count)
 		if err != nil {
 			return nil, err
 		}
@@ -133,37 +133,88 @@ func (l *Ledger) choose(ctx context.Context, k key, rr ResourceRequest) (*pick, 
 	}
 }
 
-// preferred asks the plugin for its choice and checks it: a subset of what
-// was offered, the right size, including every must-include ID.
-func preferred(ctx context.Context, plugin endpoint.Plugin, avail, must []string, count int) ([]string, error) {
+// preferred asks the plugin for its choice and treats the answer as the
+// kubelet does (devicesToAllocate): the must-include devices first, then the
+// answered IDs that are available, in the plugin's order, up to count, then
+// the lowest free IDs in sorted order. An answer that is short, empty, too
+// long, repeats an ID, names a device that was not offered or leaves out a
+// must-include one is not an error: it is logged at warn, naming the
+// plugin. Only a failed call fails the allocation. avail is sorted.
+func (l *Ledger) preferred(ctx context.Context, plugin endpoint.Plugin, avail, must []string, count int) ([]string, error) {
 	answer, err := plugin.GetPreferredAllocation(ctx, avail, must, count)
 	if err != nil {
 		return nil, err
 	}
-	ids := slices.Clone(answer)
-	bad := func(why string) error {
-		return fmt.Errorf("device plugin %s GetPreferredAllocation returned %v: %s: %w", plugin, ids, why, errdefs.ErrInternal)
+	ids, problems := mergePreferred(answer, avail, must, count)
+	if len(problems) > 0 {
+		l.log.WarnContext(ctx, "device plugin's preferred allocation not used as answered; the rest chosen by default",
+			"plugin", plugin.String(), "answer", bounds.Quote(fmt.Sprint(answer)), "problems", problems, "devices", ids)
 	}
-	if len(ids) != count {
-		return nil, bad(fmt.Sprintf("%d devices, want %d", len(ids), count))
-	}
-	seen := map[string]bool{}
-	for _, id := range ids {
-		if seen[id] {
-			return nil, bad(fmt.Sprintf("device %q twice", id))
-		}
-		seen[id] = true
-		if !slices.Contains(avail, id) {
-			return nil, bad(fmt.Sprintf("device %q was not offered", id))
-		}
+	return ids, nil
+}
+
+// mergePreferred builds the choice of count devices from a preferred answer
+// (see preferred), sorted, and says what was wrong with the answer. avail is
+// sorted; must is a subset of it; count ≤ len(avail).
+func mergePreferred(answer, avail, must []string, count int) ([]string, []string) {
+	var problems []string
+	ids := make([]string, 0, count)
+	chosen := make(map[string]bool, count)
+	add := func(id string) {
+		ids = append(ids, id)
+		chosen[id] = true
 	}
 	for _, id := range must {
-		if !seen[id] {
-			return nil, bad(fmt.Sprintf("must-include device %q missing", id))
+		add(id)
+	}
+	answered := make(map[string]bool, len(answer))
+	var foreign, repeated int
+	for _, id := range answer {
+		if answered[id] {
+			repeated++
+			continue
+		}
+		answered[id] = true
+		if _, ok := slices.BinarySearch(avail, id); !ok {
+			foreign++
+			continue
+		}
+		if !chosen[id] && len(ids) < count {
+			add(id)
 		}
 	}
+	preferredTaken := len(ids)
+	for _, id := range avail {
+		if len(ids) == count {
+			break
+		}
+		if !chosen[id] {
+			add(id)
+		}
+	}
+	if foreign > 0 {
+		problems = append(problems, fmt.Sprintf("%d IDs not offered", foreign))
+	}
+	if repeated > 0 {
+		problems = append(problems, fmt.Sprintf("%d IDs repeated", repeated))
+	}
+	var missing int
+	for _, id := range must {
+		if !answered[id] {
+			missing++
+		}
+	}
+	if missing > 0 {
+		problems = append(problems, fmt.Sprintf("%d must-include IDs missing", missing))
+	}
+	if len(answer) != count {
+		problems = append(problems, fmt.Sprintf("%d IDs answered, %d asked", len(answer), count))
+	}
+	if filled := count - preferredTaken; filled > 0 && len(problems) == 0 {
+		problems = append(problems, fmt.Sprintf("%d devices filled in", filled))
+	}
 	slices.Sort(ids)
-	return ids, nil
+	return ids, problems
 }
 
 // callPlugin runs Allocate, then PreStartContainer when required.

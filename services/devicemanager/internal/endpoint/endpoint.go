@@ -26,7 +26,9 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -42,6 +44,41 @@ const (
 	allocateTimeout  = 30 * time.Second
 	preStartTimeout  = pluginapi.KubeletPreStartContainerRPCTimeoutInSecs * time.Second
 )
+
+// RefusedRetry is how long a connection that an endpoint's socket refuses
+// is retried before the call that needs it fails: the gap between a
+// plugin's bind() and its listen(), in which the socket file exists and
+// refuses (DESIGN "Dialling a new socket"). A socket nothing listens on
+// fails after it, not after the kubelet's 10 s. Tests may change it.
+var RefusedRetry = 50 * time.Millisecond
+
+// gapConnectParams reconnect within milliseconds, through that gap.
+var gapConnectParams = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: time.Millisecond, Multiplier: 2, MaxDelay: 10 * time.Millisecond},
+	MinConnectTimeout: optionsTimeout,
+}
+
+// waitConnected connects conn and waits until it is ready, budget has
+// passed or ctx ends, whichever comes first; meanwhile refused connections
+// are retried with a millisecond backoff (gapConnectParams). The call that
+// follows reports any failure.
+func waitConnected(ctx context.Context, conn *grpc.ClientConn, budget time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	conn.Connect()
+	for {
+		st := conn.GetState()
+		switch st {
+		case connectivity.Ready, connectivity.Shutdown:
+			return
+		case connectivity.Idle:
+			conn.Connect()
+		}
+		if !conn.WaitForStateChange(ctx, st) {
+			return
+		}
+	}
+}
 
 var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")
 
@@ -110,10 +147,11 @@ func Connect(ctx context.Context, resource, path, dialPath string) (*Conn, error
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err
 	}
-	conn, err := rpcutil.DialPlugin(dialPath)
+	conn, err := rpcutil.DialPlugin(dialPath, grpc.WithConnectParams(gapConnectParams))
 	if err != nil {
-		return fail(fmt.Errorf("failed to dial device plugin: %v: %w", err, errdefs.ErrUnavailable))
+		return fail(&KubeletError{Kubelet: "failed to dial device plugin: " + err.Error(), Kind: errdefs.ErrUnavailable})
 	}
+	waitConnected(cctx, conn, RefusedRetry)
 	client := pluginapi.NewDevicePluginClient(conn)
 	octx, ospan := tracer.Start(cctx, "GetDevicePluginOptions")
 	octx, cancel := context.WithTimeout(octx, optionsTimeout)
@@ -123,7 +161,11 @@ func Connect(ctx context.Context, resource, path, dialPath string) (*Conn, error
 		ospan.SetStatus(codes.Error, err.Error())
 		ospan.End()
 		_ = conn.Close()
-		return fail(fmt.Errorf("failed to get device plugin options for %s at %s: %s: %w", resource, path, status.Convert(err).Message(), kind(err)))
+		return fail(&KubeletError{
+			Kubelet: "failed to get device plugin options: " + err.Error(),
+			Detail:  fmt.Sprintf("failed to get device plugin options for %s at %s: %s", resource, path, status.Convert(err).Message()),
+			Kind:    kind(err),
+		})
 	}
 	ospan.End()
 	// The stream outlives ctx (a request's): it keeps only its trace.

@@ -22,9 +22,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -70,6 +73,8 @@ type Config struct {
 	AllowedDirs []string
 	// GracePeriod defaults to DefaultGracePeriod.
 	GracePeriod time.Duration
+	// EndpointWait defaults to EndpointWait.
+	EndpointWait time.Duration
 	// Store keeps the state durable; required.
 	Store store.Store
 	Log   *slog.Logger
@@ -79,14 +84,16 @@ type Config struct {
 
 // Manager is the device manager.
 type Manager struct {
-	log        *slog.Logger
-	grace      time.Duration
-	confiner   *unixsock.Confiner
-	store      store.Store
-	instanceID string
-	metrics    *metrics
-	hub        *stream.Hub[Change]
-	alloc      *allocator.Ledger
+	log   *slog.Logger
+	grace time.Duration
+	// endpointWait: how long a registration waits for its endpoint file.
+	endpointWait time.Duration
+	confiner     *unixsock.Confiner
+	store        store.Store
+	instanceID   string
+	metrics      *metrics
+	hub          *stream.Hub[Change]
+	alloc        *allocator.Ledger
 
 	regLocks keylock.Mutex // per endpoint path
 
@@ -116,6 +123,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.GracePeriod <= 0 {
 		cfg.GracePeriod = DefaultGracePeriod
 	}
+	if cfg.EndpointWait <= 0 {
+		cfg.EndpointWait = EndpointWait
+	}
 	dirs := cfg.AllowedDirs
 	if len(dirs) == 0 {
 		dirs = []string{cfg.DevicePluginsDir}
@@ -128,17 +138,18 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("create %s: %w", cfg.DevicePluginsDir, err)
 	}
 	m := &Manager{
-		log:        cfg.Log,
-		grace:      cfg.GracePeriod,
-		confiner:   conf,
-		store:      cfg.Store,
-		instanceID: uuid.NewString(),
-		metrics:    newMetrics(cfg.Registerer),
-		hub:        stream.NewHub[Change](watchBuffer),
-		resources:  map[string]*resource{},
-		dirty:      map[string]bool{},
-		wake:       make(chan struct{}, 1),
-		flush:      make(chan struct{}, 1),
+		log:          cfg.Log,
+		grace:        cfg.GracePeriod,
+		endpointWait: cfg.EndpointWait,
+		confiner:     conf,
+		store:        cfg.Store,
+		instanceID:   uuid.NewString(),
+		metrics:      newMetrics(cfg.Registerer),
+		hub:          stream.NewHub[Change](watchBuffer),
+		resources:    map[string]*resource{},
+		dirty:        map[string]bool{},
+		wake:         make(chan struct{}, 1),
+		flush:        make(chan struct{}, 1),
 	}
 	m.alloc = allocator.New(allocator.Config{Resources: m, Persist: m.persist, Log: cfg.Log, Registerer: cfg.Registerer})
 	return m, nil
@@ -151,7 +162,9 @@ func (m *Manager) InstanceID() string { return m.instanceID }
 func (m *Manager) GracePeriod() time.Duration { return m.grace }
 
 // Register connects a device plugin endpoint: dial, GetDevicePluginOptions,
-// open ListAndWatch. It returns once the stream is open and the
+// open ListAndWatch. An endpoint file that does not exist yet is waited for,
+// as the kubelet's dial does, up to EndpointWait (or until ctx ends); only
+// this registration waits. It returns once the stream is open and the
 // registration is durable; the first device update arrives
 // asynchronously. A live endpoint registered again with the same
 // generation is left as it is; a different generation replaces it, keeping
@@ -168,7 +181,7 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	if err := ValidateRegistration(r); err != nil {
 		return err
 	}
-	dialPath, err := m.confiner.Resolve(r.Endpoint)
+	dialPath, err := m.resolveEndpoint(ctx, r.Endpoint)
 	if err != nil {
 		return err
 	}
@@ -229,6 +242,56 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 		m.log.ErrorContext(ctx, "writing checkpoint after registration", "error", err)
 	}
 	return nil
+}
+
+// EndpointWait is how long Register waits for an endpoint socket that does
+// not exist yet: the kubelet's dial timeout. A plugin may create its
+// registration socket (or call Register) before its endpoint socket.
+const EndpointWait = 10 * time.Second
+
+// resolveEndpoint resolves path inside the allowed directories (see
+// unixsock.Confiner.Resolve). While path, inside them, does not exist yet,
+// it waits for it, up to m.endpointWait or until ctx ends, polling with a
+// short backoff; only the calling registration waits.
+func (m *Manager) resolveEndpoint(ctx context.Context, path string) (string, error) {
+	var timer *time.Timer
+	deadline := time.Now().Add(m.endpointWait)
+	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		dialPath, err := m.confiner.Resolve(path)
+		if err == nil || !m.mayAppear(path) {
+			return dialPath, err
+		}
+		if !time.Now().Before(deadline) {
+			return "", &endpoint.KubeletError{
+				Kubelet: "failed to dial device plugin: " + context.DeadlineExceeded.Error(),
+				Detail:  fmt.Sprintf("failed to dial device plugin: endpoint %s did not appear within %v", bounds.Quote(path), m.endpointWait),
+				Kind:    errdefs.ErrUnavailable,
+			}
+		}
+		if timer == nil {
+			m.log.InfoContext(ctx, "device plugin endpoint does not exist yet; waiting for it", "endpoint", path, "wait", m.endpointWait)
+			timer = time.NewTimer(delay)
+			defer timer.Stop()
+		} else {
+			timer.Reset(delay)
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("waiting for endpoint %s to appear: %w", bounds.Quote(path), ctx.Err())
+		case <-timer.C:
+		}
+	}
+}
+
+// mayAppear reports whether path is a confined endpoint that does not exist
+// (yet): absolute, with no ".." component, inside the allowed directories,
+// and missing (or a symlink to something missing).
+func (m *Manager) mayAppear(path string) bool {
+	if !filepath.IsAbs(path) || slices.Contains(strings.Split(path, string(filepath.Separator)), "..") || !m.confiner.Within(filepath.Clean(path)) {
+		return false
+	}
+	_, err := os.Stat(path)
+	return errors.Is(err, fs.ErrNotExist)
 }
 
 // connect opens e's connection (see endpoint.Connect).
@@ -320,6 +383,11 @@ func (e *EndpointConflictError) Error() string {
 
 // Unwrap makes the error errdefs.ErrAlreadyExists.
 func (e *EndpointConflictError) Unwrap() error { return errdefs.ErrAlreadyExists }
+
+// KubeletMessage is the kubelet's error for a socket it already serves.
+func (e *EndpointConflictError) KubeletMessage() string {
+	return "device plugin already connected: " + e.Endpoint
+}
 
 // conflictLocked returns an *EndpointConflictError when the endpoint at
 // path, or any endpoint resolving to dialPath, is live (not closed) under

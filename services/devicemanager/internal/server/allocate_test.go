@@ -186,35 +186,66 @@ func TestAllocatePreferredPreStartCDI(t *testing.T) {
 	}
 }
 
-func TestAllocatePreferredAnswerChecked(t *testing.T) {
+// A preferred answer is used as the kubelet uses it (devicesToAllocate):
+// must-include first, the answered IDs that are available in the plugin's
+// order, the rest by default. A short, empty or foreign answer allocates,
+// with a warning naming the plugin; only a failed call fails.
+func TestAllocatePreferredAnswerAsKubelet(t *testing.T) {
 	e := newEnv(t, time.Minute)
+	avail := []string{"a", "b", "c", "d"}
 	tests := []struct {
 		name   string
-		avail  []string
 		answer []string
 		must   []string
-		msg    string
+		want   []string
+		warn   bool
 	}{
-		{"not offered", []string{"a", "b", "c"}, []string{"a", "zz"}, nil, `device "zz" was not offered`},
-		{"wrong size", []string{"a", "b", "c"}, []string{"a"}, nil, "1 devices, want 2"},
-		{"must missing", []string{"a", "b", "c"}, []string{"b", "c"}, []string{"a"}, `must-include device "a" missing`},
+		{"as answered", []string{"d", "c"}, nil, []string{"c", "d"}, false},
+		{"empty", []string{}, nil, []string{"a", "b"}, true},
+		{"short", []string{"d"}, nil, []string{"a", "d"}, true},
+		{"foreign", []string{"zz", "c"}, nil, []string{"a", "c"}, true},
+		{"must-include missing", []string{"b", "c"}, []string{"d"}, []string{"b", "d"}, true},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res := fmt.Sprintf("example.com/bad%d", i)
-			p := e.plugin(fmt.Sprintf("bad%d", i), deviceplugin.Options{Resource: res, DeviceIDs: tc.avail, Preferred: true}, false)
+			res := fmt.Sprintf("example.com/pref%d", i)
+			p := e.plugin(fmt.Sprintf("pref%d", i), deviceplugin.Options{Resource: res, DeviceIDs: avail, Preferred: true}, false)
 			e.mustRegister(p)
-			e.waitCounts(res, int64(len(tc.avail)), int64(len(tc.avail)))
+			e.waitCounts(res, 4, 4)
 			p.SetPreference(tc.answer)
-			_, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", res, 2, tc.must...))
-			if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), tc.msg) || !strings.Contains(err.Error(), p.SocketPath()) {
-				t.Fatalf("err = %v, want Internal naming the plugin with %q", err, tc.msg)
+			resp, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", res, 2, tc.must...))
+			if err != nil {
+				t.Fatalf("Allocate: %v", err)
 			}
-			if r := e.resource(res); r.GetFree() != int64(len(tc.avail)) || p.CallCount(deviceplugin.MethodAllocate) != 0 {
-				t.Fatalf("a rejected preference left state: %v", r)
+			if got := resp.GetAllocations()[0].GetDeviceIds(); !slices.Equal(got, tc.want) {
+				t.Fatalf("devices = %v, want %v", got, tc.want)
+			}
+			calls := p.Calls()
+			j := slices.IndexFunc(calls, func(c deviceplugin.Call) bool { return c.Method == deviceplugin.MethodAllocate })
+			if j < 0 || !slices.Equal(calls[j].DeviceIDs, tc.want) {
+				t.Fatalf("plugin Allocate call = %+v, want %v", calls, tc.want)
+			}
+			plugin := res + " (" + p.SocketPath() + ")"
+			warned := e.logs.has("device plugin's preferred allocation not used as answered; the rest chosen by default", "plugin", plugin)
+			if warned != tc.warn {
+				t.Fatalf("warning naming %s logged: %v, want %v; log:\n%s", plugin, warned, tc.warn, e.logs)
 			}
 		})
 	}
+	t.Run("failed call", func(t *testing.T) {
+		const res = "example.com/preffail"
+		p := e.plugin("preffail", deviceplugin.Options{Resource: res, DeviceIDs: avail, Preferred: true}, false)
+		e.mustRegister(p)
+		e.waitCounts(res, 4, 4)
+		p.SetFailure(deviceplugin.MethodGetPreferredAllocation, status.Error(codes.Unavailable, "plugin says no"))
+		_, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", res, 2))
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "GetPreferredAllocation rpc failed with err: plugin says no") {
+			t.Fatalf("err = %v, want Unavailable with the plugin's message", err)
+		}
+		if r := e.resource(res); r.GetFree() != 4 || p.CallCount(deviceplugin.MethodAllocate) != 0 {
+			t.Fatalf("a failed GetPreferredAllocation left state: %v", r)
+		}
+	})
 }
 
 func TestAllocatePluginErrorRollsBack(t *testing.T) {

@@ -121,9 +121,12 @@ type env struct {
 	svc     *Service
 	// watchLimits are the Service's (set before start).
 	watchLimits WatchLimits
-	client      dmv1.DeviceManagerServiceClient
-	stop        func()
-	stopped     bool
+	// endpointWait is the manager's wait for a missing endpoint file
+	// (set before start): short, unless a test is about that wait.
+	endpointWait time.Duration
+	client       dmv1.DeviceManagerServiceClient
+	stop         func()
+	stopped      bool
 }
 
 func newEnv(t testing.TB, grace time.Duration) *env {
@@ -135,9 +138,20 @@ func newEnv(t testing.TB, grace time.Duration) *env {
 // limits.
 func newEnvWatch(t testing.TB, grace time.Duration, limits WatchLimits) *env {
 	t.Helper()
+	return newEnvConfig(t, grace, limits, testEndpointWait)
+}
+
+// testEndpointWait is how long the managers of the tests wait for a missing
+// endpoint file, unless a test is about that wait.
+const testEndpointWait = 200 * time.Millisecond
+
+// newEnvConfig is newEnvWatch with the manager waiting up to endpointWait
+// for a missing endpoint file.
+func newEnvConfig(t testing.TB, grace time.Duration, limits WatchLimits, endpointWait time.Duration) *env {
+	t.Helper()
 	root := testutil.TempDir(t)
 	e := &env{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), regDir: filepath.Join(root, "plugins_registry"), grace: grace,
-		logs: &logBuffer{}, watchLimits: limits}
+		logs: &logBuffer{}, watchLimits: limits, endpointWait: endpointWait}
 	if err := os.MkdirAll(e.regDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +183,7 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.metrics = prometheus.NewRegistry()
 	m, err := manager.Open(ctx, manager.Config{
-		DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace,
+		DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace, EndpointWait: e.endpointWait,
 		Store: store.NewCheckpoint(e.dpDir), Log: e.logs.logger(e.t), Registerer: e.metrics,
 	})
 	if err != nil {

@@ -48,9 +48,10 @@ func NewRegistration(m Registrar, dir string, log *slog.Logger) *Registration {
 // that path (a '#', '?' or "%xx" in the name is part of the name). Each
 // legacy registration starts its own trace.
 //
-// Errors toward the plugin are the kubelet's: an endpoint live under
-// another resource gets a plain error (code Unknown), as the kubelet's
-// Register returns; request errors keep their InvalidArgument code.
+// Errors toward the plugin are the kubelet's: plain errors (gRPC code
+// Unknown, as every error of the kubelet's Register) with the kubelet's
+// words where it has any (see toPlugin). nodeplug's own RegisterPlugin keeps
+// its codes and detail.
 func (r *Registration) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	name := "legacy Register"
 	if bounds.Name("resource name", req.GetResourceName()) == nil {
@@ -64,15 +65,36 @@ func (r *Registration) Register(ctx context.Context, req *pluginapi.RegisterRequ
 	}
 	if err != nil {
 		r.log.WarnContext(ctx, "legacy Register failed", "resource", bounds.Quote(req.GetResourceName()), "endpoint", bounds.Quote(req.GetEndpoint()), "error", err)
-		var conflict *manager.EndpointConflictError
-		if errors.As(err, &conflict) {
-			// The kubelet's wording for a socket it already serves; a
-			// plain error, as all of its Register errors are.
-			return nil, fmt.Errorf("device plugin already connected: %s (it serves %s)", conflict.Endpoint, conflict.Other)
-		}
-		return nil, err
+		return nil, toPlugin(err)
 	}
 	return &pluginapi.Empty{}, nil
+}
+
+// kubeletWorded is an error that knows the kubelet's message for itself.
+type kubeletWorded interface{ KubeletMessage() string }
+
+// sentinels are the errdefs sentinels whose text an error toward a plugin
+// leaves out.
+var sentinels = []error{
+	errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrFailedPrecondition,
+	errdefs.ErrUnavailable, errdefs.ErrResourceExhausted, errdefs.ErrInternal, errdefs.ErrDeadlineExceeded,
+}
+
+// toPlugin turns err into what the kubelet's Register would return: a plain
+// error (code Unknown), with the kubelet's message where err has one, else
+// nodeplug's message without the name of its errdefs sentinel.
+func toPlugin(err error) error {
+	var kw kubeletWorded
+	if errors.As(err, &kw) {
+		return errors.New(kw.KubeletMessage())
+	}
+	msg := err.Error()
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			msg = strings.TrimSuffix(msg, ": "+s.Error())
+		}
+	}
+	return errors.New(msg)
 }
 
 // legacyRegistration is the registration a legacy Register asks for: its

@@ -4,19 +4,24 @@
 // thin shell over the manager, and the conversion between the generated
 // types and the manager's. The one thing it keeps is what the wire needs:
 // the bounds of the WatchResources streams (WatchLimits), in count and in
-// the bytes of messages held for clients. Errors pass through unchanged:
-// the server interceptor (pkg/rpcutil) maps their errdefs sentinels to
-// status codes.
+// the bytes of messages held for clients. DeviceManagerService's errors pass
+// through unchanged: the server interceptor (pkg/rpcutil) maps their errdefs
+// sentinels to status codes. The legacy Register answers as the kubelet's
+// does instead: plain errors (code Unknown) in the kubelet's words.
 //
 // main.go builds the servers and serves them; nothing here listens.
 package server
 
 import (
 	"context"
+	"errors"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
@@ -59,9 +64,38 @@ func NewService(m Backend, limits WatchLimits) *Service {
 // RegisterPlugin implements DeviceManagerService.
 func (s *Service) RegisterPlugin(ctx context.Context, req *dmv1.RegisterPluginRequest) (*dmv1.RegisterPluginResponse, error) {
 	if err := s.m.Register(ctx, registrationFromAPI(req)); err != nil {
-		return nil, err
+		return nil, withKubeletMessage(err)
 	}
 	return &dmv1.RegisterPluginResponse{InstanceId: s.m.InstanceID()}, nil
+}
+
+// What a RegisterPlugin failure carries for the caller to tell the plugin in
+// the kubelet's words: an ErrorInfo detail of this domain and reason whose
+// metadata KubeletMessageKey is the kubelet's error (the kubelet's
+// NotifyRegistrationStatus says "RegisterPlugin error -- plugin
+// registration failed with err: " and that message).
+const (
+	KubeletMessageDomain = "nodeplug.devicemanager.v1"
+	KubeletMessageReason = "KUBELET_MESSAGE"
+	KubeletMessageKey    = "message"
+)
+
+// withKubeletMessage returns err as a status of its code and message, with
+// the kubelet's message for it as a detail when it has one (see
+// KubeletMessageReason); other errors are returned unchanged.
+func withKubeletMessage(err error) error {
+	var kw kubeletWorded
+	if !errors.As(err, &kw) {
+		return err
+	}
+	st, derr := status.New(errdefs.Code(err), err.Error()).WithDetails(&errdetails.ErrorInfo{
+		Domain: KubeletMessageDomain, Reason: KubeletMessageReason,
+		Metadata: map[string]string{KubeletMessageKey: kw.KubeletMessage()},
+	})
+	if derr != nil {
+		return err
+	}
+	return st.Err()
 }
 
 // DeregisterPlugin implements DeviceManagerService.

@@ -1,8 +1,9 @@
-// Package clock abstracts time for the reconciler's backoff, so tests can
-// drive it by order and state instead of wall time.
+// Package clock abstracts time for the reconciler's backoff, resync and
+// budgets, so tests can drive them by order and state instead of wall time.
 package clock
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
@@ -14,6 +15,10 @@ type Clock interface {
 	Now() time.Time
 	// AfterFunc runs f in its own goroutine once d has passed.
 	AfterFunc(d time.Duration, f func()) Timer
+	// WithTimeout returns a copy of ctx that ends once d has passed on this
+	// clock; context.Cause then returns context.DeadlineExceeded. The
+	// caller must call the CancelFunc when done.
+	WithTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc)
 }
 
 // Timer is a pending AfterFunc.
@@ -32,6 +37,12 @@ func (Real) Now() time.Time { return time.Now() }
 
 // AfterFunc wraps time.AfterFunc.
 func (Real) AfterFunc(d time.Duration, f func()) Timer { return time.AfterFunc(d, f) }
+
+// WithTimeout is context.WithTimeout: the deadline also travels with the
+// RPCs made under the context.
+func (Real) WithTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d)
+}
 
 // Fake is a manual clock for tests: time moves only with Advance, which runs
 // the functions that became due.
@@ -77,6 +88,18 @@ func (c *Fake) AfterFunc(d time.Duration, f func()) Timer {
 	return t
 }
 
+// WithTimeout returns a context that ends when Advance moves the clock d
+// past now, with context.DeadlineExceeded as its cause. It carries no
+// deadline: outgoing RPCs are not bounded by wall time either.
+func (c *Fake) WithTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t := c.AfterFunc(d, func() { cancel(context.DeadlineExceeded) })
+	return ctx, func() {
+		t.Stop()
+		cancel(context.Canceled)
+	}
+}
+
 // Advance moves time forward by d and runs, in their own goroutines, the
 // functions that became due.
 func (c *Fake) Advance(d time.Duration) {
@@ -107,6 +130,19 @@ func (c *Fake) Pending() int {
 	n := 0
 	for _, t := range c.timers {
 		if !t.off {
+			n++
+		}
+	}
+	return n
+}
+
+// Due returns the number of pending timers that Advance(d) would run.
+func (c *Fake) Due(d time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.timers {
+		if !t.off && !t.at.After(c.now.Add(d)) {
 			n++
 		}
 	}

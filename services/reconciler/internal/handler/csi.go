@@ -9,28 +9,57 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/confine"
 )
 
-// CSITimeout bounds each call to a CSI driver.
+// CSITimeout bounds a registration's calls to a CSI driver, waiting for its
+// endpoint to appear included.
 const CSITimeout = 10 * time.Second
+
+// ListenGap bounds how long a CSI endpoint that refuses connections is
+// retried: a socket exists from bind(), and refuses until listen().
+const ListenGap = time.Second
+
+// gapParams retry a refused connection within milliseconds, inside
+// ListenGap, instead of after gRPC's default second.
+var gapParams = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 2 * time.Millisecond, Multiplier: 2, Jitter: 0.2, MaxDelay: 50 * time.Millisecond},
+	MinConnectTimeout: time.Second,
+}
 
 // CSI handles CSIPlugin registrations: the kubelet's version rule on
 // Validate; on Register it asks the driver (csi.v1 Identity.GetPluginInfo and
 // Node.NodeGetInfo on its endpoint) and records the answer.
+//
+// Unlike the kubelet, which dials any path a CSI plugin names, the endpoint
+// is confined: Register resolves it again, symlinks followed, inside the
+// allowed directories, and dials the path it resolved (an endpoint that was
+// accepted before it existed is judged again once it does).
 type CSI struct {
-	drivers *Drivers
-	now     func() time.Time
+	drivers  *Drivers
+	confiner *unixsock.Confiner
+	now      func() time.Time
+	// Timeout is CSITimeout unless a test changes it before use.
+	Timeout time.Duration
 }
 
 var _ cache.Handler = (*CSI)(nil)
 
-// NewCSI returns a CSI handler recording into drivers.
-func NewCSI(drivers *Drivers) *CSI { return &CSI{drivers: drivers, now: time.Now} }
+// NewCSI returns a CSI handler recording into drivers and dialling only
+// endpoints that resolve inside the directories of confiner (nil: any).
+func NewCSI(drivers *Drivers, confiner *unixsock.Confiner) *CSI {
+	return &CSI{drivers: drivers, confiner: confiner, now: time.Now, Timeout: CSITimeout}
+}
 
 func csiLog(format string, args ...any) string {
 	return "kubernetes.io/csi: " + fmt.Sprintf(format, args...)
@@ -73,26 +102,33 @@ func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
 	if err != nil {
 		return err
 	}
-	conn, err := rpcutil.DialPlugin(p.Endpoint)
+	cctx, cancel := context.WithTimeout(ctx, h.Timeout)
+	defer cancel()
+	path, err := confine.Resolve(cctx, h.confiner, p.Endpoint)
 	if err != nil {
-		return fmt.Errorf("CSI driver %q: connect to %s: %w", p.Name, p.Endpoint, err)
+		return fmt.Errorf("CSI driver %q: %w", p.Name, err)
+	}
+	conn, err := rpcutil.DialPlugin(path, grpc.WithConnectParams(gapParams))
+	if err != nil {
+		return fmt.Errorf("CSI driver %q: connect to %s: %w", p.Name, path, err)
 	}
 	defer conn.Close()
-	cctx, cancel := context.WithTimeout(ctx, CSITimeout)
-	defer cancel()
+	// Through the bind→listen gap; past it the call below fails with the
+	// connection's error.
+	waitReady(cctx, conn, ListenGap)
 	pi, err := csi.NewIdentityClient(conn).GetPluginInfo(cctx, &csi.GetPluginInfoRequest{})
 	if err != nil {
-		return fmt.Errorf("CSI driver %q at %s: GetPluginInfo: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
+		return fmt.Errorf("CSI driver %q at %s: GetPluginInfo: %w", p.Name, path, errdefs.FromGRPC(err))
 	}
 	ni, err := csi.NewNodeClient(conn).NodeGetInfo(cctx, &csi.NodeGetInfoRequest{})
 	if err != nil {
-		return fmt.Errorf("CSI driver %q at %s: NodeGetInfo: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
+		return fmt.Errorf("CSI driver %q at %s: NodeGetInfo: %w", p.Name, path, errdefs.FromGRPC(err))
 	}
 	if ni.GetNodeId() == "" {
-		return fmt.Errorf("CSI driver %q at %s: NodeGetInfo returned an empty node id: %w", p.Name, p.Endpoint, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("CSI driver %q at %s: NodeGetInfo returned an empty node id: %w", p.Name, path, errdefs.ErrInvalidArgument)
 	}
 	if pi.GetName() != "" && pi.GetName() != p.Name {
-		return fmt.Errorf("CSI driver at %s: GetPluginInfo names it %q, registration names it %q: %w", p.Endpoint, pi.GetName(), p.Name, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("CSI driver at %s: GetPluginInfo names it %s, registration names it %q: %w", path, bounds.Quote(pi.GetName()), p.Name, errdefs.ErrInvalidArgument)
 	}
 	h.drivers.putCSI(CSIDriver{
 		Name:               p.Name,
@@ -107,6 +143,19 @@ func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
 		Registered:         h.now(),
 	})
 	return nil
+}
+
+// waitReady waits until conn is connected, for at most d or until ctx
+// ends.
+func waitReady(ctx context.Context, conn *grpc.ClientConn, d time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	conn.Connect()
+	for s := conn.GetState(); s != connectivity.Ready; s = conn.GetState() {
+		if !conn.WaitForStateChange(ctx, s) {
+			return
+		}
+	}
 }
 
 // Deregister drops the record.

@@ -39,7 +39,7 @@ func TestDevicePluginResourceNames(t *testing.T) {
 func TestValidate(t *testing.T) {
 	drivers := NewDrivers()
 	dp := NewDevicePlugin(nil, nil, nil)
-	csiH := NewCSI(drivers)
+	csiH := NewCSI(drivers, nil)
 	dra := NewDRA(drivers)
 	for _, tc := range []struct {
 		name     string
@@ -78,7 +78,7 @@ func TestValidate(t *testing.T) {
 // another endpoint with an equal or higher version.
 func TestCSIRefusesLowerVersionOfRegisteredDriver(t *testing.T) {
 	drivers := NewDrivers()
-	h := NewCSI(drivers)
+	h := NewCSI(drivers, nil)
 	drivers.putCSI(CSIDriver{Name: "csi.example.com", Endpoint: "/a.sock", SocketPath: "/a.sock", HighestVersion: "1.2.0"})
 	if err := h.Validate(context.Background(), "csi.example.com", "/b.sock", []string{"1.1.0"}); err == nil || !strings.Contains(err.Error(), "higher supported version") {
 		t.Fatalf("Validate = %v", err)

@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
@@ -50,7 +51,9 @@ type Options struct {
 	// ResyncPeriod is the safety-net pass interval (DefaultResyncPeriod
 	// when 0).
 	ResyncPeriod time.Duration
-	// GetInfoTimeout and NotifyTimeout bound the calls to the plugin.
+	// GetInfoTimeout bounds dialling the plugin and its GetInfo, on Clock
+	// (DefaultGetInfoTimeout when 0); NotifyTimeout bounds
+	// NotifyRegistrationStatus (DefaultNotifyTimeout when 0).
 	GetInfoTimeout time.Duration
 	NotifyTimeout  time.Duration
 	// MaxParallel bounds operations executing at once (see executor).
@@ -97,7 +100,7 @@ func New(o Options) *Reconciler {
 		o.Clock = clock.Real{}
 	}
 	if o.Status == nil {
-		o.Status = status.New(o.Clock)
+		o.Status = status.New(o.Clock, stream.Limits{})
 	}
 	if o.ResyncPeriod <= 0 {
 		o.ResyncPeriod = DefaultResyncPeriod

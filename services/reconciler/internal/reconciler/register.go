@@ -4,11 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"slices"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -20,6 +15,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/confine"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 )
 
@@ -40,7 +36,10 @@ var connectParams = grpc.ConnectParams{
 // d (pluginmanager operationexecutor, GenerateRegisterPluginFunc), one
 // function per step:
 //
-//  1. getInfo: dial the socket and call GetInfo within its budget;
+//  1. getInfo: dial the socket and call GetInfo within its budget; the
+//     answer is held to DESIGN "Bounds" (checkInfo) before any of it is
+//     recorded, and a plugin that fails them is refused like one that
+//     fails validation;
 //  2. pickHandler: the handler of the plugin's type;
 //  3. validate: the endpoint's confinement, then the handler's Validate;
 //  4. addToASW: into the actual state before the handler's Register, so
@@ -64,6 +63,12 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 		return err
 	}
 	defer conn.close()
+	if err := checkInfo(p); err != nil {
+		// Nothing the plugin said is recorded or echoed beyond its bounds.
+		p = clipped(p)
+		r.identified(span, p)
+		return r.refuse(ctx, conn, p, fmt.Errorf("plugin validation failed: %w", err))
+	}
 	r.identified(span, p)
 	if err := r.admit(ctx, &p); err != nil {
 		return r.refuse(ctx, conn, p, err)
@@ -137,7 +142,8 @@ type pluginConn struct {
 func (c *pluginConn) close() { _ = c.conn.Close() }
 
 // getInfo (step 1) dials the plugin and calls GetInfo within the GetInfo
-// budget. A refused connection is retried by gRPC within milliseconds inside
+// budget (Options.GetInfoTimeout on the reconciler's clock). A refused
+// connection is retried by gRPC within milliseconds inside
 // that budget (WaitForReady), so a socket reported at bind() before listen()
 // is not a failure. The plugin's endpoint defaults to its socket.
 func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin, *pluginConn, error) {
@@ -150,12 +156,18 @@ func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin,
 			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, err)
 		}
 		c.client = registerapi.NewRegistrationClient(c.conn)
-		gctx, cancel := context.WithTimeout(ctx, r.opts.GetInfoTimeout)
+		// The budget runs on the reconciler's clock, as its backoff does.
+		gctx, cancel := r.clock.WithTimeout(ctx, r.opts.GetInfoTimeout)
 		defer cancel()
 		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 		if err != nil {
 			c.close()
-			return fmt.Errorf("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket %s, err: %w", d.Path, errdefs.FromGRPC(err))
+			if errors.Is(context.Cause(gctx), context.DeadlineExceeded) && ctx.Err() == nil {
+				err = fmt.Errorf("no answer within %s: %w", r.opts.GetInfoTimeout, errdefs.ErrDeadlineExceeded)
+			} else {
+				err = errdefs.FromGRPC(err)
+			}
+			return fmt.Errorf("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket %s, err: %w", d.Path, err)
 		}
 		return nil
 	})
@@ -205,25 +217,12 @@ func (r *Reconciler) validate(ctx context.Context, p cache.Plugin) error {
 	return nil
 }
 
-// checkEndpoint confines a plugin's endpoint to the allowed directories.
-// An endpoint that does not exist yet is judged by its path alone (the
-// handler that dials it fails later if it never appears); one that exists
-// must resolve, symlinks followed, inside the allowed directories.
+// checkEndpoint confines a plugin's endpoint to the allowed directories
+// (confine.Check): one that exists must resolve, symlinks followed, inside
+// them; one that does not exist yet must be able to appear only inside
+// them. Handlers that dial the endpoint check it again when they dial.
 func (r *Reconciler) checkEndpoint(endpoint string) error {
-	c := r.opts.Confiner
-	if c == nil {
-		return nil
-	}
-	_, err := c.Resolve(endpoint)
-	if err != nil && filepath.IsAbs(endpoint) && !slices.Contains(strings.Split(endpoint, "/"), "..") && c.Within(filepath.Clean(endpoint)) {
-		if _, serr := os.Lstat(endpoint); errors.Is(serr, fs.ErrNotExist) {
-			return nil
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("endpoint %s is not allowed: %w", endpoint, err)
-	}
-	return nil
+	return confine.Check(r.opts.Confiner, endpoint)
 }
 
 // addToASW (step 4) records the plugin as registered.
@@ -264,7 +263,12 @@ func (r *Reconciler) notifyRegistered(ctx context.Context, conn *pluginConn, p c
 // words: the plugin, the socket, the step that failed and its cause. It
 // returns the refusal (and the notification's failure, if any).
 func (r *Reconciler) refuse(ctx context.Context, conn *pluginConn, p cache.Plugin, cause error) error {
-	return r.notify(ctx, conn, fmt.Errorf("RegisterPlugin error -- plugin %q (type %q) at socket %s: %w", p.Name, p.Type, p.SocketPath, cause))
+	return r.notify(ctx, conn, refusal(p, cause))
+}
+
+// refusal is the reason a plugin is given when it is not registered.
+func refusal(p cache.Plugin, cause error) error {
+	return fmt.Errorf("RegisterPlugin error -- plugin %q (type %q) at socket %s: %w", p.Name, p.Type, p.SocketPath, cause)
 }
 
 // notify sends NotifyRegistrationStatus: registered when refusal is nil,

@@ -77,12 +77,12 @@ func (s *Server) ListPlugins(context.Context, *reconcilerv1.ListPluginsRequest) 
 	return resp, nil
 }
 
-// WatchPlugins streams the snapshot, a synced marker and every change.
+// WatchPlugins streams the snapshot, a synced marker and every change,
+// within the board's bounds (RESOURCE_EXHAUSTED past them).
 func (s *Server) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, srv grpc.ServerStreamingServer[reconcilerv1.WatchPluginsResponse]) error {
-	snapshot, rev, sub := s.status.Watch()
-	items := make([]status.Change, len(snapshot))
-	for i, p := range snapshot {
-		items[i] = status.Change{Plugin: p, Revision: rev}
+	rev, sub, err := s.status.Watch()
+	if err != nil {
+		return err
 	}
 	id := s.status.InstanceID()
 	send := func(c status.Change) error {
@@ -99,7 +99,7 @@ func (s *Server) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, srv grpc.Serv
 			Synced: &reconcilerv1.Synced{Revision: rev},
 		}})
 	}
-	return stream.Serve(srv.Context(), items, sub, send, synced)
+	return stream.Serve(srv.Context(), sub, send, synced)
 }
 
 // ListDrivers returns the CSI and DRA drivers.

@@ -11,12 +11,14 @@ package status
 
 import (
 	"cmp"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nodeplug/nodeplug/pkg/stream"
@@ -77,6 +79,21 @@ type Change struct {
 	Revision uint64
 }
 
+// changeOverhead is what a Change holds in a subscriber's queue besides its
+// strings: the struct, its queue entry and the Versions slice header.
+const changeOverhead = 384
+
+// size is the bytes c holds in a subscriber's queue.
+func (c Change) size() int {
+	p := c.Plugin
+	n := changeOverhead + len(p.SocketPath) + len(p.Name) + len(p.Type) + len(p.Endpoint) +
+		len(p.Generation) + len(p.LastError) + len(p.LastTraceID)
+	for _, v := range p.Versions {
+		n += len(v) + 16
+	}
+	return n
+}
+
 // entry is one socket's status and the trace context of its current
 // generation's first failed attempt, which retries link to.
 type entry struct {
@@ -104,8 +121,9 @@ type Board struct {
 }
 
 // New returns an empty board stamping transitions with clk (the wall clock
-// when nil), with a new instance ID.
-func New(clk clock.Clock) *Board {
+// when nil), with a new instance ID. Its watchers (WatchPlugins streams)
+// are bounded by limits; zero fields take stream.DefaultLimits.
+func New(clk clock.Clock, limits stream.Limits) *Board {
 	if clk == nil {
 		clk = clock.Real{}
 	}
@@ -113,7 +131,7 @@ func New(clk clock.Clock) *Board {
 		clock:       clk,
 		instance:    uuid.NewString(),
 		entries:     map[string]*entry{},
-		hub:         stream.NewHub[Change](0),
+		hub:         stream.NewBoundedHub(limits, Change.size),
 		deleteTrace: map[string]map[string]string{},
 	}
 }
@@ -155,13 +173,48 @@ func (b *Board) Paths() []string {
 	return slices.Collect(maps.Keys(b.entries))
 }
 
-// Watch returns the current statuses and a subscription to every change
-// after them, with the revision the snapshot describes. The caller closes
-// the subscription.
-func (b *Board) Watch() ([]PluginStatus, uint64, *stream.Subscription[Change]) {
+// Watch returns a subscription that delivers every socket's status (one
+// Change per socket, sorted by path, at the revision returned), then every
+// change after them. The caller closes the subscription. It fails with an
+// error wrapping stream.ErrTooManySubscribers (and
+// errdefs.ErrResourceExhausted) when the board's limits leave no room.
+func (b *Board) Watch() (uint64, *stream.Subscription[Change], error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.listLocked(), b.revision, b.hub.Subscribe()
+	list := b.listLocked()
+	snapshot := make([]Change, len(list))
+	for i, p := range list {
+		snapshot[i] = Change{Plugin: p, Revision: b.revision}
+	}
+	sub, err := b.hub.Join(snapshot)
+	if err != nil {
+		return 0, nil, fmt.Errorf("watch the plugins: %w", err)
+	}
+	return b.revision, sub, nil
+}
+
+// RegisterMetrics registers the gauges and counter of the board's
+// watchers (WatchPlugins streams) with reg.
+func (b *Board) RegisterMetrics(reg prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nodeplug_reconciler_watchers",
+			Help: "Open WatchPlugins streams.",
+		}, func() float64 { return float64(b.hub.Stats().Subscribers) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nodeplug_reconciler_watcher_bytes",
+			Help: "Bytes of changes the WatchPlugins streams hold, not yet sent to their clients.",
+		}, func() float64 { return float64(b.hub.Stats().Held) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "nodeplug_reconciler_slow_watchers_dropped_total",
+			Help: "WatchPlugins streams closed with RESOURCE_EXHAUSTED because they fell behind, or held the most when all of them together held their byte budget.",
+		}, func() float64 { return float64(b.hub.Stats().Closed) }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Close ends every subscription.

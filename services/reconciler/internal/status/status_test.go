@@ -1,12 +1,14 @@
 package status
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
 )
 
@@ -18,11 +20,14 @@ func spanContext(b byte) trace.SpanContext {
 // change in revision order, and drops news about a replaced generation.
 func TestBoardFollowsGenerations(t *testing.T) {
 	clk := clock.NewFake(time.Unix(1_000_000, 0))
-	b := New(clk)
-	snap, rev, sub := b.Watch()
+	b := New(clk, stream.Limits{})
+	rev, sub, err := b.Watch()
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer sub.Close()
-	if len(snap) != 0 || rev != 0 {
-		t.Fatalf("empty board: snapshot %v at revision %d", snap, rev)
+	if sub.SnapshotLen() != 0 || rev != 0 {
+		t.Fatalf("empty board: snapshot of %d at revision %d", sub.SnapshotLen(), rev)
 	}
 
 	const path = "/p/a.sock"
@@ -72,15 +77,19 @@ func TestBoardFollowsGenerations(t *testing.T) {
 		{StateRegistered, false}, // Registered (g2)
 		{StateRegistered, true},  // Remove
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	for i, w := range want {
-		c := <-sub.C
+		c, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if c.Revision != uint64(i+1) || c.Plugin.State != w.state || c.Removed != w.removed {
 			t.Fatalf("change %d = %+v, want revision %d, %v, removed %v", i, c, i+1, w.state, w.removed)
 		}
 	}
-	select {
-	case c := <-sub.C:
+	cancel()
+	if c, err := sub.Next(ctx); err == nil {
 		t.Fatalf("unexpected change %+v (news about a replaced generation?)", c)
-	default:
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -21,6 +22,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/watcher/internal/server"
 	"github.com/nodeplug/nodeplug/services/watcher/internal/socketwatch"
@@ -38,9 +40,11 @@ type env struct {
 
 // start runs a real watcher over a temporary directory behind a real gRPC
 // server (nodeplug's server plumbing) on a Unix socket.
-func start(t *testing.T) *env { return startWith(t, 0) }
+func start(t *testing.T) *env { return startWith(t, socketwatch.Options{}) }
 
-func startWith(t *testing.T, buffer int) *env {
+// startWith starts the watcher with opts, its directory, confinement and
+// tracer provider filled in.
+func startWith(t *testing.T, opts socketwatch.Options) *env {
 	t.Helper()
 	base := testutil.TempDir(t)
 	dir := filepath.Join(base, "plugins_registry")
@@ -50,7 +54,8 @@ func startWith(t *testing.T, buffer int) *env {
 	}
 	tp := sdktrace.NewTracerProvider()
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	w, err := socketwatch.New(socketwatch.Options{Dir: dir, Confiner: conf, TracerProvider: tp, SubscriberBuffer: buffer})
+	opts.Dir, opts.Confiner, opts.TracerProvider = dir, conf, tp
+	w, err := socketwatch.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,9 +98,9 @@ func listen(t *testing.T, path string) {
 	t.Cleanup(func() { _ = l.Close() })
 }
 
-type stream = grpc.ServerStreamingClient[watcherv1.WatchSocketEventsResponse]
+type watchStream = grpc.ServerStreamingClient[watcherv1.WatchSocketEventsResponse]
 
-func recv(t *testing.T, s stream) *watcherv1.WatchSocketEventsResponse {
+func recv(t *testing.T, s watchStream) *watcherv1.WatchSocketEventsResponse {
 	t.Helper()
 	type result struct {
 		m   *watcherv1.WatchSocketEventsResponse
@@ -128,7 +133,7 @@ func TestWatchSnapshotSyncedLive(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var streams []stream
+	var streams []watchStream
 	for range 3 {
 		s, err := e.client.WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
 		if err != nil {
@@ -230,11 +235,25 @@ func TestEventToProto(t *testing.T) {
 }
 
 // TestStalledClientOverGRPC: a client that stops reading fills its HTTP/2
-// window, then the server-side buffer, and is closed with
-// RESOURCE_EXHAUSTED; a client that reads gets every event meanwhile.
+// window, then its queue on the server, and is closed with
+// RESOURCE_EXHAUSTED once it passes its own bound (in events) or the
+// service's byte budget for all streams; a client that reads gets every
+// event meanwhile.
 func TestStalledClientOverGRPC(t *testing.T) {
-	const buffer, n = 16, 1000
-	e := startWith(t, buffer)
+	for _, tc := range []struct {
+		name   string
+		limits stream.Limits
+	}{
+		{"events behind", stream.Limits{Items: 16}},
+		{"bytes of all streams", stream.Limits{Bytes: 16 << 10, SubscriberBytes: 1 << 30, Items: 1 << 20}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testStalledClient(t, tc.limits) })
+	}
+}
+
+func testStalledClient(t *testing.T, limits stream.Limits) {
+	const n = 1000
+	e := startWith(t, socketwatch.Options{Limits: limits})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// Fixed 64 KiB windows (this also turns off window growth), so the
@@ -257,7 +276,7 @@ func TestStalledClientOverGRPC(t *testing.T) {
 	for i := range n {
 		p := filepath.Join(e.dir, fmt.Sprintf("s%04d.sock", i))
 		staleSocket(t, p)
-		// Pace: the reader must not fall behind the small buffer.
+		// Pace: the reader must not fall behind the small bounds.
 		if ev := recv(t, reader).GetEvent(); ev.GetPath() != p {
 			t.Fatalf("reader got %v, want CREATED %s", ev, p)
 		}
@@ -288,4 +307,103 @@ func staleSocket(t *testing.T, path string) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	_ = l.Close()
+}
+
+// TestStreamBoundsOverGRPC: past the service's limit on streams,
+// WatchSocketEvents answers RESOURCE_EXHAUSTED, and an ended stream makes
+// room again; streams that stop reading after their synced marker hold no
+// more than the service's byte budget however many events follow (the
+// one holding the most is closed), and give it all back when they end.
+func TestStreamBoundsOverGRPC(t *testing.T) {
+	const max, budget, most = 8, 256 << 10, 50000
+	reg := prometheus.NewRegistry()
+	e := startWith(t, socketwatch.Options{Limits: stream.Limits{Subscribers: max, Bytes: budget}, Registerer: reg})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	// Fixed 64 KiB windows (this also turns off window growth), so stalled
+	// streams block the server after a bounded number of events.
+	stalledClient := e.newClient(t, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	for i := range max {
+		s, err := stalledClient.WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := recv(t, s); m.GetSynced() == nil {
+			t.Fatalf("stream %d: first message %v, want synced", i, m)
+		}
+	}
+	extra, err := e.client.WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := extra.Recv(); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("stream %d: %v, want RESOURCE_EXHAUSTED", max+1, err)
+	}
+	if got := metric(t, reg, "nodeplug_watcher_subscribers_refused_total"); got != 1 {
+		t.Fatalf("refused counter = %v, want 1", got)
+	}
+
+	// Sockets appear until a stalled stream is closed: gRPC's own buffers
+	// take the first events of each, the rest wait in its queue.
+	sockets := 0
+	for metric(t, reg, "nodeplug_watcher_slow_subscribers_dropped_total") == 0 {
+		if sockets == most {
+			t.Fatalf("%d sockets later no stalled stream was closed", most)
+		}
+		for range 100 {
+			staleSocket(t, filepath.Join(e.dir, fmt.Sprintf("s%05d.sock", sockets)))
+			sockets++
+		}
+		testutil.WaitFor(t, "the sockets seen", func() bool { socks, _ := e.w.List(); return len(socks) == sockets })
+		if held := metric(t, reg, "nodeplug_watcher_subscriber_bytes"); held > budget {
+			t.Fatalf("the streams hold %v bytes, past the budget of %d", held, budget)
+		}
+	}
+
+	cancel()
+	testutil.WaitFor(t, "every stream gone and its bytes given back", func() bool {
+		return metric(t, reg, "nodeplug_watcher_subscribers") == 0 && metric(t, reg, "nodeplug_watcher_subscriber_bytes") == 0
+	})
+	// The snapshot of a new stream must fit in the budget too: a few
+	// sockets left.
+	for i := 10; i < sockets; i++ {
+		if err := os.Remove(filepath.Join(e.dir, fmt.Sprintf("s%05d.sock", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, "the sockets removed", func() bool { socks, _ := e.w.List(); return len(socks) == 10 })
+	s, err := e.client.WatchSocketEvents(context.Background(), &watcherv1.WatchSocketEventsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if ev := recv(t, s).GetEvent(); !ev.GetSnapshot() {
+			t.Fatalf("new stream: %v, want a snapshot event", ev)
+		}
+	}
+	if m := recv(t, s); m.GetSynced().GetSocketCount() != 10 {
+		t.Fatalf("new stream: %v, want synced with 10 sockets", m)
+	}
+}
+
+// metric returns the value of the gauge or counter name in reg.
+func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

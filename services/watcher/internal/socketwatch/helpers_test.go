@@ -130,18 +130,36 @@ func (h *harness) subscribe(t *testing.T) *sub {
 	return &sub{snapshot: snap, synced: synced, s: s}
 }
 
+// next returns the next live event (the snapshot is in s.snapshot).
 func (s *sub) next(t *testing.T) Event {
 	t.Helper()
-	select {
-	case ev, ok := <-s.s.C:
-		if !ok {
-			t.Fatalf("subscription ended: %v", s.s.Err())
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
+	defer cancel()
+	for {
+		ev, err := s.s.Next(ctx)
+		if err != nil {
+			t.Fatalf("no event: %v", err)
 		}
-		return ev
-	case <-time.After(testutil.Deadline):
-		t.Fatal("no event within the deadline")
+		if !ev.Snapshot {
+			return ev
+		}
 	}
-	return Event{}
+}
+
+// pending returns the live events already queued for s, without waiting.
+func (s *sub) pending() []Event {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var out []Event
+	for {
+		ev, err := s.s.Next(ctx)
+		if err != nil {
+			return out
+		}
+		if !ev.Snapshot {
+			out = append(out, ev)
+		}
+	}
 }
 
 // barrier creates a fresh marker socket and returns every event received

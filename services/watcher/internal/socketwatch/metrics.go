@@ -1,15 +1,19 @@
 package socketwatch
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeplug/nodeplug/pkg/stream"
+)
 
 type metrics struct {
 	events  *prometheus.CounterVec
 	sockets prometheus.Gauge
 	rescans prometheus.Counter
-	dropped prometheus.Counter
+	refused prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, subscribers func() int) *metrics {
+func newMetrics(reg prometheus.Registerer, hub func() stream.Stats) *metrics {
 	m := &metrics{
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeplug_watcher_events_total",
@@ -23,9 +27,9 @@ func newMetrics(reg prometheus.Registerer, subscribers func() int) *metrics {
 			Name: "nodeplug_watcher_rescans_total",
 			Help: "Full rescans of the plugin directory after an fsnotify queue overflow or the loss of the directory.",
 		}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "nodeplug_watcher_slow_subscribers_dropped_total",
-			Help: "Subscribers closed with RESOURCE_EXHAUSTED because they fell behind the stream buffer.",
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeplug_watcher_subscribers_refused_total",
+			Help: "WatchSocketEvents streams refused with RESOURCE_EXHAUSTED: as many as the limit were open, or the snapshot did not fit in the bytes left.",
 		}),
 	}
 	// Both label values exist from the start, so rates work before the
@@ -33,11 +37,19 @@ func newMetrics(reg prometheus.Registerer, subscribers func() int) *metrics {
 	m.events.WithLabelValues(Created.String())
 	m.events.WithLabelValues(Deleted.String())
 	if reg != nil {
-		reg.MustRegister(m.events, m.sockets, m.rescans, m.dropped,
+		reg.MustRegister(m.events, m.sockets, m.rescans, m.refused,
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "nodeplug_watcher_slow_subscribers_dropped_total",
+				Help: "Subscribers closed with RESOURCE_EXHAUSTED because they fell behind, or held the most when the subscribers together held their byte budget. Counted when closed; the client learns it when it reads again.",
+			}, func() float64 { return float64(hub().Closed) }),
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "nodeplug_watcher_subscribers",
 				Help: "Open WatchSocketEvents subscriptions.",
-			}, func() float64 { return float64(subscribers()) }))
+			}, func() float64 { return float64(hub().Subscribers) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "nodeplug_watcher_subscriber_bytes",
+				Help: "Bytes of events the WatchSocketEvents subscriptions hold, not yet sent to their clients.",
+			}, func() float64 { return float64(hub().Held) }))
 	}
 	return m
 }

@@ -115,6 +115,20 @@ type Event struct {
 	TraceContext map[string]string
 }
 
+// eventOverhead is what an Event holds in a subscriber's queue besides its
+// strings: the struct, its queue entry, and the trace context map's own
+// structure.
+const eventOverhead = 256
+
+// size is the bytes ev holds in a subscriber's queue.
+func (ev Event) size() int {
+	n := eventOverhead + len(ev.Path) + len(ev.Generation)
+	for k, v := range ev.TraceContext {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
 // Synced marks the end of a snapshot.
 type Synced struct {
 	Revision    uint64
@@ -135,9 +149,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// TracerProvider starts the per-event root spans. Nil: the global one.
 	TracerProvider trace.TracerProvider
-	// SubscriberBuffer is the number of live events a subscriber may have
-	// pending before it is dropped (stream.DefaultBuffer when <= 0).
-	SubscriberBuffer int
+	// Limits bound the subscriptions (WatchSocketEvents streams): how many
+	// may be open, how far one may fall behind, and the bytes all of them
+	// hold together. Zero fields take stream.DefaultLimits.
+	Limits stream.Limits
 
 	// Test seams. dropEvent, when it returns true, makes the watcher act as
 	// if fsnotify had lost the event; injectErrors feeds errors as if they
@@ -211,9 +226,9 @@ func New(opts Options) (*Watcher, error) {
 		dropEvent:    opts.dropEvent,
 		injectErrors: opts.injectErrors,
 		sockets:      map[string]Socket{},
-		hub:          stream.NewHub[Event](opts.SubscriberBuffer),
+		hub:          stream.NewBoundedHub(opts.Limits, Event.size),
 	}
-	w.metrics = newMetrics(opts.Registerer, w.hub.Len)
+	w.metrics = newMetrics(opts.Registerer, w.hub.Stats)
 	if err := w.fsw.Add(dir); err != nil {
 		_ = w.fsw.Close()
 		return nil, fmt.Errorf("watch plugin directory %s: %w", dir, err)
@@ -245,8 +260,10 @@ func (w *Watcher) List() ([]Socket, uint64) {
 
 // Subscribe returns a snapshot of the current sockets (Created events with
 // Snapshot set, sorted by path), the synced marker that follows it, and a
-// subscription to every later change. The caller must Close the
-// subscription. It fails with ErrStopped once Run has returned.
+// subscription that delivers the snapshot, then every later change. The
+// caller must Close the subscription. It fails with ErrStopped once Run has
+// returned, and with an error wrapping stream.ErrTooManySubscribers (and
+// errdefs.ErrResourceExhausted) when Options.Limits leave no room.
 func (w *Watcher) Subscribe() ([]Event, Synced, *stream.Subscription[Event], error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -265,24 +282,31 @@ func (w *Watcher) Subscribe() ([]Event, Synced, *stream.Subscription[Event], err
 		})
 	}
 	slices.SortFunc(snap, func(a, b Event) int { return strings.Compare(a.Path, b.Path) })
-	return snap, Synced{Revision: w.revision, SocketCount: len(snap)}, w.hub.Subscribe(), nil
+	sub, err := w.hub.Join(snap)
+	if err != nil {
+		w.metrics.refused.Inc()
+		return nil, Synced{}, nil, fmt.Errorf("subscribe to the sockets under %s: %w", w.dir, err)
+	}
+	return snap, Synced{Revision: w.revision, SocketCount: len(snap)}, sub, nil
 }
 
 // Watch streams the snapshot, the synced marker and live events through send
 // and synced until ctx ends (ctx's error), a send fails (its error), the
-// subscriber falls behind (stream.ErrSlow, which wraps
-// errdefs.ErrResourceExhausted) or the watcher stops (ErrStopped, which
-// wraps errdefs.ErrUnavailable). The errors are plain errors; the gRPC
+// watcher stops (ErrStopped, which wraps errdefs.ErrUnavailable), or a
+// bound of Options.Limits is passed: no room for the subscriber
+// (stream.ErrTooManySubscribers), the subscriber fell behind
+// (stream.ErrSlow) or held the most when all of them together held their
+// byte budget (stream.ErrOverBudget); those wrap
+// errdefs.ErrResourceExhausted. The errors are plain errors; the gRPC
 // server's interceptor maps them to status codes.
 func (w *Watcher) Watch(ctx context.Context, send func(Event) error, synced func(Synced) error) error {
-	snap, marker, sub, err := w.Subscribe()
+	_, marker, sub, err := w.Subscribe()
 	if err != nil {
 		return err
 	}
-	err = stream.Serve(ctx, snap, sub, send, func() error { return synced(marker) })
-	if errors.Is(sub.Err(), stream.ErrSlow) {
-		w.metrics.dropped.Inc()
-		w.log.Warn("dropped a subscriber that fell behind", "buffer_full", true)
+	err = stream.Serve(ctx, sub, send, func() error { return synced(marker) })
+	if errors.Is(err, stream.ErrSlow) || errors.Is(err, stream.ErrOverBudget) {
+		w.log.Warn("closed a subscriber that fell behind; it resubscribes", "error", err)
 	}
 	return err
 }
@@ -408,8 +432,14 @@ func (w *Watcher) unwatch(dir string) {
 
 // hidden reports whether p is outside the watched tree or has a component
 // below it that starts with ".".
-func (w *Watcher) hidden(p string) bool {
-	rel, err := filepath.Rel(w.dir, p)
+func (w *Watcher) hidden(p string) bool { return hiddenBelow(w.dir, p) }
+
+// hiddenBelow reports whether p is outside the directory dir (absolute and
+// clean) or has a component below it that starts with "." (the watcher
+// contract's rule for what does not count; "." and ".." included). dir
+// itself is not hidden.
+func hiddenBelow(dir, p string) bool {
+	rel, err := filepath.Rel(dir, p)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
 		return true
 	}
