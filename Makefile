@@ -48,8 +48,9 @@ build: ## Build every binary (static, CGO off) into bin/.
 	done
 
 .PHONY: test
-test: ## Run every test under the race detector (the compose test runs when a Docker engine answers).
+test: ## Run every test under the race detector, and the upstream-plugin module test/upstream (the compose test runs when a Docker engine answers).
 	go test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	go -C test/upstream test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 .PHONY: fuzz
 fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); seeds also run in make test.
@@ -82,6 +83,8 @@ lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml), b
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	$(GOLANGCI_LINT) run ./...
+	go -C test/upstream vet ./...
+	cd test/upstream && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
 	@if git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then \

@@ -278,10 +278,7 @@ func TestWhatCounts(t *testing.T) {
 				t.Fatalf("live events = %v, want %v", got, want)
 			}
 			// The set agrees with the events.
-			var wantList []string
-			for _, p := range tt.snapshot {
-				wantList = append(wantList, p)
-			}
+			wantList := append([]string(nil), tt.snapshot...)
 			for _, r := range tt.want {
 				if r.Type == Created {
 					wantList = append(wantList, r.Path)
@@ -783,7 +780,7 @@ func TestTraceContext(t *testing.T) {
 		}
 		attrs := map[string]string{}
 		for _, kv := range span.Attributes() {
-			attrs[string(kv.Key)] = kv.Value.Emit()
+			attrs[string(kv.Key)] = kv.Value.String()
 		}
 		if attrs["socket.path"] != tc.ev.Path || attrs["socket.generation"] != tc.ev.Generation ||
 			attrs["revision"] != fmt.Sprint(tc.ev.Revision) || attrs["watcher.cause"] != "fsnotify" {
