@@ -1,0 +1,289 @@
+package chaos
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// unusable is the devicemanager's loud log line for a checkpoint it moved
+// aside (services/devicemanager/internal/manager).
+const unusable = "CHECKPOINT UNUSABLE"
+
+func (h *harness) checkpoint() string {
+	return filepath.Join(h.root, "device-plugins", "nodeplug_checkpoint")
+}
+
+// asides returns the checkpoints moved aside so far.
+func (h *harness) asides() []string {
+	m, _ := filepath.Glob(h.checkpoint() + ".corrupt-*")
+	return m
+}
+
+// bursts kills the devicemanager in the middle of Allocate bursts: each
+// time the restarted devicemanager must find its checkpoint valid and list
+// every acknowledged allocation.
+func (h *harness) bursts(ctx context.Context) error {
+	if h.cfg.Bursts == 0 {
+		return nil
+	}
+	h.logf("bursts: %d devicemanager kills in the middle of Allocate bursts", h.cfg.Bursts)
+	for i := range h.cfg.Bursts {
+		bctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var pods []string
+		var once sync.Once
+		answered := make(chan struct{})
+		for c := range h.cfg.Clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rs := h.stableResources()
+				for k := 0; bctx.Err() == nil; k++ {
+					pod := fmt.Sprintf("burst-%d-%d-%d", i, c, k)
+					mu.Lock()
+					pods = append(pods, pod)
+					mu.Unlock()
+					_, err := h.allocate(bctx, pod, rs[h.intn(len(rs))], 1)
+					if err == nil {
+						once.Do(func() { close(answered) })
+					} else if !definite(err) {
+						return // the devicemanager is gone
+					}
+				}
+			}()
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		// Kill a random few milliseconds after the first answer.
+		select {
+		case <-ctx.Done():
+			cancel()
+			return ctx.Err()
+		case <-answered:
+		case <-done:
+		}
+		select {
+		case <-ctx.Done():
+			cancel()
+			return ctx.Err()
+		case <-time.After(time.Duration(h.intn(20)) * time.Millisecond):
+		}
+		before := len(h.asides())
+		if err := h.killRestart(ctx, "devicemanager"); err != nil {
+			cancel()
+			return err
+		}
+		cancel()
+		wg.Wait()
+		h.mu.Lock()
+		h.res.BurstKills++
+		h.mu.Unlock()
+		if lines := h.st.Process("devicemanager").LogLines(unusable); len(lines) > 0 || len(h.asides()) != before {
+			h.violate(Violation{Invariant: "a", When: fmt.Sprintf("burst %d", i+1), Detail: fmt.Sprintf("checkpoint not valid after kill -9 mid-burst: %v", lines)})
+		}
+		if _, err := h.converge(ctx, fmt.Sprintf("burst %d", i+1)); err != nil {
+			return err
+		}
+		// Release the burst's pods so the next burst finds free devices.
+		h.pause.Lock()
+		for _, p := range pods {
+			for try := 0; try < 50 && !h.release(ctx, p); try++ {
+				select {
+				case <-ctx.Done():
+					h.pause.Unlock()
+					return ctx.Err()
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}
+		h.pause.Unlock()
+	}
+	_, err := h.converge(ctx, "end of bursts")
+	return err
+}
+
+// FaultResult is what happened to one kind of checkpoint damage.
+type FaultResult struct {
+	Kind string `json:"kind"`
+	// Skipped says why the fault was not applied.
+	Skipped string `json:"skipped,omitempty"`
+	// Started: the devicemanager came back and served.
+	Started bool `json:"started"`
+	// Loud: it logged CHECKPOINT UNUSABLE.
+	Loud bool `json:"loud_log"`
+	// MovedAside is the file the damaged checkpoint was moved to.
+	MovedAside string `json:"moved_aside,omitempty"`
+	// Converged: plugins registered again and every invariant held after.
+	Converged bool `json:"converged"`
+	// AllocationsBefore and AllocationsAfter: listed before the damage and
+	// after the restart (a checkpoint moved aside starts empty).
+	AllocationsBefore int    `json:"allocations_before"`
+	AllocationsAfter  int    `json:"allocations_after"`
+	Note              string `json:"note,omitempty"`
+}
+
+// OK says whether the fault was handled as DESIGN "Checkpoint" says.
+func (f FaultResult) OK() bool {
+	return f.Skipped != "" || f.Started && f.Loud && f.MovedAside != "" && f.Converged
+}
+
+// FaultKinds are the kinds of checkpoint damage, in the order applied.
+var FaultKinds = []string{"truncated", "flipped-byte", "empty", "random-bytes", "foreign-json", "directory", "symlink", "unreadable"}
+
+// damage alters the checkpoint at path, whose valid content is b.
+func damage(kind, path string, b []byte) (skip string, err error) {
+	write := func(data []byte) error {
+		if err := os.Remove(path); err != nil {
+			return err
+		}
+		return os.WriteFile(path, data, 0o600)
+	}
+	switch kind {
+	case "truncated":
+		return "", write(b[:len(b)/2])
+	case "flipped-byte":
+		c := append([]byte(nil), b...)
+		c[len(c)/2] ^= 0x20
+		return "", write(c)
+	case "empty":
+		return "", write(nil)
+	case "random-bytes":
+		r := make([]byte, 4096)
+		_, _ = rand.Read(r)
+		return "", write(r)
+	case "foreign-json":
+		return "", write([]byte(`{"kind":"SomethingElse","items":[{"name":"x","count":3}],"checksum":"0"}` + "\n"))
+	case "directory":
+		if err := os.Remove(path); err != nil {
+			return "", err
+		}
+		if err := os.Mkdir(path, 0o750); err != nil {
+			return "", err
+		}
+		return "", os.WriteFile(filepath.Join(path, "inside"), b, 0o600)
+	case "symlink":
+		// A valid checkpoint elsewhere, linked into place: never followed.
+		target := path + "-elsewhere"
+		if err := os.WriteFile(target, b, 0o600); err != nil {
+			return "", err
+		}
+		if err := os.Remove(path); err != nil {
+			return "", err
+		}
+		return "", os.Symlink(target, path)
+	case "unreadable":
+		if os.Geteuid() == 0 {
+			return "running as root, which reads a mode-0000 file anyway", nil
+		}
+		return "", os.Chmod(path, 0)
+	}
+	return "", fmt.Errorf("unknown fault %q", kind)
+}
+
+// faults stops the devicemanager, damages its checkpoint, starts it, and
+// checks it moved the file aside with a loud log and came back: the
+// reconciler registers the plugins_registry plugins again, and the
+// harness re-registers the kubelet.sock ones, as such plugins do when
+// kubelet.sock reappears.
+func (h *harness) faults(ctx context.Context) error {
+	h.logf("faults: %s", strings.Join(FaultKinds, ", "))
+	for _, kind := range FaultKinds {
+		f, err := h.fault(ctx, kind)
+		h.mu.Lock()
+		h.res.Faults = append(h.res.Faults, f)
+		h.mu.Unlock()
+		h.logf("  %-13s started=%v loud=%v moved_aside=%v converged=%v allocations %d→%d %s%s", kind, f.Started, f.Loud, f.MovedAside != "", f.Converged, f.AllocationsBefore, f.AllocationsAfter, f.Skipped, f.Note)
+		if err != nil {
+			return fmt.Errorf("fault %s: %w", kind, err)
+		}
+	}
+	return nil
+}
+
+func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
+	f := FaultResult{Kind: kind}
+	// Some allocations, so that the checkpoint holds some.
+	rs := h.stableResources()
+	for i := range 4 {
+		if _, err := h.allocate(ctx, fmt.Sprintf("fault-%s-%d", kind, i), rs[h.intn(len(rs))], 1); err != nil {
+			return f, fmt.Errorf("allocate before the fault: %w", err)
+		}
+	}
+	s, err := h.snapshot(ctx)
+	if err != nil {
+		return f, err
+	}
+	f.AllocationsBefore = len(s.Allocations)
+	if err := h.st.Process("devicemanager").Stop(10 * time.Second); err != nil {
+		return f, fmt.Errorf("stop the devicemanager: %w", err)
+	}
+	path := h.checkpoint()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return f, err
+	}
+	before := len(h.asides())
+	skip, err := damage(kind, path, b)
+	if err != nil {
+		return f, err
+	}
+	f.Skipped = skip
+	if err := h.st.Start(ctx, "devicemanager"); err != nil {
+		return f, fmt.Errorf("devicemanager did not start: %w", err)
+	}
+	f.Started = true
+	if skip != "" {
+		_, err := h.converge(ctx, "fault "+kind)
+		f.Converged = err == nil
+		if s, serr := h.snapshot(ctx); serr == nil {
+			f.AllocationsAfter = len(s.Allocations)
+		}
+		return f, err
+	}
+	f.Loud = len(h.st.Process("devicemanager").LogLines(unusable)) > 0
+	if a := h.asides(); len(a) > before {
+		f.MovedAside = a[len(a)-1]
+	}
+	// A checkpoint moved aside is state lost on purpose: what was
+	// acknowledged before it no longer binds, and the kubelet.sock plugins
+	// register again.
+	h.pause.Lock()
+	h.mu.Lock()
+	h.acked = map[AllocKey][]string{}
+	for _, p := range h.plugins {
+		p.registered = false
+	}
+	h.mu.Unlock()
+	h.pause.Unlock()
+	if _, err := h.converge(ctx, "fault "+kind); err != nil {
+		return f, err
+	}
+	f.Converged = true
+	if s, err := h.snapshot(ctx); err == nil {
+		f.AllocationsAfter = len(s.Allocations)
+	}
+	if f.MovedAside == "" {
+		fi, err := os.Lstat(path)
+		f.Note = fmt.Sprintf("nothing moved aside; %s now: %v %v", filepath.Base(path), modeOf(fi), err)
+	}
+	// Tidy up what the fault left.
+	for _, a := range h.asides() {
+		_ = os.RemoveAll(a)
+	}
+	_ = os.Remove(path + "-elsewhere")
+	return f, nil
+}
+
+func modeOf(fi os.FileInfo) string {
+	if fi == nil {
+		return "-"
+	}
+	return fi.Mode().String()
+}

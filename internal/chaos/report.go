@@ -1,0 +1,53 @@
+package chaos
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// Print writes the results as a table.
+func Print(w io.Writer, r *Results) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var kills []string
+	total := 0
+	for _, s := range []string{"watcher", "devicemanager", "reconciler"} {
+		kills = append(kills, fmt.Sprintf("%s %d", s, r.Kills[s]))
+		total += r.Kills[s]
+	}
+	fmt.Fprintf(tw, "run\t%.0f s, %d CPUs, %s\n", r.Seconds, r.Machine.CPUs, r.Machine.GoVersion)
+	fmt.Fprintf(tw, "plugins\t%d (both registration paths), %d churned\n", r.Plugins, r.Churned)
+	fmt.Fprintf(tw, "SIGKILLs\t%d (%s), %d of them mid-burst (devicemanager)\n", total, strings.Join(kills, ", "), r.BurstKills)
+	fmt.Fprintf(tw, "allocations\t%d acknowledged, %d releases acknowledged, %d answers lost to kills\n", r.Acked, r.Released, r.Uncertain)
+	fmt.Fprintf(tw, "checks\t%d\n", r.Checks)
+	fmt.Fprintf(tw, "restart (ms)\tp50 %.1f  p99 %.1f  max %.1f\n", r.Restart.P50, r.Restart.P99, r.Restart.Max)
+	fmt.Fprintf(tw, "converge (ms)\tp50 %.1f  p99 %.1f  max %.1f  (n=%d)\n", r.Converge.P50, r.Converge.P99, r.Converge.Max, r.Converge.Count)
+	fmt.Fprintf(tw, "dips across devicemanager restarts\t%d (not counted as violations)\n", r.DMDips)
+	for _, inv := range []string{"a", "b", "c", "d"} {
+		fmt.Fprintf(tw, "violations (%s)\t%d\n", inv, r.ViolationsN[inv])
+	}
+	tw.Flush()
+	if len(r.Faults) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "checkpoint fault\tstarted\tloud log\tmoved aside\tconverged\tallocations before→after\tnote")
+		for _, f := range r.Faults {
+			note := f.Skipped + f.Note
+			if f.Skipped != "" {
+				note = "skipped: " + note
+			}
+			fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%v\t%d→%d\t%s\n", f.Kind, f.Started, f.Loud, f.MovedAside != "", f.Converged, f.AllocationsBefore, f.AllocationsAfter, note)
+		}
+		tw.Flush()
+	}
+	if len(r.Violations) > 0 {
+		fmt.Fprintln(w)
+		vs := append([]Violation(nil), r.Violations...)
+		sort.SliceStable(vs, func(i, j int) bool { return vs[i].Invariant < vs[j].Invariant })
+		for _, v := range vs {
+			fmt.Fprintln(w, "VIOLATION", v)
+		}
+	}
+}
