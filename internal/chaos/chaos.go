@@ -175,15 +175,15 @@ type harness struct {
 	// check holds it exclusively, so it sees a consistent ledger.
 	pause sync.RWMutex
 
-	mu       sync.Mutex // guards what follows
-	plugins  []*plugin  // live plugins
-	seq      int
-	acked    map[AllocKey][]string
-	released map[string]bool
-	res      *Results
+	mu        sync.Mutex // guards what follows
+	plugins   []*plugin  // live plugins
+	seq       int
+	acked     map[AllocKey][]string
+	released  map[string]bool
+	res       *Results
 	convergeT []time.Duration
 	restartT  []time.Duration
-	window   string // the service restarted last, for (d)
+	window    string // the service restarted last, for (d)
 }
 
 func (h *harness) logf(format string, args ...any) {

@@ -24,7 +24,9 @@ type plugin struct {
 	registered bool // kubelet.sock plugins: Register acknowledged
 }
 
-func (h *harness) kubeletSock() string { return filepath.Join(h.root, "device-plugins", "kubelet.sock") }
+func (h *harness) kubeletSock() string {
+	return filepath.Join(h.root, "device-plugins", "kubelet.sock")
+}
 
 // newPlugin starts a plugin; a kubelet.sock one is registered by register.
 func (h *harness) newPlugin(registry, stable bool) (*plugin, error) {
