@@ -1,0 +1,69 @@
+package chaos
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/internal/testutil"
+)
+
+// logWriter sends progress lines to the test log.
+type logWriter struct{ t *testing.T }
+
+func (w logWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// TestChaosShort is the short form of `make chaos` over freshly built
+// binaries: a few SIGKILLs under load, a few devicemanager kills mid-burst
+// and each kind of checkpoint damage, with every invariant checked after
+// each restart. Every wait in it is for a state, with a generous deadline;
+// it asserts no timing.
+func TestChaosShort(t *testing.T) {
+	dir := testutil.TempDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Short()
+	cfg.Bin = dir
+	cfg.Progress = logWriter{t}
+	res, err := Run(ctx, cfg)
+	if res != nil {
+		var b strings.Builder
+		Print(&b, res)
+		t.Logf("\n%s", b.String())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range res.Violations {
+		t.Errorf("violation %s", v)
+	}
+	kills := 0
+	for _, n := range res.Kills {
+		kills += n
+	}
+	if want := cfg.Kills + cfg.Bursts; kills < want {
+		t.Errorf("%d kills, want at least %d", kills, want)
+	}
+	if res.BurstKills != cfg.Bursts {
+		t.Errorf("%d kills mid-burst, want %d", res.BurstKills, cfg.Bursts)
+	}
+	if res.Acked == 0 || res.Checks < cfg.Kills+cfg.Bursts {
+		t.Errorf("the load or the checks did not run: %d acknowledged, %d checks", res.Acked, res.Checks)
+	}
+	if len(res.Faults) != len(FaultKinds) {
+		t.Fatalf("%d faults applied, want %d", len(res.Faults), len(FaultKinds))
+	}
+	for _, f := range res.Faults {
+		if !f.OK() {
+			t.Errorf("checkpoint fault %s not handled as DESIGN says (moved aside, loud log, service starts): %+v", f.Kind, f)
+		}
+	}
+}
