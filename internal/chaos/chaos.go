@@ -57,22 +57,28 @@ func Short() Config {
 
 // Results holds the figures of a run.
 type Results struct {
-	Machine     bench.Machine  `json:"machine"`
-	Seconds     float64        `json:"seconds"`
-	Plugins     int            `json:"plugins"`
-	Kills       map[string]int `json:"kills"`
-	BurstKills  int            `json:"burst_kills"`
-	Churned     int            `json:"plugins_churned"`
-	Acked       int            `json:"acknowledged_allocations"`
-	Released    int            `json:"acknowledged_releases"`
-	Uncertain   int            `json:"uncertain_answers"`
-	Checks      int            `json:"checks"`
-	Converge    bench.Dist     `json:"converge"`
-	Restart     bench.Dist     `json:"restart"`
-	DMDips      int            `json:"dips_across_devicemanager_restarts"`
-	Faults      []FaultResult  `json:"faults"`
-	Violations  []Violation    `json:"violations"`
-	ViolationsN map[string]int `json:"violations_by_invariant"`
+	Machine    bench.Machine  `json:"machine"`
+	Seconds    float64        `json:"seconds"`
+	Plugins    int            `json:"plugins"`
+	Kills      map[string]int `json:"kills"`
+	BurstKills int            `json:"burst_kills"`
+	Churned    int            `json:"plugins_churned"`
+	Acked      int            `json:"acknowledged_allocations"`
+	// Released counts acknowledged Releases that freed devices.
+	Released int `json:"acknowledged_releases_freeing_devices"`
+	// Uncertain counts Allocate calls whose answer a kill cut off.
+	Uncertain int `json:"uncertain_answers"`
+	// BurstUncertain is the part of Uncertain cut off mid-burst.
+	BurstUncertain int        `json:"uncertain_answers_mid_burst"`
+	Checks         int        `json:"checks"`
+	Converge       bench.Dist `json:"converge"`
+	// ConvergeBy splits Converge by the service restarted.
+	ConvergeBy  map[string]bench.Dist `json:"converge_by_service"`
+	Restart     bench.Dist            `json:"restart"`
+	DMDips      int                   `json:"dips_across_devicemanager_restarts"`
+	Faults      []FaultResult         `json:"faults"`
+	Violations  []Violation           `json:"violations"`
+	ViolationsN map[string]int        `json:"violations_by_invariant"`
 }
 
 // OK says whether the run found no violation and every fault was handled
@@ -108,9 +114,10 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	h := &harness{
 		cfg: cfg, root: root, rng: rand.New(rand.NewPCG(seed, seed>>1)),
-		st:       stack.NewProcesses(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s"),
-		acked:    map[AllocKey][]string{},
-		released: map[string]bool{},
+		st:         stack.NewProcesses(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s"),
+		acked:      map[AllocKey][]string{},
+		convergeBy: map[string][]time.Duration{},
+		released:   map[string]bool{},
 		res: &Results{
 			Machine: bench.Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339)},
 			Kills:   map[string]int{}, ViolationsN: map[string]int{},
@@ -143,7 +150,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err := h.startPlugins(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := h.converge(ctx, "start"); err != nil {
+	if _, err := h.converge(ctx, "start", ""); err != nil {
 		return nil, err
 	}
 	if err := h.kills(ctx); err != nil {
@@ -175,15 +182,16 @@ type harness struct {
 	// check holds it exclusively, so it sees a consistent ledger.
 	pause sync.RWMutex
 
-	mu        sync.Mutex // guards what follows
-	plugins   []*plugin  // live plugins
-	seq       int
-	acked     map[AllocKey][]string
-	released  map[string]bool
-	res       *Results
-	convergeT []time.Duration
-	restartT  []time.Duration
-	window    string // the service restarted last, for (d)
+	mu         sync.Mutex // guards what follows
+	plugins    []*plugin  // live plugins
+	seq        int
+	acked      map[AllocKey][]string
+	released   map[string]bool
+	res        *Results
+	convergeT  []time.Duration
+	convergeBy map[string][]time.Duration
+	restartT   []time.Duration
+	window     string // the service restarted last, for (d)
 }
 
 func (h *harness) logf(format string, args ...any) {
@@ -217,6 +225,10 @@ func (h *harness) finish(start time.Time) *Results {
 	r.Seconds = time.Since(start).Seconds()
 	r.Plugins = h.cfg.Plugins
 	r.Converge = bench.NewDist(h.convergeT)
+	r.ConvergeBy = map[string]bench.Dist{}
+	for svc, ds := range h.convergeBy {
+		r.ConvergeBy[svc] = bench.NewDist(ds)
+	}
 	r.Restart = bench.NewDist(h.restartT)
 	return r
 }
@@ -253,14 +265,14 @@ func (h *harness) kills(ctx context.Context) error {
 		if err := h.killRestart(ctx, svc); err != nil {
 			return err
 		}
-		if _, err := h.converge(ctx, fmt.Sprintf("kill %d (%s)", i+1, svc)); err != nil {
+		if _, err := h.converge(ctx, fmt.Sprintf("kill %d (%s)", i+1, svc), svc); err != nil {
 			return err
 		}
 		timer.Reset(h.cfg.Interval)
 	}
 	cancel()
 	wg.Wait()
-	_, err := h.converge(ctx, "end of kills")
+	_, err := h.converge(ctx, "end of kills", "")
 	return err
 }
 

@@ -76,6 +76,9 @@ func (h *harness) bursts(ctx context.Context) error {
 		case <-time.After(time.Duration(h.intn(20)) * time.Millisecond):
 		}
 		before := len(h.asides())
+		h.mu.Lock()
+		uncertain0 := h.res.Uncertain
+		h.mu.Unlock()
 		if err := h.killRestart(ctx, "devicemanager"); err != nil {
 			cancel()
 			return err
@@ -84,11 +87,12 @@ func (h *harness) bursts(ctx context.Context) error {
 		wg.Wait()
 		h.mu.Lock()
 		h.res.BurstKills++
+		h.res.BurstUncertain += h.res.Uncertain - uncertain0
 		h.mu.Unlock()
 		if lines := h.st.Process("devicemanager").LogLines(unusable); len(lines) > 0 || len(h.asides()) != before {
 			h.violate(Violation{Invariant: "a", When: fmt.Sprintf("burst %d", i+1), Detail: fmt.Sprintf("checkpoint not valid after kill -9 mid-burst: %v", lines)})
 		}
-		if _, err := h.converge(ctx, fmt.Sprintf("burst %d", i+1)); err != nil {
+		if _, err := h.converge(ctx, fmt.Sprintf("burst %d", i+1), "devicemanager"); err != nil {
 			return err
 		}
 		// Release the burst's pods so the next burst finds free devices.
@@ -105,7 +109,7 @@ func (h *harness) bursts(ctx context.Context) error {
 		}
 		h.pause.Unlock()
 	}
-	_, err := h.converge(ctx, "end of bursts")
+	_, err := h.converge(ctx, "end of bursts", "")
 	return err
 }
 
@@ -240,7 +244,7 @@ func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
 	}
 	f.Started = true
 	if skip != "" {
-		_, err := h.converge(ctx, "fault "+kind)
+		_, err := h.converge(ctx, "fault "+kind, "")
 		f.Converged = err == nil
 		if s, serr := h.snapshot(ctx); serr == nil {
 			f.AllocationsAfter = len(s.Allocations)
@@ -262,7 +266,7 @@ func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
 	}
 	h.mu.Unlock()
 	h.pause.Unlock()
-	if _, err := h.converge(ctx, "fault "+kind); err != nil {
+	if _, err := h.converge(ctx, "fault "+kind, ""); err != nil {
 		return f, err
 	}
 	f.Converged = true

@@ -201,12 +201,15 @@ func (h *harness) release(ctx context.Context, pod string) bool {
 	h.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := h.dm.Release(rctx, &dmv1.ReleaseRequest{PodUid: pod}); err != nil {
+	resp, err := h.dm.Release(rctx, &dmv1.ReleaseRequest{PodUid: pod})
+	if err != nil {
 		return false
 	}
 	h.mu.Lock()
 	h.released[pod] = true
-	h.res.Released++
+	if resp.GetReleasedDevices() > 0 {
+		h.res.Released++
+	}
 	h.mu.Unlock()
 	return true
 }
@@ -285,8 +288,9 @@ func (h *harness) snapshot(ctx context.Context) (State, error) {
 }
 
 // converge pauses the load, waits until the services match the live
-// plugins, records how long that took, and checks every invariant.
-func (h *harness) converge(ctx context.Context, when string) (time.Duration, error) {
+// plugins, and checks every invariant. After a restart of svc (not empty)
+// it records how long the convergence took.
+func (h *harness) converge(ctx context.Context, when, svc string) (time.Duration, error) {
 	h.pause.Lock()
 	defer h.pause.Unlock()
 	t0 := time.Now()
@@ -296,16 +300,23 @@ func (h *harness) converge(ctx context.Context, when string) (time.Duration, err
 		h.register(ctx)
 		s, err := h.snapshot(ctx)
 		if err == nil {
-			last = Mismatch(s.Plugins, s.Resources, s.Live)
-			if last == "" {
+			m := Mismatch(s.Plugins, s.Resources, s.Live)
+			if m == "" {
 				d := time.Since(t0)
+				if d > time.Second {
+					h.logf("  slow convergence after %s: %v; until then: %s", when, d.Round(time.Millisecond), last)
+				}
 				h.mu.Lock()
-				h.convergeT = append(h.convergeT, d)
+				if svc != "" {
+					h.convergeT = append(h.convergeT, d)
+					h.convergeBy[svc] = append(h.convergeBy[svc], d)
+				}
 				h.res.Checks++
 				h.mu.Unlock()
 				h.violate(Check(when, s)...)
 				return d, nil
 			}
+			last = m
 		} else {
 			last = err.Error()
 		}

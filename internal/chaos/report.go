@@ -20,10 +20,15 @@ func Print(w io.Writer, r *Results) {
 	fmt.Fprintf(tw, "run\t%.0f s, %d CPUs, %s\n", r.Seconds, r.Machine.CPUs, r.Machine.GoVersion)
 	fmt.Fprintf(tw, "plugins\t%d (both registration paths), %d churned\n", r.Plugins, r.Churned)
 	fmt.Fprintf(tw, "SIGKILLs\t%d (%s), %d of them mid-burst (devicemanager)\n", total, strings.Join(kills, ", "), r.BurstKills)
-	fmt.Fprintf(tw, "allocations\t%d acknowledged, %d releases acknowledged, %d answers lost to kills\n", r.Acked, r.Released, r.Uncertain)
+	fmt.Fprintf(tw, "allocations\t%d acknowledged, %d released, %d answers cut off by kills (%d mid-burst)\n", r.Acked, r.Released, r.Uncertain, r.BurstUncertain)
 	fmt.Fprintf(tw, "checks\t%d\n", r.Checks)
 	fmt.Fprintf(tw, "restart (ms)\tp50 %.1f  p99 %.1f  max %.1f\n", r.Restart.P50, r.Restart.P99, r.Restart.Max)
-	fmt.Fprintf(tw, "converge (ms)\tp50 %.1f  p99 %.1f  max %.1f  (n=%d)\n", r.Converge.P50, r.Converge.P99, r.Converge.Max, r.Converge.Count)
+	fmt.Fprintf(tw, "converge after a restart (ms)\tp50 %.1f  p99 %.1f  max %.1f  (n=%d)\n", r.Converge.P50, r.Converge.P99, r.Converge.Max, r.Converge.Count)
+	for _, s := range []string{"watcher", "devicemanager", "reconciler"} {
+		if d, ok := r.ConvergeBy[s]; ok {
+			fmt.Fprintf(tw, "  after %s\tp50 %.1f  p99 %.1f  max %.1f  (n=%d)\n", s, d.P50, d.P99, d.Max, d.Count)
+		}
+	}
 	fmt.Fprintf(tw, "dips across devicemanager restarts\t%d (not counted as violations)\n", r.DMDips)
 	for _, inv := range []string{"a", "b", "c", "d"} {
 		fmt.Fprintf(tw, "violations (%s)\t%d\n", inv, r.ViolationsN[inv])
