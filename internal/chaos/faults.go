@@ -68,6 +68,7 @@ func (h *harness) bursts(ctx context.Context) error {
 			return ctx.Err()
 		case <-answered:
 		case <-done:
+		case <-time.After(h.cfg.Converge): // every device taken: kill anyway
 		}
 		select {
 		case <-ctx.Done():
@@ -96,18 +97,9 @@ func (h *harness) bursts(ctx context.Context) error {
 			return err
 		}
 		// Release the burst's pods so the next burst finds free devices.
-		h.pause.Lock()
-		for _, p := range pods {
-			for try := 0; try < 50 && !h.release(ctx, p); try++ {
-				select {
-				case <-ctx.Done():
-					h.pause.Unlock()
-					return ctx.Err()
-				case <-time.After(20 * time.Millisecond):
-				}
-			}
+		if err := h.releaseAll(ctx, pods); err != nil {
+			return err
 		}
-		h.pause.Unlock()
 	}
 	_, err := h.converge(ctx, "end of bursts", "")
 	return err
@@ -214,9 +206,18 @@ func (h *harness) faults(ctx context.Context) error {
 func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
 	f := FaultResult{Kind: kind}
 	// Some allocations, so that the checkpoint holds some.
-	rs := h.stableResources()
-	for i := range 4 {
-		if _, err := h.allocate(ctx, fmt.Sprintf("fault-%s-%d", kind, i), rs[h.intn(len(rs))], 1); err != nil {
+	// Some allocations, so that the checkpoint holds some: one device of
+	// each of the first resources that has one free.
+	made := 0
+	for _, r := range h.stableResources() {
+		if made == 4 {
+			break
+		}
+		_, err := h.allocate(ctx, fmt.Sprintf("fault-%s-%d", kind, made), r, 1)
+		switch {
+		case err == nil:
+			made++
+		case !definite(err):
 			return f, fmt.Errorf("allocate before the fault: %w", err)
 		}
 	}

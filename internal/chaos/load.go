@@ -214,10 +214,30 @@ func (h *harness) release(ctx context.Context, pod string) bool {
 	return true
 }
 
+// releaseAll releases pods, retrying each for a while.
+func (h *harness) releaseAll(ctx context.Context, pods []string) error {
+	for _, p := range pods {
+		for try := 0; !h.release(ctx, p); try++ {
+			if try == 50 {
+				return fmt.Errorf("release %s: no answer after %d tries", p, try)
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
 // client allocates for new pods and releases old ones, keeping up to eight
 // pods, until ctx ends. Pods whose answer was lost are released too.
 func (h *harness) client(ctx context.Context, id int) {
 	var held []string
+	// At the end, release what is held, so that later phases find free
+	// devices.
+	defer func() { _ = h.releaseAll(context.WithoutCancel(ctx), held) }()
 	n := 0
 	for ctx.Err() == nil {
 		h.pause.RLock()
