@@ -16,6 +16,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
@@ -188,6 +190,10 @@ func (d *fakeDM) RegisterPlugin(_ context.Context, r *devicemanagerv1.RegisterPl
 	d.calls = append(d.calls, "register "+r.GetEndpoint()+" "+r.GetGeneration())
 	if d.registerErr != nil {
 		return nil, d.registerErr
+	}
+	// DESIGN "Identity": one live endpoint serves one resource.
+	if e, ok := d.endpoints[r.GetEndpoint()]; ok && e.resource != r.GetResourceName() {
+		return nil, status.Errorf(codes.AlreadyExists, "endpoint %s is live under resource %s", r.GetEndpoint(), e.resource)
 	}
 	d.endpoints[r.GetEndpoint()] = dmEndpoint{resource: r.GetResourceName(), socketPath: r.GetSocketPath(), generation: r.GetGeneration()}
 	return &devicemanagerv1.RegisterPluginResponse{InstanceId: d.instance}, nil

@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
@@ -115,22 +118,88 @@ func TestRegistrationAndDeregistration(t *testing.T) {
 	}
 }
 
-// The kubelet's behaviour: a recreated socket (new generation) is
-// deregistered and registered again, in that order.
-func TestReregistrationOnSocketRecreation(t *testing.T) {
-	for _, withDelete := range []bool{true, false} {
-		t.Run(fmt.Sprintf("delete_event=%v", withDelete), func(t *testing.T) {
+// A socket deleted, then created again, is deregistered, then registered
+// again, in that order, as in the kubelet.
+func TestReregistrationAfterSocketDeletion(t *testing.T) {
+	e := newEnv(t)
+	p := e.plugin("dev", devicePlugin("example.com/dev"))
+	path := p.Path()
+	e.w.Created(t, path)
+	old := e.waitRegistered(path).Generation
+
+	p.Stop()
+	e.w.Deleted(path)
+	e.waitGone(path)
+	p2 := e.plugin("dev", devicePlugin("example.com/dev"))
+	e.w.Created(t, path)
+	if _, err := p2.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
+		t.Fatal(err)
+	}
+	st := e.waitRegistered(path)
+	if st.Generation == old {
+		t.Fatal("generation did not change on recreation")
+	}
+	calls := strings.Join(e.dm.Calls(), "\n")
+	want := strings.Join([]string{"register " + path + " " + old, "deregister " + path + " " + old, "register " + path + " " + st.Generation}, "\n")
+	if calls != want {
+		t.Fatalf("devicemanager calls:\n%s\nwant:\n%s", calls, want)
+	}
+}
+
+// Done better than the kubelet (DESIGN "Restarts without a dip"): a socket
+// recreated while still wanted (the watcher reports the new generation)
+// is registered with its new generation in place of the old one, so the
+// devicemanager replaces the endpoint without a dip. The old registration
+// is deregistered only when what it named changed: another endpoint, or
+// another resource on the same endpoint (refused ALREADY_EXISTS until the
+// old one goes).
+func TestRecreatedSocketReplacesRegistrationInPlace(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// second is the recreated plugin's info; endpoint and second's
+		// endpoint are file names under plugins_registry ("" = the socket).
+		endpoint, secondEndpoint string
+		resource, secondResource string
+		want                     func(path, ep1, ep2, old, cur string) []string
+	}{
+		{
+			name: "same endpoint", resource: "example.com/dev", secondResource: "example.com/dev",
+			want: func(path, _, _, old, cur string) []string {
+				return []string{"register " + path + " " + old, "register " + path + " " + cur}
+			},
+		},
+		{
+			name: "new endpoint", endpoint: "ep1", secondEndpoint: "ep2", resource: "example.com/dev", secondResource: "example.com/dev",
+			want: func(_, ep1, ep2, old, cur string) []string {
+				return []string{"register " + ep1 + " " + old, "register " + ep2 + " " + cur, "deregister " + ep1 + " " + old}
+			},
+		},
+		{
+			name: "renamed resource", resource: "example.com/dev", secondResource: "example.com/renamed",
+			want: func(path, _, _, old, cur string) []string {
+				return []string{"register " + path + " " + old, "register " + path + " " + cur, "deregister " + path + " " + old, "register " + path + " " + cur}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
-			p := e.plugin("dev", devicePlugin("example.com/dev"))
+			ep := func(name string) string {
+				if name == "" {
+					return ""
+				}
+				return e.sock(name)
+			}
+			info := devicePlugin(tc.resource)
+			info.Endpoint = ep(tc.endpoint)
+			p := e.plugin("dev", info)
 			path := p.Path()
 			e.w.Created(t, path)
 			old := e.waitRegistered(path).Generation
 
 			p.Stop()
-			if withDelete {
-				e.w.Deleted(path)
-			}
-			p2 := e.plugin("dev", devicePlugin("example.com/dev"))
+			info2 := devicePlugin(tc.secondResource)
+			info2.Endpoint = ep(tc.secondEndpoint)
+			p2 := e.plugin("dev", info2)
 			e.w.Created(t, path)
 			if _, err := p2.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
 				t.Fatal(err)
@@ -139,19 +208,55 @@ func TestReregistrationOnSocketRecreation(t *testing.T) {
 			if st.Generation == old {
 				t.Fatal("generation did not change on recreation")
 			}
-			testutil.WaitFor(t, "devicemanager has the new generation", func() bool { return e.dm.Endpoints()[path].generation == st.Generation })
-			calls := strings.Join(e.dm.Calls(), "\n")
-			want := strings.Join([]string{"register " + path + " " + old, "deregister " + path + " " + old, "register " + path + " " + st.Generation}, "\n")
-			if calls != want {
-				t.Fatalf("devicemanager calls:\n%s\nwant:\n%s", calls, want)
+			ep1, ep2 := path, path
+			if tc.endpoint != "" {
+				ep1, ep2 = ep(tc.endpoint), ep(tc.secondEndpoint)
+			}
+			if got, want := strings.Join(e.dm.Calls(), "\n"), strings.Join(tc.want(path, ep1, ep2, old, st.Generation), "\n"); got != want {
+				t.Fatalf("devicemanager calls:\n%s\nwant:\n%s", got, want)
+			}
+			eps := e.dm.Endpoints()
+			if len(eps) != 1 || eps[ep2].generation != st.Generation || eps[ep2].resource != tc.secondResource {
+				t.Fatalf("devicemanager endpoints = %+v", eps)
+			}
+			if a, ok := e.s.loop.ASW().Get(path); !ok || a.Generation != st.Generation || a.Name != tc.secondResource {
+				t.Fatalf("ASW entry = %+v, %v", a, ok)
 			}
 		})
 	}
 }
 
+// A recreated socket whose new generation fails to register leaves no
+// registration of the old generation behind: the old socket is gone.
+func TestRecreatedSocketFailingDropsOldRegistration(t *testing.T) {
+	e := newEnv(t)
+	p := e.plugin("dev", devicePlugin("example.com/dev"))
+	path := p.Path()
+	e.w.Created(t, path)
+	old := e.waitRegistered(path).Generation
+	p.Stop()
+	p2 := e.plugin("dev", testplugin.Info{Type: "DevicePlugin", Name: "example.com/dev", Versions: []string{"v1alpha1"}})
+	e.w.Created(t, path)
+	if _, err := p2.WaitStatus(waitCtx(t), testplugin.Rejected); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFailed(path, 1)
+	testutil.WaitFor(t, "old registration removed", func() bool { return len(e.dm.Endpoints()) == 0 })
+	want := []string{"register " + path + " " + old, "deregister " + path + " " + old}
+	if got := e.dm.Calls(); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("devicemanager calls %v, want %v", got, want)
+	}
+	if _, ok := e.s.loop.ASW().Get(path); ok {
+		t.Fatal("ASW keeps the old generation")
+	}
+}
+
 // The kubelet's behaviour: refused registrations are told to the plugin
-// with a reason naming the socket, the plugin and the failed step, nothing
-// is recorded, and the socket backs off.
+// in the kubelet's words (pluginmanager operationexecutor: "no handler
+// registered for plugin type: T at socket S", "plugin validation failed
+// with err: E", without nodeplug's ": invalid argument" suffixes), nothing
+// is recorded, and the socket backs off. ListPlugins' last error keeps
+// nodeplug's detail: the socket, the plugin and the failed step.
 func TestRefusedRegistrations(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -178,14 +283,21 @@ func TestRefusedRegistrations(t *testing.T) {
 			if got.Registered {
 				t.Fatal("plugin was told it registered")
 			}
-			for _, want := range []string{tc.want, p.Path(), fmt.Sprintf("%q", tc.info.Name)} {
-				if !strings.Contains(got.Error, want) {
-					t.Errorf("reason %q does not contain %q", got.Error, want)
+			if tc.info.Type == "FooPlugin" {
+				if want := "RegisterPlugin error -- no handler registered for plugin type: FooPlugin at socket " + p.Path(); got.Error != want {
+					t.Errorf("reason %q, want %q", got.Error, want)
+				}
+			} else {
+				const prefix = "RegisterPlugin error -- plugin validation failed with err: "
+				if !strings.HasPrefix(got.Error, prefix) || !strings.Contains(got.Error, tc.want) || strings.HasSuffix(got.Error, ": invalid argument") {
+					t.Errorf("reason %q, want %q followed by the validation error (%q) in the kubelet's words", got.Error, prefix, tc.want)
 				}
 			}
 			st := e.waitFailed(p.Path(), 1)
-			if !strings.Contains(st.LastError, tc.want) {
-				t.Errorf("last error %q does not contain %q", st.LastError, tc.want)
+			for _, want := range []string{tc.want, p.Path(), fmt.Sprintf("%q", tc.info.Name)} {
+				if !strings.Contains(st.LastError, want) {
+					t.Errorf("last error %q does not contain %q", st.LastError, want)
+				}
 			}
 			if want := e.clk.Now().Add(executor.InitialBackoff); !st.NextRetry.Equal(want) {
 				t.Errorf("next retry %v, want %v", st.NextRetry, want)
@@ -280,6 +392,38 @@ func TestHandlerFailureRollsBackASW(t *testing.T) {
 	e.waitRegistered(p.Path())
 	if _, err := p.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The kubelet's behaviour: when the devicemanager refuses a registration,
+// the plugin is told "RegisterPlugin error -- plugin registration failed
+// with err: " and the kubelet's message, which the devicemanager sends as
+// an ErrorInfo detail (KUBELET_MESSAGE); ListPlugins keeps nodeplug's
+// detail.
+func TestRegisterErrorInKubeletWords(t *testing.T) {
+	e := newEnv(t)
+	const kubeletMsg = "failed to get device plugin options: rpc error: code = Unimplemented desc = boom"
+	st, err := grpcstatus.New(codes.FailedPrecondition, "endpoint /x: GetDevicePluginOptions: boom").WithDetails(&errdetails.ErrorInfo{
+		Domain: "nodeplug.devicemanager.v1", Reason: "KUBELET_MESSAGE", Metadata: map[string]string{"message": kubeletMsg},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.dm.SetRegisterError(st.Err())
+	p := e.plugin("dev", devicePlugin("example.com/dev"))
+	e.w.Created(t, p.Path())
+	got, err := p.WaitStatus(waitCtx(t), testplugin.Rejected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "RegisterPlugin error -- plugin registration failed with err: " + kubeletMsg; got.Error != want {
+		t.Fatalf("reason %q, want %q", got.Error, want)
+	}
+	ps := e.waitFailed(p.Path(), 1)
+	for _, want := range []string{"GetDevicePluginOptions: boom", p.Path(), `"example.com/dev"`} {
+		if !strings.Contains(ps.LastError, want) {
+			t.Errorf("last error %q lacks %q", ps.LastError, want)
+		}
 	}
 }
 

@@ -7,6 +7,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/status"
+
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
@@ -67,11 +70,57 @@ func (h *DevicePlugin) Register(ctx context.Context, p cache.Plugin) error {
 		Generation:   p.Generation,
 	})
 	if err != nil {
-		return fmt.Errorf("devicemanager RegisterPlugin for resource %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
+		werr := fmt.Errorf("devicemanager RegisterPlugin for resource %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
+		if msg, ok := kubeletMessage(err); ok {
+			return &KubeletWorded{Message: msg, Err: werr}
+		}
+		return werr
 	}
 	h.Observe(resp.GetInstanceId())
 	return nil
 }
+
+// What a devicemanager RegisterPlugin failure carries for the plugin: an
+// ErrorInfo detail of this domain and reason, the kubelet's message in
+// metadata KubeletMessageKey.
+const (
+	KubeletMessageDomain = "nodeplug.devicemanager.v1"
+	KubeletMessageReason = "KUBELET_MESSAGE"
+	KubeletMessageKey    = "message"
+)
+
+// kubeletMessage returns the kubelet's words for a RegisterPlugin failure,
+// when the devicemanager's status carries them.
+func kubeletMessage(err error) (string, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return "", false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == KubeletMessageDomain && info.GetReason() == KubeletMessageReason {
+			if msg, ok := info.GetMetadata()[KubeletMessageKey]; ok {
+				return msg, true
+			}
+		}
+	}
+	return "", false
+}
+
+// KubeletWorded is a handler error with what the kubelet would say for it
+// (the plugin is told "plugin registration failed with err: " and
+// KubeletMessage); Error keeps nodeplug's detail.
+type KubeletWorded struct {
+	Message string
+	Err     error
+}
+
+func (e *KubeletWorded) Error() string { return e.Err.Error() }
+
+// Unwrap returns the detailed error.
+func (e *KubeletWorded) Unwrap() error { return e.Err }
+
+// KubeletMessage returns the kubelet's words.
+func (e *KubeletWorded) KubeletMessage() string { return e.Message }
 
 // Deregister calls the devicemanager's DeregisterPlugin for this
 // generation, so a newer registration of the endpoint is left alone.

@@ -5,9 +5,10 @@
 // wakes one when its backoff ends, and a periodic resync is only a safety
 // net.
 //
-// A pass first unregisters what is gone or has a new generation, then
-// re-registers what a handler asked for (a restarted devicemanager), then
-// registers what is missing. Each operation runs in the executor: one per
+// A pass first unregisters what is gone, then re-registers what a handler
+// asked for (a restarted devicemanager), then registers what is missing,
+// including a socket recreated with a new generation, whose registration
+// replaces the old one in place (no deregister-then-register). Each operation runs in the executor: one per
 // socket path at a time, with backoff per socket generation. What the loop
 // learns is recorded on a status.Board, which the API publishes; the loop
 // never reads its decisions back from it.
@@ -316,13 +317,12 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 	p, registered := r.asw.Get(path)
 	d, desired := r.dsw.Get(path)
 
-	// 1. Unregister what is gone or has a new generation.
-	if registered && (!desired || d.Generation != p.Generation) {
-		gen := p.Generation
-		if desired {
-			gen = d.Generation
-		}
-		r.run(ctx, path, gen, func(ctx context.Context, _ executor.Attempt) error { return r.unregister(ctx, p) })
+	// 1. Unregister what is gone. A socket with a new generation is not
+	// unregistered: step 3 registers the new generation in place of the
+	// old one (no dip downstream), and the register operation deregisters
+	// the old one if it must.
+	if registered && !desired {
+		r.run(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.unregister(ctx, p) })
 	}
 
 	// 2. Register again what a handler's restarted downstream lost.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -58,6 +59,21 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 	var p cache.Plugin
 	defer func() { r.endRegister(ctx, span, d, a, p.Type, time.Since(start), err) }()
 
+	// A registration of an earlier generation of this socket (recreated
+	// while registered) stays in place while this attempt runs, so that a
+	// plugin whose endpoint keeps serving is replaced downstream without a
+	// dip (DESIGN "Restarts without a dip"). It is deregistered only when
+	// this attempt fails, or when what it named changed.
+	old, hasOld := r.asw.Get(d.Path)
+	hasOld = hasOld && old.Generation != d.Generation
+	if hasOld {
+		defer func() {
+			if err != nil {
+				r.dropPrevious(ctx, old)
+			}
+		}()
+	}
+
 	p, conn, err := r.getInfo(ctx, d)
 	if err != nil {
 		return err
@@ -67,34 +83,83 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 		// Nothing the plugin said is recorded or echoed beyond its bounds.
 		p = clipped(p)
 		r.identified(span, p)
-		return r.refuse(ctx, conn, p, fmt.Errorf("plugin validation failed: %w", err))
+		return r.refuse(ctx, conn, p, refused("RegisterPlugin error -- plugin validation failed with err: "+plain(err), fmt.Errorf("plugin validation failed: %w", err)))
 	}
 	r.identified(span, p)
-	if err := r.admit(ctx, &p); err != nil {
+	var prev *cache.Plugin
+	if hasOld {
+		prev = &old
+	}
+	prevGone, err := r.admit(ctx, &p, prev)
+	if err != nil {
 		return r.refuse(ctx, conn, p, err)
 	}
 	if err := r.notifyRegistered(ctx, conn, p); err != nil {
 		return err
 	}
+	if hasOld && !prevGone && replacedElsewhere(old, p) {
+		r.deregisterPrevious(ctx, old)
+	}
 	r.status.Registered(d.Path, d.Generation)
 	return nil
 }
 
-// admit runs steps 2 to 5: after it returns nil the plugin is registered
-// with its handler and recorded in the ASW; after an error, neither.
-func (r *Reconciler) admit(ctx context.Context, p *cache.Plugin) error {
-	h, err := r.pickHandler(p.Type)
+// replacedElsewhere reports whether registering p left old's registration
+// in place downstream: its handler changed, or (for device plugins, which
+// the devicemanager keys by endpoint and resource) its name or endpoint did.
+// CSI and DRA records are keyed by socket path, so p replaced old's.
+func replacedElsewhere(old, p cache.Plugin) bool {
+	if old.Handler != p.Handler {
+		return true
+	}
+	return p.Type == handlerTypeDevicePlugin && (old.Name != p.Name || old.Endpoint != p.Endpoint)
+}
+
+// handlerTypeDevicePlugin is the plugin type whose registrations live in
+// the devicemanager, keyed by endpoint.
+const handlerTypeDevicePlugin = "DevicePlugin"
+
+// dropPrevious forgets old, the registration of an earlier generation of
+// its socket, after the attempt to register the new generation failed:
+// the old socket is gone, so its registration goes too.
+func (r *Reconciler) dropPrevious(ctx context.Context, old cache.Plugin) {
+	if cur, ok := r.asw.Get(old.SocketPath); ok && cur.Generation == old.Generation {
+		r.asw.Remove(old.SocketPath)
+	}
+	r.deregisterPrevious(ctx, old)
+}
+
+// deregisterPrevious tells old's handler that the registration of an
+// earlier generation of the socket is gone. A failure is retried with the
+// registrations whose sockets are gone.
+func (r *Reconciler) deregisterPrevious(ctx context.Context, old cache.Plugin) {
+	err := step(ctx, "reconciler.handler.Deregister", func(ctx context.Context) error { return old.Handler.Deregister(ctx, old) })
+	r.metrics.observeDeregistration(old.Type, err)
 	if err != nil {
-		return err
+		r.log.WarnContext(ctx, "deregistering the socket's previous registration failed; retried with the registrations whose sockets are gone", "socket_path", old.SocketPath, "generation", old.Generation, "name", old.Name, "error", err)
+		r.orphansLater()
+		return
+	}
+	r.log.InfoContext(ctx, "previous registration of a recreated socket deregistered", "socket_path", old.SocketPath, "generation", old.Generation, "name", old.Name, "endpoint", old.Endpoint)
+}
+
+// admit runs steps 2 to 5: after it returns nil the plugin is registered
+// with its handler and recorded in the ASW; after an error, neither. prev,
+// when set, is the registration of an earlier generation of the socket;
+// prevGone reports that it was deregistered on the way.
+func (r *Reconciler) admit(ctx context.Context, p *cache.Plugin, prev *cache.Plugin) (prevGone bool, err error) {
+	h, err := r.pickHandler(p.Type, p.SocketPath)
+	if err != nil {
+		return false, err
 	}
 	p.Handler = h
 	if err := r.validate(ctx, *p); err != nil {
-		return err
+		return false, err
 	}
 	if err := r.addToASW(*p); err != nil {
-		return err
+		return false, err
 	}
-	return r.handlerRegister(ctx, *p)
+	return r.handlerRegister(ctx, *p, prev)
 }
 
 // beginRegister starts the attempt's span, continuing the event's trace on
@@ -195,10 +260,11 @@ func (r *Reconciler) identified(span trace.Span, p cache.Plugin) {
 }
 
 // pickHandler (step 2) returns the handler of plugin type typ.
-func (r *Reconciler) pickHandler(typ string) (cache.Handler, error) {
+func (r *Reconciler) pickHandler(typ, socketPath string) (cache.Handler, error) {
 	h := r.handlers[typ]
 	if h == nil {
-		return nil, fmt.Errorf("no handler registered for plugin type: %s", typ)
+		msg := fmt.Sprintf("no handler registered for plugin type: %s", typ)
+		return nil, refused(fmt.Sprintf("RegisterPlugin error -- %s at socket %s", msg, socketPath), errors.New(msg))
 	}
 	return h, nil
 }
@@ -212,7 +278,7 @@ func (r *Reconciler) validate(ctx context.Context, p cache.Plugin) error {
 		return p.Handler.Validate(ctx, p.Name, p.Endpoint, p.Versions)
 	})
 	if err != nil {
-		return fmt.Errorf("plugin validation failed: %w", err)
+		return refused("RegisterPlugin error -- plugin validation failed with err: "+plain(err), fmt.Errorf("plugin validation failed: %w", err))
 	}
 	return nil
 }
@@ -228,27 +294,44 @@ func (r *Reconciler) checkEndpoint(endpoint string) error {
 // addToASW (step 4) records the plugin as registered.
 func (r *Reconciler) addToASW(p cache.Plugin) error {
 	if err := r.asw.Add(p); err != nil {
-		return fmt.Errorf("recording the plugin failed: %w", err)
+		err = fmt.Errorf("recording the plugin failed: %w", err)
+		return refused("RegisterPlugin error -- "+err.Error(), err)
 	}
 	return nil
 }
 
 // handlerRegister (step 5) registers the plugin with its handler; on
-// failure it leaves the ASW again.
-func (r *Reconciler) handlerRegister(ctx context.Context, p cache.Plugin) error {
-	err := step(ctx, "reconciler.handler.Register", func(ctx context.Context) error { return p.Handler.Register(ctx, p) })
+// failure it leaves the ASW again. When the handler refuses p because
+// prev, the socket's previous registration, still holds its endpoint
+// (ALREADY_EXISTS: a resource renamed on the same endpoint), prev is
+// deregistered (prevGone) and p registered again.
+func (r *Reconciler) handlerRegister(ctx context.Context, p cache.Plugin, prev *cache.Plugin) (prevGone bool, err error) {
+	reg := func() error {
+		return step(ctx, "reconciler.handler.Register", func(ctx context.Context) error { return p.Handler.Register(ctx, p) })
+	}
+	err = reg()
+	if err != nil && prev != nil && errors.Is(err, errdefs.ErrAlreadyExists) && prev.Handler == p.Handler && prev.Endpoint == p.Endpoint {
+		r.deregisterPrevious(ctx, *prev)
+		prevGone = true
+		err = reg()
+	}
 	if err != nil {
 		r.asw.Remove(p.SocketPath)
-		return fmt.Errorf("plugin registration failed: %w", err)
+		msg := plain(err)
+		var kw interface{ KubeletMessage() string }
+		if errors.As(err, &kw) {
+			msg = kw.KubeletMessage()
+		}
+		return prevGone, refused("RegisterPlugin error -- plugin registration failed with err: "+msg, fmt.Errorf("plugin registration failed: %w", err))
 	}
-	return nil
+	return prevGone, nil
 }
 
 // notifyRegistered (step 6) tells the plugin it is registered. When that
 // fails, the registration is undone (ASW and handler) so that the retry
 // starts over.
 func (r *Reconciler) notifyRegistered(ctx context.Context, conn *pluginConn, p cache.Plugin) error {
-	err := r.notify(ctx, conn, nil)
+	err := r.notify(ctx, conn, "", nil)
 	if err == nil {
 		return nil
 	}
@@ -260,27 +343,60 @@ func (r *Reconciler) notifyRegistered(ctx context.Context, conn *pluginConn, p c
 }
 
 // refuse tells the plugin why it was not registered, in the kubelet's
-// words: the plugin, the socket, the step that failed and its cause. It
-// returns the refusal (and the notification's failure, if any).
+// words (refusedError.kubelet; the cause's own text when it has none), and
+// returns the refusal with nodeplug's detail (the plugin, the socket, the
+// failed step and its cause) for ListPlugins and the logs, and the
+// notification's failure, if any.
 func (r *Reconciler) refuse(ctx context.Context, conn *pluginConn, p cache.Plugin, cause error) error {
-	return r.notify(ctx, conn, refusal(p, cause))
+	told := cause.Error()
+	var re *refusedError
+	if errors.As(cause, &re) {
+		told = re.kubelet
+	}
+	return r.notify(ctx, conn, told, refusal(p, cause))
 }
 
-// refusal is the reason a plugin is given when it is not registered.
+// refusedError is a failed step's error with what the kubelet tells the
+// plugin for it (pkg/kubelet/pluginmanager/operationexecutor).
+type refusedError struct {
+	kubelet string
+	err     error
+}
+
+func refused(kubelet string, err error) error { return &refusedError{kubelet: kubelet, err: err} }
+
+func (e *refusedError) Error() string { return e.err.Error() }
+func (e *refusedError) Unwrap() error { return e.err }
+
+// plain is err's text without the trailing ": <kind>" of the errdefs
+// sentinel it wraps: the kubelet's messages have no such suffix.
+func plain(err error) string {
+	msg := err.Error()
+	for _, kind := range []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrFailedPrecondition,
+		errdefs.ErrUnavailable, errdefs.ErrResourceExhausted, errdefs.ErrInternal, errdefs.ErrDeadlineExceeded} {
+		if suffix := ": " + kind.Error(); errors.Is(err, kind) && strings.HasSuffix(msg, suffix) {
+			return strings.TrimSuffix(msg, suffix)
+		}
+	}
+	return msg
+}
+
+// refusal is the detailed reason a plugin was not registered, as
+// nodeplug's own API reports it.
 func refusal(p cache.Plugin, cause error) error {
 	return fmt.Errorf("RegisterPlugin error -- plugin %q (type %q) at socket %s: %w", p.Name, p.Type, p.SocketPath, cause)
 }
 
 // notify sends NotifyRegistrationStatus: registered when refusal is nil,
-// else not registered with refusal as the reason. It returns refusal, the
+// else not registered with told as the reason. It returns refusal, the
 // RPC's failure, or both.
-func (r *Reconciler) notify(ctx context.Context, conn *pluginConn, refusal error) error {
+func (r *Reconciler) notify(ctx context.Context, conn *pluginConn, told string, refusal error) error {
 	return step(ctx, "reconciler.NotifyRegistrationStatus", func(ctx context.Context) error {
 		registered := refusal == nil
 		trace.SpanFromContext(ctx).SetAttributes(attribute.Bool("nodeplug.registered", registered))
 		req := &registerapi.RegistrationStatus{PluginRegistered: registered}
 		if !registered {
-			req.Error = refusal.Error()
+			req.Error = told
 		}
 		nctx, cancel := context.WithTimeout(ctx, r.opts.NotifyTimeout)
 		defer cancel()
