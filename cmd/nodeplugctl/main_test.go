@@ -136,6 +136,21 @@ example.com/sample  DevicePlugin  registered  /r/plugins_registry/a.sock  v1beta
 `,
 		},
 		{
+			// With tracing off a service reports the all-zero trace ID: shown
+			// as "-", as allocations show a missing one.
+			name: "plugins with tracing off",
+			render: func(b *bytes.Buffer) error {
+				return renderPlugins(b, testNow, &reconcilerv1.ListPluginsResponse{Plugins: []*reconcilerv1.Plugin{
+					{SocketPath: "/r/plugins_registry/a.sock", State: reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED, Name: "example.com/sample",
+						Type: "DevicePlugin", SupportedVersions: []string{"v1beta1"}, LastTraceId: "00000000000000000000000000000000",
+						LastTransitionTime: ts(-5 * time.Second)},
+				}})
+			},
+			want: `NAME                TYPE          STATE       SOCKET                      VERSIONS  AGE  TRACE ID  ERROR
+example.com/sample  DevicePlugin  registered  /r/plugins_registry/a.sock  v1beta1   5s   -         -
+`,
+		},
+		{
 			name:   "no plugins",
 			render: func(b *bytes.Buffer) error { return renderPlugins(b, testNow, &reconcilerv1.ListPluginsResponse{}) },
 			want:   "no plugin sockets known to the reconciler (a plugin registers by creating its socket in <root-dir>/plugins_registry)\n",

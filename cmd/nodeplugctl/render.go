@@ -52,6 +52,15 @@ func dash(s string) string {
 	return s
 }
 
+// traceID is id, or "" for an all-zero (invalid) trace ID: what a service
+// reports for an attempt made with tracing turned off.
+func traceID(id string) string {
+	if strings.Trim(id, "0") == "" {
+		return ""
+	}
+	return id
+}
+
 func list(ss []string) string {
 	if len(ss) == 0 {
 		return "-"
@@ -116,7 +125,7 @@ func renderPlugins(w io.Writer, now time.Time, resp *reconcilerv1.ListPluginsRes
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			dash(p.GetName()), dash(p.GetType()), pluginState(p.GetState()), p.GetSocketPath(),
-			list(p.GetSupportedVersions()), age(now, p.GetLastTransitionTime()), dash(p.GetLastTraceId()), errText)
+			list(p.GetSupportedVersions()), age(now, p.GetLastTransitionTime()), dash(traceID(p.GetLastTraceId())), errText)
 	}
 	return tw.Flush()
 }
@@ -214,7 +223,7 @@ func renderAllocations(w io.Writer, now time.Time, resp *dmv1.ListAllocationsRes
 	fmt.Fprintln(tw, "POD\tCONTAINER\tRESOURCE\tDEVICES\tAGE\tTRACE ID")
 	for _, a := range allocs {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.GetPodUid(), a.GetContainerName(), a.GetResourceName(),
-			list(a.GetDeviceIds()), age(now, a.GetAllocatedTime()), dash(a.GetTraceId()))
+			list(a.GetDeviceIds()), age(now, a.GetAllocatedTime()), dash(traceID(a.GetTraceId())))
 	}
 	return tw.Flush()
 }
@@ -315,8 +324,8 @@ func pluginChangeLine(now time.Time, m *reconcilerv1.WatchPluginsResponse) strin
 		line += fmt.Sprintf(" name=%s type=%s", p.GetName(), p.GetType())
 	}
 	line += fmt.Sprintf(" revision=%d", ch.GetRevision())
-	if p.GetLastTraceId() != "" {
-		line += " trace=" + p.GetLastTraceId()
+	if id := traceID(p.GetLastTraceId()); id != "" {
+		line += " trace=" + id
 	}
 	if p.GetLastError() != "" {
 		line += fmt.Sprintf(" error=%q", p.GetLastError())
