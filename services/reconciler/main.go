@@ -78,6 +78,9 @@ type config struct {
 	Log         *slog.Logger
 	// Clock drives backoff and resync; the wall clock when nil.
 	Clock clock.Clock
+	// RefusedWindow is how long a plugin socket that refuses connections
+	// is redialled (reconciler.DefaultRefusedWindow when 0).
+	RefusedWindow time.Duration
 }
 
 // service is the reconciler's parts, wired together.
@@ -131,11 +134,12 @@ func newService(cfg config) (*service, error) {
 			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers, confiner),
 			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers),
 		},
-		Status:       s.status,
-		Log:          cfg.Log,
-		Clock:        cfg.Clock,
-		ResyncPeriod: cfg.ResyncPeriod,
-		Confiner:     confiner,
+		Status:        s.status,
+		Log:           cfg.Log,
+		Clock:         cfg.Clock,
+		ResyncPeriod:  cfg.ResyncPeriod,
+		Confiner:      confiner,
+		RefusedWindow: cfg.RefusedWindow,
 	})
 	s.watch = watchclient.New(watcherv1.NewWatcherServiceClient(wconn), s.loop, cfg.Log)
 	s.api = server.New(s.status, s.drivers)

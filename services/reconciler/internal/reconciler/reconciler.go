@@ -38,6 +38,11 @@ const (
 	DefaultResyncPeriod   = 5 * time.Minute
 	DefaultGetInfoTimeout = time.Second     // the kubelet's
 	DefaultNotifyTimeout  = 5 * time.Second // the kubelet's
+	// DefaultRefusedWindow is how long a socket that refuses connections
+	// is redialled: the gap between a plugin's bind() (when fsnotify
+	// reports the socket) and its listen() (DESIGN "Dialling a new socket",
+	// "Stale sockets").
+	DefaultRefusedWindow = 50 * time.Millisecond
 )
 
 // Options configure a Reconciler.
@@ -57,6 +62,10 @@ type Options struct {
 	// NotifyRegistrationStatus (DefaultNotifyTimeout when 0).
 	GetInfoTimeout time.Duration
 	NotifyTimeout  time.Duration
+	// RefusedWindow bounds the redials of a socket that refuses
+	// connections, on the wall clock (DefaultRefusedWindow when 0): past
+	// it the attempt fails and backs off, freeing its worker.
+	RefusedWindow time.Duration
 	// MaxParallel bounds operations executing at once (see executor).
 	MaxParallel int
 	// Confiner, when set, refuses plugin endpoints outside the allowed
@@ -111,6 +120,9 @@ func New(o Options) *Reconciler {
 	}
 	if o.NotifyTimeout <= 0 {
 		o.NotifyTimeout = DefaultNotifyTimeout
+	}
+	if o.RefusedWindow <= 0 {
+		o.RefusedWindow = DefaultRefusedWindow
 	}
 	r := &Reconciler{
 		dsw:        cache.NewDesiredStateOfWorld(),

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -20,9 +22,8 @@ import (
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 )
 
-// connectParams make a refused connection (fsnotify reports a socket at
-// bind(), before listen()) be retried within milliseconds, inside the
-// GetInfo budget, instead of after gRPC's default second.
+// connectParams make gRPC's own reconnection quick; the refused
+// connections of the bind→listen gap are retried by dialListening.
 var connectParams = grpc.ConnectParams{
 	Backoff: backoff.Config{
 		BaseDelay:  2 * time.Millisecond,
@@ -31,6 +32,50 @@ var connectParams = grpc.ConnectParams{
 		MaxDelay:   50 * time.Millisecond,
 	},
 	MinConnectTimeout: time.Second,
+}
+
+// Delays between redials of a socket that refuses connections.
+const (
+	firstRedialDelay = time.Millisecond
+	lastRedialDelay  = 8 * time.Millisecond
+)
+
+// dialListening returns the dialer of a plugin's registration socket at
+// path. fsnotify reports a socket at bind(), which can be before listen():
+// a refused connection is redialled with a millisecond backoff for at most
+// window (the bind→listen gap), then the dial fails. So a stale socket (its
+// plugin died without removing it) fails its attempt within window and
+// frees its worker, instead of holding it for the GetInfo budget (DESIGN
+// "Stale sockets"). A full backlog (EAGAIN) is a live plugin: it is
+// redialled until gRPC's connect deadline.
+func dialListening(path string, window time.Duration) func(context.Context, string) (net.Conn, error) {
+	return func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		deadline := time.Now().Add(window)
+		delay := firstRedialDelay
+		for {
+			c, err := d.DialContext(ctx, "unix", path)
+			switch {
+			case err == nil:
+				return c, nil
+			case errors.Is(err, syscall.EAGAIN):
+			case errors.Is(err, syscall.ECONNREFUSED):
+				if !time.Now().Before(deadline) {
+					return nil, fmt.Errorf("socket refuses connections (nothing listens on it) after %s: %w", window, err)
+				}
+			default:
+				return nil, err
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			case <-t.C:
+			}
+			delay = min(2*delay, lastRedialDelay)
+		}
+	}
 }
 
 // register is one attempt at the kubelet's register sequence for the socket
@@ -208,15 +253,16 @@ func (c *pluginConn) close() { _ = c.conn.Close() }
 
 // getInfo (step 1) dials the plugin and calls GetInfo within the GetInfo
 // budget (Options.GetInfoTimeout on the reconciler's clock). A refused
-// connection is retried by gRPC within milliseconds inside
-// that budget (WaitForReady), so a socket reported at bind() before listen()
-// is not a failure. The plugin's endpoint defaults to its socket.
+// connection is redialled within milliseconds for Options.RefusedWindow
+// (dialListening), so a socket reported at bind() before listen() is not a
+// failure, and a stale one fails fast. The plugin's endpoint defaults to
+// its socket.
 func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin, *pluginConn, error) {
 	var info *registerapi.PluginInfo
 	c := &pluginConn{path: d.Path}
 	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) error {
 		var err error
-		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams))
+		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams), grpc.WithContextDialer(dialListening(d.Path, r.opts.RefusedWindow)))
 		if err != nil {
 			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, err)
 		}
@@ -224,7 +270,9 @@ func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin,
 		// The budget runs on the reconciler's clock, as its backoff does.
 		gctx, cancel := r.clock.WithTimeout(ctx, r.opts.GetInfoTimeout)
 		defer cancel()
-		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+		// Not WaitForReady: a failed dial (dialListening gave up) fails the
+		// call at once.
+		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{})
 		if err != nil {
 			c.close()
 			if errors.Is(context.Cause(gctx), context.DeadlineExceeded) && ctx.Err() == nil {
