@@ -33,6 +33,8 @@ type Listed struct {
 type ListedPlugin struct {
 	Socket     string
 	Registered bool
+	State      string // for messages
+	LastError  string // for messages
 }
 
 // ListedResource is one devicemanager resource.
@@ -172,7 +174,7 @@ func Mismatch(plugins []ListedPlugin, resources []ListedResource, live []LivePlu
 	}
 	for _, p := range plugins {
 		if !wantSock[p.Socket] {
-			problems = append(problems, p.Socket+" listed but not live")
+			problems = append(problems, fmt.Sprintf("%s listed but not live (%s %s)", p.Socket, p.State, p.LastError))
 		}
 	}
 	byName := map[string]ListedResource{}

@@ -278,7 +278,8 @@ func (h *harness) snapshot(ctx context.Context) (State, error) {
 		if p.GetType() != "DevicePlugin" {
 			continue
 		}
-		s.Plugins = append(s.Plugins, ListedPlugin{Socket: p.GetSocketPath(), Registered: p.GetState() == rcv1.PluginState_PLUGIN_STATE_REGISTERED})
+		s.Plugins = append(s.Plugins, ListedPlugin{Socket: p.GetSocketPath(), Registered: p.GetState() == rcv1.PluginState_PLUGIN_STATE_REGISTERED,
+			State: p.GetState().String(), LastError: p.GetLastError()})
 	}
 	for _, r := range rs.GetResources() {
 		lr := ListedResource{Name: r.GetName(), Allocatable: r.GetAllocatable()}
