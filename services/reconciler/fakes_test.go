@@ -171,6 +171,7 @@ type fakeDM struct {
 	registerErr error
 	calls       []string
 	stop        chan struct{}
+	changes     map[chan *devicemanagerv1.ResourceChange]struct{}
 }
 
 type dmEndpoint struct {
@@ -178,7 +179,7 @@ type dmEndpoint struct {
 }
 
 func newFakeDM(t *testing.T, path string) *fakeDM {
-	d := &fakeDM{instance: uuid.NewString(), endpoints: map[string]dmEndpoint{}, stop: make(chan struct{})}
+	d := &fakeDM{instance: uuid.NewString(), endpoints: map[string]dmEndpoint{}, stop: make(chan struct{}), changes: map[chan *devicemanagerv1.ResourceChange]struct{}{}}
 	serve(t, path, func(s *grpc.Server) { devicemanagerv1.RegisterDeviceManagerServiceServer(s, d) })
 	t.Cleanup(func() { d.mu.Lock(); close(d.stop); d.stop = make(chan struct{}); d.mu.Unlock() })
 	return d
@@ -232,17 +233,52 @@ func (d *fakeDM) ListResources(context.Context, *devicemanagerv1.ListResourcesRe
 }
 
 func (d *fakeDM) WatchResources(_ *devicemanagerv1.WatchResourcesRequest, srv grpc.ServerStreamingServer[devicemanagerv1.WatchResourcesResponse]) error {
+	ch := make(chan *devicemanagerv1.ResourceChange, 1000)
 	d.mu.Lock()
 	id, stop := d.instance, d.stop
+	d.changes[ch] = struct{}{}
 	d.mu.Unlock()
+	defer func() { d.mu.Lock(); delete(d.changes, ch); d.mu.Unlock() }()
 	if err := srv.Send(&devicemanagerv1.WatchResourcesResponse{InstanceId: id, Item: &devicemanagerv1.WatchResourcesResponse_Synced{Synced: &devicemanagerv1.Synced{}}}); err != nil {
 		return err
 	}
-	select {
-	case <-stop:
-		return fmt.Errorf("devicemanager restarting: %w", errdefs.ErrUnavailable)
-	case <-srv.Context().Done():
-		return srv.Context().Err()
+	for {
+		select {
+		case c := <-ch:
+			if err := srv.Send(&devicemanagerv1.WatchResourcesResponse{InstanceId: id, Item: &devicemanagerv1.WatchResourcesResponse_Change{Change: c}}); err != nil {
+				return err
+			}
+		case <-stop:
+			return fmt.Errorf("devicemanager restarting: %w", errdefs.ErrUnavailable)
+		case <-srv.Context().Done():
+			return srv.Context().Err()
+		}
+	}
+}
+
+// Watchers returns how many WatchResources streams are open.
+func (d *fakeDM) Watchers() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.changes)
+}
+
+// SetEndpointState reports, on every WatchResources stream, the resource
+// of the endpoint with the endpoint in state (as a devicemanager whose
+// ListAndWatch stream to the plugin ended, or came back, does).
+func (d *fakeDM) SetEndpointState(endpoint, generation string, state devicemanagerv1.EndpointState) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	e := d.endpoints[endpoint]
+	ep := &devicemanagerv1.Endpoint{Endpoint: endpoint, SocketPath: e.socketPath, Generation: generation,
+		RegistrationPath: devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY, State: state}
+	if state == devicemanagerv1.EndpointState_ENDPOINT_STATE_STOPPED {
+		ep.StoppedTime = timestamppb.Now()
+	}
+	c := &devicemanagerv1.ResourceChange{Type: devicemanagerv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_UPDATED,
+		Resource: &devicemanagerv1.Resource{Name: e.resource, Endpoints: []*devicemanagerv1.Endpoint{ep}}}
+	for ch := range d.changes {
+		ch <- c
 	}
 }
 

@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -128,6 +129,16 @@ func newService(cfg config) (*service, error) {
 	// plugin with it again.
 	s.devices = handler.NewDevicePlugin(devicemanagerv1.NewDeviceManagerServiceClient(dconn), cfg.Log.With("handler", handler.TypeDevicePlugin),
 		func(_, _ string) { s.loop.Reregister(handler.TypeDevicePlugin) })
+	// What ListResources says of an endpoint, ListPlugins says of its
+	// registration (DESIGN "Reconciler ↔ devicemanager").
+	s.devices.OnEndpoint(func(e handler.EndpointState) {
+		switch {
+		case e.Stopped:
+			s.status.EndpointStopped(e.SocketPath, e.Generation, endpointStoppedNote(e))
+		case e.Live:
+			s.status.EndpointLive(e.SocketPath, e.Generation)
+		}
+	})
 	s.loop = reconciler.New(reconciler.Options{
 		Handlers: map[string]cache.Handler{
 			handler.TypeDevicePlugin: s.devices,
@@ -198,4 +209,14 @@ func setup(rt *app.Runtime, cfg config) error {
 	})
 	rt.Go(s.run)
 	return nil
+}
+
+// endpointStoppedNote is the last error of a registered device plugin whose
+// endpoint stopped serving.
+func endpointStoppedNote(e handler.EndpointState) string {
+	note := fmt.Sprintf("device plugin endpoint %s stopped", e.Endpoint)
+	if !e.StoppedTime.IsZero() {
+		note += " at " + e.StoppedTime.UTC().Format(time.RFC3339)
+	}
+	return note + fmt.Sprintf(": resource %s has no allocatable devices from it until the plugin serves again (the devicemanager keeps its capacity for the grace period)", e.Resource)
 }

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
@@ -924,5 +925,75 @@ func TestOversizedGetInfoAnswers(t *testing.T) {
 				t.Fatalf("the refused plugin reached a handler (%d)", n)
 			}
 		})
+	}
+}
+
+// issue 13 item 5: after a device plugin is SIGKILLed, ListPlugins agrees
+// with the devicemanager. Its registration stands, as in the kubelet (the
+// socket file is still there), but once the devicemanager reports the
+// endpoint stopped, ListPlugins says so instead of a bare "registered";
+// the note goes when the endpoint serves again, or when the restarted
+// plugin registers anew.
+func TestEndpointStoppedShowsInListPlugins(t *testing.T) {
+	e := newEnv(t)
+	c := serviceClient(t, e)
+	p := e.plugin("dev", devicePlugin("example.com/dev"))
+	path := p.Path()
+	e.w.Created(t, path)
+	gen := e.waitRegistered(path).Generation
+	testutil.WaitFor(t, "the handler following WatchResources", func() bool { return e.dm.Watchers() > 0 })
+	get := func() *reconcilerv1.Plugin {
+		resp, err := c.ListPlugins(context.Background(), &reconcilerv1.ListPluginsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pl := range resp.GetPlugins() {
+			if pl.GetSocketPath() == path {
+				return pl
+			}
+		}
+		t.Fatalf("ListPlugins lacks %s", path)
+		return nil
+	}
+	if pl := get(); pl.GetLastError() != "" {
+		t.Fatalf("healthy plugin: last error %q", pl.GetLastError())
+	}
+
+	// SIGKILL: the plugin stops serving, its socket file stays.
+	p.Stop()
+	e.dm.SetEndpointState(path, gen, devicemanagerv1.EndpointState_ENDPOINT_STATE_STOPPED)
+	var pl *reconcilerv1.Plugin
+	testutil.WaitFor(t, "ListPlugins showing the stopped endpoint", func() bool {
+		pl = get()
+		return pl.GetLastError() != ""
+	})
+	if pl.GetState() != reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED || pl.GetGeneration() != gen {
+		t.Fatalf("plugin = %+v, want still registered with generation %s", pl, gen)
+	}
+	for _, want := range []string{"device plugin endpoint " + path + " stopped", "example.com/dev", "no allocatable devices"} {
+		if !strings.Contains(pl.GetLastError(), want) {
+			t.Fatalf("last error %q lacks %q", pl.GetLastError(), want)
+		}
+	}
+
+	// The devicemanager redials it (say, after its own restart): the note
+	// goes.
+	e.dm.SetEndpointState(path, gen, devicemanagerv1.EndpointState_ENDPOINT_STATE_LIVE)
+	testutil.WaitFor(t, "the note gone once the endpoint is live", func() bool { return get().GetLastError() == "" })
+
+	// Stopped again, then the plugin restarts with a new socket: its new
+	// registration has no note.
+	e.dm.SetEndpointState(path, gen, devicemanagerv1.EndpointState_ENDPOINT_STATE_STOPPED)
+	testutil.WaitFor(t, "the stopped endpoint shown again", func() bool { return get().GetLastError() != "" })
+	p2 := e.plugin("dev", devicePlugin("example.com/dev"))
+	e.w.Created(t, path)
+	st := e.waitState(path, "registered anew", func(s status.PluginStatus) bool {
+		return s.State == status.StateRegistered && s.Generation != gen
+	})
+	if st.LastError != "" {
+		t.Fatalf("new registration: last error %q", st.LastError)
+	}
+	if _, err := p2.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
+		t.Fatal(err)
 	}
 }

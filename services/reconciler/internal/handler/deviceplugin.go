@@ -31,9 +31,29 @@ type DevicePlugin struct {
 	client devicemanagerv1.DeviceManagerServiceClient
 	log    *slog.Logger
 
-	mu       sync.Mutex
-	instance string
-	onChange func(old, new string)
+	mu         sync.Mutex
+	instance   string
+	onChange   func(old, new string)
+	onEndpoint func(EndpointState)
+}
+
+// EndpointState is what the devicemanager reports about one endpoint it got
+// through plugins_registry.
+type EndpointState struct {
+	Resource, Endpoint, SocketPath, Generation string
+	// Live: its ListAndWatch stream is open (or being opened). Stopped:
+	// the stream ended, at StoppedTime.
+	Live, Stopped bool
+	StoppedTime   time.Time
+}
+
+// OnEndpoint sets f to be called, from Run, with the state of every
+// plugins_registry endpoint in each resource change the devicemanager
+// reports. Call it before Run.
+func (h *DevicePlugin) OnEndpoint(f func(EndpointState)) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.onEndpoint = f
 }
 
 var (
@@ -191,6 +211,33 @@ func (h *DevicePlugin) watch(ctx context.Context) (synced bool, err error) {
 		if m.GetSynced() != nil {
 			synced = true
 		}
+		h.endpoints(m.GetChange().GetResource())
+	}
+}
+
+// endpoints reports the state of r's plugins_registry endpoints.
+func (h *DevicePlugin) endpoints(r *devicemanagerv1.Resource) {
+	h.mu.Lock()
+	f := h.onEndpoint
+	h.mu.Unlock()
+	if f == nil || r == nil {
+		return
+	}
+	for _, e := range r.GetEndpoints() {
+		if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY {
+			continue
+		}
+		st := EndpointState{Resource: r.GetName(), Endpoint: e.GetEndpoint(), SocketPath: e.GetSocketPath(), Generation: e.GetGeneration()}
+		switch e.GetState() {
+		case devicemanagerv1.EndpointState_ENDPOINT_STATE_LIVE, devicemanagerv1.EndpointState_ENDPOINT_STATE_CONNECTING:
+			st.Live = true
+		case devicemanagerv1.EndpointState_ENDPOINT_STATE_STOPPED:
+			st.Stopped = true
+			if t := e.GetStoppedTime(); t != nil {
+				st.StoppedTime = t.AsTime()
+			}
+		}
+		f(st)
 	}
 }
 

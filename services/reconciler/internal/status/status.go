@@ -99,6 +99,9 @@ func (c Change) size() int {
 type entry struct {
 	PluginStatus
 	firstAttempt trace.SpanContext
+	// endpointDown: LastError is the note that the registered plugin's
+	// endpoint stopped (EndpointStopped), not a failed attempt's error.
+	endpointDown bool
 }
 
 // Board holds the statuses. Its methods are safe for concurrent use; every
@@ -280,11 +283,52 @@ func (b *Board) Identified(path, generation, name, typ, endpoint string, version
 func (b *Board) Registered(path, generation string) {
 	b.update(path, generation, func(e *entry) {
 		e.State = StateRegistered
-		e.LastError = ""
+		e.LastError, e.endpointDown = "", false
 		e.Failures = 0
 		e.NextRetry = time.Time{}
 		e.firstAttempt = trace.SpanContext{}
 	})
+}
+
+// EndpointStopped records that the endpoint behind the registered socket
+// at path with generation stopped serving (its devicemanager stream
+// ended): the registration stands, as in the kubelet, whose plugin manager
+// keeps it while the socket file is there, but its last error says why its
+// devices are not allocatable, so ListPlugins agrees with ListResources.
+// Nothing changes for a socket that is not known and registered with that
+// generation.
+func (b *Board) EndpointStopped(path, generation, note string) {
+	b.updateExisting(path, generation, func(e *entry) bool {
+		if e.State != StateRegistered || (e.endpointDown && e.LastError == note) {
+			return false
+		}
+		e.LastError, e.endpointDown = note, true
+		return true
+	})
+}
+
+// EndpointLive records that the endpoint behind the registered socket at
+// path with generation serves again: the note EndpointStopped left goes.
+func (b *Board) EndpointLive(path, generation string) {
+	b.updateExisting(path, generation, func(e *entry) bool {
+		if !e.endpointDown {
+			return false
+		}
+		e.LastError, e.endpointDown = "", false
+		return true
+	})
+}
+
+// updateExisting changes the status of path, when it is known with
+// generation, and publishes the change when f reports one.
+func (b *Board) updateExisting(path, generation string, f func(e *entry) bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.entries[path]
+	if !ok || e.Generation != generation || !f(e) {
+		return
+	}
+	b.publishLocked(false, e)
 }
 
 // Failed records a failed attempt, the failures in a row so far and when
@@ -292,7 +336,7 @@ func (b *Board) Registered(path, generation string) {
 func (b *Board) Failed(path, generation string, err error, failures int, next time.Time) {
 	b.update(path, generation, func(e *entry) {
 		e.State = StateFailed
-		e.LastError = err.Error()
+		e.LastError, e.endpointDown = err.Error(), false
 		e.Failures = failures
 		e.NextRetry = next
 	})
