@@ -44,7 +44,7 @@ func (r *Reconciler) deregisterOrphans(ctx context.Context) {
 		r.bg.Add(1)
 		go func() {
 			defer r.bg.Done()
-			n, err := o.DeregisterOrphans(ctx, r.desired)
+			n, err := o.DeregisterOrphans(ctx, r.kept)
 			if err != nil && ctx.Err() == nil {
 				r.mu.Lock()
 				r.orphans.due = true
@@ -66,4 +66,13 @@ func (r *Reconciler) deregisterOrphans(ctx context.Context) {
 			}
 		}()
 	}
+}
+
+// kept reports whether the downstream registration of the socket at path
+// with generation is to stay: the socket is desired, or it is the ASW's
+// registration of a socket recreated meanwhile, which stays in place until
+// the new generation replaces it (the register operation deregisters it if
+// that fails).
+func (r *Reconciler) kept(path, generation string) bool {
+	return r.desired(path, generation) || r.asw.ExistsWithGeneration(path, generation)
 }

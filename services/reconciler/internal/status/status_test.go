@@ -93,3 +93,38 @@ func TestBoardFollowsGenerations(t *testing.T) {
 		t.Fatalf("unexpected change %+v (news about a replaced generation?)", c)
 	}
 }
+
+// A stopped endpoint is noted on a registered socket of its generation
+// only, never creates an entry, and the note goes when the endpoint is live
+// again; a failed attempt's error is not taken for the note.
+func TestBoardEndpointNotes(t *testing.T) {
+	b := New(clock.NewFake(time.Unix(1_000_000, 0)), stream.Limits{})
+	const path = "/p/a.sock"
+	b.EndpointStopped("/p/unknown.sock", "g1", "stopped")
+	if _, ok := b.Get("/p/unknown.sock"); ok {
+		t.Fatal("a note created an entry")
+	}
+	b.Track(path, "g1", false)
+	b.EndpointStopped(path, "g1", "stopped")
+	if st, _ := b.Get(path); st.LastError != "" {
+		t.Fatalf("pending socket noted: %+v", st)
+	}
+	b.Registered(path, "g1")
+	b.EndpointStopped(path, "g0", "old stopped")
+	if st, _ := b.Get(path); st.LastError != "" {
+		t.Fatalf("old generation's endpoint noted: %+v", st)
+	}
+	b.EndpointStopped(path, "g1", "stopped")
+	if st, _ := b.Get(path); st.State != StateRegistered || st.LastError != "stopped" {
+		t.Fatalf("after the endpoint stopped: %+v", st)
+	}
+	b.EndpointLive(path, "g1")
+	if st, _ := b.Get(path); st.State != StateRegistered || st.LastError != "" {
+		t.Fatalf("after the endpoint came back: %+v", st)
+	}
+	b.Failed(path, "g1", errors.New("attempt failed"), 1, time.Time{})
+	b.EndpointLive(path, "g1")
+	if st, _ := b.Get(path); st.LastError != "attempt failed" {
+		t.Fatalf("a live endpoint cleared a failed attempt's error: %+v", st)
+	}
+}
