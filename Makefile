@@ -29,7 +29,8 @@ BINARIES := nodeplug-watcher:./services/watcher \
             nodeplug-devicemanager:./services/devicemanager \
             nodeplugctl:./cmd/nodeplugctl \
             nodeplug-sampleplugin:./cmd/nodeplug-sampleplugin \
-            nodeplug-bench:./cmd/nodeplug-bench
+            nodeplug-bench:./cmd/nodeplug-bench \
+            nodeplug-chaos:./cmd/nodeplug-chaos
 LDFLAGS  := -s -w -X github.com/nodeplug/nodeplug/pkg/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 45m
 
@@ -59,6 +60,10 @@ fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); seeds also ru
 .PHONY: stress-test
 stress-test: ## Run the suite under a CPU hog (stress-ng): make test x3, then -count=20 (e2e -count=3); SHORT=1 for CI's short form.
 	SHORT=$(SHORT) TEST_TIMEOUT=$(TEST_TIMEOUT) scripts/stress-test.sh
+
+.PHONY: chaos
+chaos: build ## Kill services under load and damage the checkpoint; check nothing acknowledged is lost (table + chaos-results.json).
+	bin/nodeplug-chaos -bin bin -json chaos-results.json $(CHAOS_FLAGS)
 
 .PHONY: bench
 bench: build ## Run the benchmarks: nodeplug-bench against real processes, then the Go benchmarks.
