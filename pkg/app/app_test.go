@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/lockfile"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
@@ -88,5 +92,58 @@ func TestRunHealthLockAndDeferredReady(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not stop")
+	}
+}
+
+// TestMetricsBindFailureLeavesNothing: when the metrics address is taken,
+// the service fails before its Setup creates anything, so no socket (the
+// API's, or one Setup would serve) is left behind.
+func TestMetricsBindFailureLeavesNothing(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	root := testutil.TempDir(t)
+	extra := filepath.Join(root, "device-plugins", "kubelet.sock")
+	cfg := Config{Binary: "test", RootDir: root, APISocket: APISocket(root, "test"), MetricsListen: taken.Addr().String(), LogLevel: "info", LogFormat: "text"}
+	setupRan := false
+	svc := Service{Binary: "test", Setup: func(_ context.Context, rt *Runtime) error {
+		setupRan = true
+		return rt.ServeUnix(extra, func(*grpc.Server) {})
+	}}
+	err = Run(context.Background(), svc, cfg, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.Contains(err.Error(), "metrics") {
+		t.Fatalf("Run with a taken metrics address: %v, want a metrics listen error", err)
+	}
+	if setupRan {
+		t.Error("Setup ran although the metrics address could not be bound")
+	}
+	for _, p := range []string{cfg.APISocket, extra} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is left behind: %v", p, err)
+		}
+	}
+}
+
+// TestSetupFailureRemovesServedSockets: a Setup that served a socket and
+// then failed leaves no socket behind.
+func TestSetupFailureRemovesServedSockets(t *testing.T) {
+	root := testutil.TempDir(t)
+	extra := filepath.Join(root, "device-plugins", "kubelet.sock")
+	cfg := Config{Binary: "test", RootDir: root, APISocket: APISocket(root, "test"), LogLevel: "info", LogFormat: "text"}
+	svc := Service{Binary: "test", Setup: func(_ context.Context, rt *Runtime) error {
+		if err := rt.ServeUnix(extra, func(*grpc.Server) {}); err != nil {
+			return err
+		}
+		return errors.New("setup failed after serving")
+	}}
+	if err := Run(context.Background(), svc, cfg, slog.New(slog.DiscardHandler)); err == nil {
+		t.Fatal("Run succeeded")
+	}
+	for _, p := range []string{cfg.APISocket, extra} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is left behind: %v", p, err)
+		}
 	}
 }
