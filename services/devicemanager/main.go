@@ -46,7 +46,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration) error {
 		return err
 	}
 	rt.Go(m.Run)
-	dmv1.RegisterDeviceManagerServiceServer(rt.Server, server.NewService(m, server.WatchLimits{}))
+	dmv1.RegisterDeviceManagerServiceServer(rt.Server, server.NewService(m))
 	kubeletSock := manager.KubeletSocketPath(dir)
 	if err := rt.ServeUnix(kubeletSock, func(s *grpc.Server) {
 		pluginapi.RegisterRegistrationServer(s, server.NewRegistration(m, dir, rt.Log))

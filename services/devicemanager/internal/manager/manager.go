@@ -22,12 +22,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -48,13 +45,6 @@ import (
 // DefaultGracePeriod is how long a resource with no live endpoint keeps its
 // capacity (the kubelet's endpointStopGracePeriod).
 const DefaultGracePeriod = 5 * time.Minute
-
-// watchBuffer is how many changes a Watch subscriber may have pending
-// before the hub drops it (stream.ErrSlow). The API's WatchResources moves
-// them at once into its own queue, bounded in bytes (see package server),
-// so this only absorbs a burst of changes while that move is scheduled; it
-// is kept small because every subscriber's buffer is allocated in full.
-const watchBuffer = 256
 
 // redialTimeout bounds the redial of one recorded endpoint at start.
 const redialTimeout = 3 * time.Second
@@ -80,6 +70,11 @@ type Config struct {
 	Log   *slog.Logger
 	// Registerer receives the metrics; nil means none are registered.
 	Registerer prometheus.Registerer
+	// WatchLimits bound the Watch subscribers (the WatchResources
+	// streams): how many may be open, and the bytes of changes they hold
+	// before their clients take them (DESIGN "Bounds"). Zero fields take
+	// stream.DefaultLimits.
+	WatchLimits stream.Limits
 }
 
 // Manager is the device manager.
@@ -145,7 +140,7 @@ func New(cfg Config) (*Manager, error) {
 		store:        cfg.Store,
 		instanceID:   uuid.NewString(),
 		metrics:      newMetrics(cfg.Registerer),
-		hub:          stream.NewHub[Change](watchBuffer),
+		hub:          stream.NewBoundedHub(cfg.WatchLimits, Change.size),
 		resources:    map[string]*resource{},
 		dirty:        map[string]bool{},
 		wake:         make(chan struct{}, 1),
@@ -250,48 +245,27 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 const EndpointWait = 10 * time.Second
 
 // resolveEndpoint resolves path inside the allowed directories (see
-// unixsock.Confiner.Resolve). While path, inside them, does not exist yet,
-// it waits for it, up to m.endpointWait or until ctx ends, polling with a
-// short backoff; only the calling registration waits.
+// unixsock.Confiner.WaitResolve). While path, inside them, does not exist
+// yet, it waits for it, up to m.endpointWait or until ctx ends; only the
+// calling registration waits.
 func (m *Manager) resolveEndpoint(ctx context.Context, path string) (string, error) {
-	var timer *time.Timer
-	deadline := time.Now().Add(m.endpointWait)
-	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		dialPath, err := m.confiner.Resolve(path)
-		if err == nil || !m.mayAppear(path) {
-			return dialPath, err
-		}
-		if !time.Now().Before(deadline) {
-			return "", &endpoint.KubeletError{
-				Kubelet: "failed to dial device plugin: " + context.DeadlineExceeded.Error(),
-				Detail:  fmt.Sprintf("failed to dial device plugin: endpoint %s did not appear within %v", bounds.Quote(path), m.endpointWait),
-				Kind:    errdefs.ErrUnavailable,
-			}
-		}
-		if timer == nil {
-			m.log.InfoContext(ctx, "device plugin endpoint does not exist yet; waiting for it", "endpoint", path, "wait", m.endpointWait)
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("waiting for endpoint %s to appear: %w", bounds.Quote(path), ctx.Err())
-		case <-timer.C:
-		}
+	if m.confiner.MayAppear(path) {
+		m.log.InfoContext(ctx, "device plugin endpoint does not exist yet; waiting for it", "endpoint", path, "wait", m.endpointWait)
 	}
-}
-
-// mayAppear reports whether path is a confined endpoint that does not exist
-// (yet): absolute, with no ".." component, inside the allowed directories,
-// and missing (or a symlink to something missing).
-func (m *Manager) mayAppear(path string) bool {
-	if !filepath.IsAbs(path) || slices.Contains(strings.Split(path, string(filepath.Separator)), "..") || !m.confiner.Within(filepath.Clean(path)) {
-		return false
+	wctx, cancel := context.WithTimeout(ctx, m.endpointWait)
+	defer cancel()
+	dialPath, err := m.confiner.WaitResolve(wctx, path, nil)
+	switch {
+	case err == nil || !errors.Is(err, errdefs.ErrUnavailable):
+		return dialPath, err
+	case ctx.Err() != nil:
+		return "", fmt.Errorf("waiting for endpoint %s to appear: %w", bounds.Quote(path), ctx.Err())
 	}
-	_, err := os.Stat(path)
-	return errors.Is(err, fs.ErrNotExist)
+	return "", &endpoint.KubeletError{
+		Kubelet: "failed to dial device plugin: " + context.DeadlineExceeded.Error(),
+		Detail:  fmt.Sprintf("failed to dial device plugin: endpoint %s did not appear within %v", bounds.Quote(path), m.endpointWait),
+		Kind:    errdefs.ErrUnavailable,
+	}
 }
 
 // connect opens e's connection (see endpoint.Connect).

@@ -79,3 +79,38 @@ type Change struct {
 	Resource ResourceInfo
 	Revision uint64
 }
+
+// WithoutDeviceIDs returns c with no device IDs (Healthy, Unhealthy,
+// Allocated); the counts stay.
+func (c Change) WithoutDeviceIDs() Change {
+	c.Resource.Healthy, c.Resource.Unhealthy, c.Resource.Allocated = nil, nil, nil
+	return c
+}
+
+// changeOverhead is what a Change holds in a subscriber's queue besides its
+// strings: the structs, the queue entry and the slice headers.
+const changeOverhead = 512
+
+// endpointOverhead is what one EndpointInfo holds besides its strings.
+const endpointOverhead = 256
+
+// stringOverhead is what one string of a slice holds besides its bytes.
+const stringOverhead = 16
+
+// size is the bytes c holds in a Watch subscriber's queue.
+func (c Change) size() int {
+	r := c.Resource
+	n := changeOverhead + len(r.Name)
+	for _, ids := range [][]string{r.Healthy, r.Unhealthy, r.Allocated} {
+		for _, id := range ids {
+			n += len(id) + stringOverhead
+		}
+	}
+	for _, e := range r.Endpoints {
+		n += endpointOverhead + len(e.Endpoint) + len(e.SocketPath) + len(e.Generation) + len(e.Path) + len(e.State)
+		for _, v := range e.Versions {
+			n += len(v) + stringOverhead
+		}
+	}
+	return n
+}

@@ -140,18 +140,36 @@ func (m *Manager) ListResources() []ResourceInfo {
 	return out
 }
 
-// Watch returns the current resources as a snapshot (at revision rev) and
-// a subscription to every later change, consistently: no change falls
-// between them.
-func (m *Manager) Watch() (snapshot []Change, sub *stream.Subscription[Change], rev uint64) {
+// Watch returns a subscription that delivers every resource (one Change
+// each, sorted by name, at the revision returned), then every later change,
+// consistently: no change falls between them. With omitDeviceIDs the
+// snapshot's Changes carry no device IDs (their counts stay), so that it
+// holds less; live Changes carry them all. The caller closes the
+// subscription. It fails with an error wrapping
+// stream.ErrTooManySubscribers (and errdefs.ErrResourceExhausted) when
+// Config.WatchLimits leave no room; a subscriber past them later ends with
+// stream.ErrSlow or stream.ErrOverBudget.
+func (m *Manager) Watch(omitDeviceIDs bool) (uint64, *stream.Subscription[Change], error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sub = m.hub.Subscribe()
+	snapshot := make([]Change, 0, len(m.resources))
 	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
-		snapshot = append(snapshot, Change{Resource: m.viewLocked(m.resources[name]), Revision: m.revision})
+		c := Change{Resource: m.viewLocked(m.resources[name]), Revision: m.revision}
+		if omitDeviceIDs {
+			c = c.WithoutDeviceIDs()
+		}
+		snapshot = append(snapshot, c)
 	}
-	return snapshot, sub, m.revision
+	sub, err := m.hub.Join(snapshot)
+	if err != nil {
+		return 0, nil, fmt.Errorf("watch the resources: %w", err)
+	}
+	return m.revision, sub, nil
 }
+
+// WatchStats returns how many Watch subscribers are open, the bytes of
+// changes they hold and how many were closed for a bound.
+func (m *Manager) WatchStats() stream.Stats { return m.hub.Stats() }
 
 // The manager is the allocator's view of the device sets.
 var _ allocator.Resources = (*Manager)(nil)

@@ -15,6 +15,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
 
@@ -40,7 +41,7 @@ func newLatePlugin(t *testing.T, resource, path string) *deviceplugin.Plugin {
 // dial waits (up to 10 s), by both registration paths; the wait holds up
 // no other registration.
 func TestEndpointAppearsAfterRegistration(t *testing.T) {
-	e := newEnvConfig(t, time.Minute, WatchLimits{}, manager.EndpointWait)
+	e := newEnvConfig(t, time.Minute, stream.Limits{}, manager.EndpointWait)
 	kc := pluginapi.NewRegistrationClient(mustDial(t, e.kubeletSock()))
 	for _, how := range []string{"RegisterPlugin", "legacy"} {
 		t.Run(how, func(t *testing.T) {
@@ -109,7 +110,7 @@ func TestEndpointNeverAppears(t *testing.T) {
 	}
 
 	// A caller that gives up ends the wait, long before the kubelet's 10 s.
-	slow := newEnvConfig(t, time.Minute, WatchLimits{}, time.Hour)
+	slow := newEnvConfig(t, time.Minute, stream.Limits{}, time.Hour)
 	ctx, cancel := context.WithCancel(ctxT(t))
 	done := make(chan error, 1)
 	ep = filepath.Join(slow.regDir, "never.sock")

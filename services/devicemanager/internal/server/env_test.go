@@ -24,6 +24,7 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
@@ -119,8 +120,8 @@ type env struct {
 	metrics *prometheus.Registry
 	logs    *logBuffer // the manager's and kubelet.sock's log
 	svc     *Service
-	// watchLimits are the Service's (set before start).
-	watchLimits WatchLimits
+	// watchLimits are the manager's (set before start).
+	watchLimits stream.Limits
 	// endpointWait is the manager's wait for a missing endpoint file
 	// (set before start): short, unless a test is about that wait.
 	endpointWait time.Duration
@@ -131,12 +132,12 @@ type env struct {
 
 func newEnv(t testing.TB, grace time.Duration) *env {
 	t.Helper()
-	return newEnvWatch(t, grace, WatchLimits{})
+	return newEnvWatch(t, grace, stream.Limits{})
 }
 
-// newEnvWatch is newEnv with the Service's WatchResources bounded by
+// newEnvWatch is newEnv with the manager's Watch (WatchResources) bounded by
 // limits.
-func newEnvWatch(t testing.TB, grace time.Duration, limits WatchLimits) *env {
+func newEnvWatch(t testing.TB, grace time.Duration, limits stream.Limits) *env {
 	t.Helper()
 	return newEnvConfig(t, grace, limits, testEndpointWait)
 }
@@ -147,7 +148,7 @@ const testEndpointWait = 200 * time.Millisecond
 
 // newEnvConfig is newEnvWatch with the manager waiting up to endpointWait
 // for a missing endpoint file.
-func newEnvConfig(t testing.TB, grace time.Duration, limits WatchLimits, endpointWait time.Duration) *env {
+func newEnvConfig(t testing.TB, grace time.Duration, limits stream.Limits, endpointWait time.Duration) *env {
 	t.Helper()
 	root := testutil.TempDir(t)
 	e := &env{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), regDir: filepath.Join(root, "plugins_registry"), grace: grace,
@@ -183,7 +184,7 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.metrics = prometheus.NewRegistry()
 	m, err := manager.Open(ctx, manager.Config{
-		DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace, EndpointWait: e.endpointWait,
+		DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace, EndpointWait: e.endpointWait, WatchLimits: e.watchLimits,
 		Store: store.NewCheckpoint(e.dpDir), Log: e.logs.logger(e.t), Registerer: e.metrics,
 	})
 	if err != nil {
@@ -198,7 +199,7 @@ func (e *env) start() {
 		}
 	}()
 	stopAPI := serve(e.t, filepath.Join(e.root, "dm.sock"), func(s *grpc.Server) {
-		e.svc = NewService(m, e.watchLimits)
+		e.svc = NewService(m)
 		dmv1.RegisterDeviceManagerServiceServer(s, e.svc)
 	})
 	stopKubelet := serve(e.t, e.kubeletSock(), func(s *grpc.Server) {

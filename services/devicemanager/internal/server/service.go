@@ -2,9 +2,9 @@
 // DeviceManagerService (nodeplug's own API) and the legacy
 // v1beta1.Registration service that plugins call on kubelet.sock, each a
 // thin shell over the manager, and the conversion between the generated
-// types and the manager's. The one thing it keeps is what the wire needs:
-// the bounds of the WatchResources streams (WatchLimits), in count and in
-// the bytes of messages held for clients. DeviceManagerService's errors pass
+// types and the manager's. WatchResources streams are bounded by the
+// manager's Watch hub (manager.Config.WatchLimits, pkg/stream's bounds, as
+// every Watch RPC of nodeplug). DeviceManagerService's errors pass
 // through unchanged: the server interceptor (pkg/rpcutil) maps their errdefs
 // sentinels to status codes. The legacy Register answers as the kubelet's
 // does instead: plain errors (code Unknown) in the kubelet's words.
@@ -38,7 +38,7 @@ type Backend interface {
 	Register(ctx context.Context, r manager.Registration) error
 	Deregister(ctx context.Context, resource, endpoint, generation string) (bool, error)
 	ListResources() []manager.ResourceInfo
-	Watch() ([]manager.Change, *stream.Subscription[manager.Change], uint64)
+	Watch(omitDeviceIDs bool) (uint64, *stream.Subscription[manager.Change], error)
 	Allocate(ctx context.Context, req *allocator.Request) ([]allocator.ResourceAllocation, error)
 	Release(ctx context.Context, pod, container string) (int64, error)
 	ListAllocations(pod string) []allocator.Allocation
@@ -49,16 +49,14 @@ var _ Backend = (*manager.Manager)(nil)
 // Service implements DeviceManagerService over a Backend.
 type Service struct {
 	dmv1.UnimplementedDeviceManagerServiceServer
-	m     Backend
-	watch *watchBudget
+	m Backend
 }
 
 var _ dmv1.DeviceManagerServiceServer = (*Service)(nil)
 
-// NewService returns the gRPC adapter for m, its WatchResources streams
-// bounded by limits (zero fields take the defaults).
-func NewService(m Backend, limits WatchLimits) *Service {
-	return &Service{m: m, watch: newWatchBudget(limits)}
+// NewService returns the gRPC adapter for m.
+func NewService(m Backend) *Service {
+	return &Service{m: m}
 }
 
 // RegisterPlugin implements DeviceManagerService.
@@ -117,77 +115,26 @@ func (s *Service) ListResources(context.Context, *dmv1.ListResourcesRequest) (*d
 }
 
 // WatchResources implements DeviceManagerService: the snapshot, the synced
-// marker, then live changes (pkg/stream's shape), within the service's
-// WatchLimits. A pump moves the manager's changes into the stream's
-// bounded queue as they come, so the manager's per-subscriber buffer stays
-// nearly empty, while this handler sends at the client's pace; a client
-// that falls too far behind, or a stream that does not fit in the bounds,
-// gets RESOURCE_EXHAUSTED.
+// marker, then live changes (stream.Serve), within the bounds of the
+// manager's Watch hub: a stream that does not fit, or a client that falls
+// too far behind, gets RESOURCE_EXHAUSTED and resubscribes.
 func (s *Service) WatchResources(req *dmv1.WatchResourcesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourcesResponse]) error {
-	w, err := s.watch.open()
+	omit := req.GetOmitDeviceIds()
+	rev, sub, err := s.m.Watch(omit)
 	if err != nil {
 		return err
 	}
-	defer w.close()
 	id := s.m.InstanceID()
-	toAPI := func(c manager.Change) *dmv1.WatchResourcesResponse {
-		if req.GetOmitDeviceIds() {
-			c.Resource.Healthy, c.Resource.Unhealthy, c.Resource.Allocated = nil, nil, nil
+	send := func(c manager.Change) error {
+		if omit {
+			c = c.WithoutDeviceIDs()
 		}
-		return changeToAPI(id, c)
+		return ss.Send(changeToAPI(id, c))
 	}
-	snap, sub, rev := s.m.Watch()
-	defer sub.Close()
-	first := make([]*dmv1.WatchResourcesResponse, 0, len(snap)+1)
-	for _, c := range snap {
-		first = append(first, toAPI(c))
+	synced := func() error {
+		return ss.Send(&dmv1.WatchResourcesResponse{InstanceId: id, Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
 	}
-	first = append(first, &dmv1.WatchResourcesResponse{InstanceId: id, Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
-	if err := w.admit(first); err != nil {
-		return err
-	}
-
-	ctx, cancel := context.WithCancel(ss.Context())
-	pumped := make(chan struct{})
-	go func() {
-		defer close(pumped)
-		pump(ctx, sub, w, toAPI)
-	}()
-	defer func() {
-		cancel()
-		<-pumped
-	}()
-	for {
-		m, err := w.next(ctx)
-		if m == nil {
-			return err
-		}
-		err = ss.Send(m)
-		w.sent()
-		if err != nil {
-			return err
-		}
-	}
-}
-
-// pump moves the changes of sub into w until ctx ends, sub is closed or w
-// is evicted.
-func pump(ctx context.Context, sub *stream.Subscription[manager.Change], w *watchStream, toAPI func(manager.Change) *dmv1.WatchResourcesResponse) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case c, ok := <-sub.C:
-			if !ok {
-				w.end(sub.Err())
-				return
-			}
-			if !w.push(toAPI(c)) {
-				sub.Close()
-				return
-			}
-		}
-	}
+	return stream.Serve(ss.Context(), sub, send, synced)
 }
 
 // Allocate implements DeviceManagerService.

@@ -16,6 +16,7 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 )
 
 // follower reads a WatchResources stream to its end and hands on every
@@ -99,7 +100,7 @@ func flip(t *testing.T, p *deviceplugin.Plugin, healthy bool, total int64, fs ..
 // a stream that ends makes room for another.
 func TestWatchStreamsBoundedInCount(t *testing.T) {
 	const limit = 3
-	e := newEnvWatch(t, time.Minute, WatchLimits{Streams: limit})
+	e := newEnvWatch(t, time.Minute, stream.Limits{Subscribers: limit})
 	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/w", Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/w", 2, 2)
@@ -120,7 +121,7 @@ func TestWatchStreamsBoundedInCount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ws.Recv(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "too many WatchResources streams") {
+		if _, err := ws.Recv(); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "no room for another subscriber") {
 			t.Fatalf("stream %d past the limit: %v; want RESOURCE_EXHAUSTED", limit+i+1, err)
 		}
 	}
@@ -129,7 +130,7 @@ func TestWatchStreamsBoundedInCount(t *testing.T) {
 
 	cancels[0]()
 	<-open[0].done
-	testutil.WaitFor(t, "the cancelled stream gone", func() bool { return e.svc.watch.stats().streams == limit-1 })
+	testutil.WaitFor(t, "the cancelled stream gone", func() bool { return e.m.WatchStats().Subscribers == limit-1 })
 	ctx, cancel := contextWithCancel(t)
 	defer cancel()
 	ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
@@ -144,14 +145,14 @@ func TestWatchStreamsBoundedInCount(t *testing.T) {
 }
 
 // TestWatchStreamsDefaultCount: of 80 streams opened at once, exactly
-// DefaultWatchStreams are served; the rest get RESOURCE_EXHAUSTED at once
+// stream.DefaultSubscribers are served; the rest get RESOURCE_EXHAUSTED at once
 // (500 such streams that never read took the devicemanager from 27 MB to
 // 214 MB before the bound).
 func TestWatchStreamsDefaultCount(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	ctx, cancel := contextWithCancel(t)
 	defer cancel()
-	const n = DefaultWatchStreams + 16
+	const n = stream.DefaultSubscribers + 16
 	var served, refused int
 	var streams []grpc.ServerStreamingClient[dmv1.WatchResourcesResponse]
 	for range n {
@@ -172,10 +173,10 @@ func TestWatchStreamsDefaultCount(t *testing.T) {
 			t.Fatalf("first message %v, %v", msg, err)
 		}
 	}
-	if served != DefaultWatchStreams || refused != n-DefaultWatchStreams {
-		t.Fatalf("%d served, %d refused; want %d and %d", served, refused, DefaultWatchStreams, n-DefaultWatchStreams)
+	if served != stream.DefaultSubscribers || refused != n-stream.DefaultSubscribers {
+		t.Fatalf("%d served, %d refused; want %d and %d", served, refused, stream.DefaultSubscribers, n-stream.DefaultSubscribers)
 	}
-	if st := e.svc.watch.stats(); st.streams != DefaultWatchStreams {
+	if st := e.m.WatchStats(); st.Subscribers != stream.DefaultSubscribers {
 		t.Fatalf("budget: %+v", st)
 	}
 }
@@ -204,8 +205,10 @@ func stalledWatch(t *testing.T, e *env) (grpc.ServerStreamingClient[dmv1.WatchRe
 // bound or their own, depending on how far each got before its client's
 // window closed) and their bytes are given back at once, while the
 // subscriber that reads sees every change. A laggard that reads again gets
-// what was in flight, then the error. TestWatchBudget shows which bound
-// ends which stream.
+// what was in flight, then the error. Which bound ends which stream, and
+// that a drained or closed queue gives its memory back, pkg/stream's
+// TestSubscriberBounds, TestByteBudgetClosesTheLargestHolder and
+// TestMemoryGivenBack show.
 func TestWatchBytesBounded(t *testing.T) {
 	// About 20 KiB a message: 100 devices with 200-byte IDs.
 	var ids []string
@@ -216,7 +219,7 @@ func TestWatchBytesBounded(t *testing.T) {
 	// A stalled stream stops sending after about 128 KiB (the client's
 	// window and gRPC's write quota), then queues: the bounds are
 	// reached after a few more messages.
-	limits := WatchLimits{Bytes: 192 << 10, StreamBytes: 128 << 10}
+	limits := stream.Limits{Bytes: 192 << 10, SubscriberBytes: 128 << 10}
 	e := newEnvWatch(t, time.Minute, limits)
 	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/big", DeviceIDs: ids}, false)
 	e.mustRegister(p)
@@ -231,22 +234,22 @@ func TestWatchBytesBounded(t *testing.T) {
 	reader := follow(t, ws, "example.com/big")
 	s1, _ := stalledWatch(t, e)
 	s2, _ := stalledWatch(t, e)
-	testutil.WaitFor(t, "three streams open", func() bool { return e.svc.watch.stats().streams == 3 })
+	testutil.WaitFor(t, "three streams open", func() bool { return e.m.WatchStats().Subscribers == 3 })
 
 	flips := 0
-	for healthy := false; e.svc.watch.stats().evicted < 2; healthy = !healthy {
+	for healthy := false; e.m.WatchStats().Closed < 2; healthy = !healthy {
 		if flips++; flips > 200 {
-			t.Fatalf("no laggard evicted after %d changes: %+v", flips, e.svc.watch.stats())
+			t.Fatalf("no laggard evicted after %d changes: %+v", flips, e.m.WatchStats())
 		}
 		flip(t, p, healthy, 100, reader)
-		if st := e.svc.watch.stats(); st.held > limits.Bytes {
-			t.Fatalf("streams hold %d bytes, past the bound of %d", st.held, limits.Bytes)
+		if st := e.m.WatchStats(); st.Held > limits.Bytes {
+			t.Fatalf("streams hold %d bytes, past the bound of %d", st.Held, limits.Bytes)
 		}
 	}
 	// The laggards' queues are gone: what is held is at most the message
 	// each stream is sending.
-	if st := e.svc.watch.stats(); st.held > 3*(24<<10) {
-		t.Fatalf("after the evictions the streams hold %d bytes", st.held)
+	if st := e.m.WatchStats(); st.Held > 3*(24<<10) {
+		t.Fatalf("after the evictions the streams hold %d bytes", st.Held)
 	}
 	flip(t, p, flips%2 == 0, 100, reader)
 
@@ -263,8 +266,8 @@ func TestWatchBytesBounded(t *testing.T) {
 		}
 	}
 	testutil.WaitFor(t, "the laggards gone and their bytes given back", func() bool {
-		st := e.svc.watch.stats()
-		return st.streams == 1 && st.held == 0
+		st := e.m.WatchStats()
+		return st.Subscribers == 1 && st.Held == 0
 	})
 	flip(t, p, flips%2 != 0, 100, reader)
 }
@@ -274,7 +277,7 @@ func TestWatchBytesBounded(t *testing.T) {
 // working and a subscriber that omits the device IDs (a small snapshot) is
 // served.
 func TestWatchSnapshotMustFit(t *testing.T) {
-	e := newEnvWatch(t, time.Minute, WatchLimits{Bytes: 48 << 10})
+	e := newEnvWatch(t, time.Minute, stream.Limits{Bytes: 48 << 10})
 	ctx, cancel := contextWithCancel(t)
 	defer cancel()
 	ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{})
