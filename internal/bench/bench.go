@@ -42,6 +42,8 @@ type Config struct {
 	IdlePlugins    int           // registration-only plugins for the idle figures
 	IdleWindow     time.Duration // how long idle CPU is sampled
 	RSSPlugins     int           // device plugins for the devicemanager's per-plugin RSS
+	StaleSockets   int           // stale socket files beside which a healthy plugin registers
+	StaleSamples   int           // healthy registrations measured, quiet and beside them
 	Progress       io.Writer     // progress lines; nil discards
 }
 
@@ -53,6 +55,7 @@ func Default() Config {
 		AllocDuration: 5 * time.Second, AllocDevices: []int{8, 10000}, AllocCallers: []int{1, 8},
 		Flips: 50, FlipDevices: 10000,
 		IdlePlugins: 1000, IdleWindow: 10 * time.Second, RSSPlugins: 1000,
+		StaleSockets: 1000, StaleSamples: 20,
 	}
 }
 
@@ -64,6 +67,7 @@ func Short() Config {
 		AllocDuration: 300 * time.Millisecond, AllocDevices: []int{8, 10000}, AllocCallers: []int{1, 8},
 		Flips: 3, FlipDevices: 10000,
 		IdlePlugins: 20, IdleWindow: time.Second, RSSPlugins: 10,
+		StaleSockets: 100, StaleSamples: 3,
 	}
 }
 
@@ -71,6 +75,7 @@ func Short() Config {
 type Results struct {
 	Machine      Machine              `json:"machine"`
 	Registration []RegistrationResult `json:"registration"`
+	Stale        StaleResult          `json:"registration_beside_stale"`
 	Churn        ChurnResult          `json:"churn"`
 	Allocation   []AllocationResult   `json:"allocation"`
 	Propagation  PropagationResult    `json:"propagation"`
@@ -215,6 +220,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 			return nil, fmt.Errorf("registration N=%d: %w", n, err)
 		}
 		res.Registration = append(res.Registration, rr)
+	}
+	if res.Stale, err = r.stale(ctx); err != nil {
+		return nil, fmt.Errorf("registration beside stale sockets: %w", err)
 	}
 	if res.Churn, err = r.churn(ctx); err != nil {
 		return nil, fmt.Errorf("churn: %w", err)

@@ -50,6 +50,9 @@ func TestShortRun(t *testing.T) {
 			t.Errorf("registration N=%d incomplete: %+v", rr.N, rr)
 		}
 	}
+	if st := r.Stale; st.Stale != cfg.StaleSockets || st.Quiet.Count != cfg.StaleSamples || st.BesideStale.Count != cfg.StaleSamples {
+		t.Errorf("registration beside stale sockets incomplete: %+v", st)
+	}
 	if r.Churn.Cycles == 0 || r.Churn.Register.Count != r.Churn.Cycles || r.Churn.Deregister.Count != r.Churn.Cycles {
 		t.Errorf("churn incomplete: %+v", r.Churn)
 	}

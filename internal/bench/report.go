@@ -18,6 +18,12 @@ func Print(w io.Writer, r *Results) {
 			rr.N, rr.AllRegisteredMs, rr.AppearMs, rr.CPUms["watcher"], rr.CPUms["reconciler"], rr.CPUms["devicemanager"])
 		fmt.Fprintf(w, "  N=%-5d deregistration %s\n", rr.N, rr.Deregistration)
 	}
+	st := r.Stale
+	fmt.Fprintf(w, "\nRegistration beside %d stale sockets (files that refuse connections), one healthy device plugin at a time;\n", st.Stale)
+	fmt.Fprintln(w, "socket listen → NotifyRegistrationStatus(true), quiet and beside them in the same run")
+	fmt.Fprintf(w, "  quiet         %s\n", st.Quiet)
+	fmt.Fprintf(w, "  beside stale  %s\n", st.BesideStale)
+	fmt.Fprintf(w, "  ratio p50 %.2f×  p99 %.2f×  (target ≤ %.0f×)\n", st.RatioP50, st.RatioP99, staleRatioTarget)
 	c := r.Churn
 	fmt.Fprintf(w, "\nChurn (%d workers, %.1f s, %d resident)\n", c.Workers, c.Seconds, c.Resident)
 	fmt.Fprintf(w, "  %d create/remove cycles, %.1f/s\n  register   %s\n  deregister %s\n  final state exact: %v %s\n",
