@@ -18,9 +18,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
-	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -101,25 +99,9 @@ func Resolve(ctx context.Context, c *unixsock.Confiner, endpoint string) (string
 	if c == nil {
 		return endpoint, nil
 	}
-	var timer *time.Timer
-	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		dial, err := resolve(c, endpoint)
-		if err == nil {
-			return dial, nil
-		}
-		if !errors.Is(err, errMayAppear) {
-			return "", fmt.Errorf("endpoint not allowed: %w", err)
-		}
-		if timer == nil {
-			timer = time.NewTimer(delay)
-			defer timer.Stop()
-		} else {
-			timer.Reset(delay)
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("endpoint %s did not appear: %w: %w", bounds.Quote(endpoint), ctx.Err(), errdefs.ErrUnavailable)
-		case <-timer.C:
-		}
+	dial, err := c.WaitResolve(ctx, endpoint, func(p string) bool { return MayAppear(c, p) })
+	if err != nil && !errors.Is(err, errdefs.ErrUnavailable) {
+		return "", fmt.Errorf("endpoint not allowed: %w", err)
 	}
+	return dial, err
 }
