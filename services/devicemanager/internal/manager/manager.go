@@ -16,6 +16,13 @@
 //
 // Errors wrap errdefs sentinels; the package knows nothing of gRPC status
 // codes or of nodeplug's own API (package server converts).
+//
+// manager.go holds an endpoint's whole life under the manager's mutex —
+// register, identity conflicts, install, its ListAndWatch updates, stop and
+// deregister — and is a little over 500 lines because splitting that life
+// across files would separate the code from the locking it depends on. Views
+// (view.go), persistence (persist.go), start-up (startup.go) and the
+// background work (run.go) are apart.
 package manager
 
 import (

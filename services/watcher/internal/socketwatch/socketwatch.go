@@ -31,6 +31,11 @@
 //     differences are emitted.
 //   - Every change increments the per-process revision. Every live event
 //     carries the W3C context of a new root span started for it.
+//
+// socketwatch.go is over 500 lines because the walk, the event handling and
+// the overflow rescan share one set of state and one lock: the rules above
+// are applied in one place, so the walk and the events cannot disagree.
+// Metrics are in metrics.go.
 package socketwatch
 
 import (
