@@ -49,19 +49,18 @@ func TestRunHealthLockAndDeferredReady(t *testing.T) {
 	}
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
-	check := func() healthpb.HealthCheckResponse_ServingStatus {
-		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer ccancel()
-		for {
+	check := func() (st healthpb.HealthCheckResponse_ServingStatus) {
+		testutil.Eventually(t, "a health answer", func() error {
+			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer ccancel()
 			resp, err := hc.Check(cctx, &healthpb.HealthCheckRequest{})
-			if err == nil {
-				return resp.GetStatus()
+			if err != nil {
+				return err
 			}
-			if cctx.Err() != nil {
-				t.Fatalf("health check: %v", err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			st = resp.GetStatus()
+			return nil
+		})
+		return st
 	}
 	if fi, err := os.Stat(cfg.APISocket); err != nil || fi.Mode().Perm() != 0o660 || fi.Mode()&os.ModeSocket == 0 {
 		t.Errorf("API socket: %v, %v; want a 0660 socket", fi.Mode(), err)
