@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -39,6 +40,20 @@ const (
 	firstRedialDelay = time.Millisecond
 	lastRedialDelay  = 8 * time.Millisecond
 )
+
+// handOver returns a dialer that hands over the connection already made
+// (first) on its first call and dials anew after that.
+func handOver(first net.Conn, dial func(context.Context, string) (net.Conn, error)) func(context.Context, string) (net.Conn, error) {
+	var once sync.Once
+	return func(ctx context.Context, addr string) (net.Conn, error) {
+		var c net.Conn
+		once.Do(func() { c = first })
+		if c != nil {
+			return c, nil
+		}
+		return dial(ctx, addr)
+	}
+}
 
 // dialListening returns the dialer of a plugin's registration socket at
 // path. fsnotify reports a socket at bind(), which can be before listen():
@@ -261,18 +276,27 @@ func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin,
 	var info *registerapi.PluginInfo
 	c := &pluginConn{path: d.Path}
 	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) error {
-		var err error
-		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams), grpc.WithContextDialer(dialListening(d.Path, r.opts.RefusedWindow)))
+		dial := dialListening(d.Path, r.opts.RefusedWindow)
+		// Connect once first: a socket that only refuses (stale) fails
+		// here, within the refused window, and frees its worker. The
+		// connection made is the one gRPC uses first.
+		first, err := dial(ctx, d.Path)
 		if err != nil {
+			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, errdefs.FromGRPC(err))
+		}
+		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams), grpc.WithContextDialer(handOver(first, dial)))
+		if err != nil {
+			_ = first.Close()
 			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, err)
 		}
 		c.client = registerapi.NewRegistrationClient(c.conn)
 		// The budget runs on the reconciler's clock, as its backoff does.
 		gctx, cancel := r.clock.WithTimeout(ctx, r.opts.GetInfoTimeout)
 		defer cancel()
-		// Not WaitForReady: a failed dial (dialListening gave up) fails the
-		// call at once.
-		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{})
+		// WaitForReady: the plugin listens (it accepted above), so a
+		// handshake slowed by a busy machine, or a transport that had to
+		// reconnect, is waited for within the budget rather than failed.
+		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 		if err != nil {
 			c.close()
 			if errors.Is(context.Cause(gctx), context.DeadlineExceeded) && ctx.Err() == nil {
