@@ -6,15 +6,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/nodeplug/nodeplug/internal/bench"
+	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -39,13 +38,10 @@ func run() int {
 	}
 	cfg.Root = *root
 	cfg.Bin = *bin
-	if cfg.Bin == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		cfg.Bin = filepath.Dir(exe)
+	var err error
+	if cfg.Bin, err = stack.BinDir(cfg.Bin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	cfg.Progress = os.Stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -58,8 +54,7 @@ func run() int {
 	fmt.Println()
 	bench.Print(os.Stdout, res)
 	if *out != "" {
-		data, _ := json.MarshalIndent(res, "", "  ")
-		if err := os.WriteFile(*out, append(data, '\n'), 0o644); err != nil {
+		if err := stack.WriteJSON(*out, res); err != nil {
 			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
 			return 1
 		}

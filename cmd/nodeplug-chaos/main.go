@@ -8,15 +8,14 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/nodeplug/nodeplug/internal/chaos"
+	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -57,13 +56,10 @@ func run() int {
 		cfg.Plugins = *plugins
 	}
 	cfg.Seed, cfg.Root, cfg.Bin = *seed, *root, *bin
-	if cfg.Bin == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		cfg.Bin = filepath.Dir(exe)
+	var err error
+	if cfg.Bin, err = stack.BinDir(cfg.Bin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	cfg.Progress = os.Stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -73,8 +69,7 @@ func run() int {
 		fmt.Println()
 		chaos.Print(os.Stdout, res)
 		if *out != "" {
-			data, _ := json.MarshalIndent(res, "", "  ")
-			if werr := os.WriteFile(*out, append(data, '\n'), 0o644); werr != nil {
+			if werr := stack.WriteJSON(*out, res); werr != nil {
 				fmt.Fprintln(os.Stderr, "nodeplug-chaos:", werr)
 				return 1
 			}
