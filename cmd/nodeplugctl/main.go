@@ -1,7 +1,8 @@
 // Command nodeplugctl is the command line for people over nodeplug's three
 // gRPC services: it lists plugins, drivers, resources and allocations,
 // allocates and releases devices, follows live changes, and draws a
-// registration's or an allocation's trace from Jaeger.
+// registration's or an allocation's trace from Jaeger, and checks a plugin
+// against the kubelet's contract (conform).
 package main
 
 import (
@@ -98,6 +99,7 @@ func init() {
 		{"release", "--pod UID [--container NAME]", "free a pod's (or one container's) devices", cmdRelease},
 		{"watch", "sockets|plugins|resources [-o text|json]", "follow live changes (Ctrl-C stops)", cmdWatch},
 		{"trace", "TRACE_ID", "draw a trace from Jaeger as a text waterfall", cmdTrace},
+		{"conform", conformArgs, "check a plugin against the kubelet's contract, playing the kubelet", cmdConform},
 		{"version", "", "print the version", cmdVersion},
 	}
 }
