@@ -108,6 +108,9 @@ func (r *runner) registerViaSocket(ctx context.Context, sock string, direct bool
 
 	// The handler's Register, then the notification of the outcome.
 	var regErr error
+	if info.GetType() != registerapi.DevicePlugin {
+		r.notDevice = fmt.Sprintf("a %s, not a device plugin", bounds.Quote(info.GetType()))
+	}
 	switch {
 	case validateErr != nil:
 		regErr = validateErr
@@ -119,8 +122,6 @@ func (r *runner) registerViaSocket(ctx context.Context, sock string, direct bool
 		case r.sess.optsErr != nil:
 			regErr = fmt.Errorf("RegisterPlugin error -- plugin registration failed with err: failed to get device plugin options: %v", r.sess.optsErr)
 		}
-	case info.GetType() != registerapi.DevicePlugin:
-		r.notDevice = fmt.Sprintf("a %s, not a device plugin", info.GetType())
 	}
 	if info.GetType() == registerapi.DevicePlugin && r.sess == nil && r.notDevice == "" {
 		r.notDevice = "the kubelet rejected the registration: it never connects to the endpoint"

@@ -1,0 +1,276 @@
+package conform_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/nodeplug/nodeplug/internal/conform"
+	"github.com/nodeplug/nodeplug/internal/conform/testplugin"
+	"github.com/nodeplug/nodeplug/internal/testutil"
+)
+
+// pluginEnv makes the test binary run testplugin.Main instead of the tests:
+// the lifecycle checks need a plugin process, and this one needs no build.
+const pluginEnv = "NODEPLUG_CONFORM_TESTPLUGIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(pluginEnv) == "1" {
+		os.Exit(testplugin.Main(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// short is the observation window of runs that expect nothing to happen:
+// a plugin that keeps the rule passes whatever the window. Runs that
+// expect a breach wait for it with testutil.Deadline as the upper bound.
+const short = 300 * time.Millisecond
+
+// pluginCommand is the command that runs the test plugin as a process.
+func pluginCommand(t *testing.T, mode string, faults ...testplugin.Fault) []string {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fs []string
+	for _, f := range faults {
+		fs = append(fs, string(f))
+	}
+	return []string{exe, "--mode", mode, "--faults", strings.Join(fs, ",")}
+}
+
+// run runs conform and fails the test on a run error.
+func run(t *testing.T, cfg conform.Config) *conform.Report {
+	t.Helper()
+	if len(cfg.Command) > 0 {
+		cfg.Env = append(cfg.Env, pluginEnv+"=1")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*testutil.Deadline)
+	defer cancel()
+	rep, err := conform.Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// startSocket serves the test plugin in-process in a plugins_registry
+// directory and returns its socket.
+func startSocket(t *testing.T, opts testplugin.Options) string {
+	t.Helper()
+	dir := filepath.Join(testutil.TempDir(t), "plugins_registry")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	opts.Socket = filepath.Join(dir, "conform-test.sock")
+	p, err := testplugin.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Stop)
+	return opts.Socket
+}
+
+func wantStatuses(t *testing.T, rep *conform.Report, want map[string]conform.Status) {
+	t.Helper()
+	for _, res := range rep.Results {
+		w, ok := want[res.Name]
+		if !ok {
+			w = conform.Pass
+		}
+		if res.Status != w {
+			t.Errorf("%s: %s (%s), want %s", res.Name, res.Status, res.Detail, w)
+		}
+	}
+	if len(rep.Results) != len(conform.Catalogue) {
+		t.Errorf("%d results, want one per check (%d)", len(rep.Results), len(conform.Catalogue))
+	}
+	if t.Failed() {
+		t.Logf("plugin output:\n%s", rep.PluginOutput)
+	}
+}
+
+func skipped(names ...string) map[string]conform.Status {
+	m := map[string]conform.Status{}
+	for _, n := range names {
+		m[n] = conform.Skip
+	}
+	return m
+}
+
+var lifecycleChecks = []string{conform.CheckKubeletRestart, conform.CheckSocketRemoval, conform.CheckSIGTERM}
+
+// The plugin without faults keeps every rule, through each registration
+// path: every check that applies passes.
+func TestCompliantPluginPasses(t *testing.T) {
+	t.Run("socket", func(t *testing.T) {
+		sock := startSocket(t, testplugin.Options{})
+		rep := run(t, conform.Config{Socket: sock, Observe: short})
+		wantStatuses(t, rep, skipped(append(lifecycleChecks, conform.CheckRegisterRequest)...))
+		if rep.Path != conform.PathRegistry || rep.Plugin != testplugin.Resource {
+			t.Errorf("path %q plugin %q", rep.Path, rep.Plugin)
+		}
+	})
+	t.Run("plugins_registry", func(t *testing.T) {
+		rep := run(t, conform.Config{Command: pluginCommand(t, "registry"), Observe: short})
+		wantStatuses(t, rep, skipped(conform.CheckRegisterRequest))
+	})
+	t.Run("kubelet.sock", func(t *testing.T) {
+		rep := run(t, conform.Config{Command: pluginCommand(t, "kubelet"), Observe: short})
+		wantStatuses(t, rep, skipped(conform.CheckGetInfo, conform.CheckNotify))
+		if rep.Path != conform.PathKubeletSock {
+			t.Errorf("path %q", rep.Path)
+		}
+	})
+}
+
+// Every check fails (or warns, where the kubelet tolerates the breach)
+// when the plugin breaks its rule.
+func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
+	type tc struct {
+		fault testplugin.Fault
+		check string
+		want  conform.Status
+		mode  string // "socket" (in-process), "registry" or "kubelet" (a process)
+		// waits: the check watches for the breach: the window is only an
+		// upper bound.
+		waits bool
+		// quick: the check waits out a timeout before it can fail; a
+		// short one keeps the test fast.
+		quick bool
+	}
+	tests := []tc{
+		{fault: testplugin.FaultInfoType, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultInfoName, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultInfoVersions, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultInfoEndpoint, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultNotifyError, check: conform.CheckNotify, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultRegisterVersion, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
+		{fault: testplugin.FaultRegisterResource, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
+		{fault: testplugin.FaultRegisterEndpoint, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
+		{fault: testplugin.FaultOptionsError, check: conform.CheckOptions, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultNoFirstResponse, check: conform.CheckFirstResponse, want: conform.Fail, mode: "socket", quick: true},
+		{fault: testplugin.FaultDuplicateIDs, check: conform.CheckDeviceIDs, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultUnprintableID, check: conform.CheckDeviceIDs, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultBadHealth, check: conform.CheckHealth, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultBadTopology, check: conform.CheckTopology, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultFlap, check: conform.CheckHealthFlap, want: conform.Fail, mode: "socket", waits: true},
+		{fault: testplugin.FaultAllocateOneResponse, check: conform.CheckAllocate, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultAllocateUnknown, check: conform.CheckAllocateUnknown, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultPreferredForeign, check: conform.CheckPreferred, want: conform.Warn, mode: "socket"},
+		{fault: testplugin.FaultPreStartError, check: conform.CheckPreStart, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultAllocateNotConcurrent, check: conform.CheckConcurrentAllocate, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultSingleStream, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", quick: true},
+		{fault: testplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", waits: true, quick: true},
+		{fault: testplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", waits: true, quick: true},
+		{fault: testplugin.FaultNoReregister, check: conform.CheckKubeletRestart, want: conform.Fail, mode: "kubelet", quick: true},
+		{fault: testplugin.FaultExitOnSocketRemoval, check: conform.CheckSocketRemoval, want: conform.Fail, mode: "registry", waits: true},
+		{fault: testplugin.FaultExitOnSocketRemoval, check: conform.CheckSocketRemoval, want: conform.Fail, mode: "kubelet", waits: true},
+		{fault: testplugin.FaultKeepSocket, check: conform.CheckSIGTERM, want: conform.Warn, mode: "registry"},
+		{fault: testplugin.FaultIgnoreSIGTERM, check: conform.CheckSIGTERM, want: conform.Fail, mode: "kubelet", quick: true},
+	}
+	covered := map[string]bool{}
+	for _, tt := range tests {
+		covered[tt.check] = true
+		t.Run(tt.mode+"/"+string(tt.fault), func(t *testing.T) {
+			cfg := conform.Config{Selection: conform.Selection{Only: []string{tt.check}}, Observe: short}
+			if tt.waits {
+				cfg.Observe = testutil.Deadline
+			}
+			if tt.quick {
+				// Long enough for a compliant plugin on a busy machine;
+				// this one never answers.
+				cfg.Timeout, cfg.RegisterWait = 3*time.Second, 3*time.Second
+			}
+			if tt.mode == "socket" {
+				cfg.Socket = startSocket(t, testplugin.Options{Faults: []testplugin.Fault{tt.fault}})
+			} else {
+				cfg.Command = pluginCommand(t, tt.mode, tt.fault)
+			}
+			rep := run(t, cfg)
+			if len(rep.Results) != 1 {
+				t.Fatalf("--only %s gave %d results", tt.check, len(rep.Results))
+			}
+			if res := rep.Results[0]; res.Name != tt.check || res.Status != tt.want {
+				t.Fatalf("%s: %s (%s), want %s\nplugin output:\n%s", res.Name, res.Status, res.Detail, tt.want, rep.PluginOutput)
+			}
+		})
+	}
+	for _, c := range conform.Catalogue {
+		if !covered[c.Name] {
+			t.Errorf("no fault breaks the rule of check %s", c.Name)
+		}
+	}
+	for _, f := range testplugin.Faults {
+		found := false
+		for _, tt := range tests {
+			found = found || tt.fault == f
+		}
+		if !found {
+			t.Errorf("fault %s is not tested", f)
+		}
+	}
+}
+
+// A registration socket of another type is checked with that type's rules;
+// the device plugin checks do not apply.
+func TestRegistrationSocketOfOtherTypes(t *testing.T) {
+	tests := []struct {
+		typ      string
+		versions []string
+		want     conform.Status
+	}{
+		{registerapi.CSIPlugin, []string{"1.0.0"}, conform.Pass},
+		{registerapi.CSIPlugin, []string{"2.0.0"}, conform.Fail},
+		{registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, conform.Pass},
+		{registerapi.DRAPlugin, []string{"v1alpha4.DRAPlugin"}, conform.Fail},
+	}
+	for _, tt := range tests {
+		t.Run(tt.typ+"/"+strings.Join(tt.versions, ","), func(t *testing.T) {
+			sock := startSocket(t, testplugin.Options{Type: tt.typ, Versions: tt.versions})
+			rep := run(t, conform.Config{Socket: sock, Observe: short})
+			res, _ := rep.Result(conform.CheckGetInfo)
+			if res.Status != tt.want {
+				t.Fatalf("getinfo: %s (%s), want %s", res.Status, res.Detail, tt.want)
+			}
+			if res, _ := rep.Result(conform.CheckAllocate); res.Status != conform.Skip || !strings.Contains(res.Detail, tt.typ) {
+				t.Errorf("allocate: %s (%s), want skip naming the type", res.Status, res.Detail)
+			}
+			if res, _ := rep.Result(conform.CheckNotify); res.Status != conform.Pass {
+				t.Errorf("notify: %s (%s)", res.Status, res.Detail)
+			}
+		})
+	}
+}
+
+func TestSelection(t *testing.T) {
+	sock := startSocket(t, testplugin.Options{})
+	rep := run(t, conform.Config{Socket: sock, Selection: conform.Selection{Skip: []string{conform.CheckHealthFlap, conform.CheckReconnect}}})
+	for _, res := range rep.Results {
+		if res.Name == conform.CheckHealthFlap || res.Name == conform.CheckReconnect {
+			t.Errorf("skipped check %s reported", res.Name)
+		}
+	}
+	if len(rep.Results) != len(conform.Catalogue)-2 {
+		t.Errorf("%d results", len(rep.Results))
+	}
+	_, err := conform.Run(context.Background(), conform.Config{Socket: sock, Selection: conform.Selection{Only: []string{"no-such-check"}}})
+	if err == nil || !strings.Contains(err.Error(), "no-such-check") {
+		t.Errorf("unknown check: %v", err)
+	}
+}
+
+func TestSubstitute(t *testing.T) {
+	got := conform.Substitute([]string{"--root={root}", "{kubelet-sock}", "--dir", "{plugins-registry}/x", "{device-plugins}"}, "/r")
+	want := []string{"--root=/r", "/r/device-plugins/kubelet.sock", "--dir", "/r/plugins_registry/x", "/r/device-plugins"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
