@@ -84,4 +84,3 @@ func cmdConform(ctx context.Context, c *cli, args []string) error {
 	}
 	return nil
 }
-

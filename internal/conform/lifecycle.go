@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 

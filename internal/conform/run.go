@@ -119,10 +119,10 @@ type runner struct {
 	confiner *unixsock.Confiner
 
 	// The plugin as the kubelet sees it.
-	path     string   // PathRegistry, PathKubeletSock or PathDeviceSocket
-	regSock  string   // the plugins_registry socket (PathRegistry, or Socket answering GetInfo)
-	sess     *session // the device plugin endpoint, nil when not a device plugin or unreachable
-	devices  deviceSet
+	path      string   // PathRegistry, PathKubeletSock or PathDeviceSocket
+	regSock   string   // the plugins_registry socket (PathRegistry, or Socket answering GetInfo)
+	sess      *session // the device plugin endpoint, nil when not a device plugin or unreachable
+	devices   deviceSet
 	notDevice string // why device checks do not apply
 
 	// Lifecycle mode.
