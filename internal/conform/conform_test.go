@@ -2,6 +2,7 @@ package conform_test
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -272,5 +273,28 @@ func TestSubstitute(t *testing.T) {
 	want := []string{"--root=/r", "/r/device-plugins/kubelet.sock", "--dir", "/r/plugins_registry/x", "/r/device-plugins"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// A given root dir is used as it is, and refused when a kubelet serves it.
+func TestGivenRootDir(t *testing.T) {
+	root := testutil.TempDir(t)
+	rep := run(t, conform.Config{Command: pluginCommand(t, "kubelet"), Root: root, Observe: short,
+		Selection: conform.Selection{Only: []string{conform.CheckRegisterRequest}}})
+	if res := rep.Results[0]; res.Status != conform.Pass || !strings.Contains(res.Detail, "conform-test.sock") {
+		t.Fatalf("%s: %s", res.Status, res.Detail)
+	}
+	if _, err := os.Stat(filepath.Join(root, "device-plugins")); err != nil {
+		t.Errorf("the given root dir was removed: %v", err)
+	}
+
+	lis, err := net.Listen("unix", filepath.Join(root, "device-plugins", "kubelet.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	_, err = conform.Run(context.Background(), conform.Config{Command: pluginCommand(t, "kubelet"), Root: root, Env: []string{pluginEnv + "=1"}})
+	if err == nil || !strings.Contains(err.Error(), "answers") {
+		t.Fatalf("a live kubelet.sock: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -133,11 +134,18 @@ func (r *runner) registryDir() string { return filepath.Join(r.root, "plugins_re
 // runCommand starts the plugin under a temporary root dir with conform's
 // kubelet.sock, checks it, and takes it through the lifecycle checks.
 func (r *runner) runCommand(ctx context.Context) error {
-	root, err := os.MkdirTemp("", "npconform")
-	if err != nil {
+	root := r.cfg.Root
+	if root == "" {
+		dir, err := os.MkdirTemp("", "npconform")
+		if err != nil {
+			return fmt.Errorf("%w (set TMPDIR, or give a root dir)", err)
+		}
+		root, r.ownRoot = dir, true
+	} else if err := refuseLiveKubelet(ctx, filepath.Join(root, "device-plugins", "kubelet.sock")); err != nil {
 		return err
 	}
 	r.root = root
+	var err error
 	for _, d := range []string{"plugins_registry", "device-plugins"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o750); err != nil {
 			return err
@@ -175,6 +183,23 @@ func (r *runner) runCommand(ctx context.Context) error {
 		r.checkSocketRemoval(ctx)
 	}
 	return nil
+}
+
+// refuseLiveKubelet fails when something answers on kubelet.sock: conform
+// must not take a real kubelet's (or nodeplug's) place.
+func refuseLiveKubelet(ctx context.Context, sock string) error {
+	if !unixsock.IsSocket(sock) {
+		return nil
+	}
+	var d net.Dialer
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	conn, err := d.DialContext(cctx, "unix", sock)
+	if err != nil {
+		return nil
+	}
+	_ = conn.Close()
+	return fmt.Errorf("%s answers: a kubelet or nodeplug's devicemanager serves it; conform will not replace it", sock)
 }
 
 // notRegistered: the started plugin did not register.

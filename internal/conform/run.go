@@ -60,6 +60,12 @@ type Config struct {
 	Command []string
 	// Env is added to the started plugin's environment (KEY=VALUE).
 	Env []string
+	// Root, when set, is the root dir conform serves kubelet.sock and
+	// plugins_registry under instead of a new temporary one: for plugins
+	// that hard-code /var/lib/kubelet. Conform refuses it when a kubelet
+	// (or nodeplug's devicemanager) answers on its kubelet.sock, and
+	// leaves the directory in place.
+	Root string
 	// AllowedDirs are where endpoints may be (nodeplug's
 	// --allowed-endpoint-dir); an endpoint elsewhere is a warn. Default:
 	// the root dir (with Socket: the parent of the socket's directory).
@@ -127,6 +133,7 @@ type runner struct {
 
 	// Lifecycle mode.
 	root    string
+	ownRoot bool // root is conform's temporary directory
 	kubelet *kubelet
 	proc    *process
 }
@@ -211,7 +218,7 @@ func (r *runner) closeAll() {
 	if r.proc != nil {
 		r.proc.kill()
 	}
-	if r.root != "" {
+	if r.ownRoot {
 		_ = os.RemoveAll(r.root)
 	}
 }
