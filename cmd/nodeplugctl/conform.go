@@ -59,7 +59,7 @@ func cmdConform(ctx context.Context, c *cli, args []string) error {
 	cfg.Command, cfg.Env, cfg.AllowedDirs = command, env, allowed
 	cfg.Only, cfg.Skip = only, skip
 	cfg.Timeout = c.g.timeout
-	if err := cfg.Selection.Validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return usagef("%v", err)
 	}
 	if showOutput {

@@ -98,7 +98,7 @@ func (c *Config) defaults() error {
 		}
 		c.Socket = abs
 	}
-	if err := c.Selection.Validate(); err != nil {
+	if err := c.Validate(); err != nil {
 		return err
 	}
 	if c.Timeout <= 0 {
