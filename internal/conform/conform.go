@@ -169,8 +169,9 @@ type Result struct {
 type Report struct {
 	// Target is the socket or the command checked.
 	Target string `json:"target"`
-	// Path is how the plugin registered: "plugins_registry",
-	// "kubelet.sock", or "device plugin socket" when given one directly.
+	// Path is how the plugin registered: PathRegistry, PathKubeletSock,
+	// or, for a socket given directly, PathRegistrationSocket or
+	// PathDeviceSocket.
 	Path string `json:"registration_path"`
 	// Plugin names the plugin: its resource or driver name.
 	Plugin  string   `json:"plugin,omitempty"`

@@ -92,6 +92,9 @@ func (r *runner) registerViaSocket(ctx context.Context, sock string, direct bool
 	}
 	defer conn.Close()
 	r.path, r.regSock = PathRegistry, sock
+	if direct && !strings.Contains(sock, "/plugins_registry/") {
+		r.path = PathRegistrationSocket
+	}
 	r.report.Plugin = info.GetName()
 	endpoint := info.GetEndpoint()
 	if endpoint == "" {

@@ -45,6 +45,9 @@ const (
 	PathRegistry     = "plugins_registry"
 	PathKubeletSock  = "kubelet.sock"
 	PathDeviceSocket = "device plugin socket"
+	// PathRegistrationSocket: a socket given directly that answers GetInfo
+	// but does not lie in a plugins_registry directory.
+	PathRegistrationSocket = "registration socket"
 )
 
 // Config says what to check and how.
