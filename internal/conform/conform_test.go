@@ -188,7 +188,7 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 			if tt.quick {
 				// Long enough for a compliant plugin on a busy machine;
 				// this one never answers.
-				cfg.Timeout, cfg.RegisterWait = 3*time.Second, 3*time.Second
+				cfg.Timeout, cfg.RegisterWait = 5*time.Second, 5*time.Second
 			}
 			if tt.mode == "socket" {
 				cfg.Socket = startSocket(t, testplugin.Options{Faults: []testplugin.Fault{tt.fault}})
