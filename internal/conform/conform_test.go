@@ -119,6 +119,14 @@ func TestCompliantPluginPasses(t *testing.T) {
 			t.Errorf("path %q plugin %q", rep.Path, rep.Plugin)
 		}
 	})
+	t.Run("device plugin socket", func(t *testing.T) {
+		sock := startSocket(t, testplugin.Options{DevicePluginOnly: true})
+		rep := run(t, conform.Config{Socket: sock, Observe: short})
+		wantStatuses(t, rep, skipped(append(lifecycleChecks, conform.CheckRegisterRequest, conform.CheckGetInfo, conform.CheckNotify)...))
+		if rep.Path != conform.PathDeviceSocket {
+			t.Errorf("path %q", rep.Path)
+		}
+	})
 	t.Run("plugins_registry", func(t *testing.T) {
 		rep := run(t, conform.Config{Command: pluginCommand(t, "registry"), Observe: short})
 		wantStatuses(t, rep, skipped(conform.CheckRegisterRequest))

@@ -109,6 +109,9 @@ type Options struct {
 	Type     string
 	Versions []string
 	Faults   []Fault
+	// DevicePluginOnly serves no pluginregistration.Registration: a
+	// device plugin socket of a plugin that registers on kubelet.sock.
+	DevicePluginOnly bool
 }
 
 // Plugin is the device plugin. It is safe for concurrent use.
@@ -152,7 +155,9 @@ func (p *Plugin) Serve() error {
 	}
 	srv := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(srv, p)
-	registerapi.RegisterRegistrationServer(srv, p)
+	if !p.opts.DevicePluginOnly {
+		registerapi.RegisterRegistrationServer(srv, p)
+	}
 	served := make(chan struct{})
 	p.mu.Lock()
 	p.srv, p.served = srv, served
