@@ -306,3 +306,20 @@ func TestGivenRootDir(t *testing.T) {
 		t.Fatalf("a live kubelet.sock: %v", err)
 	}
 }
+
+// A plugin that exits before it registers fails the registration checks,
+// and the report keeps what it printed.
+func TestPluginThatNeverRegisters(t *testing.T) {
+	cmd := append(pluginCommand(t, "registry"), "--no-such-flag")
+	rep := run(t, conform.Config{Command: cmd, Observe: short})
+	res, _ := rep.Result(conform.CheckGetInfo)
+	if res.Status != conform.Fail || !strings.Contains(res.Detail, "exited before it registered") {
+		t.Fatalf("getinfo: %s (%s)", res.Status, res.Detail)
+	}
+	if res, _ := rep.Result(conform.CheckAllocate); res.Status != conform.Skip {
+		t.Errorf("allocate: %s (%s)", res.Status, res.Detail)
+	}
+	if !strings.Contains(rep.PluginOutput, "no-such-flag") {
+		t.Errorf("plugin output %q", rep.PluginOutput)
+	}
+}
