@@ -38,12 +38,12 @@ func ctxT(t *testing.T) context.Context {
 // env is a real manager with real device plugins, its pod resources API
 // served on a real Unix socket as main.go serves it (rate limit included).
 type env struct {
-	t       *testing.T
-	root    string
-	m       *manager.Manager
-	pr      *Server
-	conn    *grpc.ClientConn
-	client  podresourcesv1.PodResourcesListerClient
+	t      *testing.T
+	root   string
+	m      *manager.Manager
+	pr     *Server
+	conn   *grpc.ClientConn
+	client podresourcesv1.PodResourcesListerClient
 }
 
 func newEnv(t *testing.T) *env {
