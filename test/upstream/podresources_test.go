@@ -31,7 +31,9 @@ const podResourcesMaxMsgSize = 16 * 1024 * 1024
 
 // podResourcesSocket is the kubelet's path of the socket beneath the root
 // dir.
-func (d *dm) podResourcesSocket() string { return filepath.Join(d.root, "pod-resources", "kubelet.sock") }
+func (d *dm) podResourcesSocket() string {
+	return filepath.Join(d.root, "pod-resources", "kubelet.sock")
+}
 
 // podResources connects to the devicemanager's pod resources socket as an
 // agent does, with the kubelet's client helper.
