@@ -81,6 +81,7 @@ cat <<INFO
 nodeplug is running (logs in $LOGS, root dir $ROOT).
 
   APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager}.sock
+  podres    $ROOT/pod-resources/kubelet.sock (the kubelet's pod resources API, for monitoring agents)
   metrics   http://127.0.0.1:9451/metrics  http://127.0.0.1:9452/metrics  http://127.0.0.1:9453/metrics
 
 Look inside, from another shell (nodeplugctl finds the sockets from the root dir):
@@ -93,6 +94,7 @@ Look inside, from another shell (nodeplugctl finds the sockets from the root dir
   $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/watcher.sock list
   $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/reconciler.sock nodeplug.reconciler.v1.ReconcilerService/ListPlugins
   $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/devicemanager.sock nodeplug.devicemanager.v1.DeviceManagerService/ListResources
+  $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/pod-resources/kubelet.sock v1.PodResourcesLister/List
 
 Press Ctrl-C to stop.
 INFO

@@ -185,10 +185,12 @@ func parseResourceRequests(args, mustInclude []string) ([]*dmv1.ResourceRequest,
 }
 
 func cmdAllocate(ctx context.Context, c *cli, args []string) error {
-	fs := c.flags("allocate", "--pod UID --container NAME [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...")
+	fs := c.flags("allocate", "--pod UID --container NAME [--namespace NS --name NAME] [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...")
 	out := outputFlag(fs, "table", "json")
 	pod := fs.String("pod", "", "pod UID (required)")
 	container := fs.String("container", "", "container name (required)")
+	namespace := fs.String("namespace", "", "the pod's namespace (optional, with --name; the pod's first Allocate fixes it)")
+	name := fs.String("name", "", "the pod's name (optional, with --namespace)")
 	var must stringList
 	fs.Var(&must, "must-include", "device ID the answer must contain, [RESOURCE=]ID (repeatable)")
 	pos, err := parseInterspersed(fs, args)
@@ -201,6 +203,9 @@ func cmdAllocate(ctx context.Context, c *cli, args []string) error {
 	if *pod == "" || *container == "" {
 		return usagef("--pod and --container are required")
 	}
+	if (*namespace == "") != (*name == "") {
+		return usagef("--namespace and --name go together")
+	}
 	reqs, err := parseResourceRequests(pos, must)
 	if err != nil {
 		return err
@@ -212,7 +217,7 @@ func cmdAllocate(ctx context.Context, c *cli, args []string) error {
 	cctx, cancel := c.call(ctx)
 	defer cancel()
 	resp, err := dmv1.NewDeviceManagerServiceClient(cc).Allocate(cctx, &dmv1.AllocateRequest{
-		PodUid: *pod, ContainerName: *container, Resources: reqs,
+		PodUid: *pod, ContainerName: *container, Resources: reqs, PodNamespace: *namespace, PodName: *name,
 	})
 	if err != nil {
 		return c.rpcError(devicemanagerSvc, fmt.Sprintf("allocate for pod %s container %s", *pod, *container), err)

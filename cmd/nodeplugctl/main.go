@@ -95,7 +95,7 @@ func init() {
 		{"resources", "[-o table|json]", "device plugin resources: capacity, allocatable, free, endpoints", cmdResources},
 		{"allocations", "[--pod UID] [-o table|json]", "what is allocated to whom, with trace IDs", cmdAllocations},
 		{"sockets", "[-o table|json]", "the sockets the watcher sees in plugins_registry", cmdSockets},
-		{"allocate", "--pod UID --container NAME [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...", "allocate devices to a container", cmdAllocate},
+		{"allocate", "--pod UID --container NAME [--namespace NS --name NAME] [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...", "allocate devices to a container", cmdAllocate},
 		{"release", "--pod UID [--container NAME]", "free a pod's (or one container's) devices", cmdRelease},
 		{"watch", "sockets|plugins|resources [-o text|json]", "follow live changes (Ctrl-C stops)", cmdWatch},
 		{"trace", "TRACE_ID", "draw a trace from Jaeger as a text waterfall", cmdTrace},

@@ -177,14 +177,15 @@ example.com/sample  4         3            1     dev-3      dev-0,dev-1  sample.
 			name: "allocations",
 			render: func(b *bytes.Buffer) error {
 				return renderAllocations(b, testNow, &dmv1.ListAllocationsResponse{Allocations: []*dmv1.Allocation{
-					{PodUid: "pod-2", ContainerName: "main", ResourceName: "example.com/sample", DeviceIds: []string{"dev-2"}, AllocatedTime: ts(-3 * time.Hour)},
+					{PodUid: "pod-2", PodNamespace: "default", PodName: "web-0", ContainerName: "main", ResourceName: "example.com/sample",
+						DeviceIds: []string{"dev-2"}, AllocatedTime: ts(-3 * time.Hour)},
 					{PodUid: "pod-1", ContainerName: "main", ResourceName: "example.com/sample", DeviceIds: []string{"dev-0", "dev-1"},
 						TraceId: "4bf92f3577b34da6a3ce929d0e0e4736", AllocatedTime: ts(-72 * time.Hour)},
 				}})
 			},
-			want: `POD    CONTAINER  RESOURCE            DEVICES      AGE  TRACE ID
-pod-1  main       example.com/sample  dev-0,dev-1  3d   4bf92f3577b34da6a3ce929d0e0e4736
-pod-2  main       example.com/sample  dev-2        3h   -
+			want: `POD    NAMESPACE/NAME  CONTAINER  RESOURCE            DEVICES      AGE  TRACE ID
+pod-1  -               main       example.com/sample  dev-0,dev-1  3d   4bf92f3577b34da6a3ce929d0e0e4736
+pod-2  default/web-0   main       example.com/sample  dev-2        3h   -
 `,
 		},
 		{
@@ -219,7 +220,7 @@ dra.example.com  v1.DRAPlugin  /r/plugins/dra.sock  2m
 		{
 			name: "allocation",
 			render: func(b *bytes.Buffer) error {
-				return renderAllocation(b, &dmv1.AllocateResponse{PodUid: "pod-1", ContainerName: "main", Allocations: []*dmv1.ResourceAllocation{{
+				return renderAllocation(b, &dmv1.AllocateResponse{PodUid: "pod-1", PodNamespace: "default", PodName: "web-0", ContainerName: "main", Allocations: []*dmv1.ResourceAllocation{{
 					ResourceName: "example.com/sample", DeviceIds: []string{"dev-0", "dev-1"},
 					Devices: []*dmv1.DeviceStatus{{Id: "dev-0", Health: dmv1.DeviceHealth_DEVICE_HEALTH_HEALTHY}, {Id: "dev-1", Health: dmv1.DeviceHealth_DEVICE_HEALTH_UNHEALTHY}},
 					ContainerResponse: &dmv1.ContainerAllocateResponse{
@@ -231,7 +232,7 @@ dra.example.com  v1.DRAPlugin  /r/plugins/dra.sock  2m
 					},
 				}}})
 			},
-			want: `pod pod-1 container main
+			want: `pod pod-1 (default/web-0) container main
   example.com/sample: dev-0,dev-1 (dev-1 unhealthy)
     env         A=1
     env         SAMPLE_DEVICES=dev-0,dev-1
@@ -567,6 +568,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"watch", "pods"}, `cannot watch "pods"`},
 		{[]string{"allocate", "--pod", "p", "--container", "c"}, "no resources requested"},
 		{[]string{"allocate", "a.com/x=1"}, "--pod and --container are required"},
+		{[]string{"allocate", "--pod", "p", "--container", "c", "--namespace", "ns", "a.com/x=1"}, "--namespace and --name go together"},
 		{[]string{"release"}, "--pod is required"},
 		{[]string{"trace"}, "give one trace ID"},
 		{[]string{"trace", "xyz"}, "is not a trace ID"},

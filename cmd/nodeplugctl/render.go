@@ -220,9 +220,9 @@ func renderAllocations(w io.Writer, now time.Time, resp *dmv1.ListAllocationsRes
 		return a.GetResourceName() < b.GetResourceName()
 	})
 	tw := newTable(w)
-	fmt.Fprintln(tw, "POD\tCONTAINER\tRESOURCE\tDEVICES\tAGE\tTRACE ID")
+	fmt.Fprintln(tw, "POD\tNAMESPACE/NAME\tCONTAINER\tRESOURCE\tDEVICES\tAGE\tTRACE ID")
 	for _, a := range allocs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", a.GetPodUid(), a.GetContainerName(), a.GetResourceName(),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.GetPodUid(), podName(a.GetPodNamespace(), a.GetPodName()), a.GetContainerName(), a.GetResourceName(),
 			list(a.GetDeviceIds()), age(now, a.GetAllocatedTime()), dash(traceID(a.GetTraceId())))
 	}
 	return tw.Flush()
@@ -244,7 +244,11 @@ func renderSockets(w io.Writer, now time.Time, resp *watcherv1.ListSocketsRespon
 // renderAllocation prints what one Allocate returned: the devices per
 // resource, then what the plugin asked the runtime to do.
 func renderAllocation(w io.Writer, resp *dmv1.AllocateResponse) error {
-	fmt.Fprintf(w, "pod %s container %s\n", resp.GetPodUid(), resp.GetContainerName())
+	pod := resp.GetPodUid()
+	if resp.GetPodNamespace() != "" || resp.GetPodName() != "" {
+		pod += " (" + podName(resp.GetPodNamespace(), resp.GetPodName()) + ")"
+	}
+	fmt.Fprintf(w, "pod %s container %s\n", pod, resp.GetContainerName())
 	for _, a := range resp.GetAllocations() {
 		var health []string
 		for _, d := range a.GetDevices() {
@@ -349,4 +353,13 @@ func resourceChangeLine(now time.Time, m *dmv1.WatchResourcesResponse) string {
 	return fmt.Sprintf("%s %-7s %s capacity=%d allocatable=%d free=%d unhealthy=%s endpoints=%d/%d live revision=%d",
 		now.Local().Format(lineTime), typ, r.GetName(), r.GetCapacity(), r.GetAllocatable(), r.GetFree(),
 		list(r.GetUnhealthyDeviceIds()), live, len(r.GetEndpoints()), ch.GetRevision())
+}
+
+// podName shows a pod's namespace and name as namespace/name, or "-" for a
+// pod known only by its UID.
+func podName(namespace, name string) string {
+	if namespace == "" && name == "" {
+		return "-"
+	}
+	return namespace + "/" + name
 }

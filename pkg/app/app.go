@@ -109,17 +109,18 @@ func (rt *Runtime) DeferReady() (ready func()) {
 }
 
 // ServeUnix serves a second gRPC server on a new Unix socket at path (mode
-// 0600, its directory created 0750), built as the API server is (logging,
-// recovery, error mapping, tracing, health, reflection). register adds the
-// services to it. It serves until the service stops, then stops gracefully
-// and removes the socket. It is how kubelet.sock (and any further socket) is
-// served.
-func (rt *Runtime) ServeUnix(path string, register func(*grpc.Server)) error {
+// 0600, owned by the process's user, its directory created 0750), built as
+// the API server is (logging, recovery, error mapping, tracing, health,
+// reflection) with opts added. register adds the services to it. It serves
+// until the service stops, then stops gracefully and removes the socket. It
+// is how kubelet.sock, the pod resources socket (and any further socket)
+// are served.
+func (rt *Runtime) ServeUnix(path string, register func(*grpc.Server), opts ...grpc.ServerOption) error {
 	lis, err := unixsock.Listen(path)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", path, err)
 	}
-	s, _ := rpcutil.NewServer(rt.Log)
+	s, _ := rpcutil.NewServer(rt.Log, opts...)
 	register(s)
 	rt.Log.Info("gRPC listening", "socket", path)
 	rt.serve(lis, s, func() {})

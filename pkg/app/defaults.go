@@ -28,6 +28,15 @@ const (
 	// of the devicemanager's checkpoint. It is not the kubelet's
 	// kubelet_internal_checkpoint, so that neither reads the other's.
 	CheckpointFileName = "nodeplug_checkpoint"
+
+	// PodResourcesDirName is the directory beneath the root dir that holds
+	// the socket of the kubelet's pod resources API, as under a kubelet.
+	PodResourcesDirName = "pod-resources"
+
+	// PodResourcesSocketName is the file name, in the pod-resources
+	// directory, of the socket the devicemanager serves the pod resources
+	// API (k8s.io/kubelet/pkg/apis/podresources/v1) on.
+	PodResourcesSocketName = "kubelet.sock"
 )
 
 // The services' default Prometheus /metrics addresses (--metrics-listen).
@@ -57,4 +66,9 @@ func DevicePluginsDir(root string) string {
 // KubeletSocket returns <root>/device-plugins/kubelet.sock.
 func KubeletSocket(root string) string {
 	return filepath.Join(root, DevicePluginsDirName, KubeletSocketName)
+}
+
+// PodResourcesSocket returns <root>/pod-resources/kubelet.sock.
+func PodResourcesSocket(root string) string {
+	return filepath.Join(root, PodResourcesDirName, PodResourcesSocketName)
 }

@@ -28,6 +28,9 @@ const (
 	MaxPodUID = 253
 	// MaxContainerName bounds container names.
 	MaxContainerName = 253
+	// MaxPodNamespace and MaxPodName bound a pod's namespace and name.
+	MaxPodNamespace = 253
+	MaxPodName      = 253
 	// MaxEcho is the most of an offending value an error quotes.
 	MaxEcho = 256
 )
@@ -74,6 +77,21 @@ func DeviceID(s string) error { return check("device ID", s, MaxDeviceID, false)
 
 // PodUID checks a pod UID.
 func PodUID(s string) error { return check("pod UID", s, MaxPodUID, false) }
+
+// PodIdentity checks a pod's optional namespace and name: each within
+// its bound and printable, and given together or not at all.
+func PodIdentity(namespace, name string) error {
+	if err := check("pod namespace", namespace, MaxPodNamespace, true); err != nil {
+		return err
+	}
+	if err := check("pod name", name, MaxPodName, true); err != nil {
+		return err
+	}
+	if (namespace == "") != (name == "") {
+		return fmt.Errorf("pod namespace %s and name %s must be given together: %w", Quote(namespace), Quote(name), errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
 
 // ContainerName checks a container name; empty is allowed where the caller
 // means "every container" (Release).

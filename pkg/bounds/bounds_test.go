@@ -29,6 +29,15 @@ func TestChecks(t *testing.T) {
 		{"container optional", ContainerName("", true), true},
 		{"container required", ContainerName("", false), false},
 		{"huge", Name("plugin name", long), false},
+		{"no pod identity", PodIdentity("", ""), true},
+		{"pod identity", PodIdentity("default", "web-0"), true},
+		{"pod identity of 253", PodIdentity(strings.Repeat("s", 253), strings.Repeat("n", 253)), true},
+		{"pod namespace of 254", PodIdentity(strings.Repeat("s", 254), "n"), false},
+		{"pod name of 254", PodIdentity("ns", strings.Repeat("n", 254)), false},
+		{"pod name with newline", PodIdentity("ns", "a\nb"), false},
+		{"pod namespace alone", PodIdentity("ns", ""), false},
+		{"pod name alone", PodIdentity("", "web-0"), false},
+		{"huge pod name", PodIdentity("ns", long), false},
 	} {
 		if (tc.err == nil) != tc.ok {
 			t.Errorf("%s: %v, want ok=%v", tc.name, tc.err, tc.ok)

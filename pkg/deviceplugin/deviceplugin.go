@@ -72,6 +72,9 @@ type Options struct {
 	// device IDs. The default returns an env NODEPLUG_DEVICES, a mount, a
 	// device spec per device and an annotation.
 	AllocateResponse func(ids []string) *pluginapi.ContainerAllocateResponse
+	// NUMANodes gives devices a topology: the NUMA nodes of each device ID
+	// listed. Devices not listed report none.
+	NUMANodes map[string][]int64
 	// Log receives the plugin's own log lines; nil discards them.
 	Log *slog.Logger
 }
@@ -274,7 +277,14 @@ func (p *Plugin) Devices() []*pluginapi.Device {
 func (p *Plugin) devicesLocked() []*pluginapi.Device {
 	out := make([]*pluginapi.Device, 0, len(p.devices))
 	for _, d := range p.devices {
-		out = append(out, &pluginapi.Device{ID: d.ID, Health: d.Health})
+		dev := &pluginapi.Device{ID: d.ID, Health: d.Health}
+		if nodes := p.opts.NUMANodes[d.ID]; len(nodes) > 0 {
+			dev.Topology = &pluginapi.TopologyInfo{}
+			for _, n := range nodes {
+				dev.Topology.Nodes = append(dev.Topology.Nodes, &pluginapi.NUMANode{ID: n})
+			}
+		}
+		out = append(out, dev)
 	}
 	return out
 }

@@ -13,10 +13,12 @@ import (
 
 	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/podresources"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
@@ -33,7 +35,8 @@ func main() {
 }
 
 // setup refuses a live kubelet.sock, restores the state and removes stale
-// sockets (manager.Open), then serves the API and kubelet.sock. The manager
+// sockets (manager.Open), then serves the API, kubelet.sock and the pod
+// resources socket (rate-limited as the kubelet's). The manager
 // runs until the service stops, then flushes its state; it never
 // deregisters plugins or releases allocations.
 func setup(ctx context.Context, rt *app.Runtime, grace time.Duration) error {
@@ -53,6 +56,14 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration) error {
 	}); err != nil {
 		return err
 	}
-	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "instance_id", m.InstanceID(), "grace_period", m.GracePeriod())
+	podSock := app.PodResourcesSocket(rt.Config.RootDir)
+	pr := podresources.New(m, rt.Metrics)
+	if err := rt.ServeUnix(podSock, func(s *grpc.Server) {
+		podresourcesv1.RegisterPodResourcesListerServer(s, pr)
+	}, pr.RateLimit(podresources.DefaultQPS, podresources.DefaultBurst)); err != nil {
+		return err
+	}
+	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "pod_resources_sock", podSock,
+		"instance_id", m.InstanceID(), "grace_period", m.GracePeriod())
 	return nil
 }

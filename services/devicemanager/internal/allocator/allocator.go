@@ -33,6 +33,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
@@ -120,7 +121,21 @@ type Ledger struct {
 	// owners maps resource → device → the allocation holding it,
 	// committed or reserved by an Allocate in flight.
 	owners map[string]map[string]key
-	dirty  map[key]bool // changed since the last Stage
+	// pods maps the UID of every pod holding an allocation to its
+	// namespace and name, fixed by the allocation that came first.
+	pods  map[string]*podRecord
+	dirty map[key]bool // changed since the last Stage
+}
+
+// podIdentity is a pod's optional namespace and name.
+type podIdentity struct{ namespace, name string }
+
+func (p podIdentity) named() bool { return p.namespace != "" || p.name != "" }
+
+// podRecord is a pod's identity and how many allocations it holds.
+type podRecord struct {
+	podIdentity
+	allocations int
 }
 
 var _ Allocator = (*Ledger)(nil)
@@ -131,6 +146,7 @@ func (k key) String() string { return k.pod + "\x00" + k.container + "\x00" + k.
 
 type allocation struct {
 	key       key
+	pod       podIdentity
 	ids       []string
 	resp      *pluginapi.ContainerAllocateResponse
 	respBytes []byte // resp as stored
@@ -145,7 +161,7 @@ func New(cfg Config) *Ledger {
 	}
 	return &Ledger{
 		res: cfg.Resources, persist: cfg.Persist, log: cfg.Log, metrics: newMetrics(cfg.Registerer),
-		allocs: map[key]*allocation{}, owners: map[string]map[string]key{}, dirty: map[key]bool{},
+		allocs: map[key]*allocation{}, owners: map[string]map[string]key{}, pods: map[string]*podRecord{}, dirty: map[key]bool{},
 	}
 }
 
@@ -187,8 +203,13 @@ func (l *Ledger) allocate(ctx context.Context, req *Request) ([]ResourceAllocati
 	defer unlock()
 
 	// Saved answers, and the resources that need new devices.
+	want := podIdentity{req.PodNamespace, req.PodName}
 	var todo []ResourceRequest
 	l.mu.Lock()
+	if err := l.checkPodLocked(req.PodUID, want); err != nil {
+		l.mu.Unlock()
+		return nil, err
+	}
 	for _, rr := range req.Resources {
 		k := key{req.PodUID, req.Container, rr.Name}
 		if a := l.allocs[k]; a != nil {
@@ -226,7 +247,7 @@ func (l *Ledger) allocate(ctx context.Context, req *Request) ([]ResourceAllocati
 		}
 	}
 	if len(picks) > 0 {
-		if err := l.commit(ctx, picks); err != nil {
+		if err := l.commit(ctx, want, picks); err != nil {
 			return nil, err
 		}
 	}
@@ -256,14 +277,63 @@ func (l *Ledger) allocate(ctx context.Context, req *Request) ([]ResourceAllocati
 	return out, nil
 }
 
-// commit records the allocations of picks and makes them durable; when
-// they cannot be saved it takes them back.
-func (l *Ledger) commit(ctx context.Context, picks []*pick) error {
+// checkPodLocked fails with errdefs.ErrFailedPrecondition when want names
+// the pod differently from how its first allocation fixed it. A request
+// that names no pod always matches.
+func (l *Ledger) checkPodLocked(uid string, want podIdentity) error {
+	p := l.pods[uid]
+	if p == nil || !want.named() || p.podIdentity == want {
+		return nil
+	}
+	return fmt.Errorf("pod %s is namespace %s name %s; this request names namespace %s name %s: %w",
+		bounds.Quote(uid), bounds.Quote(p.namespace), bounds.Quote(p.name),
+		bounds.Quote(want.namespace), bounds.Quote(want.name), errdefs.ErrFailedPrecondition)
+}
+
+// addLocked records a and counts it against its pod, whose identity it
+// takes when the pod already holds allocations.
+func (l *Ledger) addLocked(a *allocation) {
+	p := l.pods[a.key.pod]
+	if p == nil {
+		p = &podRecord{podIdentity: a.pod}
+		l.pods[a.key.pod] = p
+	}
+	a.pod = p.podIdentity
+	p.allocations++
+	l.allocs[a.key] = a
+}
+
+// removeLocked forgets the allocation of k; a pod left with none is
+// forgotten too, so its UID may be named anew.
+func (l *Ledger) removeLocked(k key) {
+	if _, ok := l.allocs[k]; !ok {
+		return
+	}
+	delete(l.allocs, k)
+	if p := l.pods[k.pod]; p != nil {
+		if p.allocations--; p.allocations <= 0 {
+			delete(l.pods, k.pod)
+		}
+	}
+}
+
+// commit records the allocations of picks for a pod named want and makes
+// them durable; when they cannot be saved, or a concurrent Allocate of
+// another container fixed the pod's identity differently, it takes them
+// back.
+func (l *Ledger) commit(ctx context.Context, want podIdentity, picks []*pick) error {
 	now, traceID := time.Now(), telemetry.TraceID(ctx)
 	resources := make([]string, 0, len(picks))
 	l.mu.Lock()
+	if err := l.checkPodLocked(picks[0].key.pod, want); err != nil {
+		for _, p := range picks {
+			l.unreserveLocked(p.key)
+		}
+		l.mu.Unlock()
+		return err
+	}
 	for _, p := range picks {
-		l.allocs[p.key] = &allocation{key: p.key, ids: p.ids, resp: p.resp, respBytes: p.respBytes, traceID: traceID, at: now}
+		l.addLocked(&allocation{key: p.key, pod: want, ids: p.ids, resp: p.resp, respBytes: p.respBytes, traceID: traceID, at: now})
 		l.dirty[p.key] = true
 		resources = append(resources, p.key.resource)
 	}
@@ -272,7 +342,7 @@ func (l *Ledger) commit(ctx context.Context, picks []*pick) error {
 	if err := l.persist(); err != nil {
 		l.mu.Lock()
 		for _, p := range picks {
-			delete(l.allocs, p.key)
+			l.removeLocked(p.key)
 			l.unreserveLocked(p.key)
 			l.dirty[p.key] = true
 		}
@@ -294,7 +364,10 @@ func (l *Ledger) commit(ctx context.Context, picks []*pick) error {
 // view describes a, with the current health of its devices. a's fields
 // never change once it is recorded, so no lock is needed.
 func (l *Ledger) view(a *allocation) ResourceAllocation {
-	v := ResourceAllocation{Resource: a.key.resource, DeviceIDs: slices.Clone(a.ids), Response: a.resp}
+	v := ResourceAllocation{
+		Resource: a.key.resource, DeviceIDs: slices.Clone(a.ids), Response: a.resp,
+		PodNamespace: a.pod.namespace, PodName: a.pod.name,
+	}
 	for i, healthy := range l.res.Health(a.key.resource, a.ids) {
 		v.Devices = append(v.Devices, DeviceStatus{ID: a.ids[i], Healthy: healthy})
 	}

@@ -27,6 +27,9 @@ func ValidateRequest(req *Request) error {
 	if err := bounds.ContainerName(req.Container, false); err != nil {
 		return err
 	}
+	if err := bounds.PodIdentity(req.PodNamespace, req.PodName); err != nil {
+		return err
+	}
 	if len(req.Resources) == 0 {
 		return fmt.Errorf("no resources requested: %w", errdefs.ErrInvalidArgument)
 	}

@@ -53,7 +53,7 @@ func (l *Ledger) Release(ctx context.Context, pod, container string) (int64, err
 		if k.pod != pod || (container != "" && k.container != container) {
 			continue
 		}
-		delete(l.allocs, k)
+		l.removeLocked(k)
 		l.unreserveLocked(k)
 		l.dirty[k] = true
 		n += int64(len(a.ids))
@@ -87,7 +87,7 @@ func (l *Ledger) List(pod string) []Allocation {
 		}
 		a := l.allocs[k]
 		out = append(out, Allocation{
-			PodUID: k.pod, Container: k.container, Resource: k.resource,
+			PodUID: k.pod, PodNamespace: a.pod.namespace, PodName: a.pod.name, Container: k.container, Resource: k.resource,
 			DeviceIDs: slices.Clone(a.ids), Response: a.resp, TraceID: a.traceID, Allocated: a.at,
 		})
 	}
@@ -113,7 +113,14 @@ func (l *Ledger) Restore(recs []store.Allocation) {
 				"pod_uid", r.PodUID, "container", r.ContainerName, "resource", r.ResourceName, "error", err)
 		}
 		k := key{r.PodUID, r.ContainerName, r.ResourceName}
-		l.allocs[k] = &allocation{key: k, ids: r.DeviceIDs, resp: resp, respBytes: r.Response, traceID: r.TraceID, at: r.Allocated}
+		if old := l.allocs[k]; old != nil {
+			l.removeLocked(k)
+			l.unreserveLocked(k)
+		}
+		l.addLocked(&allocation{
+			key: k, pod: podIdentity{r.PodNamespace, r.PodName}, ids: r.DeviceIDs, resp: resp, respBytes: r.Response,
+			traceID: r.TraceID, at: r.Allocated,
+		})
 		l.reserveLocked(k, r.DeviceIDs)
 	}
 }
@@ -129,7 +136,7 @@ func (l *Ledger) Stage(b *store.Batch) {
 			continue
 		}
 		b.Allocations = append(b.Allocations, store.Allocation{
-			PodUID: k.pod, ContainerName: k.container, ResourceName: k.resource,
+			PodUID: k.pod, PodNamespace: a.pod.namespace, PodName: a.pod.name, ContainerName: k.container, ResourceName: k.resource,
 			DeviceIDs: a.ids, Response: a.respBytes, TraceID: a.traceID, Allocated: a.at,
 		})
 	}

@@ -11,6 +11,10 @@ type Request struct {
 	PodUID    string
 	Container string
 	Resources []ResourceRequest
+	// PodNamespace and PodName name the pod, optionally (both or
+	// neither). The first Allocate of a pod UID fixes them.
+	PodNamespace string
+	PodName      string
 }
 
 // ResourceRequest asks for Count devices of one resource, including the
@@ -34,15 +38,21 @@ type ResourceAllocation struct {
 	DeviceIDs []string
 	Response  *pluginapi.ContainerAllocateResponse
 	Devices   []DeviceStatus
+	// PodNamespace and PodName are the pod's, as its first Allocate fixed
+	// them; empty for a pod known only by its UID.
+	PodNamespace string
+	PodName      string
 }
 
 // Allocation is one container's devices of one resource, as listed.
 type Allocation struct {
-	PodUID    string
-	Container string
-	Resource  string
-	DeviceIDs []string
-	Response  *pluginapi.ContainerAllocateResponse
-	TraceID   string
-	Allocated time.Time
+	PodUID       string
+	PodNamespace string
+	PodName      string
+	Container    string
+	Resource     string
+	DeviceIDs    []string
+	Response     *pluginapi.ContainerAllocateResponse
+	TraceID      string
+	Allocated    time.Time
 }

@@ -68,7 +68,10 @@ func registrationFromAPI(req *dmv1.RegisterPluginRequest) manager.Registration {
 }
 
 func allocateRequestFromAPI(req *dmv1.AllocateRequest) *allocator.Request {
-	out := &allocator.Request{PodUID: req.GetPodUid(), Container: req.GetContainerName()}
+	out := &allocator.Request{
+		PodUID: req.GetPodUid(), Container: req.GetContainerName(),
+		PodNamespace: req.GetPodNamespace(), PodName: req.GetPodName(),
+	}
 	for _, rr := range req.GetResources() {
 		out.Resources = append(out.Resources, allocator.ResourceRequest{
 			Name: rr.GetResourceName(), Count: rr.GetCount(), MustInclude: rr.GetMustIncludeDeviceIds(),
@@ -91,7 +94,7 @@ func resourceAllocationToAPI(a allocator.ResourceAllocation) *dmv1.ResourceAlloc
 
 func allocationToAPI(a allocator.Allocation) *dmv1.Allocation {
 	return &dmv1.Allocation{
-		PodUid: a.PodUID, ContainerName: a.Container, ResourceName: a.Resource, DeviceIds: a.DeviceIDs,
+		PodUid: a.PodUID, PodNamespace: a.PodNamespace, PodName: a.PodName, ContainerName: a.Container, ResourceName: a.Resource, DeviceIds: a.DeviceIDs,
 		ContainerResponse: responseToAPI(a.Response), TraceId: a.TraceID, AllocatedTime: timestamp(a.Allocated),
 	}
 }

@@ -66,7 +66,11 @@ type Endpoint struct {
 
 // Allocation is one container's devices of one resource.
 type Allocation struct {
-	PodUID        string   `json:"pod_uid"`
+	PodUID string `json:"pod_uid"`
+	// PodNamespace and PodName name the pod when its first Allocate did;
+	// checkpoints written before they existed have neither.
+	PodNamespace  string   `json:"pod_namespace,omitempty"`
+	PodName       string   `json:"pod_name,omitempty"`
 	ContainerName string   `json:"container_name"`
 	ResourceName  string   `json:"resource_name"`
 	DeviceIDs     []string `json:"device_ids"`

@@ -18,8 +18,28 @@ func sample() *Data {
 		Resources: []Resource{{Name: "example.com/a", Devices: []Device{{ID: "d0", Healthy: true}, {ID: "d1", NUMANodes: []int64{0}}},
 			Endpoints: []Endpoint{{Endpoint: "/x/a.sock", SocketPath: "/x/a.sock", Generation: "g1", RegistrationPath: "REGISTRATION_PATH_KUBELET_SOCK",
 				Versions: []string{"v1beta1"}, Registered: time.Unix(100, 5).UTC(), Primary: true}}}},
-		Allocations: []Allocation{{PodUID: "p", ContainerName: "c", ResourceName: "example.com/a", DeviceIDs: []string{"d0"},
-			Response: []byte{10, 1, 2}, TraceID: "abc", Allocated: time.Unix(200, 0).UTC()}},
+		Allocations: []Allocation{
+			{PodUID: "p", ContainerName: "c", ResourceName: "example.com/a", DeviceIDs: []string{"d0"},
+				Response: []byte{10, 1, 2}, TraceID: "abc", Allocated: time.Unix(200, 0).UTC()},
+			{PodUID: "q", PodNamespace: "default", PodName: "web-0", ContainerName: "c", ResourceName: "example.com/a",
+				DeviceIDs: []string{"d1"}, Response: []byte{}, Allocated: time.Unix(300, 0).UTC()},
+		},
+	}
+}
+
+// A checkpoint written before allocations carried the pod's namespace and
+// name reads with both empty.
+func TestReadWithoutPodIdentity(t *testing.T) {
+	data := `{"resources":[],"allocations":[{"pod_uid":"p","container_name":"c","resource_name":"example.com/a",` +
+		`"device_ids":["d0"],"response":"CgEC","allocated":"1970-01-01T00:03:20Z"}]}`
+	file := `{"version":1,"checksum":"` + checksum([]byte(data)) + `","data":` + data + `}`
+	d, err := unmarshal([]byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := d.Allocations[0]
+	if a.PodUID != "p" || a.PodNamespace != "" || a.PodName != "" || len(a.DeviceIDs) != 1 {
+		t.Fatalf("allocation = %+v", a)
 	}
 }
 

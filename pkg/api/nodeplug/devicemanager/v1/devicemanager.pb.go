@@ -1161,6 +1161,12 @@ type AllocateRequest struct {
 	PodUid        string             `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
 	ContainerName string             `protobuf:"bytes,2,opt,name=container_name,json=containerName,proto3" json:"container_name,omitempty"`
 	Resources     []*ResourceRequest `protobuf:"bytes,3,rep,name=resources,proto3" json:"resources,omitempty"`
+	// The pod's namespace and name, optional and given together (at most 253
+	// characters each). The first Allocate of a pod UID fixes them; a later
+	// Allocate of the same pod naming a different pair fails with
+	// FAILED_PRECONDITION. A pod known only by its UID leaves both empty.
+	PodNamespace  string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName       string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1214,6 +1220,20 @@ func (x *AllocateRequest) GetResources() []*ResourceRequest {
 		return x.Resources
 	}
 	return nil
+}
+
+func (x *AllocateRequest) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *AllocateRequest) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
 }
 
 // Mount mirrors v1beta1.Mount.
@@ -1588,6 +1608,10 @@ type AllocateResponse struct {
 	PodUid        string                 `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
 	ContainerName string                 `protobuf:"bytes,2,opt,name=container_name,json=containerName,proto3" json:"container_name,omitempty"`
 	Allocations   []*ResourceAllocation  `protobuf:"bytes,3,rep,name=allocations,proto3" json:"allocations,omitempty"`
+	// The pod's namespace and name as fixed by its first Allocate; empty when
+	// it is known only by its UID.
+	PodNamespace  string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName       string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1641,6 +1665,20 @@ func (x *AllocateResponse) GetAllocations() []*ResourceAllocation {
 		return x.Allocations
 	}
 	return nil
+}
+
+func (x *AllocateResponse) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *AllocateResponse) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
 }
 
 type ReleaseRequest struct {
@@ -1797,6 +1835,9 @@ type Allocation struct {
 	// Trace ID of the Allocate call that made it.
 	TraceId       string                 `protobuf:"bytes,6,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
 	AllocatedTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=allocated_time,json=allocatedTime,proto3" json:"allocated_time,omitempty"`
+	// The pod's namespace and name, empty when it is known only by its UID.
+	PodNamespace  string `protobuf:"bytes,8,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName       string `protobuf:"bytes,9,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1878,6 +1919,20 @@ func (x *Allocation) GetAllocatedTime() *timestamppb.Timestamp {
 		return x.AllocatedTime
 	}
 	return nil
+}
+
+func (x *Allocation) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *Allocation) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
 }
 
 type ListAllocationsResponse struct {
@@ -2009,11 +2064,13 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\x0fResourceRequest\x12#\n" +
 	"\rresource_name\x18\x01 \x01(\tR\fresourceName\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x125\n" +
-	"\x17must_include_device_ids\x18\x03 \x03(\tR\x14mustIncludeDeviceIds\"\x9b\x01\n" +
+	"\x17must_include_device_ids\x18\x03 \x03(\tR\x14mustIncludeDeviceIds\"\xdb\x01\n" +
 	"\x0fAllocateRequest\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
 	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\x12H\n" +
-	"\tresources\x18\x03 \x03(\v2*.nodeplug.devicemanager.v1.ResourceRequestR\tresources\"h\n" +
+	"\tresources\x18\x03 \x03(\v2*.nodeplug.devicemanager.v1.ResourceRequestR\tresources\x12#\n" +
+	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x05 \x01(\tR\apodName\"h\n" +
 	"\x05Mount\x12%\n" +
 	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x12\x1b\n" +
 	"\thost_path\x18\x02 \x01(\tR\bhostPath\x12\x1b\n" +
@@ -2046,18 +2103,20 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\n" +
 	"device_ids\x18\x02 \x03(\tR\tdeviceIds\x12c\n" +
 	"\x12container_response\x18\x03 \x01(\v24.nodeplug.devicemanager.v1.ContainerAllocateResponseR\x11containerResponse\x12A\n" +
-	"\adevices\x18\x04 \x03(\v2'.nodeplug.devicemanager.v1.DeviceStatusR\adevices\"\xa3\x01\n" +
+	"\adevices\x18\x04 \x03(\v2'.nodeplug.devicemanager.v1.DeviceStatusR\adevices\"\xe3\x01\n" +
 	"\x10AllocateResponse\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
 	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\x12O\n" +
-	"\vallocations\x18\x03 \x03(\v2-.nodeplug.devicemanager.v1.ResourceAllocationR\vallocations\"P\n" +
+	"\vallocations\x18\x03 \x03(\v2-.nodeplug.devicemanager.v1.ResourceAllocationR\vallocations\x12#\n" +
+	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x05 \x01(\tR\apodName\"P\n" +
 	"\x0eReleaseRequest\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
 	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\"<\n" +
 	"\x0fReleaseResponse\x12)\n" +
 	"\x10released_devices\x18\x01 \x01(\x03R\x0freleasedDevices\"1\n" +
 	"\x16ListAllocationsRequest\x12\x17\n" +
-	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"\xd3\x02\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"\x93\x03\n" +
 	"\n" +
 	"Allocation\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
@@ -2067,7 +2126,9 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"device_ids\x18\x04 \x03(\tR\tdeviceIds\x12c\n" +
 	"\x12container_response\x18\x05 \x01(\v24.nodeplug.devicemanager.v1.ContainerAllocateResponseR\x11containerResponse\x12\x19\n" +
 	"\btrace_id\x18\x06 \x01(\tR\atraceId\x12A\n" +
-	"\x0eallocated_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rallocatedTime\"\x83\x01\n" +
+	"\x0eallocated_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rallocatedTime\x12#\n" +
+	"\rpod_namespace\x18\b \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\t \x01(\tR\apodName\"\x83\x01\n" +
 	"\x17ListAllocationsResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12G\n" +
