@@ -40,7 +40,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration) error {
 	dir := rt.Config.DevicePluginsDir()
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: dir, AllowedDirs: rt.Config.AllowedDirs, GracePeriod: grace,
-		Store: store.NewCheckpoint(dir), Log: rt.Log, Registerer: rt.Metrics,
+		Store: store.New(dir, store.Options{}), Log: rt.Log, Registerer: rt.Metrics,
 	})
 	if err != nil {
 		return err

@@ -150,7 +150,7 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/c", 1)); err != nil {
 		t.Fatal(err)
 	}
-	d, err := store.ReadFile(path)
+	d, err := store.ReadState(e.dpDir)
 	if err != nil || len(d.Allocations) != 1 {
 		t.Fatalf("fresh checkpoint: %v, %v", d, err)
 	}
