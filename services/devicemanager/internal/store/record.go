@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -201,22 +202,27 @@ func (s *state) replay(payload []byte) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%w: data after a journal record", ErrCorrupt)
 	}
-	for _, name := range r.RemovedResources {
-		delete(s.resources, name)
-	}
+	// Check every record before changing anything, so that a record is
+	// applied whole or not at all.
+	staged := newState()
 	for _, raw := range r.Resources {
-		if err := s.putResource(raw); err != nil {
+		if err := staged.putResource(raw); err != nil {
 			return err
 		}
+	}
+	for _, raw := range r.Allocations {
+		if err := staged.putAllocation(raw); err != nil {
+			return err
+		}
+	}
+	for _, name := range r.RemovedResources {
+		delete(s.resources, name)
 	}
 	for _, k := range r.RemovedAllocations {
 		delete(s.allocations, k)
 	}
-	for _, raw := range r.Allocations {
-		if err := s.putAllocation(raw); err != nil {
-			return err
-		}
-	}
+	maps.Copy(s.resources, staged.resources)
+	maps.Copy(s.allocations, staged.allocations)
 	return nil
 }
 
