@@ -30,6 +30,7 @@ func run() int {
 	out := flag.String("json", "chaos-results.json", "write the figures here as JSON (empty: don't)")
 	kills := flag.Int("kills", -1, "SIGKILLs of a random service (default 66; 6 with -short)")
 	bursts := flag.Int("bursts", -1, "devicemanager kills mid-burst (default 30; 3 with -short)")
+	compactionKills := flag.Int("compaction-kills", -1, "devicemanager kills during a checkpoint compaction (default 10; 3 with -short)")
 	interval := flag.Duration("interval", 0, "time between kills (default 2s; 300ms with -short)")
 	plugins := flag.Int("plugins", 0, "device plugins (default 50; 10 with -short)")
 	seed := flag.Uint64("seed", 0, "random seed (0: from the clock)")
@@ -48,6 +49,9 @@ func run() int {
 	}
 	if *bursts >= 0 {
 		cfg.Bursts = *bursts
+	}
+	if *compactionKills >= 0 {
+		cfg.CompactionKills = *compactionKills
 	}
 	if *interval > 0 {
 		cfg.Interval = *interval

@@ -3,6 +3,9 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -25,7 +28,7 @@ func (r *runner) allocation(ctx context.Context) ([]AllocationResult, error) {
 			return nil, err
 		}
 		for _, callers := range r.cfg.AllocCallers {
-			res, err := r.allocRun(ctx, dp.Resource(), devices, callers)
+			res, err := r.allocRun(ctx, func(int, int) string { return dp.Resource() }, devices, callers, r.cfg.AllocDuration, nil)
 			if err != nil {
 				dp.Stop()
 				return nil, err
@@ -37,14 +40,33 @@ func (r *runner) allocation(ctx context.Context) ([]AllocationResult, error) {
 	return out, nil
 }
 
-func (r *runner) allocRun(ctx context.Context, resource string, devices, callers int) (AllocationResult, error) {
-	r.logf("allocation: %d devices, %d callers, %v", devices, callers, r.cfg.AllocDuration)
+// allocRun runs Allocate/Release pairs from callers for d; caller c's
+// i-th pair allocates one device of resource(c, i). tick, when set, is
+// called every 100 ms while it runs.
+func (r *runner) allocRun(ctx context.Context, resource func(c, i int) string, devices, callers int, d time.Duration, tick func()) (AllocationResult, error) {
+	r.logf("allocation: %d devices, %d callers, %v", devices, callers, d)
 	out := AllocationResult{Devices: devices, Callers: callers}
 	var mu sync.Mutex
 	var allocs, releases []time.Duration
 	var firstErr error
-	deadline := time.Now().Add(r.cfg.AllocDuration)
+	deadline := time.Now().Add(d)
 	start := time.Now()
+	if tick != nil {
+		tctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			t := time.NewTicker(100 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-tctx.Done():
+					return
+				case <-t.C:
+					tick()
+				}
+			}
+		}()
+	}
 	var wg sync.WaitGroup
 	for c := 0; c < callers; c++ {
 		wg.Add(1)
@@ -54,7 +76,7 @@ func (r *runner) allocRun(ctx context.Context, resource string, devices, callers
 				pod := fmt.Sprintf("bench-%d-%d-%d", devices, c, i)
 				t0 := time.Now()
 				_, err := r.dm.Allocate(ctx, &dmv1.AllocateRequest{PodUid: pod, ContainerName: "c",
-					Resources: []*dmv1.ResourceRequest{{ResourceName: resource, Count: 1}}})
+					Resources: []*dmv1.ResourceRequest{{ResourceName: resource(c, i), Count: 1}}})
 				t1 := time.Now()
 				if err == nil {
 					_, err = r.dm.Release(ctx, &dmv1.ReleaseRequest{PodUid: pod})
@@ -82,4 +104,167 @@ func (r *runner) allocRun(ctx context.Context, resource string, devices, callers
 	out.Allocate, out.Release = NewDist(allocs), NewDist(releases)
 	r.logf("  %d pairs, %.0f/s\n  allocate %v\n  release  %v", out.Pairs, out.PairsPerSec, out.Allocate, out.Release)
 	return out, nil
+}
+
+// DurabilityResult is what making allocations durable costs: Allocate
+// beside the fsync floor, Allocate with many plugins registered, and the
+// journal's size under a long Allocate/Release loop.
+type DurabilityResult struct {
+	// FsyncFloor: one small append plus fdatasync on the checkpoint's
+	// filesystem, in this run.
+	FsyncFloor Dist `json:"fsync_floor"`
+	// Allocate8 is Allocate with 8 devices and one caller, measured right
+	// after the floor; OverFloorP99Ms its p99 less the floor's (target:
+	// at most 1 ms).
+	Allocate8      AllocationResult `json:"allocate_8_devices"`
+	OverFloorP99Ms float64          `json:"allocate_p99_over_floor_p99_ms"`
+	// Many is Allocate/Release pairs from 8 callers with Plugins device
+	// plugins registered, each caller taking turns over its share of them;
+	// ManyP99Ratio its Allocate p99 over Allocate8's (target: at most 2).
+	Plugins      int              `json:"plugins_registered"`
+	Many         AllocationResult `json:"many_plugins"`
+	ManyP99Ratio float64          `json:"many_plugins_p99_over_8_devices_p99"`
+	// ManyCPUPerPairUs is the devicemanager's CPU time per pair in that
+	// run, in microseconds: what a pair costs whatever else the machine
+	// is doing.
+	ManyCPUPerPairUs float64 `json:"many_plugins_devicemanager_cpu_us_per_pair"`
+	// Loop follows the checkpoint files under a longer loop.
+	Loop JournalLoop `json:"journal_loop"`
+}
+
+// JournalLoop is the checkpoint's files sampled every 100 ms while
+// Allocate/Release pairs run.
+type JournalLoop struct {
+	Seconds float64 `json:"seconds"`
+	Pairs   int     `json:"pairs"`
+	// The journal files' total size: the largest sampled, and at the end.
+	MaxJournalBytes   int64 `json:"max_journal_bytes"`
+	FinalJournalBytes int64 `json:"final_journal_bytes"`
+	SnapshotBytes     int64 `json:"snapshot_bytes"`
+	// Journals is how many journal files were seen (compactions + 1).
+	Journals int `json:"journals_seen"`
+}
+
+// manyCallers is the number of callers of the many-plugins figure.
+const manyCallers = 8
+
+func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
+	var out DurabilityResult
+	r.logf("durability: fsync floor, Allocate beside it, %d plugins, journal loop %v", r.cfg.AllocPlugins, r.cfg.JournalLoop)
+	var err error
+	if out.FsyncFloor, err = r.fsyncFloor(500); err != nil {
+		return out, err
+	}
+	r.logf("  fsync floor %v", out.FsyncFloor)
+	dp, err := r.newDevicePlugin("bench.example.com/durable8", 8)
+	if err != nil {
+		return out, err
+	}
+	ready := r.res.wait(dp.Resource(), allocatable(8))
+	if err := dp.start(); err != nil {
+		return out, err
+	}
+	defer dp.Stop()
+	if _, err := waitTime(ctx, ready, dp.Resource()+" allocatable"); err != nil {
+		return out, err
+	}
+	if out.Allocate8, err = r.allocRun(ctx, func(int, int) string { return dp.Resource() }, 8, 1, r.cfg.AllocDuration, nil); err != nil {
+		return out, err
+	}
+	out.OverFloorP99Ms = round2(out.Allocate8.Allocate.P99 - out.FsyncFloor.P99)
+
+	// Many plugins, two devices each.
+	out.Plugins = r.cfg.AllocPlugins
+	plugins := make([]*devicePlugin, 0, out.Plugins)
+	defer func() {
+		for _, p := range plugins {
+			_ = os.Remove(p.final)
+		}
+		for _, p := range plugins {
+			p.Stop()
+		}
+	}()
+	readies := make([]<-chan time.Time, 0, out.Plugins)
+	for i := range out.Plugins {
+		p, err := r.newDevicePlugin(fmt.Sprintf("bench.example.com/many%d", i), 2)
+		if err != nil {
+			return out, err
+		}
+		readies = append(readies, r.res.wait(p.Resource(), allocatable(2)))
+		if err := p.start(); err != nil {
+			return out, err
+		}
+		plugins = append(plugins, p)
+	}
+	for i, ch := range readies {
+		if _, err := waitTime(ctx, ch, plugins[i].Resource()+" allocatable"); err != nil {
+			return out, err
+		}
+	}
+	// Caller c takes turns over the plugins whose index is c modulo the
+	// callers, so that callers never wait for each other's devices.
+	spread := func(c, i int) string {
+		n := (len(plugins) - c + manyCallers - 1) / manyCallers
+		return plugins[c+manyCallers*(i%n)].Resource()
+	}
+	cpu0 := r.cpuByService()["devicemanager"]
+	if out.Many, err = r.allocRun(ctx, spread, 2, manyCallers, r.cfg.AllocDuration, nil); err != nil {
+		return out, err
+	}
+	if out.Many.Pairs > 0 {
+		out.ManyCPUPerPairUs = round2((r.cpuByService()["devicemanager"] - cpu0) * 1e6 / float64(out.Many.Pairs))
+	}
+	if p99 := out.Allocate8.Allocate.P99; p99 > 0 {
+		out.ManyP99Ratio = round2(out.Many.Allocate.P99 / p99)
+	}
+
+	// The longer loop, following the files.
+	dir := filepath.Join(r.root, "device-plugins")
+	seen := map[string]bool{}
+	var maxJournal int64
+	sample := func() int64 {
+		js, _ := filepath.Glob(filepath.Join(dir, "nodeplug_checkpoint.journal.*"))
+		var total int64
+		for _, j := range js {
+			if fi, err := os.Stat(j); err == nil {
+				total += fi.Size()
+				seen[filepath.Base(j)] = true
+			}
+		}
+		return total
+	}
+	var sampleMu sync.Mutex
+	tick := func() {
+		sampleMu.Lock()
+		defer sampleMu.Unlock()
+		maxJournal = max(maxJournal, sample())
+	}
+	loop, err := r.allocRun(ctx, spread, 2, manyCallers, r.cfg.JournalLoop, tick)
+	if err != nil {
+		return out, err
+	}
+	sampleMu.Lock()
+	out.Loop = JournalLoop{Seconds: r.cfg.JournalLoop.Seconds(), Pairs: loop.Pairs, FinalJournalBytes: sample()}
+	out.Loop.MaxJournalBytes = max(maxJournal, out.Loop.FinalJournalBytes)
+	out.Loop.Journals = len(seen)
+	sampleMu.Unlock()
+	if fi, err := os.Stat(filepath.Join(dir, "nodeplug_checkpoint")); err == nil {
+		out.Loop.SnapshotBytes = fi.Size()
+	}
+	r.logf("  allocate p99 %.3f ms over the floor's; %d plugins: %.0f pairs/s, p99 %.2f× the 8-device one; loop of %d pairs: journal ≤ %d bytes (%d files seen), snapshot %d bytes",
+		out.OverFloorP99Ms, out.Plugins, out.Many.PairsPerSec, out.ManyP99Ratio, out.Loop.Pairs, out.Loop.MaxJournalBytes, out.Loop.Journals, out.Loop.SnapshotBytes)
+	return out, nil
+}
+
+// printDurability writes the durability figures.
+func printDurability(w io.Writer, d DurabilityResult) {
+	fmt.Fprintln(w, "\nDurability (the checkpoint journal: one append + fdatasync per change, shared by concurrent changes)")
+	fmt.Fprintf(w, "  fsync floor (256-byte append + fdatasync)  %s\n", d.FsyncFloor)
+	fmt.Fprintf(w, "  Allocate, 8 devices, 1 caller              %s\n", d.Allocate8.Allocate)
+	fmt.Fprintf(w, "  Allocate p99 − floor p99: %.3f ms (target ≤ 1 ms)\n", d.OverFloorP99Ms)
+	fmt.Fprintf(w, "  %d plugins registered, %d callers: %.0f pairs/s (target ≥ %d/s), allocate %s\n",
+		d.Plugins, d.Many.Callers, d.Many.PairsPerSec, 5*219, d.Many.Allocate)
+	fmt.Fprintf(w, "  its p99 is %.2f× the 8-device p99 (target ≤ 2×); devicemanager CPU %.0f µs per pair\n", d.ManyP99Ratio, d.ManyCPUPerPairUs)
+	fmt.Fprintf(w, "  loop of %.0f s, %d pairs: journal at most %d bytes, %d at the end; %d journal files seen; snapshot %d bytes\n",
+		d.Loop.Seconds, d.Loop.Pairs, d.Loop.MaxJournalBytes, d.Loop.FinalJournalBytes, d.Loop.Journals, d.Loop.SnapshotBytes)
 }

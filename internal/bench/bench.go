@@ -32,6 +32,8 @@ type Config struct {
 	AllocDuration  time.Duration // per allocation run
 	AllocDevices   []int         // devices per plugin
 	AllocCallers   []int         // concurrent callers
+	AllocPlugins   int           // plugins registered for the many-plugins Allocate figure
+	JournalLoop    time.Duration // Allocate/Release loop during which the journal's size is followed
 	Flips          int           // health flips for the propagation figure
 	FlipDevices    int           // devices of the flipping plugin
 	IdlePlugins    int           // registration-only plugins for the idle figures
@@ -48,6 +50,7 @@ func Default() Config {
 		RegistrationNs: []int{1, 10, 100, 1000},
 		ChurnDuration:  10 * time.Second, ChurnWorkers: 8, ChurnResident: 50,
 		AllocDuration: 5 * time.Second, AllocDevices: []int{8, 10000}, AllocCallers: []int{1, 8},
+		AllocPlugins: 1000, JournalLoop: time.Minute,
 		Flips: 50, FlipDevices: 10000,
 		IdlePlugins: 1000, IdleWindow: 10 * time.Second, RSSPlugins: 1000,
 		StaleSockets: 1000, StaleSamples: 20,
@@ -60,6 +63,7 @@ func Short() Config {
 		RegistrationNs: []int{1, 10},
 		ChurnDuration:  time.Second, ChurnWorkers: 2, ChurnResident: 5,
 		AllocDuration: 300 * time.Millisecond, AllocDevices: []int{8, 10000}, AllocCallers: []int{1, 8},
+		AllocPlugins: 10, JournalLoop: time.Second,
 		Flips: 3, FlipDevices: 10000,
 		IdlePlugins: 20, IdleWindow: time.Second, RSSPlugins: 10,
 		StaleSockets: 100, StaleSamples: 3,
@@ -73,6 +77,7 @@ type Results struct {
 	Stale        StaleResult          `json:"registration_beside_stale"`
 	Churn        ChurnResult          `json:"churn"`
 	Allocation   []AllocationResult   `json:"allocation"`
+	Durability   DurabilityResult     `json:"durability"`
 	Propagation  PropagationResult    `json:"propagation"`
 	Footprint    FootprintResult      `json:"footprint"`
 }
@@ -224,6 +229,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	if res.Allocation, err = r.allocation(ctx); err != nil {
 		return nil, fmt.Errorf("allocation: %w", err)
+	}
+	if res.Durability, err = r.durability(ctx); err != nil {
+		return nil, fmt.Errorf("durability: %w", err)
 	}
 	if res.Propagation, err = r.propagation(ctx); err != nil {
 		return nil, fmt.Errorf("propagation: %w", err)

@@ -28,10 +28,11 @@ func Print(w io.Writer, r *Results) {
 	fmt.Fprintf(w, "\nChurn (%d workers, %.1f s, %d resident)\n", c.Workers, c.Seconds, c.Resident)
 	fmt.Fprintf(w, "  %d create/remove cycles, %.1f/s\n  register   %s\n  deregister %s\n  final state exact: %v %s\n",
 		c.Cycles, c.CyclesPerSec, c.Register, c.Deregister, c.FinalExact, c.FinalProblem)
-	fmt.Fprintln(w, "\nAllocation (Allocate + checkpoint fsync, then Release)")
+	fmt.Fprintln(w, "\nAllocation (Allocate, durable in the checkpoint journal, then Release)")
 	for _, a := range r.Allocation {
 		fmt.Fprintf(w, "  devices=%-6d callers=%d  %6.0f pairs/s  allocate %s\n", a.Devices, a.Callers, a.PairsPerSec, a.Allocate)
 	}
+	printDurability(w, r.Durability)
 	fmt.Fprintf(w, "\nHealth flip → WatchResources (%d devices)\n  %s\n", r.Propagation.Devices, r.Propagation.Latency)
 	f := r.Footprint
 	fmt.Fprintf(w, "\nFootprint with %d registration-only plugins\n", f.IdlePlugins)

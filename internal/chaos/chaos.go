@@ -1,5 +1,6 @@
 // Package chaos runs nodeplug's three services as real processes under load,
-// kills them with SIGKILL, damages the checkpoint, and checks after every
+// kills them with SIGKILL (also while the devicemanager compacts its
+// checkpoint), damages the checkpoint's snapshot and journal, and checks after every
 // restart that nothing acknowledged was lost: the program behind
 // nodeplug-chaos and `make chaos`.
 package chaos
@@ -37,7 +38,13 @@ type Config struct {
 	Interval time.Duration // between kills
 	Bursts   int           // devicemanager kills in the middle of Allocate bursts
 	Faults   bool          // damage the checkpoint, each kind once
-	Seed     uint64        // 0: from the clock
+	// CompactionKills: devicemanager kills while it compacts its
+	// checkpoint (a second journal or a snapshot being written).
+	CompactionKills int
+	// CompactBytes is the devicemanager's --checkpoint-compact-bytes: small,
+	// so that compactions are frequent and kills land in them.
+	CompactBytes int64
+	Seed         uint64 // 0: from the clock
 	// Converge bounds the wait for one convergence; past it the run fails.
 	Converge time.Duration
 	Progress io.Writer // progress lines; nil discards
@@ -46,13 +53,13 @@ type Config struct {
 // Default is the full run.
 func Default() Config {
 	return Config{Plugins: 50, Devices: 8, Clients: 4, Kills: 66, Interval: 2 * time.Second,
-		Bursts: 30, Faults: true, Converge: 2 * time.Minute}
+		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, Converge: 2 * time.Minute}
 }
 
 // Short is the quick run `make test` uses: a few kills, each fault kind.
 func Short() Config {
 	return Config{Plugins: 10, Devices: 8, Clients: 4, Kills: 6, Interval: 300 * time.Millisecond,
-		Bursts: 3, Faults: true, Converge: 2 * time.Minute}
+		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, Converge: 2 * time.Minute}
 }
 
 // Results holds the figures of a run.
@@ -69,9 +76,14 @@ type Results struct {
 	// Uncertain counts Allocate calls whose answer a kill cut off.
 	Uncertain int `json:"uncertain_answers"`
 	// BurstUncertain is the part of Uncertain cut off mid-burst.
-	BurstUncertain int        `json:"uncertain_answers_mid_burst"`
-	Checks         int        `json:"checks"`
-	Converge       bench.Dist `json:"converge"`
+	BurstUncertain int `json:"uncertain_answers_mid_burst"`
+	// CompactionKills counts the kills of the compaction phase;
+	// MidCompaction the devicemanager kills (of every phase) after which
+	// the checkpoint directory showed a compaction cut short.
+	CompactionKills int        `json:"compaction_kills"`
+	MidCompaction   int        `json:"devicemanager_kills_mid_compaction"`
+	Checks          int        `json:"checks"`
+	Converge        bench.Dist `json:"converge"`
 	// ConvergeBy splits Converge by the service restarted.
 	ConvergeBy  map[string]bench.Dist `json:"converge_by_service"`
 	Restart     bench.Dist            `json:"restart"`
@@ -114,7 +126,8 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 	h := &harness{
 		cfg: cfg, root: root, rng: rand.New(rand.NewPCG(seed, seed>>1)),
-		st:         stack.NewProcesses(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s"),
+		st: stack.NewProcesses(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s",
+			fmt.Sprintf("NODEPLUG_DEVICEMANAGER_CHECKPOINT_COMPACT_BYTES=%d", cfg.CompactBytes)),
 		acked:      map[AllocKey][]string{},
 		convergeBy: map[string][]time.Duration{},
 		released:   map[string]bool{},
@@ -157,6 +170,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return h.finish(start), err
 	}
 	if err := h.bursts(ctx); err != nil {
+		return h.finish(start), err
+	}
+	if err := h.compactionKills(ctx); err != nil {
 		return h.finish(start), err
 	}
 	if cfg.Faults {
@@ -283,6 +299,11 @@ func (h *harness) killRestart(ctx context.Context, svc string) error {
 	h.res.Kills[svc]++
 	h.mu.Unlock()
 	h.st.Kill(svc)
+	if svc == "devicemanager" && h.compacting() {
+		h.mu.Lock()
+		h.res.MidCompaction++
+		h.mu.Unlock()
+	}
 	t0 := time.Now()
 	if err := h.st.Start(ctx, svc); err != nil {
 		return fmt.Errorf("restart %s: %w", svc, err)

@@ -19,9 +19,10 @@ func (h *harness) checkpoint() string {
 	return filepath.Join(h.root, "device-plugins", "nodeplug_checkpoint")
 }
 
-// asides returns the checkpoints moved aside so far.
+// asides returns the checkpoint files (snapshot and journals) moved aside
+// so far.
 func (h *harness) asides() []string {
-	m, _ := filepath.Glob(h.checkpoint() + ".corrupt-*")
+	m, _ := filepath.Glob(h.checkpoint() + "*.corrupt-*")
 	return m
 }
 
@@ -108,6 +109,9 @@ func (h *harness) bursts(ctx context.Context) error {
 // FaultResult is what happened to one kind of checkpoint damage.
 type FaultResult struct {
 	Kind string `json:"kind"`
+	// Quiet: the damage is a torn write, which the devicemanager drops
+	// without a word and without moving anything aside.
+	Quiet bool `json:"quiet"`
 	// Skipped says why the fault was not applied.
 	Skipped string `json:"skipped,omitempty"`
 	// Started: the devicemanager came back and served.
@@ -125,13 +129,68 @@ type FaultResult struct {
 	Note              string `json:"note,omitempty"`
 }
 
-// OK says whether the fault was handled as DESIGN "Checkpoint" says.
+// OK says whether the fault was handled as DESIGN "Checkpoint" says: a
+// torn write dropped quietly, any other damage moved aside with a loud
+// log; the service started and converged either way.
 func (f FaultResult) OK() bool {
-	return f.Skipped != "" || f.Started && f.Loud && f.MovedAside != "" && f.Converged
+	if f.Skipped != "" {
+		return true
+	}
+	if f.Quiet {
+		return f.Started && !f.Loud && f.MovedAside == "" && f.Converged
+	}
+	return f.Started && f.Loud && f.MovedAside != "" && f.Converged
 }
 
-// FaultKinds are the kinds of checkpoint damage, in the order applied.
-var FaultKinds = []string{"truncated", "flipped-byte", "empty", "random-bytes", "foreign-json", "directory", "symlink", "unreadable"}
+// FaultKinds are the kinds of checkpoint damage, in the order applied: to
+// the snapshot, then to the journal ("journal-" kinds). Journal damage:
+// torn-tail appends half a record (a write cut by a crash: nothing
+// acknowledged is lost); truncated cuts the last record in half, which
+// is a torn write too (its change is lost: a cut cannot be told from a
+// tear); flipped-byte damages the first record, with records after it;
+// the others replace the whole file, as for the snapshot.
+var FaultKinds = []string{"truncated", "flipped-byte", "empty", "random-bytes", "foreign-json", "directory", "symlink", "unreadable",
+	"journal-torn-tail", "journal-truncated", "journal-flipped-byte", "journal-empty", "journal-random-bytes",
+	"journal-foreign-json", "journal-directory", "journal-symlink", "journal-unreadable"}
+
+// quietFault says whether the devicemanager takes the damage of kind as a
+// torn write; lossless, whether nothing acknowledged is lost by it.
+func quietFault(kind string) (quiet, lossless bool) {
+	switch kind {
+	case "journal-torn-tail":
+		return true, true
+	case "journal-truncated":
+		return true, false
+	}
+	return false, false
+}
+
+// damageJournal alters the journal at path, whose valid content is b.
+func damageJournal(kind, path string, b []byte) (skip string, err error) {
+	fr := frames(b)
+	if len(fr) < 3 {
+		return fmt.Sprintf("the journal held %d records when the devicemanager stopped", max(len(fr)-1, 0)), nil
+	}
+	write := func(data []byte) error {
+		if err := os.Remove(path); err != nil {
+			return err
+		}
+		return os.WriteFile(path, data, 0o600)
+	}
+	last, first := fr[len(fr)-1], fr[1]
+	switch kind {
+	case "journal-torn-tail":
+		c := append([]byte(nil), b...)
+		return "", write(append(c, b[last[0]:last[0]+last[1]/2]...))
+	case "journal-truncated":
+		return "", write(b[:last[0]+last[1]/2])
+	case "journal-flipped-byte":
+		c := append([]byte(nil), b...)
+		c[first[0]+frameHeader+(first[1]-frameHeader)/2] ^= 0x20
+		return "", write(c)
+	}
+	return damage(strings.TrimPrefix(kind, "journal-"), path, b)
+}
 
 // damage alters the checkpoint at path, whose valid content is b.
 func damage(kind, path string, b []byte) (skip string, err error) {
@@ -205,6 +264,9 @@ func (h *harness) faults(ctx context.Context) error {
 
 func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
 	f := FaultResult{Kind: kind}
+	quiet, lossless := quietFault(kind)
+	f.Quiet = quiet
+	journal := strings.HasPrefix(kind, "journal-")
 	// Some allocations, so that the checkpoint holds some.
 	// Some allocations, so that the checkpoint holds some: one device of
 	// each of the first resources that has one free.
@@ -221,21 +283,54 @@ func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
 			return f, fmt.Errorf("allocate before the fault: %w", err)
 		}
 	}
+	// A journal to damage holds records: a compaction may just have
+	// started a new one. Allocate and release until it holds two.
+	pods := []string{}
+	for i := 0; journal && i < 20; i++ {
+		js := h.journals()
+		if len(js) > 0 {
+			if b, err := os.ReadFile(js[len(js)-1]); err == nil && len(frames(b)) >= 3 {
+				break
+			}
+		}
+		pod := fmt.Sprintf("fault-%s-filler-%d", kind, i)
+		pods = append(pods, pod)
+		if holds, _ := h.allocate(ctx, pod, h.stableResources()[0], 1); holds {
+			h.release(ctx, pod)
+		}
+	}
 	s, err := h.snapshot(ctx)
 	if err != nil {
 		return f, err
 	}
 	f.AllocationsBefore = len(s.Allocations)
+	for _, a := range s.Allocations {
+		if strings.HasPrefix(a.Key.Pod, "fault-") {
+			pods = append(pods, a.Key.Pod)
+		}
+	}
 	if err := h.st.Process("devicemanager").Stop(10 * time.Second); err != nil {
 		return f, fmt.Errorf("stop the devicemanager: %w", err)
 	}
 	path := h.checkpoint()
+	if journal {
+		js := h.journals()
+		if len(js) == 0 {
+			return f, fmt.Errorf("no journal beside %s", path)
+		}
+		path = js[len(js)-1]
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return f, err
 	}
 	before := len(h.asides())
-	skip, err := damage(kind, path, b)
+	var skip string
+	if journal {
+		skip, err = damageJournal(kind, path, b)
+	} else {
+		skip, err = damage(kind, path, b)
+	}
 	if err != nil {
 		return f, err
 	}
@@ -250,23 +345,30 @@ func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
 		if s, serr := h.snapshot(ctx); serr == nil {
 			f.AllocationsAfter = len(s.Allocations)
 		}
+		if err == nil {
+			err = h.releaseAll(ctx, pods)
+		}
 		return f, err
 	}
 	f.Loud = len(h.st.Process("devicemanager").LogLines(unusable)) > 0
 	if a := h.asides(); len(a) > before {
 		f.MovedAside = a[len(a)-1]
 	}
-	// A checkpoint moved aside is state lost on purpose: what was
-	// acknowledged before it no longer binds, and the kubelet.sock plugins
-	// register again.
-	h.pause.Lock()
-	h.mu.Lock()
-	h.acked = map[AllocKey][]string{}
-	for _, p := range h.plugins {
-		p.registered = false
+	// Damage is state lost on purpose (all of it, or the changes after
+	// the damage): what was acknowledged or released before it no longer
+	// binds, and the kubelet.sock plugins register again. A torn write
+	// loses nothing acknowledged: every invariant still holds.
+	if !lossless {
+		h.pause.Lock()
+		h.mu.Lock()
+		h.acked = map[AllocKey][]string{}
+		h.released = map[string]bool{}
+		for _, p := range h.plugins {
+			p.registered = false
+		}
+		h.mu.Unlock()
+		h.pause.Unlock()
 	}
-	h.mu.Unlock()
-	h.pause.Unlock()
 	if _, err := h.converge(ctx, "fault "+kind, ""); err != nil {
 		return f, err
 	}
@@ -274,16 +376,23 @@ func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
 	if s, err := h.snapshot(ctx); err == nil {
 		f.AllocationsAfter = len(s.Allocations)
 	}
-	if f.MovedAside == "" {
+	if f.MovedAside == "" && !quiet {
 		fi, err := os.Lstat(path)
 		f.Note = fmt.Sprintf("nothing moved aside; %s now: %v %v", filepath.Base(path), modeOf(fi), err)
 	}
-	// Tidy up what the fault left.
+	// Tidy up what the fault left, and free its devices for the next.
 	for _, a := range h.asides() {
 		_ = os.RemoveAll(a)
 	}
 	_ = os.Remove(path + "-elsewhere")
-	return f, nil
+	if s, err := h.snapshot(ctx); err == nil {
+		for _, a := range s.Allocations {
+			if strings.HasPrefix(a.Key.Pod, "fault-") {
+				pods = append(pods, a.Key.Pod)
+			}
+		}
+	}
+	return f, h.releaseAll(ctx, pods)
 }
 
 func modeOf(fi os.FileInfo) string {

@@ -25,12 +25,15 @@ import (
 
 func main() {
 	var grace time.Duration
+	var opts store.Options
 	os.Exit(app.Main(app.Service{
 		Binary: "devicemanager", DefaultMetrics: app.DefaultDeviceManagerMetricsAddr,
 		Flags: func(fs *app.Flags) {
 			fs.DurationVar(&grace, "grace-period", manager.DefaultGracePeriod, "how long a resource with no live endpoint keeps its capacity")
+			fs.Int64Var(&opts.CompactAt, "checkpoint-compact-bytes", store.DefaultCompactAt,
+				"journal size past which the checkpoint snapshot is rewritten in the background (or past the snapshot's size, if larger)")
 		},
-		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace) },
+		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace, opts) },
 	}, os.Args[1:]))
 }
 
@@ -39,11 +42,11 @@ func main() {
 // resources socket (rate-limited as the kubelet's). The manager
 // runs until the service stops, then flushes its state; it never
 // deregisters plugins or releases allocations.
-func setup(ctx context.Context, rt *app.Runtime, grace time.Duration) error {
+func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options) error {
 	dir := rt.Config.DevicePluginsDir()
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: dir, AllowedDirs: rt.Config.AllowedDirs, GracePeriod: grace,
-		Store: store.NewCheckpoint(dir), Log: rt.Log, Registerer: rt.Metrics,
+		Store: store.New(dir, opts), Log: rt.Log, Registerer: rt.Metrics,
 	})
 	if err != nil {
 		return err

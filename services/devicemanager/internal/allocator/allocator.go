@@ -122,7 +122,8 @@ type Ledger struct {
 	// committed or reserved by an Allocate in flight.
 	owners map[string]map[string]key
 	// pods maps the UID of every pod holding an allocation to its
-	// namespace and name, fixed by the allocation that came first.
+	// namespace and name, fixed by the allocation that came first, and to
+	// its allocations (so that a Release touches only the pod's).
 	pods  map[string]*podRecord
 	dirty map[key]bool // changed since the last Stage
 }
@@ -132,10 +133,10 @@ type podIdentity struct{ namespace, name string }
 
 func (p podIdentity) named() bool { return p.namespace != "" || p.name != "" }
 
-// podRecord is a pod's identity and how many allocations it holds.
+// podRecord is a pod's identity and the allocations it holds.
 type podRecord struct {
 	podIdentity
-	allocations int
+	keys map[key]bool
 }
 
 var _ Allocator = (*Ledger)(nil)
@@ -228,7 +229,7 @@ func (l *Ledger) allocate(ctx context.Context, req *Request) ([]ResourceAllocati
 	rollback := func() {
 		l.mu.Lock()
 		for _, p := range picks {
-			l.unreserveLocked(p.key)
+			l.unreserveLocked(p.key, p.ids)
 		}
 		l.mu.Unlock()
 	}
@@ -295,11 +296,11 @@ func (l *Ledger) checkPodLocked(uid string, want podIdentity) error {
 func (l *Ledger) addLocked(a *allocation) {
 	p := l.pods[a.key.pod]
 	if p == nil {
-		p = &podRecord{podIdentity: a.pod}
+		p = &podRecord{podIdentity: a.pod, keys: map[key]bool{}}
 		l.pods[a.key.pod] = p
 	}
 	a.pod = p.podIdentity
-	p.allocations++
+	p.keys[a.key] = true
 	l.allocs[a.key] = a
 }
 
@@ -311,7 +312,8 @@ func (l *Ledger) removeLocked(k key) {
 	}
 	delete(l.allocs, k)
 	if p := l.pods[k.pod]; p != nil {
-		if p.allocations--; p.allocations <= 0 {
+		delete(p.keys, k)
+		if len(p.keys) == 0 {
 			delete(l.pods, k.pod)
 		}
 	}
@@ -327,7 +329,7 @@ func (l *Ledger) commit(ctx context.Context, want podIdentity, picks []*pick) er
 	l.mu.Lock()
 	if err := l.checkPodLocked(picks[0].key.pod, want); err != nil {
 		for _, p := range picks {
-			l.unreserveLocked(p.key)
+			l.unreserveLocked(p.key, p.ids)
 		}
 		l.mu.Unlock()
 		return err
@@ -343,7 +345,7 @@ func (l *Ledger) commit(ctx context.Context, want podIdentity, picks []*pick) er
 		l.mu.Lock()
 		for _, p := range picks {
 			l.removeLocked(p.key)
-			l.unreserveLocked(p.key)
+			l.unreserveLocked(p.key, p.ids)
 			l.dirty[p.key] = true
 		}
 		l.mu.Unlock()

@@ -26,10 +26,11 @@ func (l *Ledger) reserveLocked(k key, ids []string) {
 	}
 }
 
-func (l *Ledger) unreserveLocked(k key) {
+// unreserveLocked frees the devices ids that k holds.
+func (l *Ledger) unreserveLocked(k key, ids []string) {
 	owners := l.owners[k.resource]
-	for id, o := range owners {
-		if o == k {
+	for _, id := range ids {
+		if o, ok := owners[id]; ok && o == k {
 			delete(owners, id)
 		}
 	}
@@ -49,12 +50,18 @@ func (l *Ledger) Release(ctx context.Context, pod, container string) (int64, err
 	var n int64
 	var resources []string
 	l.mu.Lock()
-	for k, a := range l.allocs {
-		if k.pod != pod || (container != "" && k.container != container) {
-			continue
+	var keys []key
+	if p := l.pods[pod]; p != nil {
+		for k := range p.keys {
+			if container == "" || k.container == container {
+				keys = append(keys, k)
+			}
 		}
+	}
+	for _, k := range keys {
+		a := l.allocs[k]
 		l.removeLocked(k)
-		l.unreserveLocked(k)
+		l.unreserveLocked(k, a.ids)
 		l.dirty[k] = true
 		n += int64(len(a.ids))
 		resources = append(resources, k.resource)
@@ -115,7 +122,7 @@ func (l *Ledger) Restore(recs []store.Allocation) {
 		k := key{r.PodUID, r.ContainerName, r.ResourceName}
 		if old := l.allocs[k]; old != nil {
 			l.removeLocked(k)
-			l.unreserveLocked(k)
+			l.unreserveLocked(k, old.ids)
 		}
 		l.addLocked(&allocation{
 			key: k, pod: podIdentity{r.PodNamespace, r.PodName}, ids: r.DeviceIDs, resp: resp, respBytes: r.Response,

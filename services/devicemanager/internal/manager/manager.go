@@ -99,7 +99,7 @@ type Manager struct {
 
 	regLocks keylock.Mutex // per endpoint path
 
-	saveMu sync.Mutex // orders staging and commit of the store
+	saveMu sync.Mutex // orders staging and appending to the store
 
 	mu        sync.Mutex
 	resources map[string]*resource

@@ -29,7 +29,7 @@ func registered(t *testing.T, resource string, devices int) (*Manager, *devicepl
 	t.Helper()
 	root := testutil.TempDir(t)
 	dpDir := filepath.Join(root, "device-plugins")
-	m, err := Open(ctxT(t), Config{DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.NewCheckpoint(dpDir), Log: slog.New(slog.DiscardHandler)})
+	m, err := Open(ctxT(t), Config{DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.New(dpDir, store.Options{}), Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestAllocationNotSavedIsRolledBack(t *testing.T) {
 	if err != nil || len(got) != 1 || len(got[0].DeviceIDs) != 1 {
 		t.Fatalf("Allocate once the store works: %+v, %v", got, err)
 	}
-	d, err := store.ReadFile(store.Path(dpDir))
+	d, err := store.ReadState(dpDir)
 	if err != nil || d == nil || len(d.Allocations) != 1 || len(d.Resources) != 1 {
 		t.Fatalf("saved state: %+v, %v", d, err)
 	}

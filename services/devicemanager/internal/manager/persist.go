@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -13,13 +12,13 @@ import (
 )
 
 // persist makes every change so far durable: it stages the resources and
-// allocations that changed since the last call and commits them. Concurrent
-// callers share writes: a caller whose change was staged by another one
-// finds nothing left to stage, and its commit writes only if that one
-// failed.
+// allocations that changed since the last call, appends them to the store
+// in the order they were staged, and waits for the store outside that
+// order, so that concurrent callers share one sync (the store's group
+// commit). A caller whose change was staged by another one appends
+// nothing and waits for that one's sync.
 func (m *Manager) persist() error {
 	m.saveMu.Lock()
-	defer m.saveMu.Unlock()
 	var b store.Batch
 	m.mu.Lock()
 	for name := range m.dirty {
@@ -32,7 +31,12 @@ func (m *Manager) persist() error {
 	clear(m.dirty)
 	m.mu.Unlock()
 	m.alloc.Stage(&b)
-	return m.store.Commit(b)
+	t, err := m.store.Append(b)
+	m.saveMu.Unlock()
+	if err != nil {
+		return err
+	}
+	return m.store.Wait(t)
 }
 
 // recordLocked is the stored record of res.
@@ -62,16 +66,20 @@ func (m *Manager) recordLocked(res *resource) store.Resource {
 // manager starts empty. Call Restore once, before serving (Open does).
 func (m *Manager) Restore(ctx context.Context) error {
 	d, err := m.store.Load()
-	var corrupt *store.CorruptError
-	switch {
-	case errors.As(err, &corrupt):
-		m.log.Error("CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints",
-			"path", corrupt.Path, "moved_to", corrupt.MovedTo, "error", corrupt.Err)
-		return nil
-	case err != nil:
+	if !store.OnlyCorruptions(err) {
 		return err
-	case d == nil:
-		m.log.Info("no checkpoint; starting empty", "path", m.store.Location())
+	}
+	for _, c := range store.Corruptions(err) {
+		msg := "CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints"
+		if d != nil {
+			msg = "CHECKPOINT UNUSABLE: moved aside; starting with what preceded the damage"
+		}
+		m.log.Error(msg, "path", c.Path, "moved_to", c.MovedTo, "also_moved", c.Also, "error", c.Err)
+	}
+	if d == nil {
+		if err == nil {
+			m.log.Info("no checkpoint; starting empty", "path", m.store.Location())
+		}
 		return nil
 	}
 	now := time.Now()

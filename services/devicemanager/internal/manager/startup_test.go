@@ -19,7 +19,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func config(dir string) Config {
-	return Config{DevicePluginsDir: dir, Store: store.NewCheckpoint(dir), Log: slog.New(slog.DiscardHandler)}
+	return Config{DevicePluginsDir: dir, Store: store.New(dir, store.Options{}), Log: slog.New(slog.DiscardHandler)}
 }
 
 // staleSocket leaves a socket file at path that nothing listens on.
@@ -95,9 +95,16 @@ func TestOpenRemovesOnlyDeadUnrecordedSockets(t *testing.T) {
 			Versions: []string{"v1beta1"}, Primary: true,
 		}}}
 	}
-	if err := store.NewCheckpoint(dir).Commit(store.Batch{Resources: []store.Resource{
+	saved := store.New(dir, store.Options{})
+	if _, err := saved.Load(); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Commit(saved, store.Batch{Resources: []store.Resource{
 		recorded("example.com/rude", "rude.sock"), recorded("example.com/dead", "recorded-dead.sock"),
 	}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := saved.Flush(); err != nil {
 		t.Fatal(err)
 	}
 

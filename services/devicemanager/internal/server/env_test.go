@@ -185,7 +185,7 @@ func (e *env) start() {
 	e.metrics = prometheus.NewRegistry()
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace, EndpointWait: e.endpointWait, WatchLimits: e.watchLimits,
-		Store: store.NewCheckpoint(e.dpDir), Log: e.logs.logger(e.t), Registerer: e.metrics,
+		Store: store.New(e.dpDir, store.Options{}), Log: e.logs.logger(e.t), Registerer: e.metrics,
 	})
 	if err != nil {
 		cancel()

@@ -1,7 +1,11 @@
 package server
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -9,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
@@ -150,7 +156,7 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/c", 1)); err != nil {
 		t.Fatal(err)
 	}
-	d, err := store.ReadFile(path)
+	d, err := store.ReadState(e.dpDir)
 	if err != nil || len(d.Allocations) != 1 {
 		t.Fatalf("fresh checkpoint: %v, %v", d, err)
 	}
@@ -217,5 +223,68 @@ func TestCheckpointSymlinkNotFollowed(t *testing.T) {
 	}
 	if b, err := os.ReadFile(victim); err != nil || string(b) != string(content) {
 		t.Fatalf("the link's target was written (%d bytes, %v)", len(b), err)
+	}
+}
+
+// TestOlderCheckpointMigrated: a checkpoint of the older format (the whole
+// state in one version 1 file, as earlier releases wrote it) restores every
+// allocation, with its pod's namespace and name, and every endpoint, with
+// no loud log; it is rewritten as a snapshot with a journal beside it.
+func TestOlderCheckpointMigrated(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/old", Devices: 4}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/old", 4, 4)
+	if _, err := e.client.Allocate(ctxT(t), namedReq("pod1", "default", "web-0", "c", "example.com/old", 2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.Allocate(ctxT(t), allocReq("pod2", "c", "example.com/old", 1)); err != nil {
+		t.Fatal(err)
+	}
+	before, err := e.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.shutdown()
+
+	// The same state, as a version 1 checkpoint and nothing else.
+	d, err := store.ReadState(e.dpDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	v1 := fmt.Sprintf(`{"version":1,"checksum":"sha256:%s","data":%s}`, hex.EncodeToString(sum[:]), data)
+	old, _ := filepath.Glob(store.Path(e.dpDir) + "*")
+	for _, f := range old {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(store.Path(e.dpDir), []byte(v1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	e.start()
+	if strings.Contains(e.logs.String(), "CHECKPOINT UNUSABLE") {
+		t.Fatalf("a version 1 checkpoint was refused:\n%s", e.logs.String())
+	}
+	e.waitCounts("example.com/old", 4, 4)
+	after, err := e.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before.InstanceId, after.InstanceId = "", ""
+	if !proto.Equal(before, after) {
+		t.Fatalf("allocations changed across the migration:\n%v\n%v", before, after)
+	}
+	if b, err := os.ReadFile(store.Path(e.dpDir)); err != nil || !strings.HasPrefix(string(b), `{"version":2,`) {
+		t.Fatalf("not rewritten as a snapshot: %.40s, %v", b, err)
+	}
+	if _, err := e.client.Allocate(ctxT(t), namedReq("pod1", "other", "web-0", "c2", "example.com/old", 1)); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("the migrated pod identity was not enforced: %v", err)
 	}
 }

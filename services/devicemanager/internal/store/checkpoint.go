@@ -1,6 +1,8 @@
-// This file is the checkpoint's format: a versioned JSON document whose data
+// This file is the snapshot's format: a versioned JSON document whose data
 // is protected by a SHA-256 checksum, written atomically (temporary file in
-// the same directory, fsync, rename, fsync of the directory).
+// the same directory, fsync, rename, fsync of the directory). Version 2
+// names the journal that continues it; version 1, the whole-state
+// checkpoint of earlier releases, is read and migrated.
 
 package store
 
@@ -14,23 +16,26 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 )
 
-// FileName is the checkpoint's name in the device-plugins directory.
+// FileName is the snapshot's name in the device-plugins directory.
 const FileName = "nodeplug_checkpoint"
 
-// Version is the format version written.
-const Version = 1
+// Version is the snapshot format version written. Version 1 (no journal)
+// is still read.
+const Version = 2
 
 // ErrCorrupt marks saved state that cannot be trusted: not JSON, truncated,
-// another format or version, or a checksum mismatch.
+// another format or version, a checksum mismatch, or not a regular file.
 var ErrCorrupt = errors.New("checkpoint is corrupt")
 
-// Data is what the checkpoint holds.
+// Data is the saved state.
 type Data struct {
 	Resources   []Resource   `json:"resources"`
 	Allocations []Allocation `json:"allocations"`
@@ -87,7 +92,7 @@ type envelope struct {
 	Data     json.RawMessage `json:"data"`
 }
 
-// Path returns the checkpoint path in dir.
+// Path returns the snapshot's path in dir.
 func Path(dir string) string { return filepath.Join(dir, FileName) }
 
 func checksum(b []byte) string {
@@ -95,45 +100,120 @@ func checksum(b []byte) string {
 	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
-// marshal encodes d with its envelope.
-func marshal(d *Data) ([]byte, error) {
-	resources := make([][]byte, len(d.Resources))
+// state is the saved state as records kept in their JSON encoding, so
+// that a snapshot re-encodes nothing.
+type state struct {
+	resources   map[string][]byte
+	allocations map[AllocationKey][]byte
+}
+
+func newState() *state {
+	return &state{resources: map[string][]byte{}, allocations: map[AllocationKey][]byte{}}
+}
+
+func (s *state) clone() *state {
+	return &state{resources: maps.Clone(s.resources), allocations: maps.Clone(s.allocations)}
+}
+
+func (s *state) empty() bool { return len(s.resources)+len(s.allocations) == 0 }
+
+// putResource records the encoding of a resource, found by its name.
+func (s *state) putResource(raw []byte) error {
+	var r struct {
+		Name *string `json:"name"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || r.Name == nil {
+		return fmt.Errorf("%w: a resource record without a name: %v", ErrCorrupt, err)
+	}
+	s.resources[*r.Name] = raw
+	return nil
+}
+
+// putAllocation records the encoding of an allocation, found by its key.
+func (s *state) putAllocation(raw []byte) error {
+	var k AllocationKey
+	if err := json.Unmarshal(raw, &k); err != nil || k.PodUID == "" {
+		return fmt.Errorf("%w: an allocation record without a pod UID: %v", ErrCorrupt, err)
+	}
+	s.allocations[k] = raw
+	return nil
+}
+
+// data decodes every record, sorted by name and key.
+func (s *state) data() (*Data, error) {
+	d := &Data{Resources: make([]Resource, 0, len(s.resources)), Allocations: make([]Allocation, 0, len(s.allocations))}
+	for _, name := range slices.Sorted(maps.Keys(s.resources)) {
+		var r Resource
+		if err := json.Unmarshal(s.resources[name], &r); err != nil {
+			return nil, fmt.Errorf("%w: resource %s: %v", ErrCorrupt, name, err)
+		}
+		d.Resources = append(d.Resources, r)
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(s.allocations), AllocationKey.compare) {
+		var a Allocation
+		if err := json.Unmarshal(s.allocations[k], &a); err != nil {
+			return nil, fmt.Errorf("%w: allocation %v: %v", ErrCorrupt, k, err)
+		}
+		d.Allocations = append(d.Allocations, a)
+	}
+	return d, nil
+}
+
+// stateOf encodes d.
+func stateOf(d *Data) (*state, error) {
+	s := newState()
 	for i := range d.Resources {
 		b, err := json.Marshal(&d.Resources[i])
 		if err != nil {
 			return nil, err
 		}
-		resources[i] = b
+		s.resources[d.Resources[i].Name] = b
 	}
-	allocations := make([][]byte, len(d.Allocations))
 	for i := range d.Allocations {
 		b, err := json.Marshal(&d.Allocations[i])
 		if err != nil {
 			return nil, err
 		}
-		allocations[i] = b
+		s.allocations[d.Allocations[i].Key()] = b
 	}
-	return marshalParts(resources, allocations), nil
+	return s, nil
 }
 
-// marshalParts encodes a checkpoint from the JSON encodings of its resources
-// and allocations (each json.Marshal of a Resource or an Allocation), so a
-// caller can keep the encoding of what did not change. The result is the
-// same as marshal's. The envelope is written by hand: encoding/json would
-// validate and copy the data again.
-func marshalParts(resources, allocations [][]byte) []byte {
-	n := 64
-	for _, b := range resources {
+// snapshot is a decoded snapshot file.
+type snapshot struct {
+	version int
+	// journal is the number of the first journal whose changes are not
+	// in this snapshot (0 for version 1, which has no journal).
+	journal uint64
+	state   *state
+}
+
+// marshalSnapshot encodes s as a snapshot continued by journal number
+// journal, records sorted. The envelope is written by hand: encoding/json
+// would validate and copy the data again.
+func marshalSnapshot(journal uint64, s *state) []byte {
+	n := 96
+	for _, b := range s.resources {
 		n += len(b) + 1
 	}
-	for _, b := range allocations {
+	for _, b := range s.allocations {
 		n += len(b) + 1
 	}
 	data := make([]byte, 0, n)
-	data = append(data, `{"resources":[`...)
-	data = appendJoined(data, resources)
+	data = fmt.Appendf(data, `{"journal":%d,"resources":[`, journal)
+	for i, name := range slices.Sorted(maps.Keys(s.resources)) {
+		if i > 0 {
+			data = append(data, ',')
+		}
+		data = append(data, s.resources[name]...)
+	}
 	data = append(data, `],"allocations":[`...)
-	data = appendJoined(data, allocations)
+	for i, k := range slices.SortedFunc(maps.Keys(s.allocations), AllocationKey.compare) {
+		if i > 0 {
+			data = append(data, ',')
+		}
+		data = append(data, s.allocations[k]...)
+	}
 	data = append(data, "]}"...)
 	sum := checksum(data)
 	out := make([]byte, 0, len(data)+len(sum)+48)
@@ -142,18 +222,18 @@ func marshalParts(resources, allocations [][]byte) []byte {
 	return append(out, '}')
 }
 
-func appendJoined(dst []byte, parts [][]byte) []byte {
-	for i, b := range parts {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, b...)
+// marshal encodes d as a snapshot with no journal (tests, tools).
+func marshal(d *Data) ([]byte, error) {
+	s, err := stateOf(d)
+	if err != nil {
+		return nil, err
 	}
-	return dst
+	return marshalSnapshot(0, s), nil
 }
 
-// unmarshal decodes and verifies a checkpoint. Errors wrap ErrCorrupt.
-func unmarshal(b []byte) (*Data, error) {
+// unmarshalSnapshot decodes and verifies a snapshot of version 1 or 2.
+// Errors wrap ErrCorrupt.
+func unmarshalSnapshot(b []byte) (*snapshot, error) {
 	var env envelope
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -163,8 +243,8 @@ func unmarshal(b []byte) (*Data, error) {
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: data after the checkpoint", ErrCorrupt)
 	}
-	if env.Version != Version {
-		return nil, fmt.Errorf("%w: version %d, want %d", ErrCorrupt, env.Version, Version)
+	if env.Version != 1 && env.Version != Version {
+		return nil, fmt.Errorf("%w: version %d, want 1 or %d", ErrCorrupt, env.Version, Version)
 	}
 	if len(env.Data) == 0 {
 		return nil, fmt.Errorf("%w: no data", ErrCorrupt)
@@ -172,19 +252,51 @@ func unmarshal(b []byte) (*Data, error) {
 	if got := checksum(env.Data); got != env.Checksum {
 		return nil, fmt.Errorf("%w: checksum %s, computed %s", ErrCorrupt, env.Checksum, got)
 	}
-	var d Data
-	if err := json.Unmarshal(env.Data, &d); err != nil {
+	var raw struct {
+		Journal     *uint64           `json:"journal"`
+		Resources   []json.RawMessage `json:"resources"`
+		Allocations []json.RawMessage `json:"allocations"`
+	}
+	if err := json.Unmarshal(env.Data, &raw); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	return &d, nil
+	snap := &snapshot{version: env.Version, state: newState()}
+	switch {
+	case env.Version == 1 && raw.Journal != nil:
+		return nil, fmt.Errorf("%w: a version 1 checkpoint names a journal", ErrCorrupt)
+	case env.Version == Version && raw.Journal == nil:
+		return nil, fmt.Errorf("%w: a version %d snapshot names no journal", ErrCorrupt, Version)
+	case raw.Journal != nil:
+		snap.journal = *raw.Journal
+	}
+	for _, r := range raw.Resources {
+		if err := snap.state.putResource(r); err != nil {
+			return nil, err
+		}
+	}
+	for _, a := range raw.Allocations {
+		if err := snap.state.putAllocation(a); err != nil {
+			return nil, err
+		}
+	}
+	return snap, nil
 }
 
-// ReadFile reads the checkpoint at path. A missing file returns (nil, nil).
-// A corrupt file returns an error wrapping ErrCorrupt, and so does anything
-// at path that is not a regular file: the checkpoint is opened without
-// following symlinks (a link planted there is never read through), and
-// without blocking on a FIFO.
-func ReadFile(path string) (*Data, error) {
+// unmarshal decodes and verifies a snapshot into Data. Errors wrap
+// ErrCorrupt.
+func unmarshal(b []byte) (*Data, error) {
+	snap, err := unmarshalSnapshot(b)
+	if err != nil {
+		return nil, err
+	}
+	return snap.state.data()
+}
+
+// readRegular reads the file at path without following a symlink and
+// without blocking on a FIFO. A missing file returns (nil, nil); anything
+// at path that is not a readable regular file is an error wrapping
+// ErrCorrupt.
+func readRegular(path string) ([]byte, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -206,62 +318,75 @@ func ReadFile(path string) (*Data, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: read %s: %v", ErrCorrupt, path, err)
 	}
+	if b == nil {
+		b = []byte{}
+	}
+	return b, nil
+}
+
+// ReadFile reads the snapshot at path alone (not its journal). A missing
+// file returns (nil, nil). A corrupt file returns an error wrapping
+// ErrCorrupt, and so does anything at path that is not a regular file: it
+// is opened without following symlinks (a link planted there is never
+// read through), and without blocking on a FIFO.
+func ReadFile(path string) (*Data, error) {
+	b, err := readRegular(path)
+	if err != nil || b == nil {
+		return nil, err
+	}
 	return unmarshal(b)
 }
 
-// moveAside renames a corrupt checkpoint to <path>.corrupt-<timestamp> and
+// asideTime formats the time in a moved-aside file's name.
+const asideTime = "20060102T150405.000000000Z"
+
+// moveAside renames a corrupt file to <path>.corrupt-<timestamp> and
 // returns the new name.
 func moveAside(path string, now time.Time) (string, error) {
-	aside := fmt.Sprintf("%s.corrupt-%s", path, now.UTC().Format("20060102T150405.000000000Z"))
+	aside := fmt.Sprintf("%s.corrupt-%s", path, now.UTC().Format(asideTime))
 	if err := os.Rename(path, aside); err != nil {
 		return "", err
 	}
 	return aside, syncDir(filepath.Dir(path))
 }
 
-// save writes d to path atomically: a temporary file in the same directory,
-// fsync, rename over path, fsync of the directory.
-func save(path string, d *Data) error {
-	b, err := marshal(d)
+// writeSnapshot writes a snapshot atomically.
+func writeSnapshot(path string, journal uint64, s *state) (int64, error) {
+	b := marshalSnapshot(journal, s)
+	f, err := createTemp(filepath.Dir(path), "."+FileName+".tmp-")
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("write snapshot: %w", err)
 	}
-	return writeFile(path, b)
+	if _, err := f.Write(b); err != nil {
+		discard(f)
+		return 0, fmt.Errorf("write snapshot %s: %w", f.Name(), err)
+	}
+	return int64(len(b)), install(f, path)
 }
 
-// writeFile writes an encoded checkpoint atomically: a temporary file in the
-// same directory, fsync, rename over path, fsync of the directory. The
-// temporary file is created new (O_EXCL) without following symlinks, and
-// the rename replaces whatever is at path (a symlink included) rather than
-// writing through it.
-func writeFile(path string, b []byte) error {
-	dir := filepath.Dir(path)
-	f, err := createTemp(dir, "."+FileName+".tmp-")
-	if err != nil {
-		return fmt.Errorf("write checkpoint: %w", err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if tmp != "" {
-			_ = os.Remove(tmp)
-		}
-	}()
-	if _, err := f.Write(b); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("write checkpoint %s: %w", tmp, err)
-	}
+// install makes the temporary file f durable and renames it over path:
+// fsync, close, rename (which replaces whatever is at path, a symlink
+// included, rather than writing through it), fsync of the directory. On
+// failure the temporary file is removed.
+func install(f *os.File, path string) error {
 	if err := f.Sync(); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("fsync checkpoint %s: %w", tmp, err)
+		discard(f)
+		return fmt.Errorf("fsync %s: %w", f.Name(), err)
 	}
 	if err := f.Close(); err != nil {
-		return fmt.Errorf("close checkpoint %s: %w", tmp, err)
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("close %s: %w", f.Name(), err)
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename checkpoint into place: %w", err)
+	if err := os.Rename(f.Name(), path); err != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("rename %s into place: %w", path, err)
 	}
-	tmp = ""
-	return syncDir(dir)
+	return syncDir(filepath.Dir(path))
+}
+
+func discard(f *os.File) {
+	_ = f.Close()
+	_ = os.Remove(f.Name())
 }
 
 // createTemp creates a new file dir/<prefix><random>, mode 0600, opened for
@@ -283,8 +408,7 @@ func createTemp(dir, prefix string) (*os.File, error) {
 		}
 		// The mode is exactly 0600, whatever the umask.
 		if err := f.Chmod(0o600); err != nil {
-			_ = f.Close()
-			_ = os.Remove(name)
+			discard(f)
 			return nil, err
 		}
 		return f, nil

@@ -49,7 +49,11 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	if d, err := ReadFile(path); d != nil || err != nil {
 		t.Fatalf("missing file: %v, %v", d, err)
 	}
-	if err := save(path, sample()); err != nil {
+	st, err := stateOf(sample())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := writeSnapshot(path, 1, st); err != nil {
 		t.Fatal(err)
 	}
 	got, err := ReadFile(path)
@@ -59,9 +63,9 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(got, sample()) {
 		t.Fatalf("round trip:\n%+v\n%+v", got, sample())
 	}
-	st, err := os.Stat(path)
-	if err != nil || st.Mode().Perm() != 0o600 {
-		t.Fatalf("mode %v, %v", st.Mode(), err)
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, %v", fi.Mode(), err)
 	}
 	entries, _ := os.ReadDir(dir)
 	if len(entries) != 1 {
@@ -83,7 +87,8 @@ func TestLoadRejects(t *testing.T) {
 		{"garbage", "not json at all"},
 		{"truncated", string(good[:len(good)/2])},
 		{"tampered", tampered},
-		{"other version", strings.Replace(string(good), `"version":1`, `"version":2`, 1)},
+		{"other version", strings.Replace(string(good), `"version":2`, `"version":3`, 1)},
+		{"version 1 naming a journal", strings.Replace(string(good), `"version":2`, `"version":1`, 1)},
 		{"kubelet's format", `{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1}`},
 		{"no data", `{"version":1,"checksum":"sha256:00"}`},
 	}
@@ -117,10 +122,10 @@ func TestMoveAside(t *testing.T) {
 	}
 }
 
-// TestMarshalPartsMatchesStructEncoding: the hand-built encoding carries
-// exactly what encoding/json makes of Data, so Unmarshal (strict about
-// fields) reads it back and the checksum covers the same bytes.
-func TestMarshalPartsMatchesStructEncoding(t *testing.T) {
+// TestMarshalSnapshotMatchesStructEncoding: the hand-built encoding carries
+// exactly what encoding/json makes of Data (with the journal's number), so
+// the checksum covers the same bytes.
+func TestMarshalSnapshotMatchesStructEncoding(t *testing.T) {
 	d := benchData(3, 2)
 	b, err := marshal(d)
 	if err != nil {
@@ -130,7 +135,10 @@ func TestMarshalPartsMatchesStructEncoding(t *testing.T) {
 	if err := json.Unmarshal(b, &env); err != nil {
 		t.Fatal(err)
 	}
-	want, err := json.Marshal(d)
+	want, err := json.Marshal(struct {
+		Journal uint64 `json:"journal"`
+		*Data
+	}{0, d})
 	if err != nil {
 		t.Fatal(err)
 	}

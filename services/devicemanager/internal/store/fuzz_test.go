@@ -2,8 +2,11 @@ package store
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 // FuzzUnmarshal: decoding never panics; what it refuses wraps ErrCorrupt;
@@ -21,7 +24,8 @@ func FuzzUnmarshal(f *testing.F) {
 		string(good), string(empty), "", "{}", "null", "not json",
 		string(good[:len(good)/2]),
 		strings.Replace(string(good), `"d0"`, `"d9"`, 1),
-		strings.Replace(string(good), `"version":1`, `"version":2`, 1),
+		strings.Replace(string(good), `"version":2`, `"version":1`, 1),
+		strings.Replace(string(good), `"version":2`, `"version":3`, 1),
 		`{"version":1,"checksum":"sha256:00"}`,
 		`{"version":1,"checksum":"","data":null}`,
 		`{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1}`,
@@ -50,6 +54,54 @@ func FuzzUnmarshal(f *testing.F) {
 		}
 		if len(d2.Resources) != len(d.Resources) || len(d2.Allocations) != len(d.Allocations) {
 			t.Fatalf("round trip changed the records: %d/%d, %d/%d", len(d2.Resources), len(d.Resources), len(d2.Allocations), len(d.Allocations))
+		}
+	})
+}
+
+// FuzzJournal: whatever a journal file holds, Load never panics, fails
+// only by moving files aside, and a second Load of what it left is quiet
+// and restores the same state.
+func FuzzJournal(f *testing.F) {
+	header := appendFrame(nil, []byte(`{"journal":1}`))
+	e, err := encodeBatch(&Batch{Allocations: []Allocation{alloc("p", "r", "d")}, RemovedResources: []string{"x"}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	rec := appendFrame(nil, e.payload)
+	whole := append(append(append([]byte(nil), header...), rec...), rec...)
+	for _, s := range [][]byte{
+		nil, header, whole, whole[:len(whole)-4], append(append([]byte(nil), whole...), 0, 0, 0),
+		[]byte(`{"kind":"SomethingElse"}`), append(append([]byte(nil), header...), []byte("not a frame at all")...),
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		dir := testutil.TempDir(t)
+		if err := os.WriteFile(journalPath(Path(dir), 1), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		j := New(dir, Options{})
+		d, err := j.Load()
+		if !OnlyCorruptions(err) {
+			t.Fatalf("Load: %v", err)
+		}
+		if err := j.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		j2 := New(dir, Options{})
+		d2, err := j2.Load()
+		if err != nil {
+			t.Fatalf("second Load: %v", err)
+		}
+		_ = j2.Flush()
+		n := func(d *Data) int {
+			if d == nil {
+				return 0
+			}
+			return len(d.Allocations) + len(d.Resources)
+		}
+		if n(d) != n(d2) {
+			t.Fatalf("first Load kept %d records, second %d", n(d), n(d2))
 		}
 	})
 }

@@ -12,54 +12,82 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
-// TestCheckpointSymlinkNotFollowed: a symlink planted at the checkpoint
-// path, to a file outside that holds a valid checkpoint, is neither read
-// nor written through. Load moves the link itself aside as it does a
-// corrupt file, and the next write puts a regular file in its place while
-// the target keeps its bytes.
-func TestCheckpointSymlinkNotFollowed(t *testing.T) {
+// TestSymlinksNotFollowed: a symlink planted at the snapshot's or at a
+// journal's path, to a file outside that holds valid content, is neither
+// read nor written through. Load moves the link itself aside as it does a
+// corrupt file, and the files written next are regular files while the
+// target keeps its bytes.
+func TestSymlinksNotFollowed(t *testing.T) {
+	for _, which := range []string{"snapshot", "journal"} {
+		t.Run(which, func(t *testing.T) {
+			dir, outside := testutil.TempDir(t), testutil.TempDir(t)
+			path, _ := tornJournal(t, dir)
+			if which == "snapshot" {
+				path = Path(dir)
+			}
+			victim := filepath.Join(outside, "victim")
+			content, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(victim, content, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(victim, path); err != nil {
+				t.Fatal(err)
+			}
+
+			j, d, err := open(t, dir, Options{})
+			ces := Corruptions(err)
+			if len(ces) != 1 || !errors.Is(err, ErrCorrupt) || ces[0].Path != path || !strings.Contains(err.Error(), "symbolic link") {
+				t.Fatalf("Load through a symlink: %+v, %v", d, err)
+			}
+			if d != nil && len(d.Allocations) != 0 {
+				t.Fatalf("the link's target was read: %+v", d)
+			}
+			if target, err := os.Readlink(ces[0].MovedTo); err != nil || target != victim {
+				t.Fatalf("moved aside %s: the link itself should be there: %q, %v", ces[0].MovedTo, target, err)
+			}
+			commit(t, j, Batch{Resources: []Resource{res("example.com/new", "n0")}})
+			for _, p := range []string{Path(dir), journalPath(Path(dir), j.num)} {
+				if fi, err := os.Lstat(p); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+					t.Fatalf("%s after a write: %v, %v", p, fi, err)
+				}
+			}
+			if b, err := os.ReadFile(victim); err != nil || !bytes.Equal(b, content) {
+				t.Fatalf("the link's target was written: %d bytes, %v", len(b), err)
+			}
+			if got := mustState(t, dir); len(got.Resources) != 1 || got.Resources[0].Name != "example.com/new" {
+				t.Fatalf("state written: %+v", got)
+			}
+		})
+	}
+}
+
+// TestNewJournalReplacesPlantedLink: a link planted at the name of the
+// next journal is replaced by the journal, not written through.
+func TestNewJournalReplacesPlantedLink(t *testing.T) {
 	dir, outside := testutil.TempDir(t), testutil.TempDir(t)
 	victim := filepath.Join(outside, "victim")
-	content, err := marshal(sample())
+	if err := os.WriteFile(victim, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, journalPath(Path(dir), 7)); err != nil {
+		t.Fatal(err)
+	}
+	f, _, err := createJournal(Path(dir), 7)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(victim, content, 0o600); err != nil {
-		t.Fatal(err)
+	_ = f.Close()
+	if fi, err := os.Lstat(journalPath(Path(dir), 7)); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("journal: %v, %v", fi, err)
 	}
-	s := NewCheckpoint(dir)
-	if err := os.Symlink(victim, s.Location()); err != nil {
-		t.Fatal(err)
-	}
-
-	d, err := s.Load()
-	var ce *CorruptError
-	if d != nil || !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "symbolic link") {
-		t.Fatalf("Load through a symlink: %+v, %v", d, err)
-	}
-	if target, err := os.Readlink(ce.MovedTo); err != nil || target != victim {
-		t.Fatalf("moved aside %s: the link itself should be there: %q, %v", ce.MovedTo, target, err)
-	}
-	if _, err := os.Lstat(s.Location()); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("the link is still at the checkpoint path: %v", err)
-	}
-
-	// A link planted again before the first write is replaced, not
-	// written through.
-	if err := os.Symlink(victim, s.Location()); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Commit(Batch{Resources: []Resource{res("example.com/new", "n0")}}); err != nil {
-		t.Fatal(err)
-	}
-	if fi, err := os.Lstat(s.Location()); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("checkpoint after the write: %v, %v", fi, err)
-	}
-	if b, err := os.ReadFile(victim); err != nil || !bytes.Equal(b, content) {
-		t.Fatalf("the link's target was written: %d bytes, %v", len(b), err)
-	}
-	if got, err := ReadFile(s.Location()); err != nil || len(got.Resources) != 1 || got.Resources[0].Name != "example.com/new" {
-		t.Fatalf("checkpoint written: %+v, %v", got, err)
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "keep" {
+		t.Fatalf("victim: %q, %v", b, err)
 	}
 }
 

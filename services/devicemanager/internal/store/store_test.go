@@ -1,10 +1,14 @@
 package store
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,11 +27,69 @@ func alloc(pod, resource string, ids ...string) Allocation {
 	return Allocation{PodUID: pod, ContainerName: "c", ResourceName: resource, DeviceIDs: ids, Response: []byte{10, 1, 'x'}, Allocated: time.Unix(7, 0).UTC()}
 }
 
-func TestCheckpointCommitPutsAndRemoves(t *testing.T) {
+// open returns a loaded Journal in dir, flushed when the test ends.
+func open(t testing.TB, dir string, opts Options) (*Journal, *Data, error) {
+	t.Helper()
+	j := New(dir, opts)
+	d, err := j.Load()
+	t.Cleanup(func() { _ = j.Flush() })
+	return j, d, err
+}
+
+// crash stops using j as a kill would: no flush, its file closed.
+func crash(j *Journal) {
+	j.mu.Lock()
+	j.closed = true
+	j.mu.Unlock()
+	j.wg.Wait()
+	j.mu.Lock()
+	if j.f != nil {
+		_ = j.f.Close()
+		j.f = nil
+	}
+	j.mu.Unlock()
+}
+
+func commit(t testing.TB, j *Journal, b Batch) {
+	t.Helper()
+	if err := Commit(j, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustState(t testing.TB, dir string) *Data {
+	t.Helper()
+	d, err := ReadState(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// asides lists the files moved aside in dir.
+func asides(t testing.TB, dir string) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, FileName+"*.corrupt-*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func journalFiles(t testing.TB, dir string) []journalFile {
+	t.Helper()
+	js, err := listJournals(Path(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func TestJournalCommitPutsAndRemoves(t *testing.T) {
 	dir := testutil.TempDir(t)
-	s := NewCheckpoint(dir)
-	if d, err := s.Load(); d != nil || err != nil {
-		t.Fatalf("Load with no file: %v, %v", d, err)
+	j, d, err := open(t, dir, Options{})
+	if d != nil || err != nil {
+		t.Fatalf("Load with no files: %v, %v", d, err)
 	}
 	steps := []struct {
 		name  string
@@ -42,87 +104,505 @@ func TestCheckpointCommitPutsAndRemoves(t *testing.T) {
 			&Data{Resources: []Resource{res("example.com/a", "d0", "d2")}, Allocations: []Allocation{alloc("p2", "example.com/a", "d0")}}},
 	}
 	for _, st := range steps {
-		if err := s.Commit(st.batch); err != nil {
-			t.Fatalf("%s: %v", st.name, err)
-		}
-		got, err := ReadFile(s.Location())
-		if err != nil || !reflect.DeepEqual(got, st.want) {
-			t.Fatalf("%s: file holds\n%+v, %v\nwant\n%+v", st.name, got, err, st.want)
+		commit(t, j, st.batch)
+		if got := mustState(t, dir); !reflect.DeepEqual(got, st.want) {
+			t.Fatalf("%s: saved state\n%+v\nwant\n%+v", st.name, got, st.want)
 		}
 	}
-	// A new Store over the same file loads it, and keeps what it did not
-	// change on its next write.
-	s2 := NewCheckpoint(dir)
-	if d, err := s2.Load(); err != nil || !reflect.DeepEqual(d, steps[2].want) {
+	// The journal holds the changes; the snapshot is still the empty one
+	// written at Load.
+	if snap, err := ReadFile(j.Location()); err != nil || len(snap.Resources)+len(snap.Allocations) != 0 {
+		t.Fatalf("snapshot: %+v, %v", snap, err)
+	}
+	if err := j.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := Commit(j, Batch{Resources: []Resource{res("x")}}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("commit after Flush: %v", err)
+	}
+	// A new Store over the same files loads them, and starts from a new
+	// snapshot with an empty journal.
+	j2, d, err := open(t, dir, Options{})
+	if err != nil || !reflect.DeepEqual(d, steps[2].want) {
 		t.Fatalf("Load = %+v, %v", d, err)
 	}
-	if err := s2.Commit(Batch{Allocations: []Allocation{alloc("p3", "example.com/a", "d2")}}); err != nil {
-		t.Fatal(err)
+	if snap, err := ReadFile(j2.Location()); err != nil || !reflect.DeepEqual(snap, steps[2].want) {
+		t.Fatalf("snapshot after Load: %+v, %v", snap, err)
 	}
-	got, err := ReadFile(s.Location())
-	if err != nil || len(got.Resources) != 1 || len(got.Allocations) != 2 {
-		t.Fatalf("after a commit on the reloaded store: %+v, %v", got, err)
+	if js := journalFiles(t, dir); len(js) != 1 || len(scanJournal(js[0]).records) != 0 {
+		t.Fatalf("journals after Load: %+v", js)
+	}
+	commit(t, j2, Batch{Allocations: []Allocation{alloc("p3", "example.com/a", "d2")}})
+	if got := mustState(t, dir); len(got.Resources) != 1 || len(got.Allocations) != 2 {
+		t.Fatalf("after a commit on the reloaded store: %+v", got)
+	}
+	if a := asides(t, dir); len(a) != 0 {
+		t.Fatalf("files moved aside: %v", a)
 	}
 }
 
-func TestCheckpointEmptyCommitWritesNothing(t *testing.T) {
+// TestJournalCommittedSurvivesCrash: what a Commit acknowledged is read
+// back after the process stops without a flush.
+func TestJournalCommittedSurvivesCrash(t *testing.T) {
 	dir := testutil.TempDir(t)
-	s := NewCheckpoint(dir)
-	if err := s.Commit(Batch{}); err != nil {
+	j, _, err := open(t, dir, Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(s.Location()); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("an empty commit wrote the file: %v", err)
+	want := &Data{Resources: []Resource{res("example.com/a", "d0", "d1")}, Allocations: []Allocation{}}
+	commit(t, j, Batch{Resources: want.Resources})
+	for i := range 20 {
+		a := alloc(fmt.Sprintf("p%02d", i), "example.com/a", "d0")
+		commit(t, j, Batch{Allocations: []Allocation{a}})
+		if i%3 == 0 {
+			commit(t, j, Batch{RemovedAllocations: []AllocationKey{a.Key()}})
+		} else {
+			want.Allocations = append(want.Allocations, a)
+		}
 	}
-	// Flush writes a complete file once, even with nothing committed.
-	if err := s.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := ReadFile(s.Location()); err != nil || d == nil || len(d.Resources)+len(d.Allocations) != 0 {
-		t.Fatalf("after Flush: %+v, %v", d, err)
+	crash(j)
+	_, d, err := open(t, dir, Options{})
+	if err != nil || !reflect.DeepEqual(d, want) {
+		t.Fatalf("after a crash: %+v, %v\nwant %+v", d, err, want)
 	}
 }
 
-// TestCheckpointFailedCommitStaysPending: a change whose write failed is
-// written by the next commit, even an empty one.
-func TestCheckpointFailedCommitStaysPending(t *testing.T) {
-	dir := filepath.Join(testutil.TempDir(t), "device-plugins")
-	if err := os.Mkdir(dir, 0o750); err != nil {
+// tornJournal commits three allocations, crashes, and returns the
+// current journal's path and the state committed.
+func tornJournal(t *testing.T, dir string) (string, *Data) {
+	t.Helper()
+	j, _, err := open(t, dir, Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewCheckpoint(dir)
-	if err := os.Remove(dir); err != nil {
-		t.Fatal(err)
+	want := &Data{Resources: []Resource{}, Allocations: []Allocation{}}
+	for i := range 3 {
+		a := alloc(fmt.Sprintf("p%d", i), "example.com/a", fmt.Sprintf("d%d", i))
+		commit(t, j, Batch{Allocations: []Allocation{a}})
+		want.Allocations = append(want.Allocations, a)
 	}
-	if err := s.Commit(Batch{Resources: []Resource{res("example.com/a", "d0")}}); err == nil {
-		t.Fatal("commit into a missing directory succeeded")
-	}
-	if err := os.Mkdir(dir, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Commit(Batch{}); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := ReadFile(s.Location()); err != nil || d == nil || len(d.Resources) != 1 {
-		t.Fatalf("the failed change was not written by the next commit: %+v, %v", d, err)
+	path := journalPath(j.path, j.num)
+	crash(j)
+	return path, want
+}
+
+// TestTornTailDroppedQuietly: a last record cut short (it was never
+// acknowledged) is dropped without a word; the records before it are kept.
+func TestTornTailDroppedQuietly(t *testing.T) {
+	frame := appendFrame(nil, []byte(`{"allocations":[{"pod_uid":"never-acknowledged","container_name":"c","resource_name":"r"}]}`))
+	for _, tc := range []struct {
+		name string
+		tail []byte
+	}{
+		{"half a header", frame[:5]},
+		{"header only", frame[:frameHeader]},
+		{"half a record", frame[:len(frame)/2]},
+		{"all but one byte", frame[:len(frame)-1]},
+		{"zeros", make([]byte, 64)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.TempDir(t)
+			path, want := tornJournal(t, dir)
+			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Write(tc.tail); err != nil {
+				t.Fatal(err)
+			}
+			_ = f.Close()
+			_, d, err := open(t, dir, Options{})
+			if err != nil || !reflect.DeepEqual(d, want) {
+				t.Fatalf("Load = %+v, %v\nwant %+v", d, err, want)
+			}
+			if a := asides(t, dir); len(a) != 0 {
+				t.Fatalf("a torn tail was moved aside: %v", a)
+			}
+			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the torn journal is still there: %v", err)
+			}
+		})
 	}
 }
 
-func TestCheckpointLoadMovesCorruptAside(t *testing.T) {
+// TestDamageBeforeTheTail: a damaged record with records after it, or a
+// damaged header, moves the journal aside (one CorruptError) and keeps
+// the records before the damage.
+func TestDamageBeforeTheTail(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// damage alters the journal's bytes; frames are the offsets
+		// where its records start (the header first).
+		damage func(b []byte, frames []int) []byte
+		kept   int // allocations kept
+		why    string
+	}{
+		{"payload byte flipped in the second record", func(b []byte, fr []int) []byte { b[fr[2]+frameHeader+3] ^= 0x20; return b }, 1, "checksum mismatch"},
+		{"length flipped in the second record", func(b []byte, fr []int) []byte { b[fr[2]] ^= 0x01; return b }, 1, "damaged record header"},
+		{"last record complete but damaged", func(b []byte, fr []int) []byte { b[len(b)-2] ^= 0x20; return b }, 2, "checksum mismatch"},
+		{"header damaged", func(b []byte, fr []int) []byte { b[frameHeader+2] ^= 0x20; return b }, 0, "checksum mismatch"},
+		{"empty file", func([]byte, []int) []byte { return nil }, 0, "no header"},
+		{"foreign JSON", func([]byte, []int) []byte { return []byte(`{"kind":"SomethingElse"}`) }, 0, "damaged record header"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.TempDir(t)
+			path, want := tornJournal(t, dir)
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var frames []int
+			for off := 0; off < len(b); {
+				frames = append(frames, off)
+				p, _, _, _ := scanFrames(b[off:])
+				off += frameHeader + len(p[0])
+			}
+			if len(frames) != 4 {
+				t.Fatalf("%d frames in the journal, want a header and 3 records", len(frames))
+			}
+			damaged := tc.damage(append([]byte(nil), b...), frames)
+			if err := os.WriteFile(path, damaged, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, d, err := open(t, dir, Options{})
+			ces := Corruptions(err)
+			if len(ces) != 1 || !OnlyCorruptions(err) || !errors.Is(err, ErrCorrupt) || ces[0].Path != path || !strings.Contains(err.Error(), tc.why) {
+				t.Fatalf("Load error %v; want one file moved aside for %q", err, tc.why)
+			}
+			if got, _ := os.ReadFile(ces[0].MovedTo); string(got) != string(damaged) {
+				t.Fatal("the moved-aside journal differs from the damaged one")
+			}
+			var kept []Allocation
+			if d != nil {
+				kept = d.Allocations
+			}
+			if len(kept) != tc.kept || (tc.kept > 0 && !reflect.DeepEqual(kept, want.Allocations[:tc.kept])) {
+				t.Fatalf("kept %+v, want the first %d of %+v", kept, tc.kept, want.Allocations)
+			}
+			// What was kept is saved afresh: a second start is quiet.
+			if _, d2, err := open(t, dir, Options{}); err != nil || len(d2.Allocations) != tc.kept {
+				t.Fatalf("second Load: %+v, %v", d2, err)
+			}
+		})
+	}
+}
+
+// TestDamagedJournalMovesLaterOnesAside: a journal damaged before its end
+// moves the journals after it aside too: their changes follow ones that
+// are lost.
+func TestDamagedJournalMovesLaterOnesAside(t *testing.T) {
 	dir := testutil.TempDir(t)
-	s := NewCheckpoint(dir)
-	if err := os.WriteFile(s.Location(), []byte("junk"), 0o600); err != nil {
+	path, _ := tornJournal(t, dir)
+	// A later journal with a record, as a compaction that switched to it
+	// leaves.
+	next, _, err := createJournal(Path(dir), 99)
+	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := s.Load()
-	var ce *CorruptError
-	if d != nil || !errors.As(err, &ce) || !errors.Is(err, ErrCorrupt) || ce.Path != s.Location() {
-		t.Fatalf("Load of a corrupt file: %v, %v", d, err)
+	e, err := encodeBatch(&Batch{Allocations: []Allocation{alloc("later", "example.com/a", "d9")}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if b, rerr := os.ReadFile(ce.MovedTo); rerr != nil || string(b) != "junk" {
-		t.Fatalf("moved-aside file %s: %q, %v", ce.MovedTo, b, rerr)
+	if _, err := next.Write(appendFrame(nil, e.payload)); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := os.Stat(s.Location()); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("corrupt file still in place: %v", err)
+	_ = next.Close()
+	b, _ := os.ReadFile(path)
+	if err := os.WriteFile(path, b[:len(b)-3], 0o600); err != nil { // torn, but not the last journal
+		t.Fatal(err)
 	}
+	_, d, err := open(t, dir, Options{})
+	ces := Corruptions(err)
+	if len(ces) != 1 || ces[0].Path != path || len(ces[0].Also) != 1 || !strings.Contains(err.Error(), "before the journal's end") {
+		t.Fatalf("Load error %v", err)
+	}
+	if d == nil || len(d.Allocations) != 2 {
+		t.Fatalf("kept %+v, want the two records before the damage", d)
+	}
+}
+
+// TestCorruptSnapshotMovesJournalsAside: a damaged snapshot is moved aside
+// with its journals, which mean nothing without it.
+func TestCorruptSnapshotMovesJournalsAside(t *testing.T) {
+	dir := testutil.TempDir(t)
+	tornJournal(t, dir)
+	snap := Path(dir)
+	b, _ := os.ReadFile(snap)
+	if err := os.WriteFile(snap, b[:len(b)-10], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, d, err := open(t, dir, Options{})
+	ces := Corruptions(err)
+	if d != nil || len(ces) != 1 || ces[0].Path != snap || len(ces[0].Also) != 1 {
+		t.Fatalf("Load = %+v, %v", d, err)
+	}
+	if got := asides(t, dir); len(got) != 2 {
+		t.Fatalf("moved aside: %v", got)
+	}
+}
+
+// TestMigrateVersion1: a checkpoint of the older format (the whole state
+// in one file, no journal) is read and rewritten as a snapshot.
+func TestMigrateVersion1(t *testing.T) {
+	dir := testutil.TempDir(t)
+	d := sample()
+	data := fmt.Sprintf(`{"resources":[%s],"allocations":[%s,%s]}`, mustJSON(t, d.Resources[0]), mustJSON(t, d.Allocations[0]), mustJSON(t, d.Allocations[1]))
+	v1 := fmt.Sprintf(`{"version":1,"checksum":%q,"data":%s}`, checksum([]byte(data)), data)
+	if err := os.WriteFile(Path(dir), []byte(v1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j, got, err := open(t, dir, Options{})
+	if err != nil || !reflect.DeepEqual(got, d) {
+		t.Fatalf("Load of a version 1 checkpoint = %+v, %v", got, err)
+	}
+	b, err := os.ReadFile(Path(dir))
+	if err != nil || !strings.HasPrefix(string(b), `{"version":2,`) {
+		t.Fatalf("not migrated: %.40s, %v", b, err)
+	}
+	commit(t, j, Batch{RemovedAllocations: []AllocationKey{d.Allocations[0].Key()}})
+	crash(j)
+	if _, got, err := open(t, dir, Options{}); err != nil || len(got.Allocations) != 1 || got.Allocations[0].PodUID != "q" {
+		t.Fatalf("after migration and a change: %+v, %v", got, err)
+	}
+	if a := asides(t, dir); len(a) != 0 {
+		t.Fatalf("moved aside: %v", a)
+	}
+}
+
+// TestGroupCommit: changes that arrive while a sync is in flight share the
+// next one. The first write is held until 63 more changes have been
+// appended; they are then written with one sync.
+func TestGroupCommit(t *testing.T) {
+	dir := testutil.TempDir(t)
+	j, _, err := open(t, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	j.failWrite = func() error {
+		once.Do(func() { close(entered); <-release })
+		return nil
+	}
+	const n = 64
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	wg.Go(func() { errs <- Commit(j, Batch{Allocations: []Allocation{alloc("first", "r", "d")}}) })
+	<-entered
+	for i := 1; i < n; i++ {
+		wg.Go(func() { errs <- Commit(j, Batch{Allocations: []Allocation{alloc(fmt.Sprintf("p%d", i), "r", "d")}}) })
+	}
+	testutil.Eventually(t, "every change appended", func() error {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		if j.seq != n {
+			return fmt.Errorf("%d appended", j.seq)
+		}
+		return nil
+	})
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := j.syncs.Load(); s != 2 {
+		t.Fatalf("%d changes took %d syncs, want 2", n, s)
+	}
+	if d := mustState(t, dir); len(d.Allocations) != n {
+		t.Fatalf("%d allocations saved, want %d", len(d.Allocations), n)
+	}
+}
+
+// TestFailedWriteIsRetried: a change whose write failed is applied but not
+// durable; the next Wait writes it (cutting off whatever the failed write
+// left).
+func TestFailedWriteIsRetried(t *testing.T) {
+	dir := testutil.TempDir(t)
+	j, _, err := open(t, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := true
+	j.failWrite = func() error {
+		if fail {
+			// A partial frame, as a failed write may leave.
+			_, _ = j.f.Write([]byte{1, 2, 3})
+			return errors.New("disk full")
+		}
+		return nil
+	}
+	if err := Commit(j, Batch{Allocations: []Allocation{alloc("p1", "r", "d1")}}); err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("commit with a failing disk: %v", err)
+	}
+	fail = false
+	commit(t, j, Batch{})
+	commit(t, j, Batch{Allocations: []Allocation{alloc("p2", "r", "d2")}})
+	crash(j)
+	if _, d, err := open(t, dir, Options{}); err != nil || len(d.Allocations) != 2 {
+		t.Fatalf("after a failed write and a retry: %+v, %v", d, err)
+	}
+}
+
+// TestJournalRemovedWhileOpen: a journal file removed under the running
+// store fails the next commit rather than acknowledging writes no restart
+// would read; the one after starts anew with a full snapshot.
+func TestJournalRemovedWhileOpen(t *testing.T) {
+	dir := testutil.TempDir(t)
+	j, _, err := open(t, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(t, j, Batch{Resources: []Resource{res("example.com/a", "d0")}})
+	if err := os.Remove(journalPath(j.path, j.num)); err != nil {
+		t.Fatal(err)
+	}
+	if err := Commit(j, Batch{Allocations: []Allocation{alloc("p1", "example.com/a", "d0")}}); err == nil {
+		t.Fatal("a commit into a removed journal succeeded")
+	}
+	commit(t, j, Batch{})
+	if d := mustState(t, dir); len(d.Resources) != 1 || len(d.Allocations) != 1 {
+		t.Fatalf("saved after the journal was removed: %+v", d)
+	}
+}
+
+// TestCompactionBoundsJournal: under a long Allocate/Release loop the
+// snapshot is rewritten in the background and the journal stays small.
+func TestCompactionBoundsJournal(t *testing.T) {
+	dir := testutil.TempDir(t)
+	const compactAt = 8 << 10
+	j, _, err := open(t, dir, Options{CompactAt: compactAt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(t, j, Batch{Resources: []Resource{res("example.com/a", "d0", "d1", "d2", "d3")}})
+	var appended int64
+	const loops = 1500
+	for i := range loops {
+		a := alloc(fmt.Sprintf("pod-%d", i), "example.com/a", fmt.Sprintf("d%d", i%4))
+		e, _ := encodeBatch(&Batch{Allocations: []Allocation{a}})
+		appended += int64(2 * (frameHeader + len(e.payload)))
+		commit(t, j, Batch{Allocations: []Allocation{a}})
+		commit(t, j, Batch{RemovedAllocations: []AllocationKey{a.Key()}})
+		if js := journalFiles(t, dir); len(js) > 3 {
+			t.Fatalf("loop %d: %d journals", i, len(js))
+		}
+	}
+	if err := j.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var total int64
+	for _, jf := range journalFiles(t, dir) {
+		fi, err := os.Stat(jf.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += fi.Size()
+	}
+	if c := j.compactions.Load(); c == 0 || total > appended/4 {
+		t.Fatalf("%d compactions; journals hold %d bytes of %d appended", c, total, appended)
+	}
+	if _, d, err := open(t, dir, Options{}); err != nil || len(d.Allocations) != 0 || len(d.Resources) != 1 {
+		t.Fatalf("after the loop: %+v, %v", d, err)
+	}
+}
+
+// TestCompactionCrashPoints: a crash at each step of a compaction leaves
+// files that restore every acknowledged change.
+func TestCompactionCrashPoints(t *testing.T) {
+	for _, step := range []string{"start", "created", "switched", "snapshot"} {
+		t.Run(step, func(t *testing.T) {
+			dir := testutil.TempDir(t)
+			j, _, err := open(t, dir, Options{CompactAt: 2 << 10})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stopped := make(chan struct{})
+			var once sync.Once
+			j.crash = func(s string) error {
+				if s != step {
+					return nil
+				}
+				fired := false
+				once.Do(func() { fired = true; close(stopped) })
+				if fired {
+					return errors.New("crash")
+				}
+				return nil
+			}
+			want := map[string]bool{}
+			i := 0
+			add := func() {
+				pod := fmt.Sprintf("pod-%d", i)
+				commit(t, j, Batch{Allocations: []Allocation{alloc(pod, "example.com/a", "d0")}})
+				want[pod] = true
+				if i%2 == 0 {
+					commit(t, j, Batch{RemovedAllocations: []AllocationKey{{pod, "c", "example.com/a"}}})
+					delete(want, pod)
+				}
+				i++
+			}
+			for {
+				add()
+				select {
+				case <-stopped:
+				default:
+					continue
+				}
+				break
+			}
+			// Changes after the stopped compaction, then the crash.
+			for range 5 {
+				add()
+			}
+			crash(j)
+			_, d, err := open(t, dir, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			for _, a := range d.Allocations {
+				got[a.PodUID] = true
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("restored %d allocations, want %d", len(got), len(want))
+			}
+			if a := asides(t, dir); len(a) != 0 {
+				t.Fatalf("moved aside: %v", a)
+			}
+			if js := journalFiles(t, dir); len(js) != 1 {
+				t.Fatalf("journals after Load: %v", js)
+			}
+		})
+	}
+}
+
+// TestLoadRemovesTemporaryFiles: temporary files a crash left are removed.
+func TestLoadRemovesTemporaryFiles(t *testing.T) {
+	dir := testutil.TempDir(t)
+	for _, name := range []string{"." + FileName + ".tmp-0011", "." + FileName + ".journal-tmp-0022"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := open(t, dir, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			t.Fatalf("temporary file left: %s", e.Name())
+		}
+	}
+}
+
+func mustJSON(t testing.TB, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

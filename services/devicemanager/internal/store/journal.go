@@ -1,0 +1,593 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// DefaultCompactAt is the journal size past which the snapshot is
+// rewritten, unless the snapshot is larger: then the journal may grow to
+// the snapshot's size first, so compaction costs at most as much as the
+// appends it follows.
+const DefaultCompactAt = 1 << 20
+
+// ErrClosed is returned by a Store used after Flush.
+var ErrClosed = errors.New("checkpoint store is closed")
+
+// Options tunes a Journal.
+type Options struct {
+	// CompactAt is the journal size, in bytes, past which the snapshot is
+	// rewritten in the background (or past the snapshot's own size, if
+	// larger). Zero means DefaultCompactAt.
+	CompactAt int64
+}
+
+// Journal is the Store: a snapshot file and a journal of the changes
+// since. See the package documentation.
+type Journal struct {
+	path string
+	opts Options
+	// crash, when set (tests), is called at each step of a compaction; an
+	// error stops the compaction there, as a crash would.
+	crash func(step string) error
+	// failWrite, when set (tests), fails journal writes.
+	failWrite func() error
+
+	mu   sync.Mutex
+	cond *sync.Cond
+	st   *state
+
+	f        *os.File // the journal appended to
+	num      uint64   // its number
+	size     int64    // its valid length
+	buf      []byte   // frames appended, not yet written
+	spare    []byte
+	seq      Ticket // the last change appended
+	durable  Ticket // the last change durable
+	flushing bool   // a write and sync are in flight
+	last     flushResult
+	dirty    bool   // a write failed: the journal may hold a partial frame past size
+	lost     bool   // the journal file was removed: the next write starts anew
+	numbers  uint64 // the highest journal number handed out
+
+	// snapMu orders snapshot writes: a compaction's, and a new start
+	// after the journal was lost.
+	snapMu sync.Mutex
+
+	snapSize   int64
+	compacting bool
+	closed     bool
+	loaded     bool
+	wg         sync.WaitGroup
+
+	syncs       atomic.Uint64 // journal syncs, for tests
+	compactions atomic.Uint64 // snapshots written by compaction, for tests
+}
+
+type flushResult struct {
+	upto Ticket
+	err  error
+}
+
+var _ Store = (*Journal)(nil)
+
+// New returns the Store kept in dir: dir/nodeplug_checkpoint and its
+// journal. dir must exist.
+func New(dir string, opts Options) *Journal {
+	if opts.CompactAt <= 0 {
+		opts.CompactAt = DefaultCompactAt
+	}
+	j := &Journal{path: Path(dir), opts: opts, st: newState()}
+	j.cond = sync.NewCond(&j.mu)
+	return j
+}
+
+// Location implements Store: the snapshot's path.
+func (j *Journal) Location() string { return j.path }
+
+// Load implements Store. It reads the snapshot, then the journals that
+// continue it: a torn last record is dropped; a damaged snapshot is moved
+// aside with its journals; a damaged journal is moved aside with the
+// journals after it, and the records before the damage are kept. It then
+// writes a fresh snapshot with an empty journal (which also migrates an
+// older-format checkpoint) and removes what that replaces.
+func (j *Journal) Load() (*Data, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.loaded {
+		return nil, errors.New("checkpoint store loaded twice")
+	}
+	j.loaded = true
+	dir := filepath.Dir(j.path)
+	removeTemps(dir)
+	now := time.Now()
+
+	var problems []error
+	saved := false
+	st := newState()
+	first := uint64(0) // the first journal that continues the snapshot
+	version := Version
+	b, err := readRegular(j.path)
+	if err == nil && b != nil {
+		var snap *snapshot
+		if snap, err = unmarshalSnapshot(b); err == nil {
+			st, first, version, saved = snap.state, snap.journal, snap.version, true
+		}
+	}
+	journals, lerr := listJournals(j.path)
+	if lerr != nil {
+		return nil, fmt.Errorf("list journals in %s: %w", dir, lerr)
+	}
+	highest := uint64(0)
+	for _, jf := range journals {
+		highest = max(highest, jf.num)
+	}
+	if err != nil {
+		// The snapshot cannot be trusted; its journals mean nothing
+		// without it.
+		ce, merr := j.moveAside(j.path, err, now)
+		if merr != nil {
+			return nil, merr
+		}
+		for _, jf := range journals {
+			aside, merr := moveAside(jf.path, now)
+			if merr != nil {
+				return nil, fmt.Errorf("move journal %s aside: %w", jf.path, merr)
+			}
+			ce.Also = append(ce.Also, aside)
+		}
+		problems = append(problems, ce)
+		journals = nil
+	}
+
+	var replay []scannedJournal
+	for _, jf := range journals {
+		switch {
+		case version == 1:
+			// Journals beside a checkpoint of the older format predate
+			// it (an older release rewrote the whole state).
+			aside, merr := moveAside(jf.path, now)
+			if merr != nil {
+				return nil, fmt.Errorf("move journal %s aside: %w", jf.path, merr)
+			}
+			problems = append(problems, &CorruptError{Path: jf.path, MovedTo: aside,
+				Err: fmt.Errorf("%w: a journal beside a checkpoint of the older format", ErrCorrupt)})
+		case saved && jf.num < first:
+			// Replaced by the snapshot: a compaction stopped before
+			// removing it.
+			if rerr := os.Remove(jf.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				return nil, fmt.Errorf("remove replaced journal: %w", rerr)
+			}
+		default:
+			replay = append(replay, scanJournal(jf))
+			saved = true
+		}
+	}
+	for i, sj := range replay {
+		for _, p := range sj.records {
+			if rerr := st.replay(p); rerr != nil {
+				sj.err = fmt.Errorf("%s: %w", sj.path, rerr)
+				break
+			}
+		}
+		if sj.err == nil && sj.torn {
+			// A torn write is the last thing written: later journals
+			// (made by a compaction that had not started using them)
+			// hold no record.
+			for _, later := range replay[i+1:] {
+				if later.err != nil || len(later.records) > 0 || later.torn {
+					sj.err = fmt.Errorf("%w: %s: a damaged record before the journal's end", ErrCorrupt, sj.path)
+					break
+				}
+			}
+		}
+		if sj.err == nil {
+			continue
+		}
+		// Damage before the journal's end: keep what precedes it, move
+		// this journal and the later ones aside.
+		ce, merr := j.moveAside(sj.path, sj.err, now)
+		if merr != nil {
+			return nil, merr
+		}
+		for _, later := range replay[i+1:] {
+			aside, merr := moveAside(later.path, now)
+			if merr != nil {
+				return nil, fmt.Errorf("move journal %s aside: %w", later.path, merr)
+			}
+			ce.Also = append(ce.Also, aside)
+		}
+		problems = append(problems, ce)
+		break
+	}
+
+	// A fresh snapshot continued by a new, empty journal.
+	next := max(highest, first) + 1
+	f, size, err := createJournal(j.path, next)
+	if err != nil {
+		return nil, err
+	}
+	snapSize, err := writeSnapshot(j.path, next, st)
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	if err := removeJournalsBefore(j.path, next); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	j.st, j.f, j.num, j.size, j.snapSize, j.numbers = st, f, next, size, snapSize, next
+	if !saved && st.empty() {
+		return nil, errors.Join(problems...)
+	}
+	d, err := st.data()
+	if err != nil {
+		return nil, err
+	}
+	return d, errors.Join(problems...)
+}
+
+// moveAside moves a damaged file aside and describes it.
+func (j *Journal) moveAside(path string, why error, now time.Time) (*CorruptError, error) {
+	aside, err := moveAside(path, now)
+	if err != nil {
+		return nil, fmt.Errorf("%s is unusable (%v) and could not be moved aside: %w", path, why, err)
+	}
+	return &CorruptError{Path: path, MovedTo: aside, Err: why}, nil
+}
+
+// removeTemps removes temporary files a crash left behind.
+func removeTemps(dir string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "."+FileName+".tmp-") || strings.HasPrefix(e.Name(), "."+FileName+".journal-tmp-") {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// removeJournalsBefore removes the journals numbered below n, which the
+// snapshot continued by n replaces.
+func removeJournalsBefore(path string, n uint64) error {
+	journals, err := listJournals(path)
+	if err != nil {
+		return err
+	}
+	removed := false
+	for _, jf := range journals {
+		if jf.num >= n {
+			continue
+		}
+		if err := os.Remove(jf.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove replaced journal: %w", err)
+		}
+		removed = true
+	}
+	if removed {
+		return syncDir(filepath.Dir(path))
+	}
+	return nil
+}
+
+// Append implements Store.
+func (j *Journal) Append(b Batch) (Ticket, error) {
+	if b.Empty() {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.seq, nil
+	}
+	e, err := encodeBatch(&b)
+	if err != nil {
+		return 0, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed {
+		return 0, ErrClosed
+	}
+	j.st.apply(e)
+	j.buf = appendFrame(j.buf, e.payload)
+	j.seq++
+	return j.seq, nil
+}
+
+// Wait implements Store. The first waiter that finds no write in flight
+// writes and syncs every frame appended so far; waiters that arrive
+// meanwhile wait for it and then share the next write.
+func (j *Journal) Wait(t Ticket) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for j.durable < t {
+		if !j.flushing {
+			if j.f == nil {
+				return ErrClosed
+			}
+			if r := j.flushLocked(); r.err != nil && r.upto >= t {
+				return r.err
+			}
+			continue
+		}
+		for j.flushing {
+			j.cond.Wait()
+		}
+		if r := j.last; r.err != nil && r.upto >= t && j.durable < t {
+			return r.err
+		}
+	}
+	return nil
+}
+
+// flushLocked writes the frames appended so far and syncs them. It
+// releases j.mu while it writes.
+func (j *Journal) flushLocked() flushResult {
+	j.flushing = true
+	data, upto, f, size, dirty, lost := j.buf, j.seq, j.f, j.size, j.dirty, j.lost
+	j.buf = j.spare[:0]
+	j.mu.Unlock()
+
+	var err error
+	if lost {
+		err = j.restart()
+		if err == nil {
+			j.mu.Lock()
+			f, size, dirty = j.f, j.size, false
+			j.mu.Unlock()
+		}
+	}
+	if err == nil && dirty {
+		// A failed write may have left part of a frame past the valid
+		// length: cut it off before writing again.
+		if err = f.Truncate(size); err == nil {
+			_, err = f.Seek(size, 0)
+		}
+	}
+	if err == nil && j.failWrite != nil {
+		err = j.failWrite()
+	}
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = syscall.Fdatasync(int(f.Fd()))
+		j.syncs.Add(1)
+	}
+	if err == nil {
+		// A journal removed while open takes writes that no restart
+		// would read: say so, and start anew on the next write.
+		var st syscall.Stat_t
+		if err = syscall.Fstat(int(f.Fd()), &st); err == nil && st.Nlink == 0 {
+			err = errors.New("the journal file was removed")
+		}
+	}
+
+	j.mu.Lock()
+	j.flushing = false
+	if err != nil {
+		err = fmt.Errorf("append to journal %s: %w", journalPath(j.path, j.num), err)
+		// Keep the frames for the next write, before those appended
+		// since.
+		j.buf = append(data, j.buf...)
+		j.dirty = true
+		if !j.lost {
+			var st syscall.Stat_t
+			if serr := syscall.Fstat(int(f.Fd()), &st); serr == nil && st.Nlink == 0 {
+				j.lost = true
+			}
+		}
+	} else {
+		j.spare = data[:0]
+		if cap(j.spare) > 1<<20 {
+			j.spare = nil
+		}
+		j.durable, j.size, j.dirty = upto, size+int64(len(data)), false
+		j.maybeCompactLocked()
+	}
+	j.last = flushResult{upto: upto, err: err}
+	j.cond.Broadcast()
+	return j.last
+}
+
+// maybeCompactLocked starts a compaction when the journal has grown past
+// its bound.
+func (j *Journal) maybeCompactLocked() {
+	if j.compacting || j.closed || j.size < max(j.opts.CompactAt, j.snapSize) {
+		return
+	}
+	j.compacting = true
+	j.wg.Add(1)
+	go j.compact()
+}
+
+// compact rewrites the snapshot and starts a new journal:
+//  1. create journal n+1, empty, beside the current one;
+//  2. switch appends to it, and copy the state as of the switch;
+//  3. write the snapshot of that state, continued by journal n+1;
+//  4. remove journal n.
+//
+// A crash at any step leaves a valid pair: before 3, the old snapshot
+// with journals n and n+1; after it, the new snapshot and journal n+1
+// (which may repeat changes the snapshot holds: replaying them again
+// changes nothing, as every record puts or removes a whole record).
+func (j *Journal) compact() {
+	defer j.wg.Done()
+	ok := false
+	defer func() {
+		j.mu.Lock()
+		j.compacting = false
+		j.mu.Unlock()
+		if ok {
+			j.compactions.Add(1)
+		}
+	}()
+	j.mu.Lock()
+	j.numbers++
+	n := j.numbers
+	j.mu.Unlock()
+	if !j.step("start") {
+		return
+	}
+	f, size, err := createJournal(j.path, n)
+	if err != nil {
+		return
+	}
+	if !j.step("created") {
+		_ = f.Close()
+		return
+	}
+	j.mu.Lock()
+	for j.flushing {
+		j.cond.Wait()
+	}
+	if j.closed || n <= j.num || j.dirty || j.lost {
+		j.mu.Unlock()
+		_ = f.Close()
+		_ = os.Remove(journalPath(j.path, n))
+		return
+	}
+	old := j.f
+	j.f, j.num, j.size = f, n, size
+	st := j.st.clone()
+	j.mu.Unlock()
+	_ = old.Close()
+	if !j.step("switched") {
+		return
+	}
+	j.snapMu.Lock()
+	defer j.snapMu.Unlock()
+	snapSize, err := writeSnapshot(j.path, n, st)
+	if err != nil || !j.step("snapshot") {
+		return
+	}
+	if err := removeJournalsBefore(j.path, n); err != nil {
+		return
+	}
+	j.mu.Lock()
+	j.snapSize = snapSize
+	j.mu.Unlock()
+	ok = true
+}
+
+// restart starts a new journal, with a snapshot of the whole state, after
+// the current journal file was removed. The caller is the writer
+// (j.flushing is set) and does not hold j.mu.
+func (j *Journal) restart() error {
+	j.snapMu.Lock()
+	defer j.snapMu.Unlock()
+	j.mu.Lock()
+	j.numbers++
+	n := j.numbers
+	j.mu.Unlock()
+	f, size, err := createJournal(j.path, n)
+	if err != nil {
+		return err
+	}
+	j.mu.Lock()
+	// Every change appended so far is in this state; the frames waiting
+	// to be written go to the new journal after it, which changes
+	// nothing when replayed.
+	st := j.st.clone()
+	old := j.f
+	j.f, j.num, j.size, j.lost, j.dirty = f, n, size, false, false
+	j.mu.Unlock()
+	_ = old.Close()
+	snapSize, err := writeSnapshot(j.path, n, st)
+	if err != nil {
+		j.mu.Lock()
+		j.lost = true // the new journal continues no snapshot: start anew again
+		j.mu.Unlock()
+		return err
+	}
+	if err := removeJournalsBefore(j.path, n); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	j.snapSize = snapSize
+	j.mu.Unlock()
+	return nil
+}
+
+// step reports whether a compaction goes on past step (tests stop it).
+func (j *Journal) step(name string) bool {
+	return j.crash == nil || j.crash(name) == nil
+}
+
+// Flush implements Store.
+func (j *Journal) Flush() error {
+	j.mu.Lock()
+	j.closed = true
+	t, f := j.seq, j.f
+	j.mu.Unlock()
+	j.wg.Wait() // a compaction in flight stops or ends
+	if f == nil {
+		return nil
+	}
+	err := j.Wait(t)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f != nil {
+		if cerr := j.f.Close(); err == nil {
+			err = cerr
+		}
+		j.f = nil
+	}
+	return err
+}
+
+// Size returns the current journal's length in bytes and the last
+// snapshot's, for the bench and tests.
+func (j *Journal) Size() (journal, snapshot int64) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.size, j.snapSize
+}
+
+// ReadState reads the state saved in dir, snapshot and journals, as Load
+// would restore it, without changing any file: for tests and tools. A
+// torn last record is ignored; damage is an error wrapping ErrCorrupt.
+func ReadState(dir string) (*Data, error) {
+	path := Path(dir)
+	st, first := newState(), uint64(0)
+	b, err := readRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	if b != nil {
+		snap, err := unmarshalSnapshot(b)
+		if err != nil {
+			return nil, err
+		}
+		st, first = snap.state, snap.journal
+	}
+	journals, err := listJournals(path)
+	if err != nil {
+		return nil, err
+	}
+	for _, jf := range journals {
+		if b != nil && jf.num < first {
+			continue
+		}
+		sj := scanJournal(jf)
+		if sj.err != nil {
+			return nil, sj.err
+		}
+		for _, p := range sj.records {
+			if err := st.replay(p); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if b == nil && len(journals) == 0 {
+		return nil, nil
+	}
+	return st.data()
+}

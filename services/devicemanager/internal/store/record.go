@@ -1,0 +1,349 @@
+// This file is the journal's format. A journal file is a sequence of
+// frames:
+//
+//	length   uint32, little endian: the payload's length
+//	crc      uint32: CRC-32C of the payload
+//	hcrc     uint32: CRC-32C of length and crc
+//	payload  length bytes of JSON
+//
+// The first frame is the file's header, {"journal":N}, N the number in the
+// file's name; every later frame is one change, a Batch. A file is created
+// whole with its header (temporary file, fsync, rename), so a journal
+// without a valid header was damaged. The header checksum tells a damaged
+// length from a record cut short: a frame that ends past the end of the
+// file, a header cut short, or zeros to the end, is a torn write (the
+// record was never acknowledged); a frame that is all there but fails a
+// checksum is damage.
+
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+const (
+	frameHeader = 12
+	// maxRecord bounds one record: far above any real one, it keeps a
+	// damaged length from asking for gigabytes.
+	maxRecord = 64 << 20
+	// journalInfix joins the snapshot's name and a journal's number.
+	journalInfix = ".journal."
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// appendFrame appends payload, framed, to dst.
+func appendFrame(dst, payload []byte) []byte {
+	var h [frameHeader]byte
+	binary.LittleEndian.PutUint32(h[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(h[4:], crc32.Checksum(payload, castagnoli))
+	binary.LittleEndian.PutUint32(h[8:], crc32.Checksum(h[:8], castagnoli))
+	dst = append(dst, h[:]...)
+	return append(dst, payload...)
+}
+
+// scanFrames splits b into frame payloads. good is the length of the
+// valid frames; torn says that what follows them is a torn write; err
+// (wrapping ErrCorrupt) says a frame that is all there is damaged, at
+// offset good.
+func scanFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
+	for good < len(b) {
+		rest := b[good:]
+		if len(bytes.TrimLeft(rest, "\x00")) == 0 {
+			return payloads, good, true, nil
+		}
+		if len(rest) < frameHeader {
+			return payloads, good, true, nil
+		}
+		n := binary.LittleEndian.Uint32(rest[0:])
+		if crc32.Checksum(rest[:8], castagnoli) != binary.LittleEndian.Uint32(rest[8:]) {
+			return payloads, good, false, fmt.Errorf("%w: damaged record header at offset %d", ErrCorrupt, good)
+		}
+		if n > maxRecord {
+			return payloads, good, false, fmt.Errorf("%w: record of %d bytes at offset %d", ErrCorrupt, n, good)
+		}
+		if len(rest) < frameHeader+int(n) {
+			return payloads, good, true, nil
+		}
+		payload := rest[frameHeader : frameHeader+int(n)]
+		if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(rest[4:]) {
+			return payloads, good, false, fmt.Errorf("%w: record checksum mismatch at offset %d", ErrCorrupt, good)
+		}
+		payloads = append(payloads, payload)
+		good += frameHeader + int(n)
+	}
+	return payloads, good, false, nil
+}
+
+// journalHeader is a journal file's first frame.
+type journalHeader struct {
+	Journal uint64 `json:"journal"`
+}
+
+// record is one change as the journal holds it.
+type record struct {
+	Resources          []json.RawMessage `json:"resources,omitempty"`
+	RemovedResources   []string          `json:"removed_resources,omitempty"`
+	Allocations        []json.RawMessage `json:"allocations,omitempty"`
+	RemovedAllocations []AllocationKey   `json:"removed_allocations,omitempty"`
+}
+
+// encodedBatch is a Batch encoded: each put record on its own, as the
+// state keeps it, and the journal record joining them.
+type encodedBatch struct {
+	b           *Batch
+	resources   [][]byte
+	allocations [][]byte
+	payload     []byte
+}
+
+func encodeBatch(b *Batch) (*encodedBatch, error) {
+	e := &encodedBatch{b: b, resources: make([][]byte, len(b.Resources)), allocations: make([][]byte, len(b.Allocations))}
+	for i := range b.Resources {
+		enc, err := json.Marshal(&b.Resources[i])
+		if err != nil {
+			return nil, fmt.Errorf("encode resource %s: %w", b.Resources[i].Name, err)
+		}
+		e.resources[i] = enc
+	}
+	for i := range b.Allocations {
+		enc, err := json.Marshal(&b.Allocations[i])
+		if err != nil {
+			return nil, fmt.Errorf("encode allocation %v: %w", b.Allocations[i].Key(), err)
+		}
+		e.allocations[i] = enc
+	}
+	p := make([]byte, 0, 64)
+	p = append(p, '{')
+	sep := func() {
+		if len(p) > 1 {
+			p = append(p, ',')
+		}
+	}
+	if len(e.resources) > 0 {
+		p = append(p, `"resources":[`...)
+		p = appendJoined(p, e.resources)
+		p = append(p, ']')
+	}
+	if len(b.RemovedResources) > 0 {
+		sep()
+		names, err := json.Marshal(b.RemovedResources)
+		if err != nil {
+			return nil, err
+		}
+		p = append(p, `"removed_resources":`...)
+		p = append(p, names...)
+	}
+	if len(e.allocations) > 0 {
+		sep()
+		p = append(p, `"allocations":[`...)
+		p = appendJoined(p, e.allocations)
+		p = append(p, ']')
+	}
+	if len(b.RemovedAllocations) > 0 {
+		sep()
+		keys, err := json.Marshal(b.RemovedAllocations)
+		if err != nil {
+			return nil, err
+		}
+		p = append(p, `"removed_allocations":`...)
+		p = append(p, keys...)
+	}
+	e.payload = append(p, '}')
+	return e, nil
+}
+
+func appendJoined(dst []byte, parts [][]byte) []byte {
+	for i, b := range parts {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, b...)
+	}
+	return dst
+}
+
+// apply applies an encoded batch to s.
+func (s *state) apply(e *encodedBatch) {
+	for _, name := range e.b.RemovedResources {
+		delete(s.resources, name)
+	}
+	for i := range e.b.Resources {
+		s.resources[e.b.Resources[i].Name] = e.resources[i]
+	}
+	for _, k := range e.b.RemovedAllocations {
+		delete(s.allocations, k)
+	}
+	for i := range e.b.Allocations {
+		s.allocations[e.b.Allocations[i].Key()] = e.allocations[i]
+	}
+}
+
+// replay applies one journal record's payload to s. Errors wrap
+// ErrCorrupt.
+func (s *state) replay(payload []byte) error {
+	var r record
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return fmt.Errorf("%w: journal record: %v", ErrCorrupt, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: data after a journal record", ErrCorrupt)
+	}
+	// Check every record before changing anything, so that a record is
+	// applied whole or not at all.
+	staged := newState()
+	for _, raw := range r.Resources {
+		if err := staged.putResource(raw); err != nil {
+			return err
+		}
+	}
+	for _, raw := range r.Allocations {
+		if err := staged.putAllocation(raw); err != nil {
+			return err
+		}
+	}
+	for _, name := range r.RemovedResources {
+		delete(s.resources, name)
+	}
+	for _, k := range r.RemovedAllocations {
+		delete(s.allocations, k)
+	}
+	maps.Copy(s.resources, staged.resources)
+	maps.Copy(s.allocations, staged.allocations)
+	return nil
+}
+
+// journalPath is the path of journal number n beside the snapshot at
+// path.
+func journalPath(path string, n uint64) string {
+	return fmt.Sprintf("%s%s%010d", path, journalInfix, n)
+}
+
+// journalFile is a journal found on disk.
+type journalFile struct {
+	path string
+	num  uint64
+}
+
+// listJournals returns the journals beside the snapshot at path, by
+// number. Moved-aside files and anything else not named as a journal are
+// not listed.
+func listJournals(path string) ([]journalFile, error) {
+	entries, err := os.ReadDir(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	prefix := filepath.Base(path) + journalInfix
+	var out []journalFile
+	for _, e := range entries {
+		digits, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" {
+			continue
+		}
+		n, err := strconv.ParseUint(digits, 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, journalFile{path: filepath.Join(filepath.Dir(path), e.Name()), num: n})
+	}
+	slices.SortFunc(out, func(a, b journalFile) int {
+		switch {
+		case a.num < b.num:
+			return -1
+		case a.num > b.num:
+			return 1
+		}
+		return 0
+	})
+	return out, nil
+}
+
+// scannedJournal is a journal file read and checked.
+type scannedJournal struct {
+	journalFile
+	records [][]byte // the payloads after the header
+	good    int64    // length of the valid frames
+	torn    bool     // a torn write follows them
+	err     error    // damage (wraps ErrCorrupt); records holds what precedes it
+}
+
+// scanJournal reads journal file jf, not following a symlink.
+func scanJournal(jf journalFile) scannedJournal {
+	sj := scannedJournal{journalFile: jf}
+	b, err := readRegular(jf.path)
+	if err != nil {
+		sj.err = err
+		return sj
+	}
+	if b == nil {
+		sj.err = fmt.Errorf("%w: %s disappeared while being read", ErrCorrupt, jf.path)
+		return sj
+	}
+	payloads, good, torn, err := scanFrames(b)
+	if len(payloads) == 0 {
+		if err == nil {
+			err = fmt.Errorf("%w: %s has no header (%d bytes)", ErrCorrupt, jf.path, len(b))
+		}
+		sj.err = err
+		return sj
+	}
+	var h journalHeader
+	dec := json.NewDecoder(bytes.NewReader(payloads[0]))
+	dec.DisallowUnknownFields()
+	if herr := dec.Decode(&h); herr != nil || h.Journal != jf.num {
+		sj.err = fmt.Errorf("%w: %s has a foreign header %.64q", ErrCorrupt, jf.path, payloads[0])
+		return sj
+	}
+	sj.records, sj.good, sj.torn = payloads[1:], int64(good), torn
+	if err != nil {
+		sj.err = fmt.Errorf("%s: %w", jf.path, err)
+	}
+	return sj
+}
+
+// createJournal creates journal number n beside the snapshot at path,
+// whole with its header (temporary file, fsync, rename, directory fsync),
+// and returns it open for appending, with its size.
+func createJournal(path string, n uint64) (*os.File, int64, error) {
+	f, err := createTemp(filepath.Dir(path), "."+FileName+".journal-tmp-")
+	if err != nil {
+		return nil, 0, fmt.Errorf("create journal: %w", err)
+	}
+	h, err := json.Marshal(journalHeader{Journal: n})
+	if err != nil {
+		discard(f)
+		return nil, 0, err
+	}
+	frame := appendFrame(nil, h)
+	if _, err := f.Write(frame); err != nil {
+		discard(f)
+		return nil, 0, fmt.Errorf("write journal header: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		discard(f)
+		return nil, 0, fmt.Errorf("fsync journal %s: %w", f.Name(), err)
+	}
+	final := journalPath(path, n)
+	if err := os.Rename(f.Name(), final); err != nil {
+		discard(f)
+		return nil, 0, fmt.Errorf("rename journal into place: %w", err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		_ = f.Close()
+		return nil, 0, err
+	}
+	return f, int64(len(frame)), nil
+}
