@@ -18,7 +18,7 @@ import (
 func TestListDevices(t *testing.T) {
 	root := testutil.TempDir(t)
 	dpDir := filepath.Join(root, "device-plugins")
-	m, err := Open(ctxT(t), Config{DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.NewCheckpoint(dpDir), Log: slog.New(slog.DiscardHandler)})
+	m, err := Open(ctxT(t), Config{DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.New(dpDir, store.Options{}), Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

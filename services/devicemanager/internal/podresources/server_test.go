@@ -51,7 +51,7 @@ func newEnv(t *testing.T) *env {
 	root := testutil.TempDir(t)
 	dpDir := filepath.Join(root, "device-plugins")
 	m, err := manager.Open(ctxT(t), manager.Config{
-		DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.NewCheckpoint(dpDir), Log: slog.New(slog.DiscardHandler),
+		DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.New(dpDir, store.Options{}), Log: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)
