@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/nodeplug/nodeplug/internal/bench"
@@ -26,6 +27,7 @@ func run() int {
 	bin := flag.String("bin", "", "directory with nodeplug-watcher, -reconciler and -devicemanager (default: this binary's directory)")
 	out := flag.String("json", "bench-results.json", "write the figures here as JSON (empty: don't)")
 	root := flag.String("root-dir", "", "root dir for the services (default: a temporary directory)")
+	phases := flag.String("phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -35,6 +37,13 @@ func run() int {
 	cfg := bench.Default()
 	if *short {
 		cfg = bench.Short()
+	}
+	if *phases != "" {
+		cfg.Phases = strings.Split(*phases, ",")
+		if err := bench.CheckPhases(cfg.Phases); err != nil {
+			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
+			return 2
+		}
 	}
 	cfg.Root = *root
 	cfg.Bin = *bin

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -39,7 +41,27 @@ type Config struct {
 	RSSPlugins     int           // device plugins for the devicemanager's per-plugin RSS
 	StaleSockets   int           // stale socket files beside which a healthy plugin registers
 	StaleSamples   int           // healthy registrations measured, quiet and beside them
-	Progress       io.Writer     // progress lines; nil discards
+	// Phases to run, by name (see Phases); all when empty.
+	Phases   []string
+	Progress io.Writer // progress lines; nil discards
+}
+
+// Phases names the bench's phases in the order they run.
+var Phases = []string{"footprint", "registration", "stale", "churn", "allocation", "propagation"}
+
+// runs reports whether phase is selected.
+func (c Config) runs(phase string) bool {
+	return len(c.Phases) == 0 || slices.Contains(c.Phases, phase)
+}
+
+// CheckPhases returns an error naming the first unknown phase in phases.
+func CheckPhases(phases []string) error {
+	for _, p := range phases {
+		if !slices.Contains(Phases, p) {
+			return fmt.Errorf("unknown phase %q (phases: %s)", p, strings.Join(Phases, ", "))
+		}
+	}
+	return nil
 }
 
 // Default is the full run; Short is the quick run `make test` uses.
@@ -203,30 +225,42 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	// Footprint first, on fresh processes: the heap the later phases grow
 	// (10,000-device updates, churn) is returned to the OS only slowly and
 	// would be counted as footprint.
-	if res.Footprint, err = r.footprint(ctx); err != nil {
-		return nil, fmt.Errorf("footprint: %w", err)
-	}
-	if err := r.quiesce(ctx); err != nil {
-		return nil, err
-	}
-	for _, n := range cfg.RegistrationNs {
-		rr, err := r.registration(ctx, n)
-		if err != nil {
-			return nil, fmt.Errorf("registration N=%d: %w", n, err)
+	if cfg.runs("footprint") {
+		if res.Footprint, err = r.footprint(ctx); err != nil {
+			return nil, fmt.Errorf("footprint: %w", err)
 		}
-		res.Registration = append(res.Registration, rr)
+		if err := r.quiesce(ctx); err != nil {
+			return nil, err
+		}
 	}
-	if res.Stale, err = r.stale(ctx); err != nil {
-		return nil, fmt.Errorf("registration beside stale sockets: %w", err)
+	if cfg.runs("registration") {
+		for _, n := range cfg.RegistrationNs {
+			rr, err := r.registration(ctx, n)
+			if err != nil {
+				return nil, fmt.Errorf("registration N=%d: %w", n, err)
+			}
+			res.Registration = append(res.Registration, rr)
+		}
 	}
-	if res.Churn, err = r.churn(ctx); err != nil {
-		return nil, fmt.Errorf("churn: %w", err)
+	if cfg.runs("stale") {
+		if res.Stale, err = r.stale(ctx); err != nil {
+			return nil, fmt.Errorf("registration beside stale sockets: %w", err)
+		}
 	}
-	if res.Allocation, err = r.allocation(ctx); err != nil {
-		return nil, fmt.Errorf("allocation: %w", err)
+	if cfg.runs("churn") {
+		if res.Churn, err = r.churn(ctx); err != nil {
+			return nil, fmt.Errorf("churn: %w", err)
+		}
 	}
-	if res.Propagation, err = r.propagation(ctx); err != nil {
-		return nil, fmt.Errorf("propagation: %w", err)
+	if cfg.runs("allocation") {
+		if res.Allocation, err = r.allocation(ctx); err != nil {
+			return nil, fmt.Errorf("allocation: %w", err)
+		}
+	}
+	if cfg.runs("propagation") {
+		if res.Propagation, err = r.propagation(ctx); err != nil {
+			return nil, fmt.Errorf("propagation: %w", err)
+		}
 	}
 	return res, nil
 }
