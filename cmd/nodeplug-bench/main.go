@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -28,6 +29,9 @@ func run() int {
 	out := flag.String("json", "bench-results.json", "write the figures here as JSON (empty: don't)")
 	root := flag.String("root-dir", "", "root dir for the services (default: a temporary directory)")
 	phases := flag.String("phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
+	regN := flag.String("registration-n", "", "comma-separated plugin counts of the registration rounds (default: 1,10,100,1000; -short: 1,10)")
+	pprofDir := flag.String("pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
+	pprofSecs := flag.Int("pprof-seconds", 20, "how long the -pprof profiles run")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -45,6 +49,18 @@ func run() int {
 			return 2
 		}
 	}
+	if *regN != "" {
+		cfg.RegistrationNs = nil
+		for _, f := range strings.Split(*regN, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				fmt.Fprintf(os.Stderr, "nodeplug-bench: -registration-n: %q is not a positive count\n", f)
+				return 2
+			}
+			cfg.RegistrationNs = append(cfg.RegistrationNs, n)
+		}
+	}
+	cfg.PprofDir, cfg.PprofSeconds = *pprofDir, *pprofSecs
 	cfg.Root = *root
 	cfg.Bin = *bin
 	var err error

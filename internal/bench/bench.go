@@ -42,8 +42,13 @@ type Config struct {
 	StaleSockets   int           // stale socket files beside which a healthy plugin registers
 	StaleSamples   int           // healthy registrations measured, quiet and beside them
 	// Phases to run, by name (see Phases); all when empty.
-	Phases   []string
-	Progress io.Writer // progress lines; nil discards
+	Phases []string
+	// PprofDir, when set, receives a CPU profile of each service taken
+	// over the first PprofSeconds (default 20) of the phases after
+	// footprint.
+	PprofDir     string
+	PprofSeconds int
+	Progress     io.Writer // progress lines; nil discards
 }
 
 // Phases names the bench's phases in the order they run.
@@ -193,7 +198,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 		defer os.RemoveAll(root)
 	}
-	st := stack.NewProcesses(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s")
+	st := stack.NewProcesses(cfg.Bin, root, append([]string{"NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s"}, pprofEnv(cfg)...)...)
 	defer st.StopAll()
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err
@@ -233,6 +238,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 			return nil, err
 		}
 	}
+	profiled := r.profiles(ctx)
 	if cfg.runs("registration") {
 		for _, n := range cfg.RegistrationNs {
 			rr, err := r.registration(ctx, n)
@@ -261,6 +267,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		if res.Propagation, err = r.propagation(ctx); err != nil {
 			return nil, fmt.Errorf("propagation: %w", err)
 		}
+	}
+	if err := profiled(); err != nil {
+		return nil, fmt.Errorf("profiles: %w", err)
 	}
 	return res, nil
 }

@@ -584,6 +584,28 @@ func TestSocketBoundBeforeListenIsNotAFailure(t *testing.T) {
 	}
 }
 
+// Only a first attempt meets the bind→listen gap: a retry of a socket that
+// refuses connections connects once and fails, however wide the refused
+// window, so a stale socket's retries cost one connect each. (The window is
+// made far longer than the test's wait: a retry that used it would never
+// fail in time.)
+func TestRetryOfARefusingSocketConnectsOnce(t *testing.T) {
+	e := newEnvWith(t, func(c *config) { c.RefusedWindow = time.Hour })
+	p := e.plugin("died", draPlugin("dra.example.com"))
+	path := p.Path()
+	p.SetGetInfoError(errors.New("not ready"))
+	e.w.Created(t, path)
+	e.waitFailed(path, 1)
+	// The plugin dies and leaves a socket file that refuses connections.
+	p.Stop()
+	staleSocket(t, path)
+	e.clk.Advance(executor.InitialBackoff)
+	st := e.waitFailed(path, 2)
+	if !strings.Contains(st.LastError, "refuses connections") {
+		t.Fatalf("retry failed with %q, want a refused connection", st.LastError)
+	}
+}
+
 // Done better than the kubelet: a watcher restart (a new stream whose
 // snapshot has the same generations) deregisters nothing; a socket that
 // vanished meanwhile leaves.

@@ -41,6 +41,50 @@ type Attempt struct {
 	// Failures is the number of consecutive failures of this key and
 	// generation before this attempt.
 	Failures int
+
+	worker *worker // nil outside an executor (tests calling an Op)
+}
+
+// worker is an attempt's hold on one of the executor's MaxParallel slots.
+type worker struct {
+	sem  chan struct{}
+	held bool // only the attempt's own goroutine reads or writes it
+}
+
+func (w *worker) take(ctx context.Context) error {
+	select {
+	case w.sem <- struct{}{}:
+		w.held = true
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *worker) give() {
+	if w.held {
+		w.held = false
+		<-w.sem
+	}
+}
+
+// Waiting runs wait, which only waits (for a socket that refuses
+// connections to listen, for a file to appear), with the attempt's worker
+// given back meanwhile, so that a wait never holds a worker that other
+// keys need (DESIGN "Dialling a new socket", "Stale sockets"). When wait
+// succeeds, Waiting takes a worker again before it returns (or returns
+// ctx's error when ctx ends first). When wait fails, the worker is not
+// taken back: the operation should only record the failure and return.
+// Call it only from the operation's own goroutine.
+func (a Attempt) Waiting(ctx context.Context, wait func(context.Context) error) error {
+	if a.worker == nil {
+		return wait(ctx)
+	}
+	a.worker.give()
+	if err := wait(ctx); err != nil {
+		return err
+	}
+	return a.worker.take(ctx)
 }
 
 // Op is an operation. ctx ends when the executor's context ends.
@@ -61,7 +105,8 @@ type State struct {
 type Options struct {
 	Clock clock.Clock
 	Log   *slog.Logger
-	// MaxParallel bounds the operations executing at once (0: 64). Queued
+	// MaxParallel bounds the operations executing at once (0: 64), each
+	// holding one worker except while it waits (Attempt.Waiting). Queued
 	// operations count as running for their key.
 	MaxParallel int
 	// Due is called with the key (from its own goroutine) whenever an
@@ -158,12 +203,11 @@ func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error
 }
 
 func (e *Executor) execute(ctx context.Context, key string, op Op, a Attempt) (err error) {
-	select {
-	case e.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	a.worker = &worker{sem: e.sem}
+	if err := a.worker.take(ctx); err != nil {
+		return err
 	}
-	defer func() { <-e.sem }()
+	defer a.worker.give()
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("operation on %s panicked: %v: %w", key, p, errdefs.ErrInternal)

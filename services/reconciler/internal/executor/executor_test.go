@@ -137,3 +137,76 @@ func TestPanicIsAFailure(t *testing.T) {
 		t.Fatalf("state after panic = %+v, %v", st, ok)
 	}
 }
+
+// With one worker, an operation that waits (Attempt.Waiting) lets another
+// key's operation run meanwhile; one that does not wait holds the worker,
+// and the other key's operation starts only after it. The order of events
+// is the proof, not time.
+func TestWaitingGivesTheWorkerBack(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	ended := make(chan string, 10)
+	e := New(Options{Clock: clk, MaxParallel: 1, Due: func(string) {}})
+	t.Cleanup(e.Wait)
+	ctx := context.Background()
+
+	events := make(chan string, 10)
+	waiting, release, resumed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	if err := e.Run(ctx, "stale", "g", func(ctx context.Context, a Attempt) error {
+		err := a.Waiting(ctx, func(context.Context) error { close(waiting); <-release; return nil })
+		events <- "stale resumed"
+		close(resumed)
+		<-release
+		ended <- "stale"
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	<-waiting
+	if err := e.Run(ctx, "healthy", "g", func(context.Context, Attempt) error { events <- "healthy ran"; ended <- "healthy"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-events; got != "healthy ran" {
+		t.Fatalf("first event = %q: the waiting operation kept the only worker", got)
+	}
+	<-ended
+	close(release)
+	<-resumed
+	// Now "stale" holds the worker again: a third operation waits for it.
+	if err := e.Run(ctx, "third", "g", func(context.Context, Attempt) error { events <- "third ran"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-events; got != "stale resumed" {
+		t.Fatalf("event = %q, want the stale operation resumed", got)
+	}
+	if got := <-ended; got != "stale" {
+		t.Fatalf("ended = %q", got)
+	}
+	if got := <-events; got != "third ran" {
+		t.Fatalf("event = %q", got)
+	}
+}
+
+// A wait that fails does not take a worker back: the operation only records
+// its failure, and the worker is free for others at once.
+func TestFailedWaitTakesNoWorker(t *testing.T) {
+	e := New(Options{Clock: clock.NewFake(time.Unix(0, 0)), MaxParallel: 1})
+	t.Cleanup(e.Wait)
+	ctx := context.Background()
+	refused := errors.New("refused")
+	failed, release := make(chan struct{}), make(chan struct{})
+	if err := e.Run(ctx, "stale", "g", func(ctx context.Context, a Attempt) error {
+		err := a.Waiting(ctx, func(context.Context) error { return refused })
+		close(failed)
+		<-release
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	<-failed
+	ran := make(chan struct{})
+	if err := e.Run(ctx, "healthy", "g", func(context.Context, Attempt) error { close(ran); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	<-ran
+	close(release)
+}

@@ -134,7 +134,7 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 		}()
 	}
 
-	p, conn, err := r.getInfo(ctx, d)
+	p, conn, err := r.getInfo(ctx, d, a)
 	if err != nil {
 		return err
 	}
@@ -270,18 +270,34 @@ func (c *pluginConn) close() { _ = c.conn.Close() }
 // budget (Options.GetInfoTimeout on the reconciler's clock). A refused
 // connection is redialled within milliseconds for Options.RefusedWindow
 // (dialListening), so a socket reported at bind() before listen() is not a
-// failure, and a stale one fails fast. The plugin's endpoint defaults to
-// its socket.
-func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin, *pluginConn, error) {
+// failure, and a stale one fails fast; a retry, which comes a backoff
+// later, connects once. That first connect holds no worker
+// (Attempt.Waiting): the stale sockets being retried never keep a healthy
+// plugin's registration waiting for one (DESIGN "Stale sockets"). The
+// plugin's endpoint defaults to its socket.
+func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket, a executor.Attempt) (cache.Plugin, *pluginConn, error) {
 	var info *registerapi.PluginInfo
 	c := &pluginConn{path: d.Path}
 	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) error {
-		dial := dialListening(d.Path, r.opts.RefusedWindow)
-		// Connect once first: a socket that only refuses (stale) fails
-		// here, within the refused window, and frees its worker. The
+		// Only a first attempt can meet the bind→listen gap: a retry
+		// comes at least a backoff later, so one refused connect fails it.
+		window := r.opts.RefusedWindow
+		if a.Failures > 0 {
+			window = 0
+		}
+		dial := dialListening(d.Path, window)
+		// Connect once first, without a worker: a socket that only
+		// refuses (stale) fails here, within the refused window. The
 		// connection made is the one gRPC uses first.
-		first, err := dial(ctx, d.Path)
+		var first net.Conn
+		err := a.Waiting(ctx, func(ctx context.Context) (err error) {
+			first, err = dial(ctx, d.Path)
+			return err
+		})
 		if err != nil {
+			if first != nil {
+				_ = first.Close()
+			}
 			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, errdefs.FromGRPC(err))
 		}
 		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams), grpc.WithContextDialer(handOver(first, dial)))
