@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -603,6 +604,61 @@ func TestRetryOfARefusingSocketConnectsOnce(t *testing.T) {
 	st := e.waitFailed(path, 2)
 	if !strings.Contains(st.LastError, "refuses connections") {
 		t.Fatalf("retry failed with %q, want a refused connection", st.LastError)
+	}
+}
+
+// A socket removed while its registration is under way cancels it: the
+// devicemanager's RegisterPlugin (here one that waits, as for an endpoint
+// file that does not appear, until it is cancelled) ends, and the socket is
+// forgotten. Without the cancellation the wait would outlast the test.
+func TestRemovedSocketCancelsItsRegistration(t *testing.T) {
+	e := newEnv(t)
+	p := e.plugin("waits", testplugin.Info{Type: "DevicePlugin", Name: "example.com/waits", Versions: []string{"v1beta1"}, Endpoint: e.sock("never")})
+	e.dm.Hold(e.sock("never"))
+	gen := testutil.Generation(t, p.Path())
+	e.w.Created(t, p.Path())
+	testutil.WaitFor(t, "RegisterPlugin under way", func() bool { return slices.Contains(e.dm.Calls(), "register "+e.sock("never")+" "+gen) })
+	e.w.Deleted(p.Path())
+	e.waitGone(p.Path())
+	if calls := e.dm.Calls(); !slices.Contains(calls, "cancelled "+e.sock("never")+" "+gen) {
+		t.Fatalf("devicemanager calls %v: RegisterPlugin was not cancelled", calls)
+	}
+	if n := len(p.Statuses()); n != 0 {
+		t.Fatalf("the plugin was told %v", p.Statuses())
+	}
+	// Nothing is left downstream, and a new socket registers as usual.
+	if eps := e.dm.Endpoints(); len(eps) != 0 {
+		t.Fatalf("devicemanager endpoints %v", eps)
+	}
+	q := e.plugin("next", devicePlugin("example.com/next"))
+	e.w.Created(t, q.Path())
+	e.waitRegistered(q.Path())
+}
+
+// A socket recreated while the registration of its previous generation is
+// under way cancels that registration and registers the new one.
+func TestRecreatedSocketCancelsTheOldRegistration(t *testing.T) {
+	e := newEnv(t)
+	info := testplugin.Info{Type: "DevicePlugin", Name: "example.com/again", Versions: []string{"v1beta1"}, Endpoint: e.sock("held")}
+	p := e.plugin("again", info)
+	e.dm.Hold(e.sock("held"))
+	gen := testutil.Generation(t, p.Path())
+	e.w.Created(t, p.Path())
+	testutil.WaitFor(t, "RegisterPlugin under way", func() bool { return slices.Contains(e.dm.Calls(), "register "+e.sock("held")+" "+gen) })
+	p.Stop()
+	info.Endpoint = ""
+	p = e.plugin("again", info)
+	newGen := testutil.Generation(t, p.Path())
+	if newGen == gen {
+		t.Fatal("the recreated socket kept its generation")
+	}
+	e.w.Created(t, p.Path())
+	st := e.waitRegistered(p.Path())
+	if st.Generation != newGen {
+		t.Fatalf("registered generation %s, want %s", st.Generation, newGen)
+	}
+	if calls := e.dm.Calls(); !slices.Contains(calls, "cancelled "+e.sock("held")+" "+gen) {
+		t.Fatalf("devicemanager calls %v: the old RegisterPlugin was not cancelled", calls)
 	}
 }
 

@@ -130,6 +130,9 @@ type Executor struct {
 type entry struct {
 	State
 	timer clock.Timer
+	// cancel ends the running operation's context, for one started by
+	// RunCancellable.
+	cancel context.CancelCauseFunc
 }
 
 // New returns an executor.
@@ -166,6 +169,17 @@ func Delay(failures int) time.Duration {
 // is in backoff (ErrBackoff). A different generation than the one that
 // failed starts afresh.
 func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error {
+	return e.start(ctx, key, generation, op, false)
+}
+
+// RunCancellable is Run for an operation that Cancel may end: its context
+// is cancelled, with Cancel's cause, when Cancel names its key and not its
+// generation.
+func (e *Executor) RunCancellable(ctx context.Context, key, generation string, op Op) error {
+	return e.start(ctx, key, generation, op, true)
+}
+
+func (e *Executor) start(ctx context.Context, key, generation string, op Op, cancellable bool) error {
 	e.mu.Lock()
 	en, ok := e.keys[key]
 	if !ok {
@@ -189,6 +203,12 @@ func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error
 		return ErrBackoff
 	}
 	en.Running = true
+	en.cancel = nil
+	cancel := func(error) {}
+	if cancellable {
+		ctx, cancel = context.WithCancelCause(ctx)
+		en.cancel = cancel
+	}
 	attempt := Attempt{Failures: en.Failures}
 	e.wg.Add(1)
 	e.mu.Unlock()
@@ -196,10 +216,26 @@ func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error
 	go func() {
 		defer e.wg.Done()
 		err := e.execute(ctx, key, op, attempt)
+		cancel(nil)
 		e.finish(key, generation, err)
 		e.due(key)
 	}()
 	return nil
+}
+
+// Cancel cancels, with cause, the running operation of key if it was
+// started by RunCancellable for another generation than keep (any
+// generation when keep is empty). It reports whether it cancelled one.
+func (e *Executor) Cancel(key, keep string, cause error) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	en, ok := e.keys[key]
+	if !ok || !en.Running || en.cancel == nil || (keep != "" && en.Generation == keep) {
+		return false
+	}
+	en.cancel(cause)
+	en.cancel = nil
+	return true
 }
 
 func (e *Executor) execute(ctx context.Context, key string, op Op, a Attempt) (err error) {
@@ -221,6 +257,7 @@ func (e *Executor) finish(key, generation string, err error) {
 	defer e.mu.Unlock()
 	en := e.keys[key]
 	en.Running = false
+	en.cancel = nil
 	if en.Generation != generation {
 		return
 	}

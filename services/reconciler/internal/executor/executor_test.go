@@ -210,3 +210,47 @@ func TestFailedWaitTakesNoWorker(t *testing.T) {
 	<-ran
 	close(release)
 }
+
+// Cancel ends a RunCancellable operation of another generation than the one
+// kept, with its cause; it leaves alone the kept generation and operations
+// started by Run.
+func TestCancel(t *testing.T) {
+	e := New(Options{Clock: clock.NewFake(time.Unix(0, 0))})
+	t.Cleanup(e.Wait)
+	ctx := context.Background()
+	gone := errors.New("socket gone")
+	causes := make(chan error, 3)
+	started := make(chan struct{}, 3)
+	wait := func(ctx context.Context, _ Attempt) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return ctx.Err()
+	}
+	stop, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := e.Run(stop, "plain", "g1", wait); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.RunCancellable(ctx, "c", "g1", wait); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	<-started
+	if e.Cancel("plain", "g2", gone) {
+		t.Fatal("Cancel ended an operation started by Run")
+	}
+	if e.Cancel("c", "g1", gone) {
+		t.Fatal("Cancel ended the kept generation's operation")
+	}
+	if !e.Cancel("c", "g2", gone) {
+		t.Fatal("Cancel did not end the operation of another generation")
+	}
+	if got := <-causes; !errors.Is(got, gone) {
+		t.Fatalf("cause = %v, want %v", got, gone)
+	}
+	cancel()
+	if got := <-causes; !errors.Is(got, context.Canceled) {
+		t.Fatalf("plain operation's cause = %v", got)
+	}
+}

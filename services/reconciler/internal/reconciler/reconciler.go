@@ -21,6 +21,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -329,6 +330,19 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 	p, registered := r.asw.Get(path)
 	d, desired := r.dsw.Get(path)
 
+	// 0. A registration under way for a socket that is gone, or that was
+	// recreated, is cancelled: its RPCs end, and a wait downstream (the
+	// devicemanager waiting for a device plugin's endpoint file) with them.
+	keep := ""
+	if desired {
+		keep = d.Generation
+	}
+	if !desired || d.Generation != "" {
+		if r.exec.Cancel(path, keep, errSocketGone) {
+			r.log.Info("registration cancelled: its socket was removed or recreated", "socket_path", path)
+		}
+	}
+
 	// 1. Unregister what is gone. A socket with a new generation is not
 	// unregistered: step 3 registers the new generation in place of the
 	// old one (no dip downstream), and the register operation deregisters
@@ -354,7 +368,10 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 	if desired {
 		r.status.Track(d.Path, d.Generation, r.asw.ExistsWithGeneration(d.Path, d.Generation))
 		if !r.asw.ExistsWithGeneration(d.Path, d.Generation) {
-			r.run(ctx, d.Path, d.Generation, func(ctx context.Context, a executor.Attempt) error { return r.register(ctx, d, a) })
+			err := r.exec.RunCancellable(ctx, d.Path, d.Generation, func(ctx context.Context, a executor.Attempt) error { return r.register(ctx, d, a) })
+			if err != nil && !executor.IsBackoff(err) {
+				r.log.Error("starting operation", "socket_path", d.Path, "error", err)
+			}
 		}
 		return
 	}
@@ -382,6 +399,10 @@ func (r *Reconciler) dropReregister(path string) {
 	delete(r.reregister, path)
 	r.mu.Unlock()
 }
+
+// errSocketGone is the cause of a register operation cancelled because its
+// socket was removed or recreated.
+var errSocketGone = errors.New("registration cancelled: the socket was removed or recreated")
 
 // run starts op and reports whether it started. Backoff and a running
 // operation are expected; they are not errors.

@@ -129,7 +129,7 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 	if hasOld {
 		defer func() {
 			if err != nil {
-				r.dropPrevious(ctx, old)
+				r.dropPrevious(context.WithoutCancel(ctx), old)
 			}
 		}()
 	}
@@ -249,6 +249,12 @@ func (r *Reconciler) endRegister(ctx context.Context, span trace.Span, d cache.S
 	if err != nil {
 		failures := a.Failures + 1
 		next := r.clock.Now().Add(executor.Delay(failures))
+		if cause := context.Cause(ctx); errors.Is(cause, errSocketGone) {
+			err = fmt.Errorf("%w: %w", cause, err)
+			r.status.Failed(d.Path, d.Generation, err, failures, next)
+			r.log.InfoContext(ctx, "plugin registration cancelled", "socket_path", d.Path, "generation", d.Generation, "error", err)
+			return
+		}
 		r.status.Failed(d.Path, d.Generation, err, failures, next)
 		r.log.WarnContext(ctx, "plugin registration failed", "socket_path", d.Path, "generation", d.Generation, "failures", failures, "next_retry", next, "error", err)
 		return
@@ -405,6 +411,12 @@ func (r *Reconciler) handlerRegister(ctx context.Context, p cache.Plugin, prev *
 	}
 	if err != nil {
 		r.asw.Remove(p.SocketPath)
+		if ctx.Err() != nil {
+			// Cancelled (its socket went) while the handler worked: the
+			// handler may have registered it all the same, so look for
+			// registrations whose sockets are gone.
+			r.orphansLater()
+		}
 		msg := plain(err)
 		var kw interface{ KubeletMessage() string }
 		if errors.As(err, &kw) {
@@ -424,8 +436,11 @@ func (r *Reconciler) notifyRegistered(ctx context.Context, conn *pluginConn, p c
 		return nil
 	}
 	r.asw.Remove(p.SocketPath)
-	if derr := p.Handler.Deregister(ctx, p); derr != nil {
-		r.log.WarnContext(ctx, "deregistering after a failed notification", "socket_path", p.SocketPath, "error", derr)
+	// The attempt's context may have been cancelled (its socket went):
+	// the undoing must still reach the handler.
+	if derr := p.Handler.Deregister(context.WithoutCancel(ctx), p); derr != nil {
+		r.log.WarnContext(ctx, "deregistering after a failed notification; retried with the registrations whose sockets are gone", "socket_path", p.SocketPath, "error", derr)
+		r.orphansLater()
 	}
 	return fmt.Errorf("RegisterPlugin error -- plugin %q at socket %s: %w", p.Name, p.SocketPath, err)
 }
