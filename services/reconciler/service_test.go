@@ -790,6 +790,34 @@ func TestDeviceManagerRestartReregisters(t *testing.T) {
 	}
 }
 
+// A socket removed while its registration again (after a devicemanager
+// restart) is under way cancels it, as it cancels a first registration:
+// the devicemanager's wait for the gone plugin's endpoint ends at once.
+func TestRemovedSocketCancelsItsRegistrationAgain(t *testing.T) {
+	e := newEnv(t)
+	a := e.plugin("a", devicePlugin("example.com/a"))
+	gen := testutil.Generation(t, a.Path())
+	e.w.Created(t, a.Path())
+	e.waitRegistered(a.Path())
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
+	e.dm.Hold(a.Path())
+	e.dm.Restart()
+	testutil.WaitFor(t, "RegisterPlugin again under way", func() bool {
+		n := 0
+		for _, c := range e.dm.Calls() {
+			if c == "register "+a.Path()+" "+gen {
+				n++
+			}
+		}
+		return n == 2
+	})
+	e.w.Deleted(a.Path())
+	e.waitGone(a.Path())
+	if calls := e.dm.Calls(); !slices.Contains(calls, "cancelled "+a.Path()+" "+gen) {
+		t.Fatalf("devicemanager calls %v: RegisterPlugin again was not cancelled", calls)
+	}
+}
+
 // 500 plugins created at once all register, and all deregister when
 // removed (goroutine leaks are checked by TestMain).
 func TestManyPlugins(t *testing.T) {

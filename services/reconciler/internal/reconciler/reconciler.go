@@ -330,7 +330,8 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 	p, registered := r.asw.Get(path)
 	d, desired := r.dsw.Get(path)
 
-	// 0. A registration under way for a socket that is gone, or that was
+	// 0. A registration under way (a first one, or one again after a
+	// downstream restart) for a socket that is gone, or that was
 	// recreated, is cancelled: its RPCs end, and a wait downstream (the
 	// devicemanager waiting for a device plugin's endpoint file) with them.
 	keep := ""
@@ -359,7 +360,7 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 		if !registered || !desired || p.Generation != d.Generation {
 			// Gone or replaced: the other steps handle it.
 			r.dropReregister(path)
-		} else if r.run(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
+		} else if r.runCancellable(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
 			r.dropReregister(path)
 		}
 	}
@@ -368,10 +369,7 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 	if desired {
 		r.status.Track(d.Path, d.Generation, r.asw.ExistsWithGeneration(d.Path, d.Generation))
 		if !r.asw.ExistsWithGeneration(d.Path, d.Generation) {
-			err := r.exec.RunCancellable(ctx, d.Path, d.Generation, func(ctx context.Context, a executor.Attempt) error { return r.register(ctx, d, a) })
-			if err != nil && !executor.IsBackoff(err) {
-				r.log.Error("starting operation", "socket_path", d.Path, "error", err)
-			}
+			r.runCancellable(ctx, d.Path, d.Generation, func(ctx context.Context, a executor.Attempt) error { return r.register(ctx, d, a) })
 		}
 		return
 	}
@@ -403,6 +401,16 @@ func (r *Reconciler) dropReregister(path string) {
 // errSocketGone is the cause of a register operation cancelled because its
 // socket was removed or recreated.
 var errSocketGone = errors.New("registration cancelled: the socket was removed or recreated")
+
+// runCancellable is run for a register operation, which a pass that finds
+// its socket gone or recreated cancels (step 0 of reconcilePath).
+func (r *Reconciler) runCancellable(ctx context.Context, path, gen string, op executor.Op) bool {
+	err := r.exec.RunCancellable(ctx, path, gen, op)
+	if err != nil && !executor.IsBackoff(err) {
+		r.log.Error("starting operation", "socket_path", path, "error", err)
+	}
+	return err == nil
+}
 
 // run starts op and reports whether it started. Backoff and a running
 // operation are expected; they are not errors.
