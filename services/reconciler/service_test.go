@@ -818,6 +818,21 @@ func TestRemovedSocketCancelsItsRegistrationAgain(t *testing.T) {
 	}
 }
 
+// A registration that failed while the devicemanager was down is retried
+// as soon as a restarted devicemanager is seen, not after its backoff (the
+// clock does not move here).
+func TestDeviceManagerRestartRetriesFailedRegistrations(t *testing.T) {
+	e := newEnv(t)
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
+	e.dm.SetRegisterError(grpcstatus.Error(codes.Unavailable, "devicemanager is shutting down"))
+	a := e.plugin("a", devicePlugin("example.com/a"))
+	e.w.Created(t, a.Path())
+	e.waitFailed(a.Path(), 1)
+	e.dm.SetRegisterError(nil)
+	e.dm.Restart()
+	e.waitRegistered(a.Path())
+}
+
 // 500 plugins created at once all register, and all deregister when
 // removed (goroutine leaks are checked by TestMain).
 func TestManyPlugins(t *testing.T) {

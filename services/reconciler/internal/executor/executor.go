@@ -276,6 +276,27 @@ func (e *Executor) finish(key, generation string, err error) {
 	e.log.Debug("operation failed; backing off", "key", key, "generation", generation, "failures", en.Failures, "retry_in", d, "error", err)
 }
 
+// RetryNow ends every key's backoff, keeping its failure count, so that
+// its next operation may start at once (what it failed on came back). It
+// returns the keys whose backoff ended.
+func (e *Executor) RetryNow() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var keys []string
+	for key, en := range e.keys {
+		if en.Running || en.RetryAt.IsZero() {
+			continue
+		}
+		if en.timer != nil {
+			en.timer.Stop()
+			en.timer = nil
+		}
+		en.RetryAt = time.Time{}
+		keys = append(keys, key)
+	}
+	return keys
+}
+
 // State returns key's bookkeeping; ok is false when the key has neither a
 // running operation nor a backoff.
 func (e *Executor) State(key string) (State, bool) {

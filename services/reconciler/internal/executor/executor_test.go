@@ -254,3 +254,19 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("plain operation's cause = %v", got)
 	}
 }
+
+// RetryNow ends a backoff at once and keeps the failure count.
+func TestRetryNow(t *testing.T) {
+	h := newHarness(t)
+	boom := errors.New("boom")
+	h.runAndWait("s", "g", boom)
+	if err := h.e.Run(context.Background(), "s", "g", func(context.Context, Attempt) error { return nil }); !errors.Is(err, ErrBackoff) {
+		t.Fatalf("Run during backoff = %v", err)
+	}
+	if keys := h.e.RetryNow(); len(keys) != 1 || keys[0] != "s" {
+		t.Fatalf("RetryNow = %v", keys)
+	}
+	if a := h.runAndWait("s", "g", boom); a.Failures != 1 {
+		t.Fatalf("failures after RetryNow = %d, want 1", a.Failures)
+	}
+}

@@ -234,6 +234,8 @@ func (r *Reconciler) SocketDeleted(path, generation string, traceContext map[str
 // Reregister asks for every registered plugin of type typ to be registered
 // with its handler again (its downstream restarted and lost them), and for
 // the downstream registrations whose sockets are gone to be deregistered.
+// Registrations in backoff are retried at once: those that failed while
+// the downstream was down need not wait out their backoff.
 func (r *Reconciler) Reregister(typ string) {
 	r.mu.Lock()
 	for _, p := range r.asw.List() {
@@ -243,6 +245,9 @@ func (r *Reconciler) Reregister(typ string) {
 	}
 	r.orphans.due = true
 	r.mu.Unlock()
+	if retried := r.exec.RetryNow(); len(retried) > 0 {
+		r.log.Info("retrying failed registrations at once: the downstream restarted", "type", typ, "sockets", len(retried))
+	}
 	r.Wake()
 }
 
