@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -33,7 +34,11 @@ func run() int {
 	pprofDir := flag.String("pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
 	pprofSecs := flag.Int("pprof-seconds", 20, "how long the -pprof profiles run")
 	showVersion := flag.Bool("version", false, "print the version and exit")
+	bareClient := flag.String(bench.BareClientFlag, "", "(internal) measure a bare grpc-go client of the device plugin endpoints listed in this file, print JSON")
 	flag.Parse()
+	if *bareClient != "" {
+		return runBareClient(*bareClient)
+	}
 	if *showVersion {
 		fmt.Println("nodeplug-bench", version.Version)
 		return 0
@@ -84,6 +89,28 @@ func run() int {
 			return 1
 		}
 		fmt.Printf("\nfigures written to %s\n", *out)
+	}
+	return 0
+}
+
+// runBareClient is the child process of the footprint phase's bare-client
+// figure.
+func runBareClient(list string) int {
+	data, err := os.ReadFile(list)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := bench.BareClient(ctx, strings.Split(strings.TrimSpace(string(data)), "\n"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
 	}
 	return 0
 }

@@ -41,6 +41,7 @@ type Config struct {
 	RSSPlugins     int           // device plugins for the devicemanager's per-plugin RSS
 	StaleSockets   int           // stale socket files beside which a healthy plugin registers
 	StaleSamples   int           // healthy registrations measured, quiet and beside them
+	FloorRounds    int           // rounds of nodeplug and the floor per kind and N (median taken)
 	// Phases to run, by name (see Phases); all when empty.
 	Phases []string
 	// PprofDir, when set, receives a CPU profile of each service taken
@@ -52,7 +53,7 @@ type Config struct {
 }
 
 // Phases names the bench's phases in the order they run.
-var Phases = []string{"footprint", "registration", "stale", "churn", "allocation", "propagation"}
+var Phases = []string{"footprint", "registration", "floor", "stale", "churn", "allocation", "propagation"}
 
 // runs reports whether phase is selected.
 func (c Config) runs(phase string) bool {
@@ -77,7 +78,7 @@ func Default() Config {
 		AllocDuration: 5 * time.Second, AllocDevices: []int{8, 10000}, AllocCallers: []int{1, 8},
 		Flips: 50, FlipDevices: 10000,
 		IdlePlugins: 1000, IdleWindow: 10 * time.Second, RSSPlugins: 1000,
-		StaleSockets: 1000, StaleSamples: 20,
+		StaleSockets: 1000, StaleSamples: 20, FloorRounds: 3,
 	}
 }
 
@@ -89,7 +90,7 @@ func Short() Config {
 		AllocDuration: 300 * time.Millisecond, AllocDevices: []int{8, 10000}, AllocCallers: []int{1, 8},
 		Flips: 3, FlipDevices: 10000,
 		IdlePlugins: 20, IdleWindow: time.Second, RSSPlugins: 10,
-		StaleSockets: 100, StaleSamples: 3,
+		StaleSockets: 100, StaleSamples: 3, FloorRounds: 1,
 	}
 }
 
@@ -98,10 +99,13 @@ type Results struct {
 	Machine      Machine              `json:"machine"`
 	Registration []RegistrationResult `json:"registration"`
 	Stale        StaleResult          `json:"registration_beside_stale"`
-	Churn        ChurnResult          `json:"churn"`
-	Allocation   []AllocationResult   `json:"allocation"`
-	Propagation  PropagationResult    `json:"propagation"`
-	Footprint    FootprintResult      `json:"footprint"`
+	// Floor compares nodeplug's registration with the least any registrar
+	// can do, per kind of plugin and N.
+	Floor       []FloorResult      `json:"registration_floor"`
+	Churn       ChurnResult        `json:"churn"`
+	Allocation  []AllocationResult `json:"allocation"`
+	Propagation PropagationResult  `json:"propagation"`
+	Footprint   FootprintResult    `json:"footprint"`
 }
 
 // Machine describes where the figures were taken.
@@ -168,6 +172,10 @@ type FootprintResult struct {
 	DeviceManagerBaseMiB   float64 `json:"devicemanager_base_rss_mib"`
 	DeviceManagerLoadedMiB float64 `json:"devicemanager_loaded_rss_mib"`
 	DeviceManagerPerPlugin float64 `json:"devicemanager_rss_kib_per_plugin"`
+	// A bare grpc-go client with one ListAndWatch stream per plugin, on
+	// the same plugins, and the devicemanager's figure over its.
+	Bare                  BareResult `json:"bare_grpc_client"`
+	DeviceManagerOverBare float64    `json:"devicemanager_over_bare"`
 }
 
 // runner holds the live stack and its clients.
@@ -246,6 +254,11 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 				return nil, fmt.Errorf("registration N=%d: %w", n, err)
 			}
 			res.Registration = append(res.Registration, rr)
+		}
+	}
+	if cfg.runs("floor") {
+		if res.Floor, err = r.floor(ctx); err != nil {
+			return nil, fmt.Errorf("registration at the floor: %w", err)
 		}
 	}
 	if cfg.runs("stale") {

@@ -96,6 +96,16 @@ func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 		out.DeviceManagerPerPlugin = round2((loaded - base) * 1024 / float64(cfg.RSSPlugins))
 	}
 	r.logf("  devicemanager %.1f MiB → %.1f MiB, %.1f KiB per plugin", base, loaded, out.DeviceManagerPerPlugin)
+	paths := make([]string, len(dps))
+	for i, dp := range dps {
+		paths[i] = dp.final
+	}
+	if out.Bare, err = r.bareClient(ctx, paths); err != nil {
+		return out, err
+	}
+	out.DeviceManagerOverBare = ratio(out.DeviceManagerPerPlugin, out.Bare.KiBPerConn)
+	r.logf("  bare grpc-go client: %.1f KiB and %.2f goroutines per connection with one stream; devicemanager / bare %.2f (target ≤ 1.1)",
+		out.Bare.KiBPerConn, out.Bare.GoroutinesPer, out.DeviceManagerOverBare)
 	return out, nil
 }
 
