@@ -152,8 +152,8 @@ func (f *floorRegistrar) register(path string) error {
 func (f *floorRegistrar) Close() error {
 	err := f.fsw.Close()
 	<-f.done
-	f.stop()
-	f.wg.Wait()
+	f.wg.Wait() // registrations under way finish, their Notify answered
+	f.stop()    // then the ListAndWatch streams end
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, c := range f.conns {
