@@ -186,9 +186,14 @@ func TestRecreatedSocketReplacesRegistrationInPlace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
+			// The endpoints exist (the fake devicemanager never dials
+			// them): a device plugin's missing endpoint is waited for.
 			ep := func(name string) string {
 				if name == "" {
 					return ""
+				}
+				if _, err := os.Lstat(e.sock(name)); err != nil {
+					staleSocket(t, e.sock(name))
 				}
 				return e.sock(name)
 			}
@@ -613,6 +618,7 @@ func TestRetryOfARefusingSocketConnectsOnce(t *testing.T) {
 // forgotten. Without the cancellation the wait would outlast the test.
 func TestRemovedSocketCancelsItsRegistration(t *testing.T) {
 	e := newEnv(t)
+	staleSocket(t, e.sock("never")) // the endpoint file exists; it is never served
 	p := e.plugin("waits", testplugin.Info{Type: "DevicePlugin", Name: "example.com/waits", Versions: []string{"v1beta1"}, Endpoint: e.sock("never")})
 	e.dm.Hold(e.sock("never"))
 	gen := testutil.Generation(t, p.Path())
@@ -635,10 +641,69 @@ func TestRemovedSocketCancelsItsRegistration(t *testing.T) {
 	e.waitRegistered(q.Path())
 }
 
+// A device plugin whose endpoint does not exist yet is waited for without
+// a worker: with a single worker, another plugin registers meanwhile; once
+// the endpoint appears, the first registers too.
+func TestEndpointWaitHoldsNoWorker(t *testing.T) {
+	e := newEnvWith(t, func(c *config) { c.MaxParallel = 1; c.EndpointWait = time.Hour })
+	late := e.plugin("late", testplugin.Info{Type: "DevicePlugin", Name: "example.com/late", Versions: []string{"v1beta1"}, Endpoint: e.sock("late-endpoint")})
+	e.w.Created(t, late.Path())
+	testutil.WaitFor(t, "GetInfo of the plugin whose endpoint is missing", func() bool { return late.GetInfoCalls() == 1 })
+	other := e.plugin("other", draPlugin("dra.example.com"))
+	e.w.Created(t, other.Path())
+	e.waitRegistered(other.Path())
+	if st, _ := e.status(late.Path()); st.State == status.StateRegistered {
+		t.Fatalf("registered before its endpoint exists: %+v", st)
+	}
+	staleSocket(t, e.sock("late-endpoint")) // the endpoint appears
+	e.waitRegistered(late.Path())
+}
+
+// An endpoint that does not appear within the wait fails the registration
+// with the kubelet's words, and the devicemanager is never asked.
+func TestEndpointThatNeverAppears(t *testing.T) {
+	e := newEnvWith(t, func(c *config) { c.EndpointWait = 20 * time.Millisecond })
+	p := e.plugin("lost", testplugin.Info{Type: "DevicePlugin", Name: "example.com/lost", Versions: []string{"v1beta1"}, Endpoint: e.sock("lost-endpoint")})
+	e.w.Created(t, p.Path())
+	st, err := p.WaitStatus(waitCtx(t), testplugin.Rejected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "RegisterPlugin error -- plugin registration failed with err: failed to dial device plugin: context deadline exceeded"; st.Error != want {
+		t.Fatalf("told %q, want %q", st.Error, want)
+	}
+	for _, c := range e.dm.Calls() {
+		if strings.Contains(c, e.sock("lost-endpoint")) {
+			t.Fatalf("the devicemanager was asked: %v", e.dm.Calls())
+		}
+	}
+}
+
+// A socket removed while its device plugin's endpoint is waited for ends
+// the wait at once: the socket is forgotten, the devicemanager never asked.
+// (The wait is made far longer than the test's: only the removal ends it.)
+func TestRemovedSocketEndsTheEndpointWait(t *testing.T) {
+	e := newEnvWith(t, func(c *config) { c.EndpointWait = time.Hour })
+	p := e.plugin("gone", testplugin.Info{Type: "DevicePlugin", Name: "example.com/gone", Versions: []string{"v1beta1"}, Endpoint: e.sock("gone-endpoint")})
+	e.w.Created(t, p.Path())
+	testutil.WaitFor(t, "GetInfo of the plugin whose endpoint is missing", func() bool { return p.GetInfoCalls() == 1 })
+	e.w.Deleted(p.Path())
+	e.waitGone(p.Path())
+	for _, c := range e.dm.Calls() {
+		if strings.Contains(c, e.sock("gone-endpoint")) {
+			t.Fatalf("the devicemanager was asked: %v", e.dm.Calls())
+		}
+	}
+	if n := len(p.Statuses()); n != 0 {
+		t.Fatalf("the plugin was told %v", p.Statuses())
+	}
+}
+
 // A socket recreated while the registration of its previous generation is
 // under way cancels that registration and registers the new one.
 func TestRecreatedSocketCancelsTheOldRegistration(t *testing.T) {
 	e := newEnv(t)
+	staleSocket(t, e.sock("held"))
 	info := testplugin.Info{Type: "DevicePlugin", Name: "example.com/again", Versions: []string{"v1beta1"}, Endpoint: e.sock("held")}
 	p := e.plugin("again", info)
 	e.dm.Hold(e.sock("held"))

@@ -44,6 +44,9 @@ const (
 	// reports the socket) and its listen() (DESIGN "Dialling a new socket",
 	// "Stale sockets").
 	DefaultRefusedWindow = 50 * time.Millisecond
+	// DefaultEndpointWait is how long a device plugin's endpoint that does
+	// not exist yet is waited for: the kubelet's dial timeout.
+	DefaultEndpointWait = 10 * time.Second
 )
 
 // Options configure a Reconciler.
@@ -67,6 +70,9 @@ type Options struct {
 	// connections, on the wall clock (DefaultRefusedWindow when 0): past
 	// it the attempt fails and backs off, freeing its worker.
 	RefusedWindow time.Duration
+	// EndpointWait bounds the wait for a device plugin's endpoint that
+	// does not exist yet, on the wall clock (DefaultEndpointWait when 0).
+	EndpointWait time.Duration
 	// MaxParallel bounds operations executing at once (see executor).
 	MaxParallel int
 	// Confiner, when set, refuses plugin endpoints outside the allowed
@@ -124,6 +130,9 @@ func New(o Options) *Reconciler {
 	}
 	if o.RefusedWindow <= 0 {
 		o.RefusedWindow = DefaultRefusedWindow
+	}
+	if o.EndpointWait <= 0 {
+		o.EndpointWait = DefaultEndpointWait
 	}
 	r := &Reconciler{
 		dsw:        cache.NewDesiredStateOfWorld(),

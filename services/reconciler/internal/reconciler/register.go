@@ -103,6 +103,8 @@ func dialListening(path string, window time.Duration) func(context.Context, stri
 //     fails validation;
 //  2. pickHandler: the handler of the plugin's type;
 //  3. validate: the endpoint's confinement, then the handler's Validate;
+//     then, for a device plugin whose endpoint does not exist yet, a wait
+//     for it without a worker (waitEndpoint);
 //  4. addToASW: into the actual state before the handler's Register, so
 //     that a socket removed meanwhile is processed as an unregistration;
 //  5. handlerRegister: the handler's Register (out of the ASW again when it
@@ -150,7 +152,7 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 	if hasOld {
 		prev = &old
 	}
-	prevGone, err := r.admit(ctx, &p, prev)
+	prevGone, err := r.admit(ctx, a, &p, prev)
 	if err != nil {
 		return r.refuse(ctx, conn, p, err)
 	}
@@ -207,13 +209,16 @@ func (r *Reconciler) deregisterPrevious(ctx context.Context, old cache.Plugin) {
 // with its handler and recorded in the ASW; after an error, neither. prev,
 // when set, is the registration of an earlier generation of the socket;
 // prevGone reports that it was deregistered on the way.
-func (r *Reconciler) admit(ctx context.Context, p *cache.Plugin, prev *cache.Plugin) (prevGone bool, err error) {
+func (r *Reconciler) admit(ctx context.Context, a executor.Attempt, p *cache.Plugin, prev *cache.Plugin) (prevGone bool, err error) {
 	h, err := r.pickHandler(p.Type, p.SocketPath)
 	if err != nil {
 		return false, err
 	}
 	p.Handler = h
 	if err := r.validate(ctx, *p); err != nil {
+		return false, err
+	}
+	if err := r.waitEndpoint(ctx, a, *p); err != nil {
 		return false, err
 	}
 	if err := r.addToASW(*p); err != nil {
@@ -383,6 +388,38 @@ func (r *Reconciler) validate(ctx context.Context, p cache.Plugin) error {
 // them. Handlers that dial the endpoint check it again when they dial.
 func (r *Reconciler) checkEndpoint(endpoint string) error {
 	return confine.Check(r.opts.Confiner, endpoint)
+}
+
+// waitEndpoint waits, holding no worker (Attempt.Waiting), for a device
+// plugin's endpoint that does not exist yet but may appear inside the
+// allowed directories, as the kubelet waits for it, for at most
+// Options.EndpointWait. The devicemanager would wait too, while this
+// attempt held its worker; waiting here keeps the worker free for other
+// sockets (DESIGN "Dialling a new socket") and ends with the attempt when
+// its socket goes. An endpoint that does not appear fails the registration
+// with the kubelet's words.
+func (r *Reconciler) waitEndpoint(ctx context.Context, a executor.Attempt, p cache.Plugin) error {
+	c := r.opts.Confiner
+	if p.Type != handlerTypeDevicePlugin || c == nil || !confine.MayAppear(c, p.Endpoint) {
+		return nil
+	}
+	r.log.InfoContext(ctx, "device plugin endpoint does not exist yet; waiting for it", "socket_path", p.SocketPath, "endpoint", p.Endpoint, "wait", r.opts.EndpointWait)
+	err := a.Waiting(ctx, func(ctx context.Context) error {
+		wctx, cancel := context.WithTimeout(ctx, r.opts.EndpointWait)
+		defer cancel()
+		_, err := confine.Resolve(wctx, c, p.Endpoint)
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return err
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return refused("RegisterPlugin error -- plugin registration failed with err: failed to dial device plugin: "+context.DeadlineExceeded.Error(),
+			fmt.Errorf("plugin registration failed: device plugin endpoint %s did not appear within %v: %w", p.Endpoint, r.opts.EndpointWait, errdefs.ErrUnavailable))
+	}
+	return refused("RegisterPlugin error -- plugin validation failed with err: "+plain(err), fmt.Errorf("plugin validation failed: %w", err))
 }
 
 // addToASW (step 4) records the plugin as registered.
