@@ -176,6 +176,10 @@ type FootprintResult struct {
 	// the same plugins, and the devicemanager's figure over its.
 	Bare                  BareResult `json:"bare_grpc_client"`
 	DeviceManagerOverBare float64    `json:"devicemanager_over_bare"`
+	// The devicemanager's RSS once those plugins left and their resources
+	// were forgotten, and its ratio to the RSS before them.
+	DeviceManagerAfterMiB      float64 `json:"devicemanager_after_rss_mib"`
+	DeviceManagerAfterOverBase float64 `json:"devicemanager_after_over_base"`
 }
 
 // runner holds the live stack and its clients.

@@ -64,6 +64,9 @@ func TestShortRun(t *testing.T) {
 			}
 		}
 	}
+	if r.Footprint.DeviceManagerAfterMiB <= 0 {
+		t.Errorf("no devicemanager RSS after the plugins left: %+v", r.Footprint)
+	}
 	if b := r.Footprint.Bare; b.Conns != cfg.RSSPlugins || b.RSSKiBAfter <= 0 || b.GoroutinesAfter <= b.GoroutinesBefore {
 		t.Errorf("bare client figure incomplete: %+v", b)
 	}

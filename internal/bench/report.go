@@ -58,4 +58,5 @@ func Print(w io.Writer, r *Results) {
 		f.DeviceManagerPlugins, f.DeviceManagerBaseMiB, f.DeviceManagerLoadedMiB, f.DeviceManagerPerPlugin)
 	fmt.Fprintf(w, "  bare grpc-go client, one connection and one ListAndWatch stream per plugin: %.1f KiB, %.2f goroutines per connection; devicemanager / bare %.2f× (target ≤ 1.1×)\n",
 		f.Bare.KiBPerConn, f.Bare.GoroutinesPer, f.DeviceManagerOverBare)
+	fmt.Fprintf(w, "  devicemanager once they left: %.1f MiB, %.2f× its RSS before them (target ≤ 1.2×)\n", f.DeviceManagerAfterMiB, f.DeviceManagerAfterOverBase)
 }
