@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -65,11 +67,13 @@ func handOver(first net.Conn, dial func(context.Context, string) (net.Conn, erro
 // redialled until gRPC's connect deadline.
 func dialListening(path string, window time.Duration) func(context.Context, string) (net.Conn, error) {
 	return func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
 		deadline := time.Now().Add(window)
 		delay := firstRedialDelay
 		for {
-			c, err := d.DialContext(ctx, "unix", path)
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			c, err := connectUnix(path)
 			switch {
 			case err == nil:
 				return c, nil
@@ -91,6 +95,26 @@ func dialListening(path string, window time.Duration) func(context.Context, stri
 			delay = min(2*delay, lastRedialDelay)
 		}
 	}
+}
+
+// connectUnix connects to the Unix socket at path with a non-blocking
+// connect(2), which a Unix socket answers at once: connected, refused
+// (ECONNREFUSED), or a full backlog (EAGAIN). Only a connected socket is
+// handed to the runtime's poller, so the redials of a socket that refuses
+// cost a socket, a connect and a close each: a thousand stale sockets are
+// redialled many times in their first attempt's window.
+func connectUnix(path string) (net.Conn, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: os.NewSyscallError("socket", err)}
+	}
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		_ = unix.Close(fd)
+		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: os.NewSyscallError("connect", err)}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	return net.FileConn(f)
 }
 
 // register is one attempt at the kubelet's register sequence for the socket
