@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -41,7 +43,33 @@ type Config struct {
 	RSSPlugins     int           // device plugins for the devicemanager's per-plugin RSS
 	StaleSockets   int           // stale socket files beside which a healthy plugin registers
 	StaleSamples   int           // healthy registrations measured, quiet and beside them
-	Progress       io.Writer     // progress lines; nil discards
+	FloorRounds    int           // rounds of nodeplug and the floor per kind and N (median taken)
+	// Phases to run, by name (see Phases); all when empty.
+	Phases []string
+	// PprofDir, when set, receives a CPU profile of each service taken
+	// over the first PprofSeconds (default 20) of the phases after
+	// footprint.
+	PprofDir     string
+	PprofSeconds int
+	Progress     io.Writer // progress lines; nil discards
+}
+
+// Phases names the bench's phases in the order they run.
+var Phases = []string{"footprint", "registration", "floor", "stale", "churn", "allocation", "durability", "propagation"}
+
+// runs reports whether phase is selected.
+func (c Config) runs(phase string) bool {
+	return len(c.Phases) == 0 || slices.Contains(c.Phases, phase)
+}
+
+// CheckPhases returns an error naming the first unknown phase in phases.
+func CheckPhases(phases []string) error {
+	for _, p := range phases {
+		if !slices.Contains(Phases, p) {
+			return fmt.Errorf("unknown phase %q (phases: %s)", p, strings.Join(Phases, ", "))
+		}
+	}
+	return nil
 }
 
 // Default is the full run; Short is the quick run `make test` uses.
@@ -53,7 +81,7 @@ func Default() Config {
 		AllocPlugins: 1000, JournalLoop: time.Minute,
 		Flips: 50, FlipDevices: 10000,
 		IdlePlugins: 1000, IdleWindow: 10 * time.Second, RSSPlugins: 1000,
-		StaleSockets: 1000, StaleSamples: 20,
+		StaleSockets: 1000, StaleSamples: 20, FloorRounds: 3,
 	}
 }
 
@@ -66,7 +94,7 @@ func Short() Config {
 		AllocPlugins: 10, JournalLoop: time.Second,
 		Flips: 3, FlipDevices: 10000,
 		IdlePlugins: 20, IdleWindow: time.Second, RSSPlugins: 10,
-		StaleSockets: 100, StaleSamples: 3,
+		StaleSockets: 100, StaleSamples: 3, FloorRounds: 1,
 	}
 }
 
@@ -75,11 +103,14 @@ type Results struct {
 	Machine      Machine              `json:"machine"`
 	Registration []RegistrationResult `json:"registration"`
 	Stale        StaleResult          `json:"registration_beside_stale"`
-	Churn        ChurnResult          `json:"churn"`
-	Allocation   []AllocationResult   `json:"allocation"`
-	Durability   DurabilityResult     `json:"durability"`
-	Propagation  PropagationResult    `json:"propagation"`
-	Footprint    FootprintResult      `json:"footprint"`
+	// Floor compares nodeplug's registration with the least any registrar
+	// can do, per kind of plugin and N.
+	Floor       []FloorResult      `json:"registration_floor"`
+	Churn       ChurnResult        `json:"churn"`
+	Allocation  []AllocationResult `json:"allocation"`
+	Durability  DurabilityResult   `json:"durability"`
+	Propagation PropagationResult  `json:"propagation"`
+	Footprint   FootprintResult    `json:"footprint"`
 }
 
 // Machine describes where the figures were taken.
@@ -146,6 +177,14 @@ type FootprintResult struct {
 	DeviceManagerBaseMiB   float64 `json:"devicemanager_base_rss_mib"`
 	DeviceManagerLoadedMiB float64 `json:"devicemanager_loaded_rss_mib"`
 	DeviceManagerPerPlugin float64 `json:"devicemanager_rss_kib_per_plugin"`
+	// A bare grpc-go client with one ListAndWatch stream per plugin, on
+	// the same plugins, and the devicemanager's figure over its.
+	Bare                  BareResult `json:"bare_grpc_client"`
+	DeviceManagerOverBare float64    `json:"devicemanager_over_bare"`
+	// The devicemanager's RSS once those plugins left and their resources
+	// were forgotten, and its ratio to the RSS before them.
+	DeviceManagerAfterMiB      float64 `json:"devicemanager_after_rss_mib"`
+	DeviceManagerAfterOverBase float64 `json:"devicemanager_after_over_base"`
 }
 
 // runner holds the live stack and its clients.
@@ -176,7 +215,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 		defer os.RemoveAll(root)
 	}
-	st := stack.NewProcesses(cfg.Bin, root, "NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s")
+	st := stack.NewProcesses(cfg.Bin, root, append([]string{"NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s"}, pprofEnv(cfg)...)...)
 	defer st.StopAll()
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err
@@ -208,33 +247,56 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	// Footprint first, on fresh processes: the heap the later phases grow
 	// (10,000-device updates, churn) is returned to the OS only slowly and
 	// would be counted as footprint.
-	if res.Footprint, err = r.footprint(ctx); err != nil {
-		return nil, fmt.Errorf("footprint: %w", err)
-	}
-	if err := r.quiesce(ctx); err != nil {
-		return nil, err
-	}
-	for _, n := range cfg.RegistrationNs {
-		rr, err := r.registration(ctx, n)
-		if err != nil {
-			return nil, fmt.Errorf("registration N=%d: %w", n, err)
+	if cfg.runs("footprint") {
+		if res.Footprint, err = r.footprint(ctx); err != nil {
+			return nil, fmt.Errorf("footprint: %w", err)
 		}
-		res.Registration = append(res.Registration, rr)
+		if err := r.quiesce(ctx); err != nil {
+			return nil, err
+		}
 	}
-	if res.Stale, err = r.stale(ctx); err != nil {
-		return nil, fmt.Errorf("registration beside stale sockets: %w", err)
+	profiled := r.profiles(ctx)
+	if cfg.runs("registration") {
+		for _, n := range cfg.RegistrationNs {
+			rr, err := r.registration(ctx, n)
+			if err != nil {
+				return nil, fmt.Errorf("registration N=%d: %w", n, err)
+			}
+			res.Registration = append(res.Registration, rr)
+		}
 	}
-	if res.Churn, err = r.churn(ctx); err != nil {
-		return nil, fmt.Errorf("churn: %w", err)
+	if cfg.runs("floor") {
+		if res.Floor, err = r.floor(ctx); err != nil {
+			return nil, fmt.Errorf("registration at the floor: %w", err)
+		}
 	}
-	if res.Allocation, err = r.allocation(ctx); err != nil {
-		return nil, fmt.Errorf("allocation: %w", err)
+	if cfg.runs("stale") {
+		if res.Stale, err = r.stale(ctx); err != nil {
+			return nil, fmt.Errorf("registration beside stale sockets: %w", err)
+		}
 	}
-	if res.Durability, err = r.durability(ctx); err != nil {
-		return nil, fmt.Errorf("durability: %w", err)
+	if cfg.runs("churn") {
+		if res.Churn, err = r.churn(ctx); err != nil {
+			return nil, fmt.Errorf("churn: %w", err)
+		}
 	}
-	if res.Propagation, err = r.propagation(ctx); err != nil {
-		return nil, fmt.Errorf("propagation: %w", err)
+	if cfg.runs("allocation") {
+		if res.Allocation, err = r.allocation(ctx); err != nil {
+			return nil, fmt.Errorf("allocation: %w", err)
+		}
+	}
+	if cfg.runs("durability") {
+		if res.Durability, err = r.durability(ctx); err != nil {
+			return nil, fmt.Errorf("durability: %w", err)
+		}
+	}
+	if cfg.runs("propagation") {
+		if res.Propagation, err = r.propagation(ctx); err != nil {
+			return nil, fmt.Errorf("propagation: %w", err)
+		}
+	}
+	if err := profiled(); err != nil {
+		return nil, fmt.Errorf("profiles: %w", err)
 	}
 	return res, nil
 }

@@ -50,6 +50,26 @@ func TestShortRun(t *testing.T) {
 			t.Errorf("registration N=%d incomplete: %+v", rr.N, rr)
 		}
 	}
+	if want := 2 * len(cfg.RegistrationNs); len(r.Floor) != want {
+		t.Errorf("floor comparisons %d, want %d", len(r.Floor), want)
+	}
+	for _, f := range r.Floor {
+		if len(f.Rounds) != cfg.FloorRounds || f.RatioTotal <= 0 {
+			t.Errorf("floor %s N=%d incomplete: %+v", f.Kind, f.N, f)
+			continue
+		}
+		for _, rd := range f.Rounds {
+			if rd.Nodeplug.Notify.Count != f.N || rd.Floor.Notify.Count != f.N {
+				t.Errorf("floor %s N=%d round incomplete: %+v", f.Kind, f.N, rd)
+			}
+		}
+	}
+	if r.Footprint.DeviceManagerAfterMiB <= 0 {
+		t.Errorf("no devicemanager RSS after the plugins left: %+v", r.Footprint)
+	}
+	if b := r.Footprint.Bare; b.Conns != cfg.RSSPlugins || b.RSSKiBAfter <= 0 || b.GoroutinesAfter <= b.GoroutinesBefore {
+		t.Errorf("bare client figure incomplete: %+v", b)
+	}
 	if st := r.Stale; st.Stale != cfg.StaleSockets || st.Quiet.Count != cfg.StaleSamples || st.BesideStale.Count != cfg.StaleSamples {
 		t.Errorf("registration beside stale sockets incomplete: %+v", st)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
 
@@ -96,6 +97,34 @@ func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 		out.DeviceManagerPerPlugin = round2((loaded - base) * 1024 / float64(cfg.RSSPlugins))
 	}
 	r.logf("  devicemanager %.1f MiB → %.1f MiB, %.1f KiB per plugin", base, loaded, out.DeviceManagerPerPlugin)
+	paths := make([]string, len(dps))
+	for i, dp := range dps {
+		paths[i] = dp.final
+	}
+	if out.Bare, err = r.bareClient(ctx, paths); err != nil {
+		return out, err
+	}
+	out.DeviceManagerOverBare = ratio(out.DeviceManagerPerPlugin, out.Bare.KiBPerConn)
+	r.logf("  bare grpc-go client: %.1f KiB and %.2f goroutines per connection with one stream; devicemanager / bare %.2f (target ≤ 1.1)",
+		out.Bare.KiBPerConn, out.Bare.GoroutinesPer, out.DeviceManagerOverBare)
+
+	// The plugins leave: once the devicemanager forgot them (their grace
+	// period ended), how much of the burst's memory did it give back?
+	for _, dp := range dps {
+		remove(dp.final, dp.Stop)
+	}
+	dps = nil
+	if err := r.noResources(ctx); err != nil {
+		return out, err
+	}
+	time.Sleep(cfg.IdleWindow / 2)
+	after, err := rssMiB(dmPid)
+	if err != nil {
+		return out, err
+	}
+	out.DeviceManagerAfterMiB = round2(after)
+	out.DeviceManagerAfterOverBase = ratio(after, base)
+	r.logf("  devicemanager after the plugins left: %.1f MiB (%.2f× its RSS before them; target ≤ 1.2×)", after, out.DeviceManagerAfterOverBase)
 	return out, nil
 }
 
@@ -149,4 +178,25 @@ func cpuSeconds(pid int) (float64, error) {
 	st, _ := strconv.ParseFloat(f[12], 64)
 	const clkTck = 100 // USER_HZ on Linux
 	return (ut + st) / clkTck, nil
+}
+
+// noResources waits until the devicemanager lists no resource.
+func (r *runner) noResources(ctx context.Context) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		resp, err := r.dm.ListResources(lctx, &dmv1.ListResourcesRequest{})
+		cancel()
+		if err == nil && len(resp.GetResources()) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("resources still listed after the plugins left: %d (%v)", len(resp.GetResources()), err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

@@ -18,6 +18,17 @@ func Print(w io.Writer, r *Results) {
 			rr.N, rr.AllRegisteredMs, rr.AppearMs, rr.CPUms["watcher"], rr.CPUms["reconciler"], rr.CPUms["devicemanager"])
 		fmt.Fprintf(w, "  N=%-5d deregistration %s\n", rr.N, rr.Deregistration)
 	}
+	if len(r.Floor) > 0 {
+		fmt.Fprintln(w, "\nRegistration at the floor: N plugins at once, nodeplug against the least any registrar can do")
+		fmt.Fprintln(w, "(in-process fsnotify → fresh connection → GetInfo → for device plugins GetDevicePluginOptions and the first")
+		fmt.Fprintln(w, "ListAndWatch answer → Notify); socket appears → NotifyRegistrationStatus(true); ratios nodeplug/floor, median of rounds")
+		for _, f := range r.Floor {
+			last := f.Rounds[len(f.Rounds)-1]
+			fmt.Fprintf(w, "  %-13s N=%-5d nodeplug p50 %7.1f  p99 %7.1f  total %7.1f ms | floor p50 %7.1f  p99 %7.1f  total %7.1f ms | ratio p50 %.2f×  p99 %.2f×  total %.2f× (target ≤ %.1f×)\n",
+				f.Kind, f.N, last.Nodeplug.Notify.P50, last.Nodeplug.Notify.P99, last.Nodeplug.TotalMs, last.Floor.Notify.P50, last.Floor.Notify.P99, last.Floor.TotalMs,
+				f.RatioP50, f.RatioP99, f.RatioTotal, floorTargets[f.Kind])
+		}
+	}
 	st := r.Stale
 	fmt.Fprintf(w, "\nRegistration beside %d stale sockets (files that refuse connections), one healthy device plugin at a time;\n", st.Stale)
 	fmt.Fprintln(w, "socket listen → NotifyRegistrationStatus(true), quiet and beside them in the same run")
@@ -46,4 +57,7 @@ func Print(w io.Writer, r *Results) {
 	}
 	fmt.Fprintf(w, "  devicemanager with %d device plugins: %.1f → %.1f MiB (%.1f KiB per plugin)\n",
 		f.DeviceManagerPlugins, f.DeviceManagerBaseMiB, f.DeviceManagerLoadedMiB, f.DeviceManagerPerPlugin)
+	fmt.Fprintf(w, "  bare grpc-go client, one connection and one ListAndWatch stream per plugin: %.1f KiB, %.2f goroutines per connection; devicemanager / bare %.2f× (target ≤ 1.1×)\n",
+		f.Bare.KiBPerConn, f.Bare.GoroutinesPer, f.DeviceManagerOverBare)
+	fmt.Fprintf(w, "  devicemanager once they left: %.1f MiB, %.2f× its RSS before them (target ≤ 1.2×)\n", f.DeviceManagerAfterMiB, f.DeviceManagerAfterOverBase)
 }

@@ -85,12 +85,32 @@ type Results struct {
 	Checks          int        `json:"checks"`
 	Converge        bench.Dist `json:"converge"`
 	// ConvergeBy splits Converge by the service restarted.
-	ConvergeBy  map[string]bench.Dist `json:"converge_by_service"`
-	Restart     bench.Dist            `json:"restart"`
-	DMDips      int                   `json:"dips_across_devicemanager_restarts"`
-	Faults      []FaultResult         `json:"faults"`
-	Violations  []Violation           `json:"violations"`
-	ViolationsN map[string]int        `json:"violations_by_invariant"`
+	ConvergeBy map[string]bench.Dist `json:"converge_by_service"`
+	// Slow lists each convergence after a restart that took longer than
+	// SlowConverge: the service killed, how long, and what was still
+	// unequal just before it converged.
+	Slow        []SlowConvergence `json:"slow_convergences"`
+	Restart     bench.Dist        `json:"restart"`
+	DMDips      int               `json:"dips_across_devicemanager_restarts"`
+	Faults      []FaultResult     `json:"faults"`
+	Violations  []Violation       `json:"violations"`
+	ViolationsN map[string]int    `json:"violations_by_invariant"`
+}
+
+// SlowConverge is the convergence target of the full run: a convergence
+// that takes longer is listed in Results.Slow.
+const SlowConverge = 200 * time.Millisecond
+
+// SlowConvergence is one convergence slower than SlowConverge.
+type SlowConvergence struct {
+	When    string  `json:"when"`
+	Service string  `json:"service"`
+	Ms      float64 `json:"ms"`
+	// WaitingFor is the last mismatch seen before convergence (the
+	// reconciler's and the devicemanager's views against the live plugins).
+	WaitingFor string `json:"waiting_for"`
+	// FirstSeen is the first mismatch seen after the restart.
+	FirstSeen string `json:"first_seen"`
 }
 
 // OK says whether the run found no violation and every fault was handled

@@ -316,7 +316,7 @@ func (h *harness) converge(ctx context.Context, when, svc string) (time.Duration
 	defer h.pause.Unlock()
 	t0 := time.Now()
 	deadline := t0.Add(h.cfg.Converge)
-	var last string
+	var first, last string
 	for {
 		h.register(ctx)
 		s, err := h.snapshot(ctx)
@@ -324,13 +324,16 @@ func (h *harness) converge(ctx context.Context, when, svc string) (time.Duration
 			m := Mismatch(s.Plugins, s.Resources, s.Live)
 			if m == "" {
 				d := time.Since(t0)
-				if d > time.Second {
-					h.logf("  slow convergence after %s: %v; until then: %s", when, d.Round(time.Millisecond), last)
+				if d > SlowConverge {
+					h.logf("  slow convergence after %s: %v; first: %s; last: %s", when, d.Round(time.Millisecond), first, last)
 				}
 				h.mu.Lock()
 				if svc != "" {
 					h.convergeT = append(h.convergeT, d)
 					h.convergeBy[svc] = append(h.convergeBy[svc], d)
+					if d > SlowConverge {
+						h.res.Slow = append(h.res.Slow, SlowConvergence{When: when, Service: svc, Ms: float64(d.Microseconds()) / 1000, WaitingFor: last, FirstSeen: first})
+					}
 				}
 				h.res.Checks++
 				h.mu.Unlock()
@@ -340,6 +343,9 @@ func (h *harness) converge(ctx context.Context, when, svc string) (time.Duration
 			last = m
 		} else {
 			last = err.Error()
+		}
+		if first == "" {
+			first = last
 		}
 		if time.Now().After(deadline) {
 			h.violate(Violation{Invariant: "c", When: when, Detail: "did not converge: " + last})

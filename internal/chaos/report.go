@@ -30,6 +30,7 @@ func Print(w io.Writer, r *Results) {
 			fmt.Fprintf(tw, "  after %s\tp50 %.1f  p99 %.1f  max %.1f  (n=%d)\n", s, d.P50, d.P99, d.Max, d.Count)
 		}
 	}
+	fmt.Fprintf(tw, "convergences over %v\t%d\n", SlowConverge, len(r.Slow))
 	fmt.Fprintf(tw, "dips across devicemanager restarts\t%d (not counted as violations)\n", r.DMDips)
 	for _, inv := range []string{"a", "b", "c", "d"} {
 		fmt.Fprintf(tw, "violations (%s)\t%d\n", inv, r.ViolationsN[inv])
@@ -47,6 +48,12 @@ func Print(w io.Writer, r *Results) {
 			fmt.Fprintf(tw, "%s\t%v\t%v\t%v\t%v\t%d→%d\t%s\n", f.Kind, f.Started, f.Loud, f.MovedAside != "", f.Converged, f.AllocationsBefore, f.AllocationsAfter, note)
 		}
 		tw.Flush()
+	}
+	if len(r.Slow) > 0 {
+		fmt.Fprintln(w)
+		for _, c := range r.Slow {
+			fmt.Fprintf(w, "slow: %s: %.0f ms; first %s; last %s\n", c.When, c.Ms, c.FirstSeen, c.WaitingFor)
+		}
 	}
 	if len(r.Violations) > 0 {
 		fmt.Fprintln(w)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -169,9 +170,13 @@ type fakeDM struct {
 	instance    string
 	endpoints   map[string]dmEndpoint // by endpoint path
 	registerErr error
-	calls       []string
-	stop        chan struct{}
-	changes     map[chan *devicemanagerv1.ResourceChange]struct{}
+	// held endpoints: their RegisterPlugin waits until its caller
+	// cancels it, as the devicemanager waits for an endpoint file that
+	// does not appear.
+	held    map[string]bool
+	calls   []string
+	stop    chan struct{}
+	changes map[chan *devicemanagerv1.ResourceChange]struct{}
 }
 
 type dmEndpoint struct {
@@ -185,10 +190,21 @@ func newFakeDM(t *testing.T, path string) *fakeDM {
 	return d
 }
 
-func (d *fakeDM) RegisterPlugin(_ context.Context, r *devicemanagerv1.RegisterPluginRequest) (*devicemanagerv1.RegisterPluginResponse, error) {
+func (d *fakeDM) RegisterPlugin(ctx context.Context, r *devicemanagerv1.RegisterPluginRequest) (*devicemanagerv1.RegisterPluginResponse, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.calls = append(d.calls, "register "+r.GetEndpoint()+" "+r.GetGeneration())
+	if d.held[r.GetEndpoint()] {
+		d.mu.Unlock()
+		<-ctx.Done()
+		d.mu.Lock()
+		how := "cancelled "
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			how = "timed out "
+		}
+		d.calls = append(d.calls, how+r.GetEndpoint()+" "+r.GetGeneration())
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	if d.registerErr != nil {
 		return nil, d.registerErr
 	}
@@ -291,6 +307,16 @@ func (d *fakeDM) Restart() {
 	d.stop = make(chan struct{})
 	d.instance = uuid.NewString()
 	d.endpoints = map[string]dmEndpoint{}
+}
+
+// Hold makes RegisterPlugin of endpoint wait until it is cancelled.
+func (d *fakeDM) Hold(endpoint string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.held == nil {
+		d.held = map[string]bool{}
+	}
+	d.held[endpoint] = true
 }
 
 func (d *fakeDM) SetRegisterError(err error) {

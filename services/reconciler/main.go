@@ -82,6 +82,12 @@ type config struct {
 	// RefusedWindow is how long a plugin socket that refuses connections
 	// is redialled (reconciler.DefaultRefusedWindow when 0).
 	RefusedWindow time.Duration
+	// EndpointWait bounds the wait for a device plugin's endpoint that
+	// does not exist yet (reconciler.DefaultEndpointWait when 0).
+	EndpointWait time.Duration
+	// MaxParallel bounds the registration operations holding a worker at
+	// once (the executor's default when 0).
+	MaxParallel int
 }
 
 // service is the reconciler's parts, wired together.
@@ -151,6 +157,8 @@ func newService(cfg config) (*service, error) {
 		ResyncPeriod:  cfg.ResyncPeriod,
 		Confiner:      confiner,
 		RefusedWindow: cfg.RefusedWindow,
+		MaxParallel:   cfg.MaxParallel,
+		EndpointWait:  cfg.EndpointWait,
 	})
 	s.watch = watchclient.New(watcherv1.NewWatcherServiceClient(wconn), s.loop, cfg.Log)
 	s.api = server.New(s.status, s.drivers)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -185,9 +186,14 @@ func TestRecreatedSocketReplacesRegistrationInPlace(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
+			// The endpoints exist (the fake devicemanager never dials
+			// them): a device plugin's missing endpoint is waited for.
 			ep := func(name string) string {
 				if name == "" {
 					return ""
+				}
+				if _, err := os.Lstat(e.sock(name)); err != nil {
+					staleSocket(t, e.sock(name))
 				}
 				return e.sock(name)
 			}
@@ -584,6 +590,143 @@ func TestSocketBoundBeforeListenIsNotAFailure(t *testing.T) {
 	}
 }
 
+// Only a first attempt meets the bind→listen gap: a retry of a socket that
+// refuses connections connects once and fails, however wide the refused
+// window, so a stale socket's retries cost one connect each. (The window is
+// made far longer than the test's wait: a retry that used it would never
+// fail in time.)
+func TestRetryOfARefusingSocketConnectsOnce(t *testing.T) {
+	e := newEnvWith(t, func(c *config) { c.RefusedWindow = time.Hour })
+	p := e.plugin("died", draPlugin("dra.example.com"))
+	path := p.Path()
+	p.SetGetInfoError(errors.New("not ready"))
+	e.w.Created(t, path)
+	e.waitFailed(path, 1)
+	// The plugin dies and leaves a socket file that refuses connections.
+	p.Stop()
+	staleSocket(t, path)
+	e.clk.Advance(executor.InitialBackoff)
+	st := e.waitFailed(path, 2)
+	if !strings.Contains(st.LastError, "refuses connections") {
+		t.Fatalf("retry failed with %q, want a refused connection", st.LastError)
+	}
+}
+
+// A socket removed while its registration is under way cancels it: the
+// devicemanager's RegisterPlugin (here one that waits, as for an endpoint
+// file that does not appear, until it is cancelled) ends, and the socket is
+// forgotten. Without the cancellation the wait would outlast the test.
+func TestRemovedSocketCancelsItsRegistration(t *testing.T) {
+	e := newEnv(t)
+	staleSocket(t, e.sock("never")) // the endpoint file exists; it is never served
+	p := e.plugin("waits", testplugin.Info{Type: "DevicePlugin", Name: "example.com/waits", Versions: []string{"v1beta1"}, Endpoint: e.sock("never")})
+	e.dm.Hold(e.sock("never"))
+	gen := testutil.Generation(t, p.Path())
+	e.w.Created(t, p.Path())
+	testutil.WaitFor(t, "RegisterPlugin under way", func() bool { return slices.Contains(e.dm.Calls(), "register "+e.sock("never")+" "+gen) })
+	e.w.Deleted(p.Path())
+	e.waitGone(p.Path())
+	if calls := e.dm.Calls(); !slices.Contains(calls, "cancelled "+e.sock("never")+" "+gen) {
+		t.Fatalf("devicemanager calls %v: RegisterPlugin was not cancelled", calls)
+	}
+	if n := len(p.Statuses()); n != 0 {
+		t.Fatalf("the plugin was told %v", p.Statuses())
+	}
+	// Nothing is left downstream, and a new socket registers as usual.
+	if eps := e.dm.Endpoints(); len(eps) != 0 {
+		t.Fatalf("devicemanager endpoints %v", eps)
+	}
+	q := e.plugin("next", devicePlugin("example.com/next"))
+	e.w.Created(t, q.Path())
+	e.waitRegistered(q.Path())
+}
+
+// A device plugin whose endpoint does not exist yet is waited for without
+// a worker: with a single worker, another plugin registers meanwhile; once
+// the endpoint appears, the first registers too.
+func TestEndpointWaitHoldsNoWorker(t *testing.T) {
+	e := newEnvWith(t, func(c *config) { c.MaxParallel = 1; c.EndpointWait = time.Hour })
+	late := e.plugin("late", testplugin.Info{Type: "DevicePlugin", Name: "example.com/late", Versions: []string{"v1beta1"}, Endpoint: e.sock("late-endpoint")})
+	e.w.Created(t, late.Path())
+	testutil.WaitFor(t, "GetInfo of the plugin whose endpoint is missing", func() bool { return late.GetInfoCalls() == 1 })
+	other := e.plugin("other", draPlugin("dra.example.com"))
+	e.w.Created(t, other.Path())
+	e.waitRegistered(other.Path())
+	if st, _ := e.status(late.Path()); st.State == status.StateRegistered {
+		t.Fatalf("registered before its endpoint exists: %+v", st)
+	}
+	staleSocket(t, e.sock("late-endpoint")) // the endpoint appears
+	e.waitRegistered(late.Path())
+}
+
+// An endpoint that does not appear within the wait fails the registration
+// with the kubelet's words, and the devicemanager is never asked.
+func TestEndpointThatNeverAppears(t *testing.T) {
+	e := newEnvWith(t, func(c *config) { c.EndpointWait = 20 * time.Millisecond })
+	p := e.plugin("lost", testplugin.Info{Type: "DevicePlugin", Name: "example.com/lost", Versions: []string{"v1beta1"}, Endpoint: e.sock("lost-endpoint")})
+	e.w.Created(t, p.Path())
+	st, err := p.WaitStatus(waitCtx(t), testplugin.Rejected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "RegisterPlugin error -- plugin registration failed with err: failed to dial device plugin: context deadline exceeded"; st.Error != want {
+		t.Fatalf("told %q, want %q", st.Error, want)
+	}
+	for _, c := range e.dm.Calls() {
+		if strings.Contains(c, e.sock("lost-endpoint")) {
+			t.Fatalf("the devicemanager was asked: %v", e.dm.Calls())
+		}
+	}
+}
+
+// A socket removed while its device plugin's endpoint is waited for ends
+// the wait at once: the socket is forgotten, the devicemanager never asked.
+// (The wait is made far longer than the test's: only the removal ends it.)
+func TestRemovedSocketEndsTheEndpointWait(t *testing.T) {
+	e := newEnvWith(t, func(c *config) { c.EndpointWait = time.Hour })
+	p := e.plugin("gone", testplugin.Info{Type: "DevicePlugin", Name: "example.com/gone", Versions: []string{"v1beta1"}, Endpoint: e.sock("gone-endpoint")})
+	e.w.Created(t, p.Path())
+	testutil.WaitFor(t, "GetInfo of the plugin whose endpoint is missing", func() bool { return p.GetInfoCalls() == 1 })
+	e.w.Deleted(p.Path())
+	e.waitGone(p.Path())
+	for _, c := range e.dm.Calls() {
+		if strings.Contains(c, e.sock("gone-endpoint")) {
+			t.Fatalf("the devicemanager was asked: %v", e.dm.Calls())
+		}
+	}
+	if n := len(p.Statuses()); n != 0 {
+		t.Fatalf("the plugin was told %v", p.Statuses())
+	}
+}
+
+// A socket recreated while the registration of its previous generation is
+// under way cancels that registration and registers the new one.
+func TestRecreatedSocketCancelsTheOldRegistration(t *testing.T) {
+	e := newEnv(t)
+	staleSocket(t, e.sock("held"))
+	info := testplugin.Info{Type: "DevicePlugin", Name: "example.com/again", Versions: []string{"v1beta1"}, Endpoint: e.sock("held")}
+	p := e.plugin("again", info)
+	e.dm.Hold(e.sock("held"))
+	gen := testutil.Generation(t, p.Path())
+	e.w.Created(t, p.Path())
+	testutil.WaitFor(t, "RegisterPlugin under way", func() bool { return slices.Contains(e.dm.Calls(), "register "+e.sock("held")+" "+gen) })
+	p.Stop()
+	info.Endpoint = ""
+	p = e.plugin("again", info)
+	newGen := testutil.Generation(t, p.Path())
+	if newGen == gen {
+		t.Fatal("the recreated socket kept its generation")
+	}
+	e.w.Created(t, p.Path())
+	st := e.waitRegistered(p.Path())
+	if st.Generation != newGen {
+		t.Fatalf("registered generation %s, want %s", st.Generation, newGen)
+	}
+	if calls := e.dm.Calls(); !slices.Contains(calls, "cancelled "+e.sock("held")+" "+gen) {
+		t.Fatalf("devicemanager calls %v: the old RegisterPlugin was not cancelled", calls)
+	}
+}
+
 // Done better than the kubelet: a watcher restart (a new stream whose
 // snapshot has the same generations) deregisters nothing; a socket that
 // vanished meanwhile leaves.
@@ -710,6 +853,49 @@ func TestDeviceManagerRestartReregisters(t *testing.T) {
 			t.Fatalf("%s: %+v", p.Path(), s)
 		}
 	}
+}
+
+// A socket removed while its registration again (after a devicemanager
+// restart) is under way cancels it, as it cancels a first registration:
+// the devicemanager's wait for the gone plugin's endpoint ends at once.
+func TestRemovedSocketCancelsItsRegistrationAgain(t *testing.T) {
+	e := newEnv(t)
+	a := e.plugin("a", devicePlugin("example.com/a"))
+	gen := testutil.Generation(t, a.Path())
+	e.w.Created(t, a.Path())
+	e.waitRegistered(a.Path())
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
+	e.dm.Hold(a.Path())
+	e.dm.Restart()
+	testutil.WaitFor(t, "RegisterPlugin again under way", func() bool {
+		n := 0
+		for _, c := range e.dm.Calls() {
+			if c == "register "+a.Path()+" "+gen {
+				n++
+			}
+		}
+		return n == 2
+	})
+	e.w.Deleted(a.Path())
+	e.waitGone(a.Path())
+	if calls := e.dm.Calls(); !slices.Contains(calls, "cancelled "+a.Path()+" "+gen) {
+		t.Fatalf("devicemanager calls %v: RegisterPlugin again was not cancelled", calls)
+	}
+}
+
+// A registration that failed while the devicemanager was down is retried
+// as soon as a restarted devicemanager is seen, not after its backoff (the
+// clock does not move here).
+func TestDeviceManagerRestartRetriesFailedRegistrations(t *testing.T) {
+	e := newEnv(t)
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
+	e.dm.SetRegisterError(grpcstatus.Error(codes.Unavailable, "devicemanager is shutting down"))
+	a := e.plugin("a", devicePlugin("example.com/a"))
+	e.w.Created(t, a.Path())
+	e.waitFailed(a.Path(), 1)
+	e.dm.SetRegisterError(nil)
+	e.dm.Restart()
+	e.waitRegistered(a.Path())
 }
 
 // 500 plugins created at once all register, and all deregister when

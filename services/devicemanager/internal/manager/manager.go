@@ -103,12 +103,17 @@ type Manager struct {
 
 	mu        sync.Mutex
 	resources map[string]*resource
-	dirty     map[string]bool // resources changed since they were last staged
-	seq       uint64
-	revision  uint64
-	closing   bool
-	wake      chan struct{} // a grace period started: Run recomputes its timer
-	flush     chan struct{} // asks Run to write the state soon
+	// live indexes the endpoints not closed by their path and by the
+	// socket they resolve to, so that a registration's identity check
+	// (conflictLocked) looks at those alone, not at every endpoint: a
+	// burst of N registrations costs O(N), not O(N²).
+	live     map[string]map[*entry]struct{}
+	dirty    map[string]bool // resources changed since they were last staged
+	seq      uint64
+	revision uint64
+	closing  bool
+	wake     chan struct{} // a grace period started: Run recomputes its timer
+	flush    chan struct{} // asks Run to write the state soon
 
 	wg sync.WaitGroup // stream goroutines and connection closes
 }
@@ -149,6 +154,7 @@ func New(cfg Config) (*Manager, error) {
 		metrics:      newMetrics(cfg.Registerer),
 		hub:          stream.NewBoundedHub(cfg.WatchLimits, Change.size),
 		resources:    map[string]*resource{},
+		live:         map[string]map[*entry]struct{}{},
 		dirty:        map[string]bool{},
 		wake:         make(chan struct{}, 1),
 		flush:        make(chan struct{}, 1),
@@ -326,8 +332,10 @@ func (m *Manager) installLocked(e *entry, now time.Time) *entry {
 			old = nil // already handled
 		} else {
 			old.closed = true
+			m.unindexLocked(old)
 		}
 	}
+	m.indexLocked(e)
 	m.seq++
 	e.seq = m.seq
 	if e.registered.IsZero() {
@@ -374,17 +382,44 @@ func (e *EndpointConflictError) KubeletMessage() string {
 // path, or any endpoint resolving to dialPath, is live (not closed) under
 // a resource other than resource.
 func (m *Manager) conflictLocked(resource, path, dialPath string) error {
-	for name, res := range m.resources {
-		if name == resource {
-			continue
-		}
-		for _, o := range res.endpoints {
-			if !o.closed && (o.path == path || (o.dialPath != "" && o.dialPath == dialPath)) {
-				return &EndpointConflictError{Endpoint: path, Resource: resource, Other: name}
+	for _, key := range []string{path, dialPath} {
+		for o := range m.live[key] {
+			if o.resource == resource || o.closed || m.resources[o.resource] == nil || m.resources[o.resource].endpoints[o.path] != o {
+				continue
+			}
+			if o.path == path || (o.dialPath != "" && o.dialPath == dialPath) {
+				return &EndpointConflictError{Endpoint: path, Resource: resource, Other: o.resource}
 			}
 		}
 	}
 	return nil
+}
+
+// indexLocked adds e, being installed, to the index of live endpoints.
+func (m *Manager) indexLocked(e *entry) {
+	for _, key := range []string{e.path, e.dialPath} {
+		if key == "" {
+			continue
+		}
+		set := m.live[key]
+		if set == nil {
+			set = map[*entry]struct{}{}
+			m.live[key] = set
+		}
+		set[e] = struct{}{}
+	}
+}
+
+// unindexLocked removes e, closed, from the index of live endpoints.
+func (m *Manager) unindexLocked(e *entry) {
+	for _, key := range []string{e.path, e.dialPath} {
+		if set := m.live[key]; set != nil {
+			delete(set, e)
+			if len(set) == 0 {
+				delete(m.live, key)
+			}
+		}
+	}
 }
 
 // run receives e's ListAndWatch updates until the stream ends. The stream
@@ -460,6 +495,7 @@ func (m *Manager) streamEnded(e *entry, err error) {
 // device unhealthy (capacity kept) until the grace period ends.
 func (m *Manager) stopLocked(e *entry, now time.Time, why error) {
 	e.closed = true
+	m.unindexLocked(e)
 	if conn := e.conn; conn != nil {
 		m.wg.Add(1)
 		go func() { defer m.wg.Done(); conn.Close(why) }()

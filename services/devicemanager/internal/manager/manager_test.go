@@ -90,3 +90,39 @@ func TestAllocationNotSavedIsRolledBack(t *testing.T) {
 		t.Fatalf("saved state: %+v, %v", d, err)
 	}
 }
+
+// The index of live endpoints holds exactly the endpoints not closed: a
+// replaced endpoint leaves it, a deregistered one too, and a second
+// resource on the same endpoint is refused through it.
+func TestLiveIndex(t *testing.T) {
+	m, p, _ := registered(t, "example.com/a", 1)
+	indexed := func() int {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		n := 0
+		for _, set := range m.live {
+			n += len(set)
+		}
+		return n
+	}
+	if n := indexed(); n != 1 { // path and dial path are one key here
+		t.Fatalf("index holds %d entries after one registration, want 1", n)
+	}
+	err := m.Register(ctxT(t), Registration{Resource: "example.com/b", Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry})
+	if !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("a second resource on a live endpoint: %v, want ErrAlreadyExists", err)
+	}
+	// A new generation replaces the endpoint: the old one leaves the index.
+	if err := m.Register(ctxT(t), Registration{Resource: "example.com/a", Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g2", Path: PathPluginsRegistry}); err != nil {
+		t.Fatal(err)
+	}
+	if n := indexed(); n != 1 {
+		t.Fatalf("index holds %d entries after a replacement, want 1", n)
+	}
+	if _, err := m.Deregister(ctxT(t), "example.com/a", p.SocketPath(), "g2"); err != nil {
+		t.Fatal(err)
+	}
+	if n := indexed(); n != 0 {
+		t.Fatalf("index holds %d entries after deregistration, want 0", n)
+	}
+}

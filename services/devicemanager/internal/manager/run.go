@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"runtime/debug"
 	"time"
 )
 
@@ -36,15 +37,34 @@ func (m *Manager) Run(ctx context.Context) error {
 	return m.Close()
 }
 
+// After a burst of at least giveBackMin resources left, once no more
+// left for giveBackQuiet, the memory they took is returned to the OS
+// (DESIGN "Bounds": memory taken by a burst is given back once the burst
+// is gone). Without it the Go runtime keeps it until a GC that may come
+// minutes later, since an idle devicemanager allocates nothing.
+const (
+	giveBackMin   = 64
+	giveBackQuiet = time.Second
+)
+
 func (m *Manager) loop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	giveBack := time.NewTimer(time.Hour)
+	giveBack.Stop()
+	defer giveBack.Stop()
+	left := 0 // resources removed since memory was last given back
 	for {
 		m.mu.Lock()
+		before := len(m.resources)
 		next, removed := m.expireLocked(time.Now())
+		gone := before - len(m.resources)
 		m.mu.Unlock()
 		if removed {
 			m.persistSoon()
+		}
+		if left += gone; gone > 0 && left >= giveBackMin {
+			giveBack.Reset(giveBackQuiet)
 		}
 		wait := time.Hour
 		if !next.IsZero() {
@@ -60,6 +80,10 @@ func (m *Manager) loop(ctx context.Context) {
 				break writes
 			case <-timer.C:
 				break writes
+			case <-giveBack.C:
+				m.log.Debug("returning the memory of resources that left to the OS", "resources", left)
+				left = 0
+				debug.FreeOSMemory()
 			case <-m.flush:
 				// Gather the changes of a burst (many plugins registering
 				// at once) into one write.

@@ -41,6 +41,50 @@ type Attempt struct {
 	// Failures is the number of consecutive failures of this key and
 	// generation before this attempt.
 	Failures int
+
+	worker *worker // nil outside an executor (tests calling an Op)
+}
+
+// worker is an attempt's hold on one of the executor's MaxParallel slots.
+type worker struct {
+	sem  chan struct{}
+	held bool // only the attempt's own goroutine reads or writes it
+}
+
+func (w *worker) take(ctx context.Context) error {
+	select {
+	case w.sem <- struct{}{}:
+		w.held = true
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *worker) give() {
+	if w.held {
+		w.held = false
+		<-w.sem
+	}
+}
+
+// Waiting runs wait, which only waits (for a socket that refuses
+// connections to listen, for a file to appear), with the attempt's worker
+// given back meanwhile, so that a wait never holds a worker that other
+// keys need (DESIGN "Dialling a new socket", "Stale sockets"). When wait
+// succeeds, Waiting takes a worker again before it returns (or returns
+// ctx's error when ctx ends first). When wait fails, the worker is not
+// taken back: the operation should only record the failure and return.
+// Call it only from the operation's own goroutine.
+func (a Attempt) Waiting(ctx context.Context, wait func(context.Context) error) error {
+	if a.worker == nil {
+		return wait(ctx)
+	}
+	a.worker.give()
+	if err := wait(ctx); err != nil {
+		return err
+	}
+	return a.worker.take(ctx)
 }
 
 // Op is an operation. ctx ends when the executor's context ends.
@@ -61,7 +105,8 @@ type State struct {
 type Options struct {
 	Clock clock.Clock
 	Log   *slog.Logger
-	// MaxParallel bounds the operations executing at once (0: 64). Queued
+	// MaxParallel bounds the operations executing at once (0: 64), each
+	// holding one worker except while it waits (Attempt.Waiting). Queued
 	// operations count as running for their key.
 	MaxParallel int
 	// Due is called with the key (from its own goroutine) whenever an
@@ -85,6 +130,9 @@ type Executor struct {
 type entry struct {
 	State
 	timer clock.Timer
+	// cancel ends the running operation's context, for one started by
+	// RunCancellable.
+	cancel context.CancelCauseFunc
 }
 
 // New returns an executor.
@@ -121,6 +169,17 @@ func Delay(failures int) time.Duration {
 // is in backoff (ErrBackoff). A different generation than the one that
 // failed starts afresh.
 func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error {
+	return e.start(ctx, key, generation, op, false)
+}
+
+// RunCancellable is Run for an operation that Cancel may end: its context
+// is cancelled, with Cancel's cause, when Cancel names its key and not its
+// generation.
+func (e *Executor) RunCancellable(ctx context.Context, key, generation string, op Op) error {
+	return e.start(ctx, key, generation, op, true)
+}
+
+func (e *Executor) start(ctx context.Context, key, generation string, op Op, cancellable bool) error {
 	e.mu.Lock()
 	en, ok := e.keys[key]
 	if !ok {
@@ -144,6 +203,12 @@ func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error
 		return ErrBackoff
 	}
 	en.Running = true
+	en.cancel = nil
+	cancel := func(error) {}
+	if cancellable {
+		ctx, cancel = context.WithCancelCause(ctx)
+		en.cancel = cancel
+	}
 	attempt := Attempt{Failures: en.Failures}
 	e.wg.Add(1)
 	e.mu.Unlock()
@@ -151,19 +216,34 @@ func (e *Executor) Run(ctx context.Context, key, generation string, op Op) error
 	go func() {
 		defer e.wg.Done()
 		err := e.execute(ctx, key, op, attempt)
+		cancel(nil)
 		e.finish(key, generation, err)
 		e.due(key)
 	}()
 	return nil
 }
 
-func (e *Executor) execute(ctx context.Context, key string, op Op, a Attempt) (err error) {
-	select {
-	case e.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+// Cancel cancels, with cause, the running operation of key if it was
+// started by RunCancellable for another generation than keep (any
+// generation when keep is empty). It reports whether it cancelled one.
+func (e *Executor) Cancel(key, keep string, cause error) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	en, ok := e.keys[key]
+	if !ok || !en.Running || en.cancel == nil || (keep != "" && en.Generation == keep) {
+		return false
 	}
-	defer func() { <-e.sem }()
+	en.cancel(cause)
+	en.cancel = nil
+	return true
+}
+
+func (e *Executor) execute(ctx context.Context, key string, op Op, a Attempt) (err error) {
+	a.worker = &worker{sem: e.sem}
+	if err := a.worker.take(ctx); err != nil {
+		return err
+	}
+	defer a.worker.give()
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("operation on %s panicked: %v: %w", key, p, errdefs.ErrInternal)
@@ -177,6 +257,7 @@ func (e *Executor) finish(key, generation string, err error) {
 	defer e.mu.Unlock()
 	en := e.keys[key]
 	en.Running = false
+	en.cancel = nil
 	if en.Generation != generation {
 		return
 	}
@@ -193,6 +274,27 @@ func (e *Executor) finish(key, generation string, err error) {
 	}
 	en.timer = e.clock.AfterFunc(d, func() { e.due(key) })
 	e.log.Debug("operation failed; backing off", "key", key, "generation", generation, "failures", en.Failures, "retry_in", d, "error", err)
+}
+
+// RetryNow ends every key's backoff, keeping its failure count, so that
+// its next operation may start at once (what it failed on came back). It
+// returns the keys whose backoff ended.
+func (e *Executor) RetryNow() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var keys []string
+	for key, en := range e.keys {
+		if en.Running || en.RetryAt.IsZero() {
+			continue
+		}
+		if en.timer != nil {
+			en.timer.Stop()
+			en.timer = nil
+		}
+		en.RetryAt = time.Time{}
+		keys = append(keys, key)
+	}
+	return keys
 }
 
 // State returns key's bookkeeping; ok is false when the key has neither a

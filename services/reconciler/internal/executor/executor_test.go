@@ -137,3 +137,136 @@ func TestPanicIsAFailure(t *testing.T) {
 		t.Fatalf("state after panic = %+v, %v", st, ok)
 	}
 }
+
+// With one worker, an operation that waits (Attempt.Waiting) lets another
+// key's operation run meanwhile; one that does not wait holds the worker,
+// and the other key's operation starts only after it. The order of events
+// is the proof, not time.
+func TestWaitingGivesTheWorkerBack(t *testing.T) {
+	clk := clock.NewFake(time.Unix(0, 0))
+	ended := make(chan string, 10)
+	e := New(Options{Clock: clk, MaxParallel: 1, Due: func(string) {}})
+	t.Cleanup(e.Wait)
+	ctx := context.Background()
+
+	events := make(chan string, 10)
+	waiting, release, resumed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	if err := e.Run(ctx, "stale", "g", func(ctx context.Context, a Attempt) error {
+		err := a.Waiting(ctx, func(context.Context) error { close(waiting); <-release; return nil })
+		events <- "stale resumed"
+		close(resumed)
+		<-release
+		ended <- "stale"
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	<-waiting
+	if err := e.Run(ctx, "healthy", "g", func(context.Context, Attempt) error { events <- "healthy ran"; ended <- "healthy"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-events; got != "healthy ran" {
+		t.Fatalf("first event = %q: the waiting operation kept the only worker", got)
+	}
+	<-ended
+	close(release)
+	<-resumed
+	// Now "stale" holds the worker again: a third operation waits for it.
+	if err := e.Run(ctx, "third", "g", func(context.Context, Attempt) error { events <- "third ran"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-events; got != "stale resumed" {
+		t.Fatalf("event = %q, want the stale operation resumed", got)
+	}
+	if got := <-ended; got != "stale" {
+		t.Fatalf("ended = %q", got)
+	}
+	if got := <-events; got != "third ran" {
+		t.Fatalf("event = %q", got)
+	}
+}
+
+// A wait that fails does not take a worker back: the operation only records
+// its failure, and the worker is free for others at once.
+func TestFailedWaitTakesNoWorker(t *testing.T) {
+	e := New(Options{Clock: clock.NewFake(time.Unix(0, 0)), MaxParallel: 1})
+	t.Cleanup(e.Wait)
+	ctx := context.Background()
+	refused := errors.New("refused")
+	failed, release := make(chan struct{}), make(chan struct{})
+	if err := e.Run(ctx, "stale", "g", func(ctx context.Context, a Attempt) error {
+		err := a.Waiting(ctx, func(context.Context) error { return refused })
+		close(failed)
+		<-release
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	<-failed
+	ran := make(chan struct{})
+	if err := e.Run(ctx, "healthy", "g", func(context.Context, Attempt) error { close(ran); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	<-ran
+	close(release)
+}
+
+// Cancel ends a RunCancellable operation of another generation than the one
+// kept, with its cause; it leaves alone the kept generation and operations
+// started by Run.
+func TestCancel(t *testing.T) {
+	e := New(Options{Clock: clock.NewFake(time.Unix(0, 0))})
+	t.Cleanup(e.Wait)
+	ctx := context.Background()
+	gone := errors.New("socket gone")
+	causes := make(chan error, 3)
+	started := make(chan struct{}, 3)
+	wait := func(ctx context.Context, _ Attempt) error {
+		started <- struct{}{}
+		<-ctx.Done()
+		causes <- context.Cause(ctx)
+		return ctx.Err()
+	}
+	stop, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := e.Run(stop, "plain", "g1", wait); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.RunCancellable(ctx, "c", "g1", wait); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	<-started
+	if e.Cancel("plain", "g2", gone) {
+		t.Fatal("Cancel ended an operation started by Run")
+	}
+	if e.Cancel("c", "g1", gone) {
+		t.Fatal("Cancel ended the kept generation's operation")
+	}
+	if !e.Cancel("c", "g2", gone) {
+		t.Fatal("Cancel did not end the operation of another generation")
+	}
+	if got := <-causes; !errors.Is(got, gone) {
+		t.Fatalf("cause = %v, want %v", got, gone)
+	}
+	cancel()
+	if got := <-causes; !errors.Is(got, context.Canceled) {
+		t.Fatalf("plain operation's cause = %v", got)
+	}
+}
+
+// RetryNow ends a backoff at once and keeps the failure count.
+func TestRetryNow(t *testing.T) {
+	h := newHarness(t)
+	boom := errors.New("boom")
+	h.runAndWait("s", "g", boom)
+	if err := h.e.Run(context.Background(), "s", "g", func(context.Context, Attempt) error { return nil }); !errors.Is(err, ErrBackoff) {
+		t.Fatalf("Run during backoff = %v", err)
+	}
+	if keys := h.e.RetryNow(); len(keys) != 1 || keys[0] != "s" {
+		t.Fatalf("RetryNow = %v", keys)
+	}
+	if a := h.runAndWait("s", "g", boom); a.Failures != 1 {
+		t.Fatalf("failures after RetryNow = %d, want 1", a.Failures)
+	}
+}

@@ -189,7 +189,9 @@ func (h *DevicePlugin) Observe(id string) {
 // message, so a devicemanager restart is noticed even when no registration
 // is in flight.
 func (h *DevicePlugin) Run(ctx context.Context) error {
-	stream.Resubscribe(ctx, 100*time.Millisecond, 2*time.Second, h.watch, func(err error, delay time.Duration) {
+	// A restarted devicemanager is noticed within a quarter second: the
+	// registrations it lost are made again from then on.
+	stream.Resubscribe(ctx, 20*time.Millisecond, 250*time.Millisecond, h.watch, func(err error, delay time.Duration) {
 		h.log.Debug("devicemanager watch ended; resubscribing", "error", err, "in", delay)
 	})
 	return nil

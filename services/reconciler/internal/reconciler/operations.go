@@ -44,6 +44,11 @@ func (r *Reconciler) registerAgain(ctx context.Context, p cache.Plugin) error {
 	endSpan(span, err)
 	if err != nil {
 		r.asw.Remove(p.SocketPath)
+		if ctx.Err() != nil {
+			// Cancelled (its socket went) while the handler worked: it
+			// may have registered it all the same.
+			r.orphansLater()
+		}
 		r.status.Failed(p.SocketPath, p.Generation, err, 1, r.clock.Now().Add(executor.Delay(1)))
 		r.log.WarnContext(ctx, "registering plugin again failed", "socket_path", p.SocketPath, "name", p.Name, "error", err)
 		return err

@@ -21,6 +21,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -43,6 +44,9 @@ const (
 	// reports the socket) and its listen() (DESIGN "Dialling a new socket",
 	// "Stale sockets").
 	DefaultRefusedWindow = 50 * time.Millisecond
+	// DefaultEndpointWait is how long a device plugin's endpoint that does
+	// not exist yet is waited for: the kubelet's dial timeout.
+	DefaultEndpointWait = 10 * time.Second
 )
 
 // Options configure a Reconciler.
@@ -66,6 +70,9 @@ type Options struct {
 	// connections, on the wall clock (DefaultRefusedWindow when 0): past
 	// it the attempt fails and backs off, freeing its worker.
 	RefusedWindow time.Duration
+	// EndpointWait bounds the wait for a device plugin's endpoint that
+	// does not exist yet, on the wall clock (DefaultEndpointWait when 0).
+	EndpointWait time.Duration
 	// MaxParallel bounds operations executing at once (see executor).
 	MaxParallel int
 	// Confiner, when set, refuses plugin endpoints outside the allowed
@@ -123,6 +130,9 @@ func New(o Options) *Reconciler {
 	}
 	if o.RefusedWindow <= 0 {
 		o.RefusedWindow = DefaultRefusedWindow
+	}
+	if o.EndpointWait <= 0 {
+		o.EndpointWait = DefaultEndpointWait
 	}
 	r := &Reconciler{
 		dsw:        cache.NewDesiredStateOfWorld(),
@@ -233,6 +243,8 @@ func (r *Reconciler) SocketDeleted(path, generation string, traceContext map[str
 // Reregister asks for every registered plugin of type typ to be registered
 // with its handler again (its downstream restarted and lost them), and for
 // the downstream registrations whose sockets are gone to be deregistered.
+// Registrations in backoff are retried at once: those that failed while
+// the downstream was down need not wait out their backoff.
 func (r *Reconciler) Reregister(typ string) {
 	r.mu.Lock()
 	for _, p := range r.asw.List() {
@@ -242,6 +254,9 @@ func (r *Reconciler) Reregister(typ string) {
 	}
 	r.orphans.due = true
 	r.mu.Unlock()
+	if retried := r.exec.RetryNow(); len(retried) > 0 {
+		r.log.Info("retrying failed registrations at once: the downstream restarted", "type", typ, "sockets", len(retried))
+	}
 	r.Wake()
 }
 
@@ -329,6 +344,20 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 	p, registered := r.asw.Get(path)
 	d, desired := r.dsw.Get(path)
 
+	// 0. A registration under way (a first one, or one again after a
+	// downstream restart) for a socket that is gone, or that was
+	// recreated, is cancelled: its RPCs end, and a wait downstream (the
+	// devicemanager waiting for a device plugin's endpoint file) with them.
+	keep := ""
+	if desired {
+		keep = d.Generation
+	}
+	if !desired || d.Generation != "" {
+		if r.exec.Cancel(path, keep, errSocketGone) {
+			r.log.Info("registration cancelled: its socket was removed or recreated", "socket_path", path)
+		}
+	}
+
 	// 1. Unregister what is gone. A socket with a new generation is not
 	// unregistered: step 3 registers the new generation in place of the
 	// old one (no dip downstream), and the register operation deregisters
@@ -345,7 +374,7 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 		if !registered || !desired || p.Generation != d.Generation {
 			// Gone or replaced: the other steps handle it.
 			r.dropReregister(path)
-		} else if r.run(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
+		} else if r.runCancellable(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
 			r.dropReregister(path)
 		}
 	}
@@ -354,7 +383,7 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 	if desired {
 		r.status.Track(d.Path, d.Generation, r.asw.ExistsWithGeneration(d.Path, d.Generation))
 		if !r.asw.ExistsWithGeneration(d.Path, d.Generation) {
-			r.run(ctx, d.Path, d.Generation, func(ctx context.Context, a executor.Attempt) error { return r.register(ctx, d, a) })
+			r.runCancellable(ctx, d.Path, d.Generation, func(ctx context.Context, a executor.Attempt) error { return r.register(ctx, d, a) })
 		}
 		return
 	}
@@ -381,6 +410,20 @@ func (r *Reconciler) dropReregister(path string) {
 	r.mu.Lock()
 	delete(r.reregister, path)
 	r.mu.Unlock()
+}
+
+// errSocketGone is the cause of a register operation cancelled because its
+// socket was removed or recreated.
+var errSocketGone = errors.New("registration cancelled: the socket was removed or recreated")
+
+// runCancellable is run for a register operation, which a pass that finds
+// its socket gone or recreated cancels (step 0 of reconcilePath).
+func (r *Reconciler) runCancellable(ctx context.Context, path, gen string, op executor.Op) bool {
+	err := r.exec.RunCancellable(ctx, path, gen, op)
+	if err != nil && !executor.IsBackoff(err) {
+		r.log.Error("starting operation", "socket_path", path, "error", err)
+	}
+	return err == nil
 }
 
 // run starts op and reports whether it started. Backoff and a running

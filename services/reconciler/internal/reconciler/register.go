@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
@@ -65,11 +67,13 @@ func handOver(first net.Conn, dial func(context.Context, string) (net.Conn, erro
 // redialled until gRPC's connect deadline.
 func dialListening(path string, window time.Duration) func(context.Context, string) (net.Conn, error) {
 	return func(ctx context.Context, _ string) (net.Conn, error) {
-		var d net.Dialer
 		deadline := time.Now().Add(window)
 		delay := firstRedialDelay
 		for {
-			c, err := d.DialContext(ctx, "unix", path)
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			c, err := connectUnix(path)
 			switch {
 			case err == nil:
 				return c, nil
@@ -93,6 +97,26 @@ func dialListening(path string, window time.Duration) func(context.Context, stri
 	}
 }
 
+// connectUnix connects to the Unix socket at path with a non-blocking
+// connect(2), which a Unix socket answers at once: connected, refused
+// (ECONNREFUSED), or a full backlog (EAGAIN). Only a connected socket is
+// handed to the runtime's poller, so the redials of a socket that refuses
+// cost a socket, a connect and a close each: a thousand stale sockets are
+// redialled many times in their first attempt's window.
+func connectUnix(path string) (net.Conn, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: os.NewSyscallError("socket", err)}
+	}
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		_ = unix.Close(fd)
+		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: os.NewSyscallError("connect", err)}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	return net.FileConn(f)
+}
+
 // register is one attempt at the kubelet's register sequence for the socket
 // d (pluginmanager operationexecutor, GenerateRegisterPluginFunc), one
 // function per step:
@@ -103,6 +127,8 @@ func dialListening(path string, window time.Duration) func(context.Context, stri
 //     fails validation;
 //  2. pickHandler: the handler of the plugin's type;
 //  3. validate: the endpoint's confinement, then the handler's Validate;
+//     then, for a device plugin whose endpoint does not exist yet, a wait
+//     for it without a worker (waitEndpoint);
 //  4. addToASW: into the actual state before the handler's Register, so
 //     that a socket removed meanwhile is processed as an unregistration;
 //  5. handlerRegister: the handler's Register (out of the ASW again when it
@@ -129,12 +155,12 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 	if hasOld {
 		defer func() {
 			if err != nil {
-				r.dropPrevious(ctx, old)
+				r.dropPrevious(context.WithoutCancel(ctx), old)
 			}
 		}()
 	}
 
-	p, conn, err := r.getInfo(ctx, d)
+	p, conn, err := r.getInfo(ctx, d, a)
 	if err != nil {
 		return err
 	}
@@ -150,7 +176,7 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 	if hasOld {
 		prev = &old
 	}
-	prevGone, err := r.admit(ctx, &p, prev)
+	prevGone, err := r.admit(ctx, a, &p, prev)
 	if err != nil {
 		return r.refuse(ctx, conn, p, err)
 	}
@@ -207,13 +233,16 @@ func (r *Reconciler) deregisterPrevious(ctx context.Context, old cache.Plugin) {
 // with its handler and recorded in the ASW; after an error, neither. prev,
 // when set, is the registration of an earlier generation of the socket;
 // prevGone reports that it was deregistered on the way.
-func (r *Reconciler) admit(ctx context.Context, p *cache.Plugin, prev *cache.Plugin) (prevGone bool, err error) {
+func (r *Reconciler) admit(ctx context.Context, a executor.Attempt, p *cache.Plugin, prev *cache.Plugin) (prevGone bool, err error) {
 	h, err := r.pickHandler(p.Type, p.SocketPath)
 	if err != nil {
 		return false, err
 	}
 	p.Handler = h
 	if err := r.validate(ctx, *p); err != nil {
+		return false, err
+	}
+	if err := r.waitEndpoint(ctx, a, *p); err != nil {
 		return false, err
 	}
 	if err := r.addToASW(*p); err != nil {
@@ -249,6 +278,12 @@ func (r *Reconciler) endRegister(ctx context.Context, span trace.Span, d cache.S
 	if err != nil {
 		failures := a.Failures + 1
 		next := r.clock.Now().Add(executor.Delay(failures))
+		if cause := context.Cause(ctx); errors.Is(cause, errSocketGone) {
+			err = fmt.Errorf("%w: %w", cause, err)
+			r.status.Failed(d.Path, d.Generation, err, failures, next)
+			r.log.InfoContext(ctx, "plugin registration cancelled", "socket_path", d.Path, "generation", d.Generation, "error", err)
+			return
+		}
 		r.status.Failed(d.Path, d.Generation, err, failures, next)
 		r.log.WarnContext(ctx, "plugin registration failed", "socket_path", d.Path, "generation", d.Generation, "failures", failures, "next_retry", next, "error", err)
 		return
@@ -270,18 +305,34 @@ func (c *pluginConn) close() { _ = c.conn.Close() }
 // budget (Options.GetInfoTimeout on the reconciler's clock). A refused
 // connection is redialled within milliseconds for Options.RefusedWindow
 // (dialListening), so a socket reported at bind() before listen() is not a
-// failure, and a stale one fails fast. The plugin's endpoint defaults to
-// its socket.
-func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket) (cache.Plugin, *pluginConn, error) {
+// failure, and a stale one fails fast; a retry, which comes a backoff
+// later, connects once. That first connect holds no worker
+// (Attempt.Waiting): the stale sockets being retried never keep a healthy
+// plugin's registration waiting for one (DESIGN "Stale sockets"). The
+// plugin's endpoint defaults to its socket.
+func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket, a executor.Attempt) (cache.Plugin, *pluginConn, error) {
 	var info *registerapi.PluginInfo
 	c := &pluginConn{path: d.Path}
 	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) error {
-		dial := dialListening(d.Path, r.opts.RefusedWindow)
-		// Connect once first: a socket that only refuses (stale) fails
-		// here, within the refused window, and frees its worker. The
+		// Only a first attempt can meet the bind→listen gap: a retry
+		// comes at least a backoff later, so one refused connect fails it.
+		window := r.opts.RefusedWindow
+		if a.Failures > 0 {
+			window = 0
+		}
+		dial := dialListening(d.Path, window)
+		// Connect once first, without a worker: a socket that only
+		// refuses (stale) fails here, within the refused window. The
 		// connection made is the one gRPC uses first.
-		first, err := dial(ctx, d.Path)
+		var first net.Conn
+		err := a.Waiting(ctx, func(ctx context.Context) (err error) {
+			first, err = dial(ctx, d.Path)
+			return err
+		})
 		if err != nil {
+			if first != nil {
+				_ = first.Close()
+			}
 			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, errdefs.FromGRPC(err))
 		}
 		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams), grpc.WithContextDialer(handOver(first, dial)))
@@ -363,6 +414,38 @@ func (r *Reconciler) checkEndpoint(endpoint string) error {
 	return confine.Check(r.opts.Confiner, endpoint)
 }
 
+// waitEndpoint waits, holding no worker (Attempt.Waiting), for a device
+// plugin's endpoint that does not exist yet but may appear inside the
+// allowed directories, as the kubelet waits for it, for at most
+// Options.EndpointWait. The devicemanager would wait too, while this
+// attempt held its worker; waiting here keeps the worker free for other
+// sockets (DESIGN "Dialling a new socket") and ends with the attempt when
+// its socket goes. An endpoint that does not appear fails the registration
+// with the kubelet's words.
+func (r *Reconciler) waitEndpoint(ctx context.Context, a executor.Attempt, p cache.Plugin) error {
+	c := r.opts.Confiner
+	if p.Type != handlerTypeDevicePlugin || c == nil || !confine.MayAppear(c, p.Endpoint) {
+		return nil
+	}
+	r.log.InfoContext(ctx, "device plugin endpoint does not exist yet; waiting for it", "socket_path", p.SocketPath, "endpoint", p.Endpoint, "wait", r.opts.EndpointWait)
+	err := a.Waiting(ctx, func(ctx context.Context) error {
+		wctx, cancel := context.WithTimeout(ctx, r.opts.EndpointWait)
+		defer cancel()
+		_, err := confine.Resolve(wctx, c, p.Endpoint)
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return err
+	case errors.Is(err, errdefs.ErrUnavailable):
+		return refused("RegisterPlugin error -- plugin registration failed with err: failed to dial device plugin: "+context.DeadlineExceeded.Error(),
+			fmt.Errorf("plugin registration failed: device plugin endpoint %s did not appear within %v: %w", p.Endpoint, r.opts.EndpointWait, errdefs.ErrUnavailable))
+	}
+	return refused("RegisterPlugin error -- plugin validation failed with err: "+plain(err), fmt.Errorf("plugin validation failed: %w", err))
+}
+
 // addToASW (step 4) records the plugin as registered.
 func (r *Reconciler) addToASW(p cache.Plugin) error {
 	if err := r.asw.Add(p); err != nil {
@@ -389,6 +472,12 @@ func (r *Reconciler) handlerRegister(ctx context.Context, p cache.Plugin, prev *
 	}
 	if err != nil {
 		r.asw.Remove(p.SocketPath)
+		if ctx.Err() != nil {
+			// Cancelled (its socket went) while the handler worked: the
+			// handler may have registered it all the same, so look for
+			// registrations whose sockets are gone.
+			r.orphansLater()
+		}
 		msg := plain(err)
 		var kw interface{ KubeletMessage() string }
 		if errors.As(err, &kw) {
@@ -408,8 +497,11 @@ func (r *Reconciler) notifyRegistered(ctx context.Context, conn *pluginConn, p c
 		return nil
 	}
 	r.asw.Remove(p.SocketPath)
-	if derr := p.Handler.Deregister(ctx, p); derr != nil {
-		r.log.WarnContext(ctx, "deregistering after a failed notification", "socket_path", p.SocketPath, "error", derr)
+	// The attempt's context may have been cancelled (its socket went):
+	// the undoing must still reach the handler.
+	if derr := p.Handler.Deregister(context.WithoutCancel(ctx), p); derr != nil {
+		r.log.WarnContext(ctx, "deregistering after a failed notification; retried with the registrations whose sockets are gone", "socket_path", p.SocketPath, "error", derr)
+		r.orphansLater()
 	}
 	return fmt.Errorf("RegisterPlugin error -- plugin %q at socket %s: %w", p.Name, p.SocketPath, err)
 }

@@ -24,10 +24,12 @@ type Sink interface {
 	SocketDeleted(path, generation string, traceContext map[string]string)
 }
 
-// Backoff bounds between resubscriptions.
+// Backoff bounds between resubscriptions. The watcher is a local process
+// on a Unix socket: a look every quarter second while it is down costs
+// nothing, and a restarted watcher is followed again within that.
 const (
-	MinBackoff = 100 * time.Millisecond
-	MaxBackoff = 2 * time.Second
+	MinBackoff = 20 * time.Millisecond
+	MaxBackoff = 250 * time.Millisecond
 )
 
 // Client follows the watcher.

@@ -187,8 +187,13 @@ type Watcher struct {
 	// mu guards the socket set and the revision, and orders Subscribe
 	// against Publish so a snapshot and its live events never overlap or
 	// leave a gap.
-	mu       sync.Mutex
-	sockets  map[string]Socket
+	mu      sync.Mutex
+	sockets map[string]Socket
+	// under counts the known sockets below each directory (the watched
+	// one included), so that an event for one path looks at that path
+	// alone unless it is a directory with known sockets below it: a burst
+	// of N events costs O(N), not O(N²).
+	under    map[string]int
 	revision uint64
 	hub      *stream.Hub[Event]
 	stopped  bool
@@ -231,6 +236,7 @@ func New(opts Options) (*Watcher, error) {
 		dropEvent:    opts.dropEvent,
 		injectErrors: opts.injectErrors,
 		sockets:      map[string]Socket{},
+		under:        map[string]int{},
 		hub:          stream.NewBoundedHub(opts.Limits, Event.size),
 	}
 	w.metrics = newMetrics(opts.Registerer, w.hub.Stats)
@@ -568,13 +574,11 @@ func (w *Watcher) sync(p string, c cause) {
 	found := w.scan(p)
 	w.mu.Lock()
 	var changes []change
-	for path, s := range w.sockets {
-		if within(path, p) {
-			if gen, ok := found[path]; !ok || gen != s.Generation {
-				changes = append(changes, change{Deleted, path, s.Generation})
-			}
+	w.knownLocked(p, func(path string, s Socket) {
+		if gen, ok := found[path]; !ok || gen != s.Generation {
+			changes = append(changes, change{Deleted, path, s.Generation})
 		}
-	}
+	})
 	for path, gen := range found {
 		if s, ok := w.sockets[path]; !ok || s.Generation != gen {
 			changes = append(changes, change{Created, path, gen})
@@ -595,13 +599,40 @@ func (w *Watcher) sync(p string, c cause) {
 func (w *Watcher) forget(p string, c cause) {
 	w.mu.Lock()
 	var changes []change
-	for path, s := range w.sockets {
-		if within(path, p) {
-			changes = append(changes, change{Deleted, path, s.Generation})
-		}
-	}
+	w.knownLocked(p, func(path string, s Socket) { changes = append(changes, change{Deleted, path, s.Generation}) })
 	slices.SortFunc(changes, func(a, b change) int { return strings.Compare(a.path, b.path) })
 	w.applyLocked(changes, c)
+}
+
+// knownLocked calls f with each known socket at or below p. Only a
+// directory with known sockets below it is searched; any other path is
+// looked up alone.
+func (w *Watcher) knownLocked(p string, f func(path string, s Socket)) {
+	if w.under[p] == 0 {
+		if s, ok := w.sockets[p]; ok {
+			f(p, s)
+		}
+		return
+	}
+	prefix := p + string(filepath.Separator)
+	for path, s := range w.sockets {
+		if path == p || strings.HasPrefix(path, prefix) {
+			f(path, s)
+		}
+	}
+}
+
+// countLocked adds d to the count of known sockets of every directory
+// between path's parent and the watched directory.
+func (w *Watcher) countLocked(path string, d int) {
+	for dir := filepath.Dir(path); within(dir, w.dir); dir = filepath.Dir(dir) {
+		if w.under[dir] += d; w.under[dir] <= 0 {
+			delete(w.under, dir)
+		}
+		if dir == w.dir {
+			return
+		}
+	}
 }
 
 type logged struct {
@@ -622,8 +653,14 @@ func (w *Watcher) applyLocked(changes []change, c cause) {
 		ev := Event{Type: ch.typ, Path: ch.path, Generation: ch.gen, Revision: w.revision, ObservedTime: now}
 		switch ch.typ {
 		case Created:
+			if _, known := w.sockets[ch.path]; !known {
+				w.countLocked(ch.path, 1)
+			}
 			w.sockets[ch.path] = Socket{Path: ch.path, Generation: ch.gen, ObservedTime: now}
 		case Deleted:
+			if _, known := w.sockets[ch.path]; known {
+				w.countLocked(ch.path, -1)
+			}
 			delete(w.sockets, ch.path)
 		}
 		ctx := context.Background()

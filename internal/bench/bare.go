@@ -1,0 +1,109 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// BareResult is what a bare grpc-go client costs per device plugin: one
+// connection with one open ListAndWatch stream (its first answer
+// received), measured in a process of its own that does nothing else.
+type BareResult struct {
+	Conns            int     `json:"conns"`
+	RSSKiBBefore     float64 `json:"rss_kib_before"`
+	RSSKiBAfter      float64 `json:"rss_kib_after"`
+	KiBPerConn       float64 `json:"rss_kib_per_conn"`
+	GoroutinesBefore int     `json:"goroutines_before"`
+	GoroutinesAfter  int     `json:"goroutines_after"`
+	GoroutinesPer    float64 `json:"goroutines_per_conn"`
+}
+
+// BareClientFlag is the hidden flag of nodeplug-bench that runs BareClient
+// over the endpoints listed, one a line, in the file it names.
+const BareClientFlag = "bare-client"
+
+// BareClient dials every endpoint in paths with grpc-go and nothing else
+// (no interceptors, stats handlers or logging), opens ListAndWatch on each
+// and takes its first answer, then reports the process's RSS and
+// goroutines before and after, with the connections still open.
+func BareClient(ctx context.Context, paths []string) (BareResult, error) {
+	out := BareResult{Conns: len(paths)}
+	runtime.GC()
+	before, err := rssMiB(os.Getpid())
+	if err != nil {
+		return out, err
+	}
+	out.RSSKiBBefore, out.GoroutinesBefore = round2(before*1024), runtime.NumGoroutine()
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for _, p := range paths {
+		c, err := floorDial(p)
+		if err != nil {
+			return out, err
+		}
+		conns = append(conns, c)
+		st, err := pluginapi.NewDevicePluginClient(c).ListAndWatch(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true))
+		if err != nil {
+			return out, fmt.Errorf("ListAndWatch %s: %w", p, err)
+		}
+		if _, err := st.Recv(); err != nil {
+			return out, fmt.Errorf("first ListAndWatch answer of %s: %w", p, err)
+		}
+	}
+	runtime.GC()
+	time.Sleep(time.Second) // as the devicemanager's figure, after a settle
+	after, err := rssMiB(os.Getpid())
+	if err != nil {
+		return out, err
+	}
+	out.RSSKiBAfter, out.GoroutinesAfter = round2(after*1024), runtime.NumGoroutine()
+	if n := len(paths); n > 0 {
+		out.KiBPerConn = round2((out.RSSKiBAfter - out.RSSKiBBefore) / float64(n))
+		out.GoroutinesPer = round2(float64(out.GoroutinesAfter-out.GoroutinesBefore) / float64(n))
+	}
+	return out, nil
+}
+
+// bareClient runs BareClient over paths in a child process (this
+// executable with BareClientFlag), so that the plugins' servers in this
+// process are not counted.
+func (r *runner) bareClient(ctx context.Context, paths []string) (BareResult, error) {
+	var out BareResult
+	self, err := os.Executable()
+	if err != nil {
+		return out, err
+	}
+	list := filepath.Join(r.root, "bare-endpoints")
+	if err := os.WriteFile(list, []byte(strings.Join(paths, "\n")), 0o600); err != nil {
+		return out, err
+	}
+	defer os.Remove(list)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, self, "-"+BareClientFlag, list)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	data, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("bare client: %w: %s", err, stderr.String())
+	}
+	if err := json.Unmarshal(data, &out); err != nil {
+		return out, fmt.Errorf("bare client: %w: %q", err, data)
+	}
+	return out, nil
+}

@@ -1,0 +1,360 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/testplugin"
+)
+
+// floorRegistrar is the least any registrar can do, in this process: fsnotify
+// on its own directory; for each socket created, a fresh gRPC connection and
+// GetInfo; for a device plugin, a fresh connection to its endpoint,
+// GetDevicePluginOptions and ListAndWatch up to its first answer; then
+// NotifyRegistrationStatus(true). No interceptors, stats handlers, spans or
+// logs; no state beyond the open connections, which Close ends; no
+// checkpoint.
+type floorRegistrar struct {
+	fsw  *fsnotify.Watcher
+	done chan struct{}
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu    sync.Mutex
+	conns []*grpc.ClientConn
+	err   error
+}
+
+func newFloorRegistrar(dir string) (*floorRegistrar, error) {
+	fsw, err := fsnotify.NewBufferedWatcher(4096)
+	if err != nil {
+		return nil, err
+	}
+	if err := fsw.Add(dir); err != nil {
+		_ = fsw.Close()
+		return nil, err
+	}
+	f := &floorRegistrar{fsw: fsw, done: make(chan struct{})}
+	f.ctx, f.stop = context.WithCancel(context.Background())
+	go f.run()
+	return f, nil
+}
+
+func (f *floorRegistrar) run() {
+	defer close(f.done)
+	for {
+		select {
+		case ev, ok := <-f.fsw.Events:
+			if !ok {
+				return
+			}
+			if ev.Has(fsnotify.Create) {
+				f.wg.Add(1)
+				go func() {
+					defer f.wg.Done()
+					if err := f.register(ev.Name); err != nil {
+						f.fail(err)
+					}
+				}()
+			}
+		case err, ok := <-f.fsw.Errors:
+			if !ok {
+				return
+			}
+			f.fail(err)
+		}
+	}
+}
+
+func (f *floorRegistrar) fail(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err == nil {
+		f.err = err
+	}
+}
+
+func floorDial(path string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///"+path,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		}))
+}
+
+func (f *floorRegistrar) keep(c *grpc.ClientConn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.conns = append(f.conns, c)
+}
+
+// register does the plugin RPCs of one registration.
+func (f *floorRegistrar) register(path string) error {
+	ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
+	defer cancel()
+	conn, err := floorDial(path)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	reg := registerapi.NewRegistrationClient(conn)
+	info, err := reg.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("floor: GetInfo %s: %w", path, err)
+	}
+	if info.GetType() == registerapi.DevicePlugin {
+		ep := info.GetEndpoint()
+		if ep == "" {
+			ep = path
+		}
+		dc, err := floorDial(ep)
+		if err != nil {
+			return err
+		}
+		f.keep(dc)
+		client := pluginapi.NewDevicePluginClient(dc)
+		if _, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true)); err != nil {
+			return fmt.Errorf("floor: GetDevicePluginOptions %s: %w", ep, err)
+		}
+		// The stream lives as long as the connection.
+		st, err := client.ListAndWatch(f.ctx, &pluginapi.Empty{})
+		if err != nil {
+			return fmt.Errorf("floor: ListAndWatch %s: %w", ep, err)
+		}
+		if _, err := st.Recv(); err != nil {
+			return fmt.Errorf("floor: first ListAndWatch answer of %s: %w", ep, err)
+		}
+	}
+	if _, err := reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		return fmt.Errorf("floor: NotifyRegistrationStatus %s: %w", path, err)
+	}
+	return nil
+}
+
+// Close stops watching, ends every connection and returns the first
+// failure.
+func (f *floorRegistrar) Close() error {
+	err := f.fsw.Close()
+	<-f.done
+	f.wg.Wait() // registrations under way finish, their Notify answered
+	f.stop()    // then the ListAndWatch streams end
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.conns {
+		_ = c.Close()
+	}
+	return errors.Join(f.err, err)
+}
+
+// Plugin kinds of the registration figures.
+const (
+	KindDevicePlugin = "device plugin"
+	KindDRA          = "DRA"
+)
+
+// FloorRound is one round of N plugins of a kind registered at once, by
+// nodeplug and by the floor registrar, one after the other.
+type FloorRound struct {
+	Nodeplug RoundFigures `json:"nodeplug"`
+	Floor    RoundFigures `json:"floor"`
+}
+
+// RoundFigures are one registrar's figures of a round: socket appears →
+// NotifyRegistrationStatus(true) at the plugin, and first socket appeared →
+// last plugin notified.
+type RoundFigures struct {
+	Notify  Dist    `json:"notify"`
+	TotalMs float64 `json:"total_ms"`
+}
+
+// FloorResult compares nodeplug with the floor for N plugins of a kind.
+type FloorResult struct {
+	Kind   string       `json:"kind"`
+	N      int          `json:"n"`
+	Rounds []FloorRound `json:"rounds"`
+	// nodeplug / floor, the median over the rounds of each round's ratio.
+	RatioP50   float64 `json:"ratio_p50"`
+	RatioP99   float64 `json:"ratio_p99"`
+	RatioTotal float64 `json:"ratio_total"`
+}
+
+// floorTargets are the issue's targets for nodeplug / floor.
+var floorTargets = map[string]float64{KindDevicePlugin: 1.5, KindDRA: 1.2}
+
+// floor measures, for each kind and each N of cfg.RegistrationNs,
+// cfg.FloorRounds rounds of nodeplug and of the floor registrar on the same
+// kind of fleet, and the median ratios.
+func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
+	rounds := max(r.cfg.FloorRounds, 1)
+	var out []FloorResult
+	for _, kind := range []string{KindDevicePlugin, KindDRA} {
+		for _, n := range r.cfg.RegistrationNs {
+			res := FloorResult{Kind: kind, N: n}
+			var p50, p99, total []float64
+			for i := range rounds {
+				np, err := r.round(ctx, kind, n, "", nil)
+				if err != nil {
+					return out, fmt.Errorf("nodeplug, %d %s plugins: %w", n, kind, err)
+				}
+				fl, err := r.floorRound(ctx, kind, n)
+				if err != nil {
+					return out, fmt.Errorf("floor, %d %s plugins: %w", n, kind, err)
+				}
+				res.Rounds = append(res.Rounds, FloorRound{Nodeplug: np, Floor: fl})
+				p50 = append(p50, ratio(np.Notify.P50, fl.Notify.P50))
+				p99 = append(p99, ratio(np.Notify.P99, fl.Notify.P99))
+				total = append(total, ratio(np.TotalMs, fl.TotalMs))
+				r.logf("floor: %d %s plugins, round %d: nodeplug %v total %.1f ms; floor %v total %.1f ms", n, kind, i+1, np.Notify, np.TotalMs, fl.Notify, fl.TotalMs)
+			}
+			res.RatioP50, res.RatioP99, res.RatioTotal = median(p50), median(p99), median(total)
+			r.logf("  ratios (median of %d): p50 %.2f, p99 %.2f, total %.2f (target ≤ %.1f)", rounds, res.RatioP50, res.RatioP99, res.RatioTotal, floorTargets[kind])
+			out = append(out, res)
+		}
+	}
+	return out, nil
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return round2((s[len(s)/2-1] + s[len(s)/2]) / 2)
+}
+
+// floorRound runs one round against a floor registrar watching a directory
+// of its own.
+func (r *runner) floorRound(ctx context.Context, kind string, n int) (RoundFigures, error) {
+	dir := filepath.Join(r.root, fmt.Sprintf("floor-%d", r.seq.Add(1)))
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return RoundFigures{}, err
+	}
+	defer os.RemoveAll(dir)
+	f, err := newFloorRegistrar(dir)
+	if err != nil {
+		return RoundFigures{}, err
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			_ = f.Close()
+		}
+	}()
+	// Once every plugin is told, the registrar stops (its last answers
+	// received) before the plugins do.
+	return r.round(ctx, kind, n, dir, func() error { closed = true; return f.Close() })
+}
+
+// fleetPlugin is one plugin of a round: it listens in staging and appears
+// in the registry by a rename.
+type fleetPlugin struct {
+	reg     *testplugin.Registration
+	staged  string
+	final   string
+	stop    func()
+	started time.Time
+}
+
+// round starts n plugins of kind listening in a staging directory, renames
+// them into dir (plugins_registry when empty) one after the other, and
+// measures until each is told it is registered. Then it calls settle (when
+// set), removes them and, for nodeplug, waits until the reconciler forgot
+// them.
+func (r *runner) round(ctx context.Context, kind string, n int, dir string, settle func() error) (RoundFigures, error) {
+	nodeplug := dir == ""
+	if nodeplug {
+		dir = filepath.Join(r.root, "plugins_registry")
+	}
+	staging := filepath.Join(r.root, fmt.Sprintf("staging-r%d", r.seq.Add(1)))
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		return RoundFigures{}, err
+	}
+	defer os.RemoveAll(staging)
+	fleet := make([]*fleetPlugin, 0, n)
+	defer func() {
+		for _, p := range fleet {
+			p.stop()
+		}
+	}()
+	for i := range n {
+		name := fmt.Sprintf("fl%d-%d.sock", r.seq.Add(1), i)
+		fp := &fleetPlugin{staged: filepath.Join(staging, name), final: filepath.Join(dir, name)}
+		switch kind {
+		case KindDevicePlugin:
+			p, err := deviceplugin.New(deviceplugin.Options{Resource: fmt.Sprintf("floor.example.com/%s", name[:len(name)-5]), SocketPath: fp.staged, Endpoint: fp.final, Devices: 1})
+			if err != nil {
+				return RoundFigures{}, err
+			}
+			if err := p.Start(); err != nil {
+				return RoundFigures{}, err
+			}
+			fp.reg, fp.stop = p.Registration, p.Stop
+		default:
+			p, err := testplugin.Start(fp.staged, testplugin.Info{Type: registerapi.DRAPlugin, Name: name[:len(name)-5] + ".floor.example.com", Endpoint: fp.final, Versions: []string{"v1.DRAPlugin"}})
+			if err != nil {
+				return RoundFigures{}, err
+			}
+			fp.reg, fp.stop = p.Registration, p.Stop
+		}
+		fleet = append(fleet, fp)
+	}
+	for _, fp := range fleet {
+		fp.started = time.Now()
+		if err := os.Rename(fp.staged, fp.final); err != nil {
+			return RoundFigures{}, err
+		}
+	}
+	var notify []time.Duration
+	var last time.Time
+	for _, fp := range fleet {
+		t, err := registeredAt(ctx, fp.reg, fp.final+" registered")
+		if err != nil {
+			return RoundFigures{}, err
+		}
+		notify = append(notify, t.Sub(fp.started))
+		if t.After(last) {
+			last = t
+		}
+	}
+	figs := RoundFigures{Notify: NewDist(notify), TotalMs: ms(last.Sub(fleet[0].started))}
+	if settle != nil {
+		if err := settle(); err != nil {
+			return figs, err
+		}
+	}
+	var gone []<-chan time.Time
+	if nodeplug {
+		for _, fp := range fleet {
+			gone = append(gone, r.plugs.wait(fp.final, nil))
+		}
+	}
+	for _, fp := range fleet {
+		_ = os.Remove(fp.final)
+	}
+	for i, g := range gone {
+		if _, err := waitTime(ctx, g, fleet[i].final+" deregistered"); err != nil {
+			return figs, err
+		}
+	}
+	return figs, nil
+}

@@ -1,0 +1,94 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
+)
+
+// pprofEnv turns on each service's /debug/pprof/ (beside /metrics, on
+// loopback) when profiles are asked for.
+func pprofEnv(cfg Config) []string {
+	if cfg.PprofDir == "" {
+		return nil
+	}
+	var env []string
+	for _, s := range stack.Services {
+		env = append(env, "NODEPLUG_"+strings.ToUpper(s)+"_PPROF=true")
+	}
+	return env
+}
+
+// profiles takes a CPU profile of every service for cfg.PprofSeconds, from
+// now, into cfg.PprofDir/<service>.cpu.pprof. The returned function waits
+// for them and reports the first failure. With no PprofDir it does nothing.
+func (r *runner) profiles(ctx context.Context) func() error {
+	if r.cfg.PprofDir == "" {
+		return func() error { return nil }
+	}
+	secs := r.cfg.PprofSeconds
+	if secs <= 0 {
+		secs = 20
+	}
+	if err := os.MkdirAll(r.cfg.PprofDir, 0o755); err != nil {
+		return func() error { return err }
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(stack.Services))
+	for i, name := range stack.Services {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = r.profile(ctx, name, secs)
+		}()
+	}
+	r.logf("profiling every service's CPU for %d s into %s", secs, r.cfg.PprofDir)
+	return func() error {
+		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func (r *runner) profile(ctx context.Context, name string, secs int) error {
+	p := r.st.Process(name)
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	addr, err := p.Addr(actx, "metrics listening")
+	cancel()
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("profile of %s: %w", name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("profile of %s: %s", name, resp.Status)
+	}
+	f, err := os.Create(filepath.Join(r.cfg.PprofDir, name+".cpu.pprof"))
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("profile of %s: %w", name, err)
+	}
+	return f.Close()
+}
