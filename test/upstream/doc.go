@@ -1,11 +1,12 @@
-// Package upstream runs nodeplug's devicemanager binary against the
-// kubelet's own test plugins (k8s.io/kubernetes: the device plugin Stub of
-// pkg/kubelet/cm/devicemanager/plugin/v1beta1) and checks that it treats
-// them as a kubelet does. It is a module of its own so that the main
+// Package upstream runs nodeplug's services against the kubelet's own test
+// plugins (k8s.io/kubernetes: the device plugin Stub of
+// pkg/kubelet/cm/devicemanager/plugin/v1beta1 and the example plugin of
+// pkg/kubelet/pluginmanager/pluginwatcher) and checks that they treat them
+// as a kubelet does. It is a module of its own so that the main
 // module's dependencies stay small; run it with
 //
 //	cd test/upstream && go test -race ./...
 //
-// The tests build the devicemanager from the checkout (the replace of
+// The tests build the services from the checkout (the replace of
 // github.com/nodeplug/nodeplug => ../..) once, in TestMain.
 package upstream

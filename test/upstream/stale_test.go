@@ -39,11 +39,12 @@ const staleSockets = 1000
 //
 // The healthy plugin is the upstream devicemanager Stub serving the
 // Registration service on plugins_registry. The pluginwatcher example
-// plugin does not fit: NewTestExamplePlugin's NotifyRegistrationStatus
-// sends on an unbuffered, unexported channel that nothing in v1.37.2 lets a
-// caller drain, so the registrar's notify call blocks until it times out,
-// and NewExamplePlugin leaves name, type and endpoint empty with no way to
-// set them.
+// plugin cannot be the healthy one: NewTestExamplePlugin's
+// NotifyRegistrationStatus sends on an unbuffered, unexported channel that
+// nothing in v1.37.2 lets a caller drain, so every registration of it
+// fails at the notification, and NewExamplePlugin leaves name, type and
+// endpoint empty with no way to set them. TestExamplePluginNotifyFailure
+// (exampleplugin_test.go) uses it for exactly that failure.
 func TestHealthyPluginRegistersBesideStaleSockets(t *testing.T) {
 	root := testutil.TempDir(t)
 	st := stack.NewProcesses(binDir, root)
