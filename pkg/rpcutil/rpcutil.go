@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -45,6 +46,12 @@ func NewServer(log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *heal
 		return status.Error(codes.Internal, "internal error")
 	})}
 	base := []grpc.ServerOption{
+		// A pool of handler goroutines, kept between calls: a new goroutine
+		// per call grows its stack again through every deep call path
+		// (tracing, logging, protobuf), which cost about 6 % of the
+		// devicemanager's CPU under an Allocate load. When every worker is
+		// busy gRPC starts a goroutine as before.
+		grpc.NumStreamWorkers(streamWorkers()),
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),
@@ -63,6 +70,9 @@ func NewServer(log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *heal
 	reflection.Register(s)
 	return s, h
 }
+
+// streamWorkers is the size of NewServer's handler pool.
+func streamWorkers() uint32 { return uint32(4 * runtime.GOMAXPROCS(0)) }
 
 // serverCodeToLevel logs successful and expected calls at debug, so routine
 // traffic does not flood the log.
