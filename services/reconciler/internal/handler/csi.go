@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
@@ -69,7 +70,7 @@ func csiLog(format string, args ...any) string {
 // refuses a driver when one with the same name, on another endpoint, is
 // already registered with an equal or higher version, as the kubelet does.
 func (h *CSI) Validate(_ context.Context, name, endpoint string, versions []string) error {
-	v, err := highestCSIVersion("ValidatePlugin", name, versions)
+	v, err := kubeletrules.HighestCSIVersion("ValidatePlugin", name, versions)
 	if err != nil {
 		return err
 	}
@@ -84,21 +85,10 @@ func (h *CSI) Validate(_ context.Context, name, endpoint string, versions []stri
 	return nil
 }
 
-func highestCSIVersion(caller, name string, versions []string) (*utilversion.Version, error) {
-	if len(versions) == 0 {
-		return nil, errors.New(csiLog("%s for CSI driver %q failed. Plugin returned an empty list for supported versions", caller, name))
-	}
-	v, err := utilversion.HighestSupportedVersion(versions)
-	if err != nil {
-		return nil, errors.New(csiLog("%s for CSI driver %q failed. None of the versions specified %q are supported. err=%v", caller, name, versions, err))
-	}
-	return v, nil
-}
-
 // Register asks the driver for its identity and node information and
 // records it.
 func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
-	v, err := highestCSIVersion("RegisterPlugin", p.Name, p.Versions)
+	v, err := kubeletrules.HighestCSIVersion("RegisterPlugin", p.Name, p.Versions)
 	if err != nil {
 		return err
 	}
