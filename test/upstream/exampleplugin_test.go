@@ -13,10 +13,8 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/pluginwatcher"
 
-	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
-	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
 // TestExamplePluginNotifyFailure runs the pluginwatcher example plugin
@@ -42,28 +40,7 @@ import (
 //
 // No step is timed; the context bounds the waits.
 func TestExamplePluginNotifyFailure(t *testing.T) {
-	root := testutil.TempDir(t)
-	st := stack.NewProcesses(binDir, root)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	t.Cleanup(func() {
-		st.StopAll()
-		if t.Failed() {
-			for _, s := range stack.Services {
-				if p := st.Process(s); p != nil {
-					t.Logf("%s log:\n%s", s, p.Logs())
-				}
-			}
-		}
-	})
-	if err := st.StartAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := rpcutil.DialPeer(st.Addr("reconciler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	root, ctx, conn := startStack(t, 3*time.Minute, "reconciler")
 	rc := rcv1.NewReconcilerServiceClient(conn)
 	w := watchPlugins(ctx, t, rc)
 

@@ -44,6 +44,36 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
+// startStack starts the three services over a new root dir, stopped (and
+// their logs shown on failure) when t ends, and returns the root dir, a
+// context that bounds the test, and a client connection to service.
+func startStack(t *testing.T, timeout time.Duration, service string) (root string, ctx context.Context, conn *grpc.ClientConn) {
+	t.Helper()
+	root = testutil.TempDir(t)
+	st := stack.NewProcesses(binDir, root)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	t.Cleanup(func() {
+		st.StopAll()
+		if t.Failed() {
+			for _, s := range stack.Services {
+				if p := st.Process(s); p != nil {
+					t.Logf("%s log:\n%s", s, p.Logs())
+				}
+			}
+		}
+	})
+	if err := st.StartAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := rpcutil.DialPeer(st.Addr(service))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return root, ctx, conn
+}
+
 // dm is a running nodeplug-devicemanager over its own root dir.
 type dm struct {
 	t      *testing.T

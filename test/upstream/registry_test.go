@@ -11,10 +11,8 @@ import (
 	"k8s.io/klog/v2"
 	plugin "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 
-	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
 // TestStubThroughPluginsRegistry: the upstream Stub serves the plugin
@@ -23,28 +21,7 @@ import (
 // endpoint, so the socket is the endpoint, as in the kubelet), its devices
 // allocate, and removing its socket takes it away.
 func TestStubThroughPluginsRegistry(t *testing.T) {
-	root := testutil.TempDir(t)
-	st := stack.NewProcesses(binDir, root)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	t.Cleanup(func() {
-		st.StopAll()
-		if t.Failed() {
-			for _, s := range stack.Services {
-				if p := st.Process(s); p != nil {
-					t.Logf("%s log:\n%s", s, p.Logs())
-				}
-			}
-		}
-	})
-	if err := st.StartAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := rpcutil.DialPeer(st.Addr("devicemanager"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	root, _, conn := startStack(t, 2*time.Minute, "devicemanager")
 	d := &dm{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), conn: conn, client: dmv1.NewDeviceManagerServiceClient(conn)}
 
 	const res = "example.com/registry-stub"

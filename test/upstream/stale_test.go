@@ -16,10 +16,7 @@ import (
 	"k8s.io/klog/v2"
 	plugin "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 
-	"github.com/nodeplug/nodeplug/internal/stack"
-	"github.com/nodeplug/nodeplug/internal/testutil"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
-	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
 // staleSockets is how many socket files that refuse connections lie in
@@ -46,34 +43,14 @@ const staleSockets = 1000
 // endpoint empty with no way to set them. TestExamplePluginNotifyFailure
 // (exampleplugin_test.go) uses it for exactly that failure.
 func TestHealthyPluginRegistersBesideStaleSockets(t *testing.T) {
-	root := testutil.TempDir(t)
-	st := stack.NewProcesses(binDir, root)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	t.Cleanup(func() {
-		st.StopAll()
-		if t.Failed() {
-			for _, s := range stack.Services {
-				if p := st.Process(s); p != nil {
-					t.Logf("%s log:\n%s", s, p.Logs())
-				}
-			}
-		}
-	})
-	if err := st.StartAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := rpcutil.DialPeer(st.Addr("reconciler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	root, ctx, conn := startStack(t, 3*time.Minute, "reconciler")
 	w := watchPlugins(ctx, t, rcv1.NewReconcilerServiceClient(conn))
 
 	registry := filepath.Join(root, "plugins_registry")
 	stale := make(map[string]bool, staleSockets)
 	for i := range staleSockets {
 		path := filepath.Join(registry, fmt.Sprintf("stale-%04d.sock", i))
+		var err error
 		if i%2 == 0 {
 			err = closedListener(path)
 		} else {
