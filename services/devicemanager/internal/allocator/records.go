@@ -72,7 +72,7 @@ func (l *Ledger) Release(ctx context.Context, pod, container string) (int64, err
 		return 0, nil
 	}
 	l.res.AllocationsChanged(resources)
-	l.log.InfoContext(ctx, "devices released", "pod_uid", pod, "container", container, "devices", n)
+	l.log.DebugContext(ctx, "devices released", "pod_uid", pod, "container", container, "devices", n)
 	if err := l.persist(); err != nil {
 		return n, fmt.Errorf("release not saved: %v: %w", err, errdefs.ErrInternal)
 	}
