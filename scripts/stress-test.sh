@@ -30,7 +30,8 @@ if [ "${SHORT:-}" = 1 ]; then
   # The packages whose tests start processes, sockets and servers: where
   # timing assumptions would show.
   run go test -race -count=3 -timeout "$TIMEOUT" \
-    ./services/... ./pkg/access/... ./pkg/app/... ./pkg/deviceplugin/... ./cmd/...
+    ./services/... ./pkg/access/... ./pkg/app/... ./pkg/deviceplugin/... ./cmd/... \
+    ./internal/conform/... ./internal/chaos/...
   echo "stress-test (short) passed under the hog"
   exit 0
 fi
