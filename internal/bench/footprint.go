@@ -64,6 +64,9 @@ func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 	if err != nil {
 		return out, err
 	}
+	if err := r.heapProfile(ctx, "devicemanager", "before"); err != nil {
+		return out, err
+	}
 	var dps []*devicePlugin
 	defer func() {
 		for _, dp := range dps {
@@ -90,6 +93,9 @@ func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 	time.Sleep(cfg.IdleWindow / 2)
 	loaded, err := rssMiB(dmPid)
 	if err != nil {
+		return out, err
+	}
+	if err := r.heapProfile(ctx, "devicemanager", "loaded"); err != nil {
 		return out, err
 	}
 	out.DeviceManagerBaseMiB, out.DeviceManagerLoadedMiB = round2(base), round2(loaded)
@@ -120,6 +126,9 @@ func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 	time.Sleep(cfg.IdleWindow / 2)
 	after, err := rssMiB(dmPid)
 	if err != nil {
+		return out, err
+	}
+	if err := r.heapProfile(ctx, "devicemanager", "after"); err != nil {
 		return out, err
 	}
 	out.DeviceManagerAfterMiB = round2(after)

@@ -63,6 +63,25 @@ func (r *runner) profiles(ctx context.Context) func() error {
 }
 
 func (r *runner) profile(ctx context.Context, name string, secs int) error {
+	return r.fetchProfile(ctx, name, fmt.Sprintf("profile?seconds=%d", secs), name+".cpu.pprof")
+}
+
+// heapProfile writes a heap profile of service name, taken after a GC, to
+// cfg.PprofDir/<name>.heap-<label>.pprof, when profiles are asked for:
+// compare two with `go tool pprof -diff_base`.
+func (r *runner) heapProfile(ctx context.Context, name, label string) error {
+	if r.cfg.PprofDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(r.cfg.PprofDir, 0o755); err != nil {
+		return err
+	}
+	return r.fetchProfile(ctx, name, "heap?gc=1", name+".heap-"+label+".pprof")
+}
+
+// fetchProfile gets /debug/pprof/<what> of service name into
+// cfg.PprofDir/file.
+func (r *runner) fetchProfile(ctx context.Context, name, what, file string) error {
 	p := r.st.Process(name)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	addr, err := p.Addr(actx, "metrics listening")
@@ -70,7 +89,7 @@ func (r *runner) profile(ctx context.Context, name string, secs int) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, secs), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/%s", addr, what), nil)
 	if err != nil {
 		return err
 	}
@@ -82,7 +101,7 @@ func (r *runner) profile(ctx context.Context, name string, secs int) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("profile of %s: %s", name, resp.Status)
 	}
-	f, err := os.Create(filepath.Join(r.cfg.PprofDir, name+".cpu.pprof"))
+	f, err := os.Create(filepath.Join(r.cfg.PprofDir, file))
 	if err != nil {
 		return err
 	}
