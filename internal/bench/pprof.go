@@ -67,8 +67,9 @@ func (r *runner) profile(ctx context.Context, name string, secs int) error {
 }
 
 // heapProfile writes a heap profile of service name, taken after a GC, to
-// cfg.PprofDir/<name>.heap-<label>.pprof, when profiles are asked for:
-// compare two with `go tool pprof -diff_base`.
+// cfg.PprofDir/<name>.heap-<label>.pprof (compare two with `go tool pprof
+// -diff_base`) and its text form to <name>.heap-<label>.txt, when profiles
+// are asked for.
 func (r *runner) heapProfile(ctx context.Context, name, label string) error {
 	if r.cfg.PprofDir == "" {
 		return nil
@@ -76,7 +77,13 @@ func (r *runner) heapProfile(ctx context.Context, name, label string) error {
 	if err := os.MkdirAll(r.cfg.PprofDir, 0o755); err != nil {
 		return err
 	}
-	return r.fetchProfile(ctx, name, "heap?gc=1", name+".heap-"+label+".pprof")
+	if err := r.fetchProfile(ctx, name, "heap?gc=1", name+".heap-"+label+".pprof"); err != nil {
+		return err
+	}
+	// The text form ends with the runtime's MemStats: heap in use, idle
+	// and released, stacks, and the runtime's own overhead, which is where
+	// an RSS larger than the live heap goes.
+	return r.fetchProfile(ctx, name, "heap?debug=1", name+".heap-"+label+".txt")
 }
 
 // fetchProfile gets /debug/pprof/<what> of service name into
