@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -95,18 +94,12 @@ func (h *harness) compactionKills(ctx context.Context) error {
 	}
 	h.logf("compaction kills: %d devicemanager kills during a checkpoint compaction", h.cfg.CompactionKills)
 	for i := range h.cfg.CompactionKills {
-		cctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var pods []string
-		for c := range h.cfg.Clients {
-			wg.Go(func() {
+		err := h.killUnderLoad(ctx, fmt.Sprintf("compaction kill %d", i+1),
+			func(cctx context.Context, c int, named func(string)) {
 				rs := h.stableResources()
 				for k := 0; cctx.Err() == nil; k++ {
 					pod := fmt.Sprintf("compact-%d-%d-%d", i, c, k)
-					mu.Lock()
-					pods = append(pods, pod)
-					mu.Unlock()
+					named(pod)
 					holds, err := h.allocate(cctx, pod, rs[h.intn(len(rs))], 1)
 					if err != nil && !definite(err) {
 						return // the devicemanager is gone
@@ -115,29 +108,20 @@ func (h *harness) compactionKills(ctx context.Context) error {
 						return
 					}
 				}
+			},
+			func(<-chan struct{}) error {
+				deadline := time.Now().Add(h.cfg.Converge)
+				for !h.compacting() && time.Now().Before(deadline) && ctx.Err() == nil {
+					time.Sleep(200 * time.Microsecond)
+				}
+				return ctx.Err()
+			},
+			func() {
+				h.mu.Lock()
+				h.res.CompactionKills++
+				h.mu.Unlock()
 			})
-		}
-		deadline := time.Now().Add(h.cfg.Converge)
-		for !h.compacting() && time.Now().Before(deadline) && ctx.Err() == nil {
-			time.Sleep(200 * time.Microsecond)
-		}
-		before := len(h.asides())
-		if err := h.killRestart(ctx, "devicemanager"); err != nil {
-			cancel()
-			return err
-		}
-		cancel()
-		wg.Wait()
-		h.mu.Lock()
-		h.res.CompactionKills++
-		h.mu.Unlock()
-		if lines := h.st.Process("devicemanager").LogLines(unusable); len(lines) > 0 || len(h.asides()) != before {
-			h.violate(Violation{Invariant: "a", When: fmt.Sprintf("compaction kill %d", i+1), Detail: fmt.Sprintf("checkpoint not valid after kill -9 during a compaction: %v", lines)})
-		}
-		if _, err := h.converge(ctx, fmt.Sprintf("compaction kill %d", i+1), "devicemanager"); err != nil {
-			return err
-		}
-		if err := h.releaseAll(ctx, pods); err != nil {
+		if err != nil {
 			return err
 		}
 	}

@@ -35,75 +35,96 @@ func (h *harness) bursts(ctx context.Context) error {
 	}
 	h.logf("bursts: %d devicemanager kills in the middle of Allocate bursts", h.cfg.Bursts)
 	for i := range h.cfg.Bursts {
-		bctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var pods []string
 		var once sync.Once
 		answered := make(chan struct{})
-		for c := range h.cfg.Clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+		var uncertain0 int
+		err := h.killUnderLoad(ctx, fmt.Sprintf("burst %d", i+1),
+			func(cctx context.Context, c int, named func(string)) {
 				rs := h.stableResources()
-				for k := 0; bctx.Err() == nil; k++ {
+				for k := 0; cctx.Err() == nil; k++ {
 					pod := fmt.Sprintf("burst-%d-%d-%d", i, c, k)
-					mu.Lock()
-					pods = append(pods, pod)
-					mu.Unlock()
-					_, err := h.allocate(bctx, pod, rs[h.intn(len(rs))], 1)
+					named(pod)
+					_, err := h.allocate(cctx, pod, rs[h.intn(len(rs))], 1)
 					if err == nil {
 						once.Do(func() { close(answered) })
 					} else if !definite(err) {
 						return // the devicemanager is gone
 					}
 				}
-			}()
-		}
-		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
-		// Kill a random few milliseconds after the first answer.
-		select {
-		case <-ctx.Done():
-			cancel()
-			return ctx.Err()
-		case <-answered:
-		case <-done:
-		case <-time.After(h.cfg.Converge): // every device taken: kill anyway
-		}
-		select {
-		case <-ctx.Done():
-			cancel()
-			return ctx.Err()
-		case <-time.After(time.Duration(h.intn(20)) * time.Millisecond):
-		}
-		before := len(h.asides())
-		h.mu.Lock()
-		uncertain0 := h.res.Uncertain
-		h.mu.Unlock()
-		if err := h.killRestart(ctx, "devicemanager"); err != nil {
-			cancel()
-			return err
-		}
-		cancel()
-		wg.Wait()
-		h.mu.Lock()
-		h.res.BurstKills++
-		h.res.BurstUncertain += h.res.Uncertain - uncertain0
-		h.mu.Unlock()
-		if lines := h.st.Process("devicemanager").LogLines(unusable); len(lines) > 0 || len(h.asides()) != before {
-			h.violate(Violation{Invariant: "a", When: fmt.Sprintf("burst %d", i+1), Detail: fmt.Sprintf("checkpoint not valid after kill -9 mid-burst: %v", lines)})
-		}
-		if _, err := h.converge(ctx, fmt.Sprintf("burst %d", i+1), "devicemanager"); err != nil {
-			return err
-		}
-		// Release the burst's pods so the next burst finds free devices.
-		if err := h.releaseAll(ctx, pods); err != nil {
+			},
+			func(done <-chan struct{}) error {
+				// Kill a random few milliseconds after the first answer.
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-answered:
+				case <-done:
+				case <-time.After(h.cfg.Converge): // every device taken: kill anyway
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(time.Duration(h.intn(20)) * time.Millisecond):
+				}
+				h.mu.Lock()
+				uncertain0 = h.res.Uncertain
+				h.mu.Unlock()
+				return nil
+			},
+			func() {
+				h.mu.Lock()
+				h.res.BurstKills++
+				h.res.BurstUncertain += h.res.Uncertain - uncertain0
+				h.mu.Unlock()
+			})
+		if err != nil {
 			return err
 		}
 	}
 	_, err := h.converge(ctx, "end of bursts", "")
 	return err
+}
+
+// killUnderLoad runs one client per h.cfg.Clients (client names every pod
+// it uses and returns when its context ends or the devicemanager is gone),
+// waits for ready (done is closed once every client returned), SIGKILLs
+// and restarts the devicemanager, and calls killed once the clients are
+// stopped. The restarted devicemanager must have found its checkpoint
+// valid (no loud log, nothing moved aside) and converge; the clients' pods
+// are then released, so that the next round finds free devices.
+func (h *harness) killUnderLoad(ctx context.Context, when string, client func(ctx context.Context, c int, named func(pod string)), ready func(done <-chan struct{}) error, killed func()) error {
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var pods []string
+	named := func(pod string) {
+		mu.Lock()
+		pods = append(pods, pod)
+		mu.Unlock()
+	}
+	for c := range h.cfg.Clients {
+		wg.Go(func() { client(cctx, c, named) })
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	if err := ready(done); err != nil {
+		return err
+	}
+	before := len(h.asides())
+	if err := h.killRestart(ctx, "devicemanager"); err != nil {
+		return err
+	}
+	cancel()
+	<-done
+	killed()
+	if lines := h.st.Process("devicemanager").LogLines(unusable); len(lines) > 0 || len(h.asides()) != before {
+		h.violate(Violation{Invariant: "a", When: when, Detail: fmt.Sprintf("checkpoint not valid after kill -9 under load: %v", lines)})
+	}
+	if _, err := h.converge(ctx, when, "devicemanager"); err != nil {
+		return err
+	}
+	return h.releaseAll(ctx, pods)
 }
 
 // FaultResult is what happened to one kind of checkpoint damage.
