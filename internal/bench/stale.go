@@ -2,12 +2,11 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"syscall"
 	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
 )
 
 // StaleResult is a healthy plugin's registration latency, alone and beside
@@ -82,36 +81,12 @@ func (r *runner) makeStale(n int) ([]string, error) {
 	paths := make([]string, 0, n)
 	for i := 0; i < n; i++ {
 		path := r.socket("stale")
-		var err error
-		if i%2 == 0 {
-			err = closedListener(path)
-		} else {
-			err = boundOnly(path)
-		}
-		if err != nil {
+		if err := stack.StaleSocket(path, i%2 == 0); err != nil {
 			return paths, fmt.Errorf("stale socket %s: %w", path, err)
 		}
 		paths = append(paths, path)
 	}
 	return paths, nil
-}
-
-func closedListener(path string) error {
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return err
-	}
-	l.SetUnlinkOnClose(false)
-	return l.Close()
-}
-
-func boundOnly(path string) error {
-	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	err = syscall.Bind(fd, &syscall.SockaddrUnix{Name: path})
-	return errors.Join(err, syscall.Close(fd))
 }
 
 // healthySamples registers k healthy device plugins one after the other and

@@ -2,12 +2,9 @@ package upstream
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 	plugin "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/stack"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 )
 
@@ -50,13 +48,7 @@ func TestHealthyPluginRegistersBesideStaleSockets(t *testing.T) {
 	stale := make(map[string]bool, staleSockets)
 	for i := range staleSockets {
 		path := filepath.Join(registry, fmt.Sprintf("stale-%04d.sock", i))
-		var err error
-		if i%2 == 0 {
-			err = closedListener(path)
-		} else {
-			err = boundOnly(path)
-		}
-		if err != nil {
+		if err := stack.StaleSocket(path, i%2 == 0); err != nil {
 			t.Fatalf("stale socket %s: %v", path, err)
 		}
 		stale[path] = true
@@ -224,24 +216,4 @@ func (w *pluginWatch) until(t *testing.T, what string, done func() bool) {
 			}
 		}
 	}
-}
-
-// closedListener leaves a socket file that was listened on and closed
-// without unlinking, as a plugin killed without cleanup does.
-func closedListener(path string) error {
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return err
-	}
-	l.SetUnlinkOnClose(false)
-	return l.Close()
-}
-
-// boundOnly leaves a socket file that was bound but never listened on.
-func boundOnly(path string) error {
-	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	return errors.Join(syscall.Bind(fd, &syscall.SockaddrUnix{Name: path}), syscall.Close(fd))
 }
