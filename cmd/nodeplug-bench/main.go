@@ -35,9 +35,13 @@ func run() int {
 	pprofSecs := flag.Int("pprof-seconds", 20, "how long the -pprof profiles run")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	bareClient := flag.String(bench.BareClientFlag, "", "(internal) measure a bare grpc-go client of the device plugin endpoints listed in this file, print JSON")
+	contractFloor := flag.String(bench.ContractFloorFlag, "", "(internal) run this role of the contract floor, with the other arguments")
 	flag.Parse()
 	if *bareClient != "" {
 		return runBareClient(*bareClient)
+	}
+	if *contractFloor != "" {
+		return runContractFloor(*contractFloor, flag.Args())
 	}
 	if *showVersion {
 		fmt.Println("nodeplug-bench", version.Version)
@@ -109,6 +113,17 @@ func runBareClient(list string) int {
 		return 1
 	}
 	if err := json.NewEncoder(os.Stdout).Encode(res); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// runContractFloor is one process of the floor phase's contract floor.
+func runContractFloor(role string, args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := bench.ContractFloor(ctx, role, args, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

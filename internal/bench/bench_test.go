@@ -54,12 +54,12 @@ func TestShortRun(t *testing.T) {
 		t.Errorf("floor comparisons %d, want %d", len(r.Floor), want)
 	}
 	for _, f := range r.Floor {
-		if len(f.Rounds) != cfg.FloorRounds || f.RatioTotal <= 0 {
+		if len(f.Rounds) != cfg.FloorRounds || f.RatioTotal <= 0 || f.ContractRatioTotal <= 0 || f.OverheadRatioTotal <= 0 {
 			t.Errorf("floor %s N=%d incomplete: %+v", f.Kind, f.N, f)
 			continue
 		}
 		for _, rd := range f.Rounds {
-			if rd.Nodeplug.Notify.Count != f.N || rd.Floor.Notify.Count != f.N {
+			if rd.Nodeplug.Notify.Count != f.N || rd.Floor.Notify.Count != f.N || rd.Contract.Notify.Count != f.N {
 				t.Errorf("floor %s N=%d round incomplete: %+v", f.Kind, f.N, rd)
 			}
 		}

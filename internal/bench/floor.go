@@ -169,10 +169,12 @@ const (
 )
 
 // FloorRound is one round of N plugins of a kind registered at once, by
-// nodeplug and by the floor registrar, one after the other.
+// nodeplug, by the floor registrar and by the contract floor, one after
+// the other.
 type FloorRound struct {
 	Nodeplug RoundFigures `json:"nodeplug"`
 	Floor    RoundFigures `json:"floor"`
+	Contract RoundFigures `json:"contract_floor"`
 }
 
 // RoundFigures are one registrar's figures of a round: socket appears →
@@ -192,6 +194,11 @@ type FloorResult struct {
 	RatioP50   float64 `json:"ratio_p50"`
 	RatioP99   float64 `json:"ratio_p99"`
 	RatioTotal float64 `json:"ratio_total"`
+	// The totals' ratios split in two (medians as above): contract floor /
+	// floor is what DESIGN's split and durable registration cost at the
+	// least; nodeplug / contract floor is what nodeplug adds to that.
+	ContractRatioTotal float64 `json:"contract_ratio_total"`
+	OverheadRatioTotal float64 `json:"overhead_ratio_total"`
 }
 
 // floorTargets are the issue's targets for nodeplug / floor.
@@ -206,7 +213,7 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 	for _, kind := range []string{KindDevicePlugin, KindDRA} {
 		for _, n := range r.cfg.RegistrationNs {
 			res := FloorResult{Kind: kind, N: n}
-			var p50, p99, total []float64
+			var p50, p99, total, contract, overhead []float64
 			for i := range rounds {
 				np, err := r.round(ctx, kind, n, "", nil)
 				if err != nil {
@@ -216,14 +223,22 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 				if err != nil {
 					return out, fmt.Errorf("floor, %d %s plugins: %w", n, kind, err)
 				}
-				res.Rounds = append(res.Rounds, FloorRound{Nodeplug: np, Floor: fl})
+				cf, err := r.contractRound(ctx, kind, n)
+				if err != nil {
+					return out, fmt.Errorf("contract floor, %d %s plugins: %w", n, kind, err)
+				}
+				res.Rounds = append(res.Rounds, FloorRound{Nodeplug: np, Floor: fl, Contract: cf})
 				p50 = append(p50, ratio(np.Notify.P50, fl.Notify.P50))
 				p99 = append(p99, ratio(np.Notify.P99, fl.Notify.P99))
 				total = append(total, ratio(np.TotalMs, fl.TotalMs))
-				r.logf("floor: %d %s plugins, round %d: nodeplug %v total %.1f ms; floor %v total %.1f ms", n, kind, i+1, np.Notify, np.TotalMs, fl.Notify, fl.TotalMs)
+				contract = append(contract, ratio(cf.TotalMs, fl.TotalMs))
+				overhead = append(overhead, ratio(np.TotalMs, cf.TotalMs))
+				r.logf("floor: %d %s plugins, round %d: nodeplug %v total %.1f ms; floor %v total %.1f ms; contract floor %v total %.1f ms", n, kind, i+1, np.Notify, np.TotalMs, fl.Notify, fl.TotalMs, cf.Notify, cf.TotalMs)
 			}
 			res.RatioP50, res.RatioP99, res.RatioTotal = median(p50), median(p99), median(total)
-			r.logf("  ratios (median of %d): p50 %.2f, p99 %.2f, total %.2f (target ≤ %.1f)", rounds, res.RatioP50, res.RatioP99, res.RatioTotal, floorTargets[kind])
+			res.ContractRatioTotal, res.OverheadRatioTotal = median(contract), median(overhead)
+			r.logf("  ratios (median of %d): p50 %.2f, p99 %.2f, total %.2f (target ≤ %.1f); total contract/floor %.2f, nodeplug/contract %.2f",
+				rounds, res.RatioP50, res.RatioP99, res.RatioTotal, floorTargets[kind], res.ContractRatioTotal, res.OverheadRatioTotal)
 			out = append(out, res)
 		}
 	}

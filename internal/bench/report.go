@@ -28,6 +28,13 @@ func Print(w io.Writer, r *Results) {
 				f.Kind, f.N, last.Nodeplug.Notify.P50, last.Nodeplug.Notify.P99, last.Nodeplug.TotalMs, last.Floor.Notify.P50, last.Floor.Notify.P99, last.Floor.TotalMs,
 				f.RatioP50, f.RatioP99, f.RatioTotal, floorTargets[f.Kind])
 		}
+		fmt.Fprintln(w, "Contract floor: the least a registrar split as DESIGN splits nodeplug can do (watcher, reconciler and devicemanager")
+		fmt.Fprintln(w, "processes, their gRPC contracts and a durable registration, nothing else); the total's ratio split in two")
+		for _, f := range r.Floor {
+			last := f.Rounds[len(f.Rounds)-1]
+			fmt.Fprintf(w, "  %-13s N=%-5d contract floor p50 %7.1f  p99 %7.1f  total %7.1f ms | total contract/floor %.2f×  nodeplug/contract %.2f×\n",
+				f.Kind, f.N, last.Contract.Notify.P50, last.Contract.Notify.P99, last.Contract.TotalMs, f.ContractRatioTotal, f.OverheadRatioTotal)
+		}
 	}
 	st := r.Stale
 	fmt.Fprintf(w, "\nRegistration beside %d stale sockets (files that refuse connections), one healthy device plugin at a time;\n", st.Stale)

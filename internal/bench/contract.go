@@ -1,0 +1,467 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
+)
+
+// The contract floor is the least a registrar split as DESIGN splits
+// nodeplug can do. It keeps the contracts between the services and nothing
+// else, in three processes of this executable (ContractFloorFlag):
+//
+//   - watcher: fsnotify on the directory; each socket created is a
+//     SocketEvent, with its generation from lstat, on a WatchSocketEvents
+//     stream;
+//   - reconciler: for each event, a fresh connection and GetInfo; for a
+//     device plugin, RegisterPlugin on the devicemanager; then
+//     NotifyRegistrationStatus(true);
+//   - devicemanager: RegisterPlugin dials the endpoint, calls
+//     GetDevicePluginOptions, opens ListAndWatch and makes the registration
+//     durable (an appended record, and an fdatasync shared by every
+//     registration that arrives meanwhile) before it answers.
+//
+// There are no interceptors, stats handlers, spans, logs, metrics, status
+// views, validation, backoff or snapshots. So nodeplug/floor splits into
+// contract/floor, what the split and the durable registration cost however
+// well they are built, and nodeplug/contract, what nodeplug adds to them.
+
+// ContractFloorFlag is the hidden flag of nodeplug-bench that runs one
+// process of the contract floor: its value is the role, and the
+// command line's other arguments are the role's.
+const ContractFloorFlag = "contract-floor"
+
+// ContractFloor runs one role of the contract floor until ctx ends.
+// watcher: the directory, its socket. devicemanager: its socket, the
+// journal file. reconciler: the watcher's socket, the devicemanager's
+// socket; it writes "ready" to stdout once the watcher's stream is synced,
+// and returns at the first registration that fails.
+func ContractFloor(ctx context.Context, role string, args []string, stdout io.Writer) error {
+	if len(args) != 2 {
+		return fmt.Errorf("contract floor %s: want 2 arguments, got %d", role, len(args))
+	}
+	switch role {
+	case "watcher":
+		return serveUntil(ctx, args[1], func(s *grpc.Server) {
+			watcherv1.RegisterWatcherServiceServer(s, &contractWatcher{dir: args[0]})
+		})
+	case "devicemanager":
+		dm, err := newContractDeviceManager(args[1])
+		if err != nil {
+			return err
+		}
+		defer dm.close()
+		return serveUntil(ctx, args[0], func(s *grpc.Server) {
+			dmv1.RegisterDeviceManagerServiceServer(s, dm)
+		})
+	case "reconciler":
+		return contractReconcile(ctx, args[0], args[1], stdout)
+	}
+	return fmt.Errorf("contract floor: unknown role %q", role)
+}
+
+func serveUntil(ctx context.Context, socket string, register func(*grpc.Server)) error {
+	l, err := unixsock.Listen(socket)
+	if err != nil {
+		return err
+	}
+	s := grpc.NewServer()
+	register(s)
+	go func() {
+		<-ctx.Done()
+		s.Stop()
+	}()
+	return s.Serve(l)
+}
+
+// contractWatcher streams the sockets created in dir, and their removal.
+type contractWatcher struct {
+	watcherv1.UnimplementedWatcherServiceServer
+	dir string
+}
+
+func (w *contractWatcher) WatchSocketEvents(_ *watcherv1.WatchSocketEventsRequest, st grpc.ServerStreamingServer[watcherv1.WatchSocketEventsResponse]) error {
+	fsw, err := fsnotify.NewBufferedWatcher(4096)
+	if err != nil {
+		return err
+	}
+	defer fsw.Close()
+	if err := fsw.Add(w.dir); err != nil {
+		return err
+	}
+	// The directory is empty when a round starts: the snapshot is.
+	if err := st.Send(&watcherv1.WatchSocketEventsResponse{Item: &watcherv1.WatchSocketEventsResponse_Synced{Synced: &watcherv1.Synced{}}}); err != nil {
+		return err
+	}
+	gens := map[string]string{}
+	var rev uint64
+	for {
+		var ev fsnotify.Event
+		select {
+		case <-st.Context().Done():
+			return nil
+		case err := <-fsw.Errors:
+			return err
+		case ev = <-fsw.Events:
+		}
+		e := &watcherv1.SocketEvent{Path: ev.Name}
+		switch {
+		case ev.Has(fsnotify.Create):
+			var s syscall.Stat_t
+			if syscall.Lstat(ev.Name, &s) != nil || s.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
+				continue
+			}
+			e.Type = watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED
+			e.Generation = strconv.FormatUint(s.Dev, 16) + "-" + strconv.FormatUint(s.Ino, 16)
+			gens[ev.Name] = e.Generation
+		case ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename):
+			g, ok := gens[ev.Name]
+			if !ok {
+				continue
+			}
+			delete(gens, ev.Name)
+			e.Type, e.Generation = watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED, g
+		default:
+			continue
+		}
+		rev++
+		e.Revision = rev
+		if err := st.Send(&watcherv1.WatchSocketEventsResponse{Item: &watcherv1.WatchSocketEventsResponse_Event{Event: e}}); err != nil {
+			return err
+		}
+	}
+}
+
+// contractDeviceManager connects device plugin endpoints and makes each
+// registration durable before it answers, with a group commit.
+type contractDeviceManager struct {
+	dmv1.UnimplementedDeviceManagerServiceServer
+	journal *os.File
+
+	mu      sync.Mutex
+	conns   []*grpc.ClientConn
+	pending []byte
+	waiters []chan error
+	syncing bool
+}
+
+func newContractDeviceManager(journal string) (*contractDeviceManager, error) {
+	f, err := os.OpenFile(journal, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return &contractDeviceManager{journal: f}, nil
+}
+
+func (d *contractDeviceManager) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, c := range d.conns {
+		_ = c.Close()
+	}
+	_ = d.journal.Close()
+}
+
+func (d *contractDeviceManager) RegisterPlugin(ctx context.Context, req *dmv1.RegisterPluginRequest) (*dmv1.RegisterPluginResponse, error) {
+	conn, err := floorDial(req.GetEndpoint())
+	if err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	d.conns = append(d.conns, conn)
+	d.mu.Unlock()
+	client := pluginapi.NewDevicePluginClient(conn)
+	if _, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true)); err != nil {
+		return nil, fmt.Errorf("GetDevicePluginOptions %s: %w", req.GetEndpoint(), err)
+	}
+	// The stream lives as long as the connection; its updates are read
+	// and dropped.
+	st, err := client.ListAndWatch(context.Background(), &pluginapi.Empty{})
+	if err != nil {
+		return nil, fmt.Errorf("ListAndWatch %s: %w", req.GetEndpoint(), err)
+	}
+	go func() {
+		for {
+			if _, err := st.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	record := req.GetResourceName() + "\t" + req.GetEndpoint() + "\t" + req.GetGeneration() + "\n"
+	if err := d.commit([]byte(record)); err != nil {
+		return nil, err
+	}
+	return &dmv1.RegisterPluginResponse{InstanceId: "contract-floor"}, nil
+}
+
+// commit appends record to the journal and returns once it is on disk.
+// Records that arrive while an fdatasync runs share the next one.
+func (d *contractDeviceManager) commit(record []byte) error {
+	done := make(chan error, 1)
+	d.mu.Lock()
+	d.pending = append(d.pending, record...)
+	d.waiters = append(d.waiters, done)
+	if !d.syncing {
+		d.syncing = true
+		go d.flush()
+	}
+	d.mu.Unlock()
+	return <-done
+}
+
+func (d *contractDeviceManager) flush() {
+	for {
+		d.mu.Lock()
+		batch, waiters := d.pending, d.waiters
+		d.pending, d.waiters = nil, nil
+		if len(waiters) == 0 {
+			d.syncing = false
+			d.mu.Unlock()
+			return
+		}
+		d.mu.Unlock()
+		_, err := d.journal.Write(batch)
+		if err == nil {
+			err = syscall.Fdatasync(int(d.journal.Fd()))
+		}
+		for _, w := range waiters {
+			w <- err
+		}
+	}
+}
+
+// contractReconcile registers each socket the watcher reports created.
+func contractReconcile(ctx context.Context, watcherSocket, dmSocket string, stdout io.Writer) error {
+	wc, err := floorDial(watcherSocket)
+	if err != nil {
+		return err
+	}
+	defer wc.Close()
+	dc, err := floorDial(dmSocket)
+	if err != nil {
+		return err
+	}
+	defer dc.Close()
+	dm := dmv1.NewDeviceManagerServiceClient(dc)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	st, err := watcherv1.NewWatcherServiceClient(wc).WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+				return cause
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if resp.GetSynced() != nil {
+			if _, err := fmt.Fprintln(stdout, "ready"); err != nil {
+				return err
+			}
+			continue
+		}
+		ev := resp.GetEvent()
+		if ev.GetType() != watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := contractRegister(ctx, dm, ev); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+}
+
+func contractRegister(ctx context.Context, dm dmv1.DeviceManagerServiceClient, ev *watcherv1.SocketEvent) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	conn, err := floorDial(ev.GetPath())
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	reg := registerapi.NewRegistrationClient(conn)
+	info, err := reg.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("GetInfo %s: %w", ev.GetPath(), err)
+	}
+	if info.GetType() == registerapi.DevicePlugin {
+		ep := info.GetEndpoint()
+		if ep == "" {
+			ep = ev.GetPath()
+		}
+		if _, err := dm.RegisterPlugin(ctx, &dmv1.RegisterPluginRequest{
+			ResourceName: info.GetName(), Endpoint: ep, Versions: info.GetSupportedVersions(),
+			SocketPath: ev.GetPath(), Generation: ev.GetGeneration(),
+		}, grpc.WaitForReady(true)); err != nil {
+			return fmt.Errorf("RegisterPlugin %s: %w", ev.GetPath(), err)
+		}
+	}
+	if _, err := reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
+		return fmt.Errorf("NotifyRegistrationStatus %s: %w", ev.GetPath(), err)
+	}
+	return nil
+}
+
+// contractFloor is the three processes of one contract-floor round.
+type contractFloor struct {
+	procs  []*exec.Cmd
+	ended  []chan struct{} // closed when its process has ended
+	failed chan struct{}   // closed when the first process ends
+
+	mu      sync.Mutex
+	closing bool
+	err     error
+}
+
+// startContractFloor starts the contract floor on dir, with its sockets
+// and journal in work, and returns once it is ready for plugins.
+func startContractFloor(ctx context.Context, dir, work string) (*contractFloor, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	ws, ds := filepath.Join(work, "w.sock"), filepath.Join(work, "dm.sock")
+	cf := &contractFloor{failed: make(chan struct{})}
+	var once sync.Once
+	start := func(role string, args ...string) (*exec.Cmd, error) {
+		cmd := exec.Command(self, append([]string{"-" + ContractFloorFlag, role}, args...)...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		ended := make(chan struct{})
+		cf.procs, cf.ended = append(cf.procs, cmd), append(cf.ended, ended)
+		lines := make(chan string, 1)
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				select {
+				case lines <- sc.Text():
+				default:
+				}
+			}
+			err := cmd.Wait()
+			cf.mu.Lock()
+			if !cf.closing && cf.err == nil {
+				cf.err = fmt.Errorf("contract floor %s ended: %v: %s", role, err, strings.TrimSpace(stderr.String()))
+			}
+			cf.mu.Unlock()
+			close(ended)
+			once.Do(func() { close(cf.failed) })
+		}()
+		if role == "reconciler" {
+			select {
+			case <-lines:
+			case <-cf.failed:
+				return cmd, cf.failure()
+			case <-ctx.Done():
+				return cmd, ctx.Err()
+			}
+		}
+		return cmd, nil
+	}
+	if _, err := start("watcher", dir, ws); err != nil {
+		return cf, err
+	}
+	if _, err := start("devicemanager", ds, filepath.Join(work, "journal")); err != nil {
+		return cf, err
+	}
+	if _, err := start("reconciler", ws, ds); err != nil {
+		return cf, err
+	}
+	return cf, nil
+}
+
+func (cf *contractFloor) failure() error {
+	cf.mu.Lock()
+	defer cf.mu.Unlock()
+	return cf.err
+}
+
+// Close stops the processes and returns why one ended early, if one did.
+func (cf *contractFloor) Close() error {
+	cf.mu.Lock()
+	cf.closing = true
+	cf.mu.Unlock()
+	for i := len(cf.procs) - 1; i >= 0; i-- {
+		_ = cf.procs[i].Process.Signal(syscall.SIGTERM)
+	}
+	for _, ended := range cf.ended {
+		<-ended
+	}
+	return cf.failure()
+}
+
+// contractRound runs one round against a contract floor watching a
+// directory of its own. The round fails as soon as one of the floor's
+// processes ends.
+func (r *runner) contractRound(ctx context.Context, kind string, n int) (RoundFigures, error) {
+	seq := r.seq.Add(1)
+	dir := filepath.Join(r.root, fmt.Sprintf("contract-%d", seq))
+	work := filepath.Join(r.root, fmt.Sprintf("cf%d", seq)) // short: the sockets live here
+	for _, d := range []string{dir, work} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return RoundFigures{}, err
+		}
+		defer os.RemoveAll(d)
+	}
+	cf, err := startContractFloor(ctx, dir, work)
+	closed := false
+	defer func() {
+		if !closed {
+			_ = cf.Close()
+		}
+	}()
+	if err != nil {
+		return RoundFigures{}, err
+	}
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-cf.failed:
+			cancel(cf.failure())
+		case <-rctx.Done():
+		}
+	}()
+	figs, err := r.round(rctx, kind, n, dir, func() error { closed = true; return cf.Close() })
+	if cause := context.Cause(rctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
+		err = cause
+	}
+	return figs, err
+}
