@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
@@ -118,9 +119,9 @@ func (t *tail) String() string {
 func Substitute(args []string, root string) []string {
 	rep := strings.NewReplacer(
 		"{root}", root,
-		"{kubelet-sock}", filepath.Join(root, "device-plugins", "kubelet.sock"),
-		"{plugins-registry}", filepath.Join(root, "plugins_registry"),
-		"{device-plugins}", filepath.Join(root, "device-plugins"),
+		"{kubelet-sock}", app.KubeletSocket(root),
+		"{plugins-registry}", app.PluginsRegistryDir(root),
+		"{device-plugins}", app.DevicePluginsDir(root),
 	)
 	out := make([]string, len(args))
 	for i, a := range args {
@@ -129,7 +130,7 @@ func Substitute(args []string, root string) []string {
 	return out
 }
 
-func (r *runner) registryDir() string { return filepath.Join(r.root, "plugins_registry") }
+func (r *runner) registryDir() string { return app.PluginsRegistryDir(r.root) }
 
 // runCommand starts the plugin under a temporary root dir with conform's
 // kubelet.sock, checks it, and takes it through the lifecycle checks.
@@ -141,12 +142,12 @@ func (r *runner) runCommand(ctx context.Context) error {
 			return fmt.Errorf("%w (set TMPDIR, or give a root dir)", err)
 		}
 		root, r.ownRoot = dir, true
-	} else if err := refuseLiveKubelet(ctx, filepath.Join(root, "device-plugins", "kubelet.sock")); err != nil {
+	} else if err := refuseLiveKubelet(ctx, app.KubeletSocket(root)); err != nil {
 		return err
 	}
 	r.root = root
 	var err error
-	for _, d := range []string{"plugins_registry", "device-plugins"} {
+	for _, d := range []string{app.PluginsRegistryDirName, app.DevicePluginsDirName} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o750); err != nil {
 			return err
 		}
@@ -158,7 +159,7 @@ func (r *runner) runCommand(ctx context.Context) error {
 	if r.confiner, err = unixsock.NewConfiner(dirs); err != nil {
 		return err
 	}
-	r.kubelet = newKubelet(filepath.Join(root, "device-plugins"), r.cfg.Timeout, r.log)
+	r.kubelet = newKubelet(app.DevicePluginsDir(root), r.cfg.Timeout, r.log)
 	if err := r.kubelet.start(); err != nil {
 		return err
 	}
