@@ -38,7 +38,8 @@ const (
 )
 
 // globals are the flags every command takes, before or after the command.
-// Each also reads NODEPLUG_CTL_<FLAG> (a flag on the command line wins).
+// Each also reads NODEPLUG_CTL_<FLAG>, except --root-dir, which reads
+// NODEPLUG_ROOT_DIR as the services do (a flag on the command line wins).
 type globals struct {
 	rootDir           string
 	watcherAddr       string
@@ -114,7 +115,8 @@ func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(forma
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := &cli{stdout: stdout, stderr: stderr, http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
 	defer c.close()
-	// The global flags; their variables are NODEPLUG_CTL_<FLAG>.
+	// The global flags; their variables are NODEPLUG_CTL_<FLAG> (and
+	// NODEPLUG_ROOT_DIR for --root-dir: app.Flags.EnvName).
 	fs := app.NewFlags("ctl")
 	fs.SetOutput(io.Discard)
 	c.g.define(fs.FlagSet, globalDefaults)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+
+	"github.com/nodeplug/nodeplug/pkg/app"
 )
 
 func (r *runner) allocation(ctx context.Context) ([]AllocationResult, error) {
@@ -224,7 +226,7 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	}
 
 	// The longer loop, following the files.
-	dir := filepath.Join(r.root, "device-plugins")
+	dir := app.DevicePluginsDir(r.root)
 	seen := map[string]bool{}
 	var maxJournal int64
 	sample := func() int64 {
@@ -253,7 +255,7 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	out.Loop.MaxJournalBytes = max(maxJournal, out.Loop.FinalJournalBytes)
 	out.Loop.Journals = len(seen)
 	sampleMu.Unlock()
-	if fi, err := os.Stat(filepath.Join(dir, "nodeplug_checkpoint")); err == nil {
+	if fi, err := os.Stat(filepath.Join(dir, app.CheckpointFileName)); err == nil {
 		out.Loop.SnapshotBytes = fi.Size()
 	}
 	r.logf("  allocate p99 %.3f ms over the floor's; %d plugins: %.0f pairs/s, p99 %.2f× the 8-device one; loop of %d pairs: journal ≤ %d bytes (%d files seen), snapshot %d bytes",

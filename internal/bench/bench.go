@@ -18,6 +18,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/stack"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
@@ -324,7 +325,7 @@ func (r *runner) quiesce(ctx context.Context) error {
 }
 
 func (r *runner) socket(prefix string) string {
-	return filepath.Join(r.root, "plugins_registry", fmt.Sprintf("%s-%d.sock", prefix, r.seq.Add(1)))
+	return filepath.Join(app.PluginsRegistryDir(r.root), fmt.Sprintf("%s-%d.sock", prefix, r.seq.Add(1)))
 }
 
 // devicePlugin is a device plugin that records when its socket appeared.

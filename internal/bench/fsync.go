@@ -3,9 +3,10 @@ package bench
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/nodeplug/nodeplug/pkg/app"
 )
 
 // fsyncFloor measures the least that making one change durable can cost
@@ -13,7 +14,7 @@ import (
 // the device-plugins directory, each followed by fdatasync. Allocate's
 // latency is compared with it, measured in the same run.
 func (r *runner) fsyncFloor(n int) (Dist, error) {
-	dir := filepath.Join(r.root, "device-plugins")
+	dir := app.DevicePluginsDir(r.root)
 	f, err := os.CreateTemp(dir, ".bench-fsync-")
 	if err != nil {
 		return Dist{}, err

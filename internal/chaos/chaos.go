@@ -23,6 +23,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/stack"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 )
@@ -159,7 +160,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	h.logf("chaos: root %s, seed %d", root, seed)
 	start := time.Now()
 	defer h.st.StopAll()
-	for _, d := range []string{"plugins_registry", "device-plugins"} {
+	for _, d := range []string{app.PluginsRegistryDirName, app.DevicePluginsDirName} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o750); err != nil {
 			return nil, err
 		}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nodeplug/nodeplug/pkg/app"
 )
 
 // unusable is the devicemanager's loud log line for a checkpoint it moved
@@ -16,7 +18,7 @@ import (
 const unusable = "CHECKPOINT UNUSABLE"
 
 func (h *harness) checkpoint() string {
-	return filepath.Join(h.root, "device-plugins", "nodeplug_checkpoint")
+	return filepath.Join(app.DevicePluginsDir(h.root), app.CheckpointFileName)
 }
 
 // asides returns the checkpoint files (snapshot and journals) moved aside

@@ -4,123 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
-
-// process is the started plugin.
-type process struct {
-	cmd  *exec.Cmd
-	out  *tail
-	done chan struct{}
-
-	mu    sync.Mutex
-	state string // how it exited
-	code  int    // exit code, -1 for a signal
-}
-
-func startProcess(argv, env []string, extra io.Writer) (*process, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), env...)
-	// Its own process group, so that what it starts is ended with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	t := &tail{max: 64 << 10}
-	var w io.Writer = t
-	if extra != nil {
-		w = io.MultiWriter(t, extra)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	cmd.WaitDelay = time.Second
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", argv[0], err)
-	}
-	p := &process{cmd: cmd, out: t, done: make(chan struct{})}
-	go func() {
-		err := cmd.Wait()
-		p.mu.Lock()
-		p.code = cmd.ProcessState.ExitCode()
-		p.state = cmd.ProcessState.String()
-		if err != nil && !errors.As(err, new(*exec.ExitError)) {
-			p.state += " (" + err.Error() + ")"
-		}
-		p.mu.Unlock()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// exitState says how the process exited, and whether it did.
-func (p *process) exitState() (string, bool) {
-	select {
-	case <-p.done:
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.state, true
-	default:
-		return "", false
-	}
-}
-
-func (p *process) exitCode() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.code
-}
-
-func (p *process) alive() bool {
-	_, done := p.exitState()
-	return !done
-}
-
-// kill ends the process and its group with SIGKILL and waits for it.
-func (p *process) kill() {
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-}
-
-func (p *process) output() string { return p.out.String() }
-
-// tail keeps the last max bytes written to it.
-type tail struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (t *tail) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, b...)
-	if over := len(t.buf) - t.max; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(b), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
-}
 
 // Substitute replaces {root}, {kubelet-sock}, {plugins-registry} and
 // {device-plugins} in args by the paths under root.
 func Substitute(args []string, root string) []string {
 	rep := strings.NewReplacer(
 		"{root}", root,
-		"{kubelet-sock}", filepath.Join(root, "device-plugins", "kubelet.sock"),
-		"{plugins-registry}", filepath.Join(root, "plugins_registry"),
-		"{device-plugins}", filepath.Join(root, "device-plugins"),
+		"{kubelet-sock}", app.KubeletSocket(root),
+		"{plugins-registry}", app.PluginsRegistryDir(root),
+		"{device-plugins}", app.DevicePluginsDir(root),
 	)
 	out := make([]string, len(args))
 	for i, a := range args {
@@ -129,7 +32,7 @@ func Substitute(args []string, root string) []string {
 	return out
 }
 
-func (r *runner) registryDir() string { return filepath.Join(r.root, "plugins_registry") }
+func (r *runner) registryDir() string { return app.PluginsRegistryDir(r.root) }
 
 // runCommand starts the plugin under a temporary root dir with conform's
 // kubelet.sock, checks it, and takes it through the lifecycle checks.
@@ -141,12 +44,12 @@ func (r *runner) runCommand(ctx context.Context) error {
 			return fmt.Errorf("%w (set TMPDIR, or give a root dir)", err)
 		}
 		root, r.ownRoot = dir, true
-	} else if err := refuseLiveKubelet(ctx, filepath.Join(root, "device-plugins", "kubelet.sock")); err != nil {
+	} else if err := refuseLiveKubelet(ctx, app.KubeletSocket(root)); err != nil {
 		return err
 	}
 	r.root = root
 	var err error
-	for _, d := range []string{"plugins_registry", "device-plugins"} {
+	for _, d := range []string{app.PluginsRegistryDirName, app.DevicePluginsDirName} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o750); err != nil {
 			return err
 		}
@@ -158,7 +61,7 @@ func (r *runner) runCommand(ctx context.Context) error {
 	if r.confiner, err = unixsock.NewConfiner(dirs); err != nil {
 		return err
 	}
-	r.kubelet = newKubelet(filepath.Join(root, "device-plugins"), r.cfg.Timeout, r.log)
+	r.kubelet = newKubelet(app.DevicePluginsDir(root), r.cfg.Timeout, r.log)
 	if err := r.kubelet.start(); err != nil {
 		return err
 	}

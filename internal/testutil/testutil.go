@@ -1,6 +1,7 @@
 // Package testutil holds the helpers that tests in several packages share:
-// waiting for a state with a deadline, socket generations, and temporary
-// directories short enough for Unix socket paths.
+// waiting for a state with a deadline, socket generations, temporary
+// directories short enough for Unix socket paths, stale sockets, and
+// looking up a metric among gathered families.
 //
 // Tests wait for states, never for time: the deadlines here are generous so
 // that a busy two-core machine running the race detector passes, and a
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
@@ -71,4 +73,16 @@ func TempDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	return dir
+}
+
+// StaleSocket leaves a socket file at path that refuses connections: it was
+// listened on, then closed without being removed, as a plugin killed
+// without cleanup leaves it (stack.StaleSocket). It fails the test with
+// t.Fatal, so it must be called from the test's goroutine; elsewhere call
+// stack.StaleSocket and report its error.
+func StaleSocket(t testing.TB, path string) {
+	t.Helper()
+	if err := stack.StaleSocket(path, true); err != nil {
+		t.Fatalf("stale socket %s: %v", path, err)
+	}
 }

@@ -59,10 +59,10 @@ type Config struct {
 }
 
 // PluginsDir is <root>/plugins_registry.
-func (c *Config) PluginsDir() string { return filepath.Join(c.RootDir, "plugins_registry") }
+func (c *Config) PluginsDir() string { return PluginsRegistryDir(c.RootDir) }
 
 // DevicePluginsDir is <root>/device-plugins.
-func (c *Config) DevicePluginsDir() string { return filepath.Join(c.RootDir, "device-plugins") }
+func (c *Config) DevicePluginsDir() string { return DevicePluginsDir(c.RootDir) }
 
 // Service describes one binary: its name, default addresses, extra flags and
 // what it runs.

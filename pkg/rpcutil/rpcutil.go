@@ -1,7 +1,13 @@
 // Package rpcutil builds every gRPC server and client in nodeplug, so that
-// interceptors, tracing and the dialling rule are set in one place. Servers
-// and clients are plaintext: nodeplug's sockets are Unix sockets guarded by
-// their file modes.
+// interceptors, tracing and the dialling rule are set in one place.
+//
+// Transport security is the caller's choice, not this package's: servers
+// and clients are plaintext unless the caller passes credentials. pkg/app
+// passes them for the API: the server gets access.Credentials (the peer's
+// SO_PEERCRED on the Unix socket, mutual TLS on --listen-tcp), and a
+// host:port peer is dialled with TLS credentials, which override the
+// plaintext default set here. The other Unix sockets (kubelet.sock, pod
+// resources, plugins) are plaintext, guarded by their file modes.
 package rpcutil
 
 import (
@@ -130,7 +136,8 @@ var peerConnectParams = grpc.ConnectParams{
 // newClient builds every client connection: the raw-path Unix dialer for
 // absolute paths, passthrough for host:port, the OTel stats handler (so
 // outgoing calls are traced and carry the trace context), and plaintext
-// transport credentials (Unix sockets are guarded by their file modes).
+// transport credentials as the default, which credentials in opts
+// override (pkg/app's mutual TLS for host:port peers).
 // The connection is lazy: nothing is dialled until the first call.
 func newClient(addr string, opts []grpc.DialOption) (*grpc.ClientConn, error) {
 	if addr == "" {

@@ -280,28 +280,7 @@ func TestWatchPluginsBounds(t *testing.T) {
 }
 
 func gauge(families []*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
-					continue metrics
-				}
-			}
-			switch {
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue(), true
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue(), true
-			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount()), true
-			}
-		}
-	}
-	return 0, false
+	return testutil.MetricValue(testutil.FindMetric(families, name, labels))
 }
 
 // Metrics: the kubelet's plugin_manager_total_plugins over the DSW and ASW,

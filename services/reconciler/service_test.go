@@ -193,7 +193,7 @@ func TestRecreatedSocketReplacesRegistrationInPlace(t *testing.T) {
 					return ""
 				}
 				if _, err := os.Lstat(e.sock(name)); err != nil {
-					staleSocket(t, e.sock(name))
+					testutil.StaleSocket(t, e.sock(name))
 				}
 				return e.sock(name)
 			}
@@ -443,7 +443,7 @@ func TestRegisterErrorInKubeletWords(t *testing.T) {
 func TestStaleSocketBacksOffWhileOthersRegister(t *testing.T) {
 	e := newEnv(t)
 	stale := e.sock("stale")
-	staleSocket(t, stale)
+	testutil.StaleSocket(t, stale)
 	var good []*testplugin.Plugin
 	for i := range 3 {
 		good = append(good, e.plugin(fmt.Sprintf("good%d", i), draPlugin(fmt.Sprintf("dra%d.example.com", i))))
@@ -496,7 +496,7 @@ func TestStaleSocketsDoNotHoldWorkers(t *testing.T) {
 	for i := range 200 {
 		path := e.sock(fmt.Sprintf("stale%03d", i))
 		if i%2 == 0 {
-			staleSocket(t, path)
+			testutil.StaleSocket(t, path)
 		} else {
 			fd, err := bindWithoutListen(path)
 			if err != nil {
@@ -536,7 +536,7 @@ func TestStaleSocketsDoNotHoldWorkers(t *testing.T) {
 func TestRecreatedSocketSkipsOldBackoff(t *testing.T) {
 	e := newEnv(t)
 	path := e.sock("flaky")
-	staleSocket(t, path)
+	testutil.StaleSocket(t, path)
 	e.w.Created(t, path)
 	e.waitFailed(path, 1)
 	e.clk.Advance(executor.InitialBackoff)
@@ -604,7 +604,7 @@ func TestRetryOfARefusingSocketConnectsOnce(t *testing.T) {
 	e.waitFailed(path, 1)
 	// The plugin dies and leaves a socket file that refuses connections.
 	p.Stop()
-	staleSocket(t, path)
+	testutil.StaleSocket(t, path)
 	e.clk.Advance(executor.InitialBackoff)
 	st := e.waitFailed(path, 2)
 	if !strings.Contains(st.LastError, "refuses connections") {
@@ -618,7 +618,7 @@ func TestRetryOfARefusingSocketConnectsOnce(t *testing.T) {
 // forgotten. Without the cancellation the wait would outlast the test.
 func TestRemovedSocketCancelsItsRegistration(t *testing.T) {
 	e := newEnv(t)
-	staleSocket(t, e.sock("never")) // the endpoint file exists; it is never served
+	testutil.StaleSocket(t, e.sock("never")) // the endpoint file exists; it is never served
 	p := e.plugin("waits", testplugin.Info{Type: "DevicePlugin", Name: "example.com/waits", Versions: []string{"v1beta1"}, Endpoint: e.sock("never")})
 	e.dm.Hold(e.sock("never"))
 	gen := testutil.Generation(t, p.Path())
@@ -659,7 +659,7 @@ func TestEndpointWaitHoldsNoWorker(t *testing.T) {
 	if st, _ := e.status(late.Path()); st.State == status.StateRegistered {
 		t.Fatalf("registered before its endpoint exists: %+v", st)
 	}
-	staleSocket(t, e.sock("late-endpoint")) // the endpoint appears
+	testutil.StaleSocket(t, e.sock("late-endpoint")) // the endpoint appears
 	e.waitRegistered(late.Path())
 }
 
@@ -707,7 +707,7 @@ func TestRemovedSocketEndsTheEndpointWait(t *testing.T) {
 // under way cancels that registration and registers the new one.
 func TestRecreatedSocketCancelsTheOldRegistration(t *testing.T) {
 	e := newEnv(t)
-	staleSocket(t, e.sock("held"))
+	testutil.StaleSocket(t, e.sock("held"))
 	info := testplugin.Info{Type: "DevicePlugin", Name: "example.com/again", Versions: []string{"v1beta1"}, Endpoint: e.sock("held")}
 	p := e.plugin("again", info)
 	e.dm.Hold(e.sock("held"))
@@ -1026,7 +1026,7 @@ func TestEndpointConfinement(t *testing.T) {
 	e := newEnv(t)
 	outside := testutil.TempDir(t)
 	target := filepath.Join(outside, "dra.sock")
-	staleSocket(t, target)
+	testutil.StaleSocket(t, target)
 	link := filepath.Join(e.root, "escape.sock")
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"testing"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,17 +30,4 @@ func listenOn(fd int, path string) (net.Listener, error) {
 	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	return net.FileListener(f)
-}
-
-// staleSocket leaves a socket file nobody listens on (a plugin that died).
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
-	}
 }

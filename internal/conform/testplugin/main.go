@@ -13,6 +13,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -40,9 +41,9 @@ func Main(args []string) int {
 			opts.Faults = append(opts.Faults, Fault(f))
 		}
 	}
-	dir := filepath.Join(root, "plugins_registry")
+	dir := app.PluginsRegistryDir(root)
 	if *mode == "kubelet" {
-		dir = filepath.Join(root, "device-plugins")
+		dir = app.DevicePluginsDir(root)
 	}
 	opts.Socket = filepath.Join(dir, "conform-test.sock")
 	sigs := make(chan os.Signal, 1)
@@ -53,7 +54,7 @@ func Main(args []string) int {
 		return 1
 	}
 	fmt.Fprintln(os.Stderr, "testplugin: serving on", opts.Socket, "faults", opts.Faults)
-	kubeletSock := filepath.Join(root, "device-plugins", "kubelet.sock")
+	kubeletSock := app.KubeletSocket(root)
 	var kubeletID unixsock.Identity
 	if *mode == "kubelet" {
 		kubeletID, _, _ = unixsock.Stat(kubeletSock)

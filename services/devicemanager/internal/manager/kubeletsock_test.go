@@ -72,7 +72,7 @@ func TestOpenStopsWhenKubeletSockCannotBeJudged(t *testing.T) {
 			kubelet := KubeletSocketPath(dir)
 			tc.setup(t, kubelet)
 			stale := filepath.Join(dir, "stale.sock")
-			staleSocket(t, stale)
+			testutil.StaleSocket(t, stale)
 
 			m, err := Open(context.Background(), config(dir))
 			if err == nil {

@@ -12,12 +12,14 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 // KubeletSocketName is the legacy registration socket's name in the
-// device-plugins directory.
-const KubeletSocketName = "kubelet.sock"
+// device-plugins directory (app.KubeletSocketName, defined with the other
+// defaults).
+const KubeletSocketName = app.KubeletSocketName
 
 // KubeletSocketPath returns the path of kubelet.sock in dir.
 func KubeletSocketPath(dir string) string { return filepath.Join(dir, KubeletSocketName) }

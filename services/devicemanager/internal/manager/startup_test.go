@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,17 +19,6 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func config(dir string) Config {
 	return Config{DevicePluginsDir: dir, Store: store.New(dir, store.Options{}), Log: slog.New(slog.DiscardHandler)}
-}
-
-// staleSocket leaves a socket file at path that nothing listens on.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.SetUnlinkOnClose(false)
-	_ = l.Close()
 }
 
 // rudeSocket listens at path and closes every connection at once: the
@@ -80,12 +68,12 @@ func TestOpenRefusesLiveKubeletSock(t *testing.T) {
 // devicemanager restart instead of kept.
 func TestOpenRemovesOnlyDeadUnrecordedSockets(t *testing.T) {
 	dir := testutil.TempDir(t)
-	staleSocket(t, KubeletSocketPath(dir)) // a stale kubelet.sock does not stop the start
+	testutil.StaleSocket(t, KubeletSocketPath(dir)) // a stale kubelet.sock does not stop the start
 	path := func(name string) string { return filepath.Join(dir, name) }
 	rudeSocket(t, path("rude.sock"))
 	rudeSocket(t, path("unrecorded-alive.sock"))
-	staleSocket(t, path("recorded-dead.sock"))
-	staleSocket(t, path("stale.sock"))
+	testutil.StaleSocket(t, path("recorded-dead.sock"))
+	testutil.StaleSocket(t, path("stale.sock"))
 	if err := os.WriteFile(path("kubelet_internal_checkpoint"), []byte("{}"), 0o600); err != nil {
 		t.Fatal(err)
 	}

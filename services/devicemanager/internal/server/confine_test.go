@@ -2,7 +2,6 @@ package server
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -53,19 +52,6 @@ func untouched(t *testing.T, ps ...*deviceplugin.Plugin) {
 		if calls := p.Calls(); len(calls) != 0 {
 			t.Errorf("%s (%s) received calls: %v", p.Resource(), p.SocketPath(), calls)
 		}
-	}
-}
-
-// deadSocket leaves a socket file at path that nothing listens on.
-func deadSocket(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.SetUnlinkOnClose(false)
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -139,7 +125,7 @@ func TestEscapesRefused(t *testing.T) {
 			if name == "lnk" || len(path) > 107 {
 				continue
 			}
-			deadSocket(t, path)
+			testutil.StaleSocket(t, path)
 			escapes = append(escapes, path)
 			t.Run(how+" "+name+" dead socket", func(t *testing.T) {
 				if err := register[how](dir, name); err == nil {

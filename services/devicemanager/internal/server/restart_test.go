@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,12 +58,7 @@ func TestRestartRestoresAndRedials(t *testing.T) {
 	e.shutdown()
 	gone.Stop()
 	// A socket of a plugin the devicemanager never knew: swept at start.
-	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(e.dpDir, "stale.sock"), Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale.SetUnlinkOnClose(false)
-	_ = stale.Close()
+	testutil.StaleSocket(t, filepath.Join(e.dpDir, "stale.sock"))
 	e.start()
 
 	if e.m.InstanceID() == oldID {

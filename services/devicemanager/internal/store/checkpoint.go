@@ -24,7 +24,10 @@ import (
 	"time"
 )
 
-// FileName is the snapshot's name in the device-plugins directory.
+// FileName is the snapshot's name in the device-plugins directory. It is
+// app.CheckpointFileName, the default defined with the others; it is
+// spelled out here so that the store does not depend on the runtime, and
+// TestFileNameIsTheDefault keeps the two equal.
 const FileName = "nodeplug_checkpoint"
 
 // Version is the snapshot format version written. Version 1 (no journal)

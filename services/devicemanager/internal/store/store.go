@@ -12,6 +12,16 @@
 // past the snapshot's size, and the journal starts anew. Recovery reads
 // the snapshot, then the journal. The kubelet's
 // kubelet_internal_checkpoint is never touched.
+//
+// The files: store.go (the Store interface, its changes and errors),
+// checkpoint.go (the state and the snapshot's format), record.go (the
+// journal's format) and journal.go (the Journal). journal.go is over 500
+// lines because loading, group commit and compaction share the Journal's
+// one lock and its state (the journal file and its valid length, the
+// tickets appended and made durable, the snapshot's size): a compaction
+// switches the file that appends and syncs write to, and Load recovers
+// from a compaction stopped at any of its steps, so the three are read
+// together.
 package store
 
 import (

@@ -57,13 +57,8 @@ func TestDialListening(t *testing.T) {
 
 	t.Run("stale socket", func(t *testing.T) {
 		path := filepath.Join(dir, "stale.sock")
-		l, err := net.Listen("unix", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l.(*net.UnixListener).SetUnlinkOnClose(false)
-		_ = l.Close()
-		_, err = dialListening(path, time.Millisecond)(ctx, "")
+		testutil.StaleSocket(t, path)
+		_, err := dialListening(path, time.Millisecond)(ctx, "")
 		if !errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "refuses connections") {
 			t.Fatalf("dial of a stale socket: %v", err)
 		}

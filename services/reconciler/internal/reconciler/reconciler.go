@@ -14,9 +14,11 @@
 // never reads its decisions back from it.
 //
 // The files: reconciler.go (the loop and its inputs), register.go (the
-// kubelet's register sequence, step by step), operations.go (unregister and
-// register again), orphans.go (downstream registrations whose sockets are
-// gone), trace.go (spans), metrics.go.
+// kubelet's register sequence, step by step), dial.go (dialling a
+// registration socket across the bind→listen gap, and failing fast on a
+// stale one), operations.go (unregister and register again), orphans.go
+// (downstream registrations whose sockets are gone), trace.go (spans),
+// metrics.go.
 package reconciler
 
 import (

@@ -275,7 +275,7 @@ func testStalledClient(t *testing.T, limits stream.Limits) {
 	}
 	for i := range n {
 		p := filepath.Join(e.dir, fmt.Sprintf("s%04d.sock", i))
-		staleSocket(t, p)
+		testutil.StaleSocket(t, p)
 		// Pace: the reader must not fall behind the small bounds.
 		if ev := recv(t, reader).GetEvent(); ev.GetPath() != p {
 			t.Fatalf("reader got %v, want CREATED %s", ev, p)
@@ -296,17 +296,6 @@ func testStalledClient(t *testing.T, limits stream.Limits) {
 	if got >= n {
 		t.Fatalf("stalled stream received all %d events; it was never dropped", got)
 	}
-}
-
-// staleSocket leaves a socket file at path that nobody listens on.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	_ = l.Close()
 }
 
 // TestStreamBoundsOverGRPC: past the service's limit on streams,
@@ -351,7 +340,7 @@ func TestStreamBoundsOverGRPC(t *testing.T) {
 			t.Fatalf("%d sockets later no stalled stream was closed", most)
 		}
 		for range 100 {
-			staleSocket(t, filepath.Join(e.dir, fmt.Sprintf("s%05d.sock", sockets)))
+			testutil.StaleSocket(t, filepath.Join(e.dir, fmt.Sprintf("s%05d.sock", sockets)))
 			sockets++
 		}
 		testutil.WaitFor(t, "the sockets seen", func() bool { socks, _ := e.w.List(); return len(socks) == sockets })

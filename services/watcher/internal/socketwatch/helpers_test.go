@@ -32,20 +32,6 @@ func listen(t *testing.T, path string) {
 	t.Cleanup(func() { _ = l.Close() })
 }
 
-// staleSocket leaves a socket file at path that nobody listens on (the
-// listener is closed without removing the file), so many sockets need no
-// open descriptors.
-func staleSocket(t *testing.T, path string) {
-	t.Helper()
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		t.Errorf("listen %s: %v", path, err)
-		return
-	}
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
-	_ = l.Close()
-}
-
 func mkdir(t *testing.T, path string) {
 	t.Helper()
 	if err := os.MkdirAll(path, 0o750); err != nil {
