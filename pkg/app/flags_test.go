@@ -88,3 +88,28 @@ func TestValidateListeners(t *testing.T) {
 		}
 	}
 }
+
+// TestLookupGroup: --api-group and --operator-group take a numeric GID
+// (images have no /etc/group) or a group name; empty means none.
+func TestLookupGroup(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+		ok   bool
+	}{
+		{"", -1, true},
+		{"4242", 4242, true},
+		{"0", 0, true},
+		{"root", 0, true},
+		{"no-such-group-nodeplug", -1, false},
+		{"-5", -1, false},
+	} {
+		got, err := lookupGroup("operator-group", tc.in)
+		if (err == nil) != tc.ok || (tc.ok && got != tc.want) {
+			t.Errorf("lookupGroup(%q) = %d, %v; want %d, ok=%v", tc.in, got, err, tc.want, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "--operator-group") {
+			t.Errorf("lookupGroup(%q) error %q does not name the flag", tc.in, err)
+		}
+	}
+}

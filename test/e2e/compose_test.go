@@ -162,3 +162,75 @@ func asList(v any) []any {
 	l, _ := v.([]any)
 	return l
 }
+
+// TestComposeFileAccessRules reads docker-compose.yaml (no Docker needed):
+// every published port binds the host's loopback, no gRPC port or old
+// --listen setting is left, the healthchecks check the API sockets, and
+// every nodeplug container mounts the shared kubelet volume, where the
+// services reach each other's sockets.
+func TestComposeFileAccessRules(t *testing.T) {
+	root, err := stack.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "docker-compose.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		inServices      bool
+		service, within string // the current service and its current key
+		ports           = map[string][]string{}
+		health          = map[string]string{}
+		volume          = map[string]bool{}
+	)
+	for _, line := range strings.Split(string(data), "\n") {
+		if i := strings.Index(line, "#"); i >= 0 && !strings.Contains(line[:i], `"`) {
+			line = line[:i]
+		}
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		indent := len(line) - len(strings.TrimLeft(line, " "))
+		text := strings.TrimSpace(line)
+		switch {
+		case indent == 0:
+			inServices = text == "services:"
+			service = ""
+		case !inServices:
+		case indent == 2:
+			service, within = strings.TrimSuffix(text, ":"), ""
+		case indent == 4:
+			within = strings.TrimSuffix(strings.SplitN(text, ":", 2)[0], ":")
+		case within == "ports" && strings.HasPrefix(text, "- "):
+			ports[service] = append(ports[service], strings.Trim(strings.TrimPrefix(text, "- "), `"'`))
+		case within == "healthcheck" && strings.HasPrefix(text, "test:"):
+			health[service] = text
+		case within == "volumes" && text == "- kubelet:/var/lib/kubelet":
+			volume[service] = true
+		}
+		if strings.Contains(text, "--listen ") || strings.Contains(text, "_LISTEN:") || strings.Contains(text, "5005") {
+			t.Errorf("docker-compose.yaml still has an old gRPC listen address or port: %q", text)
+		}
+	}
+	for svc, ps := range ports {
+		for _, p := range ps {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q: ports must bind 127.0.0.1 on the host", svc, p)
+			}
+		}
+	}
+	for _, svc := range []string{"watcher", "reconciler", "devicemanager"} {
+		if h := health[svc]; !strings.Contains(h, `"/nodeplug-`+svc+`", "healthcheck"`) {
+			t.Errorf("service %s: healthcheck %q, want its binary's healthcheck on the API socket", svc, h)
+		}
+	}
+	for _, svc := range []string{"watcher", "reconciler", "devicemanager", "sampleplugin", "nodeplugctl"} {
+		if !volume[svc] {
+			t.Errorf("service %s does not mount the kubelet volume at /var/lib/kubelet", svc)
+		}
+	}
+	if len(ports) == 0 || len(health) != 3 {
+		t.Fatalf("read %d services with ports and %d healthchecks: the file's layout changed, update this test", len(ports), len(health))
+	}
+}
