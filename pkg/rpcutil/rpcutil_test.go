@@ -3,6 +3,7 @@ package rpcutil_test
 import (
 	"context"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 // serveHealth serves gRPC health on a Unix socket at path, answering
@@ -97,4 +99,89 @@ func TestDialPluginNeedsAbsolutePath(t *testing.T) {
 	if _, err := rpcutil.DialPlugin("relative.sock"); err == nil {
 		t.Fatal("a relative plugin path was accepted")
 	}
+}
+
+// FuzzConfinedDialTarget runs the whole chain a plugin's path goes
+// through: confinement (unixsock.Confiner.Resolve), then DialPlugin of
+// the path it resolved to. Every socket serves health under its own path
+// only, so a call answered SERVING for the resolved path proves the
+// socket dialled is byte for byte the one checked, and Resolve proves it
+// is inside. The sockets are named as a URL parser would cut or decode
+// them, beside the sockets it would reach instead, and a symlink "lnk"
+// leads to a socket outside.
+func FuzzConfinedDialTarget(f *testing.F) {
+	dir, err := os.MkdirTemp("", "npdt")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = os.RemoveAll(dir) })
+	allowed := filepath.Join(dir, "allowed")
+	outside := filepath.Join(dir, "outside")
+	for _, d := range []string{allowed, outside} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			f.Fatal(err)
+		}
+	}
+	var servers []*grpc.Server
+	f.Cleanup(func() {
+		for _, s := range servers {
+			s.Stop()
+		}
+	})
+	serve := func(path string) {
+		lis, err := net.Listen("unix", path)
+		if err != nil {
+			f.Fatal(err)
+		}
+		s := grpc.NewServer()
+		h := health.NewServer()
+		h.SetServingStatus(path, healthpb.HealthCheckResponse_SERVING)
+		healthpb.RegisterHealthServer(s, h)
+		go func() { _ = s.Serve(lis) }()
+		servers = append(servers, s)
+	}
+	for _, name := range []string{"in.sock", "lnk#x", "q?x=1.sock", "q", "d%41.sock", "dA.sock", "sp ace.sock", "%2E%2E%2Foutside%2Fvictim.sock"} {
+		serve(filepath.Join(allowed, name))
+	}
+	serve(filepath.Join(outside, "victim.sock"))
+	if err := os.Symlink(filepath.Join(outside, "victim.sock"), filepath.Join(allowed, "lnk")); err != nil {
+		f.Fatal(err)
+	}
+	if err := os.Symlink("in.sock", filepath.Join(allowed, "in-link")); err != nil {
+		f.Fatal(err)
+	}
+	c, err := unixsock.NewConfiner([]string{allowed})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{
+		"in.sock", "in-link", "lnk", "lnk#x", "lnk?x", "q?x=1.sock", "d%41.sock", "%64A.sock", "sp ace.sock", "sp%20ace.sock",
+		"%2E%2E%2Foutside%2Fvictim.sock", "..%2Foutside%2Fvictim.sock", "../outside/victim.sock", "./in.sock", "", "a\x00b",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, rel string) {
+		p := allowed + "/" + rel
+		resolved, err := c.Resolve(p)
+		if err != nil {
+			return
+		}
+		if !c.Within(resolved) {
+			t.Fatalf("Resolve(%q) = %q, outside %s", p, resolved, allowed)
+		}
+		if !unixsock.IsSocket(resolved) {
+			return // the directory itself, say: nothing to dial
+		}
+		conn, err := rpcutil.DialPlugin(resolved)
+		if err != nil {
+			t.Fatalf("DialPlugin(%q): %v", resolved, err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: resolved})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("%q resolved to %q, but the socket dialled does not serve that path: %v, %v", p, resolved, resp, err)
+		}
+	})
 }

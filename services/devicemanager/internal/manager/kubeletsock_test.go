@@ -65,6 +65,13 @@ func TestOpenStopsWhenKubeletSockCannotBeJudged(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, syscall.EACCES},
+		// Root connects to any socket, so the kernel never answers it
+		// EACCES: the dial is made to, for every socket there, as it
+		// answers a non-root devicemanager on a socket of mode 0.
+		{"no permission, as any user", func(t *testing.T, path string) {
+			rudeSocket(t, path)
+			denyDials(t)
+		}, syscall.EACCES},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,5 +98,35 @@ func TestOpenStopsWhenKubeletSockCannotBeJudged(t *testing.T) {
 				t.Error("a checkpoint was written although the start stopped")
 			}
 		})
+	}
+}
+
+// denyDials makes every dial at start fail with EACCES until the test
+// ends, as connect(2) fails for a user without write permission on the
+// socket.
+func denyDials(t *testing.T) {
+	t.Helper()
+	orig := dialSocket
+	dialSocket = func(path string) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: os.NewSyscallError("connect", syscall.EACCES)}
+	}
+	t.Cleanup(func() { dialSocket = orig })
+}
+
+// TestStaleSocketsNotJudgedByEACCES: a plugin socket the devicemanager may
+// not connect to is not stale: with kubelet.sock gone, Open starts and
+// leaves it in place (only ECONNREFUSED makes a socket stale).
+func TestStaleSocketsNotJudgedByEACCES(t *testing.T) {
+	dir := testutil.TempDir(t)
+	denied := filepath.Join(dir, "denied.sock")
+	rudeSocket(t, denied)
+	denyDials(t)
+	m, err := Open(context.Background(), config(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = m.Close() }()
+	if !exists(denied) {
+		t.Fatal("a socket that answered EACCES was removed as stale")
 	}
 }

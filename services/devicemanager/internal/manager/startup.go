@@ -56,6 +56,13 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 // kubeletDialTimeout bounds the dial of kubelet.sock at start.
 const kubeletDialTimeout = time.Second
 
+// dialSocket dials a Unix socket at start to tell whether something
+// listens on it. Tests replace it to see a dial error that the kernel
+// does not give their user (EACCES, which root never gets).
+var dialSocket = func(path string) (net.Conn, error) {
+	return net.DialTimeout("unix", path, kubeletDialTimeout)
+}
+
 // checkKubeletSocket fails with ErrKubeletRunning when something answers
 // on kubelet.sock in dir. Only a refused connection (ECONNREFUSED) means
 // the socket is stale and may be replaced; any other failure to dial it (no
@@ -67,7 +74,7 @@ func checkKubeletSocket(dir string) error {
 	if !unixsock.IsSocket(path) {
 		return nil
 	}
-	c, err := net.DialTimeout("unix", path, kubeletDialTimeout)
+	c, err := dialSocket(path)
 	switch {
 	case err == nil:
 		_ = c.Close()
@@ -136,7 +143,7 @@ func removeStaleSockets(dir string, recorded map[string]bool, log *slog.Logger) 
 // A socket that accepts, or that cannot be judged (a full backlog, a
 // timeout, no permission), is not stale.
 func refusesConnections(path string) bool {
-	c, err := net.DialTimeout("unix", path, kubeletDialTimeout)
+	c, err := dialSocket(path)
 	if err == nil {
 		_ = c.Close()
 		return false

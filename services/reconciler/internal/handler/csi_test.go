@@ -154,3 +154,54 @@ func TestCSIConfinesTheEndpointWhenItDials(t *testing.T) {
 		}
 	})
 }
+
+// The CSI handler dials a GetInfo endpoint by its bytes: an endpoint named
+// as a URL parser would decode ("%2E%2E%2F…" to "../…") or cut ("lnk#x"
+// to "lnk", a symlink to a driver outside) reaches the socket of exactly
+// that name inside the allowed directory, and the driver outside gets no
+// call; the symlink itself is refused.
+func TestCSIDialsTheEndpointByItsBytes(t *testing.T) {
+	root := testutil.TempDir(t)
+	outside := testutil.TempDir(t)
+	conf, err := unixsock.NewConfiner([]string{root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := serveCSI(t, filepath.Join(outside, "csi.sock"), "csi.example.com")
+	symlink(t, filepath.Join(outside, "csi.sock"), filepath.Join(root, "lnk"))
+	rel, err := filepath.Rel(root, filepath.Join(outside, "csi.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{
+		strings.NewReplacer(".", "%2E", "/", "%2F").Replace(rel),
+		strings.ReplaceAll(rel, "/", "%2F"),
+		"lnk#x", "lnk?x", "%6Cnk",
+	} {
+		t.Run(name, func(t *testing.T) {
+			endpoint := root + "/" + name
+			inside := serveCSI(t, endpoint, "csi.example.com")
+			drivers := NewDrivers()
+			h := NewCSI(drivers, conf)
+			if err := h.Register(context.Background(), cache.Plugin{Name: "csi.example.com", Endpoint: endpoint, SocketPath: "/r.sock", Versions: []string{"1.0.0"}}); err != nil {
+				t.Fatalf("Register = %v", err)
+			}
+			if n := inside.calls.Load(); n != 2 {
+				t.Fatalf("the socket named %q got %d calls, want 2", name, n)
+			}
+			if d := drivers.CSI(); len(d) != 1 || d[0].Endpoint != endpoint {
+				t.Fatalf("drivers %+v", d)
+			}
+		})
+	}
+	t.Run("the symlink leading out", func(t *testing.T) {
+		h := NewCSI(NewDrivers(), conf)
+		err := h.Register(context.Background(), cache.Plugin{Name: "csi.example.com", Endpoint: filepath.Join(root, "lnk"), SocketPath: "/r.sock", Versions: []string{"1.0.0"}})
+		if err == nil || !strings.Contains(err.Error(), "outside the allowed directories") {
+			t.Fatalf("Register = %v, want the endpoint refused as outside", err)
+		}
+	})
+	if n := victim.calls.Load(); n != 0 {
+		t.Fatalf("the driver outside the allowed directories got %d calls", n)
+	}
+}
