@@ -2,11 +2,12 @@
 # Runs the test suite while a CPU hog keeps both cores busy, to prove that
 # no test depends on a quiet machine (make stress-test).
 #
-#   full (default): make test three times in a row, then every package with
+#   full (default): make test three times in a row, then every package of
+#                   both modules (the root module and test/upstream) with
 #                   -count=20 (the e2e package, which runs whole stacks and
 #                   compose, with -count=3);
 #   SHORT=1:        the packages that start processes or servers, -count=3
-#                   (what CI runs).
+#                   (what CI runs), test/upstream's among them.
 #
 # Needs stress-ng (Debian: apt-get install stress-ng).
 set -euo pipefail
@@ -32,6 +33,8 @@ if [ "${SHORT:-}" = 1 ]; then
   run go test -race -count=3 -timeout "$TIMEOUT" \
     ./services/... ./pkg/access/... ./pkg/app/... ./pkg/deviceplugin/... ./cmd/... \
     ./internal/conform/... ./internal/chaos/...
+  # test/upstream is a module of its own: ./... above does not reach it.
+  run go -C test/upstream test -race -count=3 -timeout "$TIMEOUT" ./...
   echo "stress-test (short) passed under the hog"
   exit 0
 fi
@@ -41,4 +44,6 @@ for i in 1 2 3; do
 done
 run go test -race -count=20 -timeout "$TIMEOUT" $(go list ./... | grep -v '/test/e2e$')
 run go test -race -count=3 -timeout "$TIMEOUT" ./test/e2e/
+# test/upstream is a module of its own: go list ./... above does not list it.
+run go -C test/upstream test -race -count=20 -timeout "$TIMEOUT" ./...
 echo "stress-test passed under the hog"
