@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/bench"
 	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -34,6 +35,21 @@ func run() int {
 	pprofDir := flag.String("pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
 	pprofSecs := flag.Int("pprof-seconds", 20, "how long the -pprof profiles run")
 	showVersion := flag.Bool("version", false, "print the version and exit")
+	apiTCP := flag.Bool("api-tcp", false, "serve each service's API on a free 127.0.0.1 TCP port too (--listen-tcp) and make the bench's own API calls there, "+
+		"over mutual TLS; without certificate files the bench makes a throwaway CA, a server and a client certificate (role operator) under <root-dir>/bench-tls/")
+	// The client flags of nodeplugctl and the reconciler, with the same
+	// names and meaning, used with -api-tcp; with certificates of one's own
+	// the services' side is needed too.
+	clientTLS := app.AddClientTLSFlags(flag.CommandLine)
+	for _, name := range []string{"tls-cert-file", "tls-key-file", "tls-ca-file"} {
+		f := flag.Lookup(name)
+		f.Usage = "with -api-tcp: " + f.Usage + " (give all six certificate flags, or none)"
+	}
+	flag.Lookup("insecure-tcp").Usage = "with -api-tcp: no TLS on either side (the services get --insecure-tcp; loopback only, every caller has every role)"
+	tcp := &bench.APITCP{}
+	flag.StringVar(&tcp.ServerCertFile, "tls-server-cert-file", "", "with -api-tcp and your own client certificate: the services' --tls-cert-file, a server certificate for 127.0.0.1 signed by the -tls-ca-file CA")
+	flag.StringVar(&tcp.ServerKeyFile, "tls-server-key-file", "", "with -api-tcp: key of -tls-server-cert-file (the services' --tls-key-file)")
+	flag.StringVar(&tcp.ClientCAFile, "tls-client-ca-file", "", "with -api-tcp: the services' --tls-client-ca-file, the CA that signs -tls-cert-file")
 	bareClient := flag.String(bench.BareClientFlag, "", "(internal) measure a bare grpc-go client of the device plugin endpoints listed in this file, print JSON")
 	contractFloor := flag.String(bench.ContractFloorFlag, "", "(internal) run this role of the contract floor, with the other arguments")
 	flag.Parse()
@@ -68,6 +84,17 @@ func run() int {
 			}
 			cfg.RegistrationNs = append(cfg.RegistrationNs, n)
 		}
+	}
+	tcp.Client = *clientTLS
+	if *apiTCP {
+		if err := tcp.Check(); err != nil {
+			fmt.Fprintln(os.Stderr, "nodeplug-bench: -api-tcp:", err)
+			return 2
+		}
+		cfg.APITCP = tcp
+	} else if tcp.Client != (app.TLS{}) || tcp.ServerCertFile != "" || tcp.ServerKeyFile != "" || tcp.ClientCAFile != "" {
+		fmt.Fprintln(os.Stderr, "nodeplug-bench: the TLS flags are for -api-tcp: without it the bench uses the Unix API sockets")
+		return 2
 	}
 	cfg.PprofDir, cfg.PprofSeconds = *pprofDir, *pprofSecs
 	cfg.Root = *root

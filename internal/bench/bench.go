@@ -20,7 +20,6 @@ import (
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
-	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
 
@@ -45,6 +44,9 @@ type Config struct {
 	StaleSockets   int           // stale socket files beside which a healthy plugin registers
 	StaleSamples   int           // healthy registrations measured, quiet and beside them
 	FloorRounds    int           // rounds of nodeplug and the floor per kind and N (median taken)
+	// APITCP, when set, puts the bench's own API calls on TCP with
+	// mutual TLS (-api-tcp); nil keeps them on the Unix API sockets.
+	APITCP *APITCP
 	// Phases to run, by name (see Phases); all when empty.
 	Phases []string
 	// PprofDir, when set, receives a CPU profile of each service taken
@@ -119,6 +121,9 @@ type Machine struct {
 	CPUs      int    `json:"cpus"`
 	GoVersion string `json:"go_version"`
 	Time      string `json:"time"`
+	// API is how the bench reached the services' APIs: "unix" (the API
+	// sockets), "tcp+mtls" (-api-tcp) or "tcp" (-api-tcp -insecure-tcp).
+	API string `json:"api"`
 }
 
 // RegistrationResult is one round of N plugins created at once.
@@ -217,16 +222,25 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		defer os.RemoveAll(root)
 	}
 	st := stack.NewProcesses(cfg.Bin, root, append([]string{"NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s"}, pprofEnv(cfg)...)...)
+	// The bench's own API calls go to the API sockets, or with -api-tcp to
+	// each service's TCP port over mutual TLS.
+	client, addr := &app.TLS{}, st.Addr
+	if cfg.APITCP != nil {
+		if st.Args, client, err = cfg.APITCP.setup(root); err != nil {
+			return nil, fmt.Errorf("-api-tcp: %w", err)
+		}
+		addr = st.TCPAddr
+	}
 	defer st.StopAll()
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err
 	}
-	dmConn, err := rpcutil.DialPeer(st.Addr("devicemanager"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	dmConn, err := client.Dial(addr("devicemanager"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		return nil, err
 	}
 	defer dmConn.Close()
-	rcConn, err := rpcutil.DialPeer(st.Addr("reconciler"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+	rcConn, err := client.Dial(addr("reconciler"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		return nil, err
 	}
@@ -234,6 +248,14 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	fctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r := &runner{cfg: cfg, root: root, st: st, dm: dmv1.NewDeviceManagerServiceClient(dmConn), rc: rcv1.NewReconcilerServiceClient(rcConn)}
+	if cfg.APITCP != nil {
+		r.logf("API over %s: devicemanager %s, reconciler %s", cfg.APITCP.transport(), addr("devicemanager"), addr("reconciler"))
+	}
+	// A refused handshake or a missing role would otherwise only show as
+	// Watch streams that never sync (they resubscribe quietly).
+	if err := r.reachable(ctx); err != nil {
+		return nil, err
+	}
 	r.res = followResources(fctx, r.dm)
 	r.plugs = followPlugins(fctx, r.rc)
 	for _, f := range []chan struct{}{r.res.synced, r.plugs.synced} {
@@ -244,7 +266,8 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 	}
 
-	res = &Results{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339)}}
+	res = &Results{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339),
+		API: cfg.APITCP.transport()}}
 	// Footprint first, on fresh processes: the heap the later phases grow
 	// (10,000-device updates, churn) is returned to the OS only slowly and
 	// would be counted as footprint.
@@ -300,6 +323,20 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return nil, fmt.Errorf("profiles: %w", err)
 	}
 	return res, nil
+}
+
+// reachable makes one call to each API the bench uses, so that a
+// connection or access problem fails the run at once, with its cause.
+func (r *runner) reachable(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := r.dm.ListResources(cctx, &dmv1.ListResourcesRequest{}); err != nil {
+		return fmt.Errorf("devicemanager API: %w", err)
+	}
+	if _, err := r.rc.ListPlugins(cctx, &rcv1.ListPluginsRequest{}); err != nil {
+		return fmt.Errorf("reconciler API: %w", err)
+	}
+	return nil
 }
 
 // quiesce waits until the reconciler knows no plugin, so that one phase's

@@ -1,17 +1,55 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nodeplug/nodeplug/internal/certs"
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/app"
 )
+
+// built holds the binaries the tests of this package run, built once.
+var built struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// binaries builds the services and nodeplug-bench once for the package's
+// tests and returns their directory.
+func binaries(t *testing.T) string {
+	t.Helper()
+	built.once.Do(func() {
+		if built.dir, built.err = os.MkdirTemp("", "npbin"); built.err != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		built.err = stack.Build(ctx, built.dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-bench")
+	})
+	if built.err != nil {
+		t.Fatal(built.err)
+	}
+	return built.dir
+}
 
 // TestShortRun runs `nodeplug-bench -short` against freshly built binaries:
 // it must complete, write JSON holding every figure, and end its churn run in
@@ -20,14 +58,12 @@ func TestShortRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the services")
 	}
+	bin := binaries(t)
 	dir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-bench"); err != nil {
-		t.Fatal(err)
-	}
 	out := filepath.Join(dir, "results.json")
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "nodeplug-bench"), "-short", "-json", out)
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "nodeplug-bench"), "-short", "-json", out)
 	output, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("nodeplug-bench -short: %v\n%s", err, output)
@@ -104,5 +140,117 @@ func TestShortRun(t *testing.T) {
 	}
 	if r.Footprint.DeviceManagerLoadedMiB <= 0 || r.Footprint.DeviceManagerPlugins != cfg.RSSPlugins {
 		t.Errorf("devicemanager footprint incomplete: %+v", r.Footprint)
+	}
+}
+
+// TestAPITCP runs the bench with -api-tcp and its cheapest phase that makes
+// both roles' calls (allocation: Watch and List as a reader, Allocate and
+// Release as an operator): once with the certificates the bench makes, once
+// with certificates given on the command line (all six flags). Each run
+// must complete with its figures present and say it reached the API over
+// TCP with mutual TLS.
+func TestAPITCP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the services")
+	}
+	bin := binaries(t)
+
+	// Certificates of one's own: a CA for the servers, another for the
+	// clients, as a node might have.
+	own := testutil.TempDir(t)
+	serverCA, err := certs.NewCA("servers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCA, err := certs.NewCA("clients")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverCAFile, clientCAFile := filepath.Join(own, "servers-ca.crt"), filepath.Join(own, "clients-ca.crt")
+	for f, data := range map[string][]byte{serverCAFile: serverCA.PEM, clientCAFile: clientCA.PEM} {
+		if err := certs.WriteFile(f, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srvCert, srvKey, err := serverCA.IssueFiles(own, certs.Spec{Name: "server", Server: true, Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliCert, cliKey, err := clientCA.IssueFiles(own, certs.Spec{Name: "me", Orgs: []string{"nodeplug:operator"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		flags []string
+	}{
+		{"generated certificates", nil},
+		{"given certificates", []string{"-tls-cert-file", cliCert, "-tls-key-file", cliKey, "-tls-ca-file", serverCAFile,
+			"-tls-server-cert-file", srvCert, "-tls-server-key-file", srvKey, "-tls-client-ca-file", clientCAFile}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.TempDir(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			out := filepath.Join(dir, "results.json")
+			args := append([]string{"-short", "-api-tcp", "-phases", "allocation", "-json", out, "-root-dir", filepath.Join(dir, "root")}, tc.flags...)
+			output, err := exec.CommandContext(ctx, filepath.Join(bin, "nodeplug-bench"), args...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("nodeplug-bench %v: %v\n%s", args, err, output)
+			}
+			if !bytes.Contains(output, []byte("API over tcp+mtls")) {
+				t.Errorf("the bench did not say it used TCP with mutual TLS:\n%s", output)
+			}
+			data, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r Results
+			if err := json.Unmarshal(data, &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Machine.API != "tcp+mtls" {
+				t.Errorf("results say the API was %q, want tcp+mtls", r.Machine.API)
+			}
+			cfg := Short()
+			if want := len(cfg.AllocDevices) * len(cfg.AllocCallers); len(r.Allocation) != want {
+				t.Errorf("allocation runs %d, want %d", len(r.Allocation), want)
+			}
+			for _, a := range r.Allocation {
+				if a.Pairs == 0 || a.Allocate.Count != a.Pairs || a.Release.Count != a.Pairs {
+					t.Errorf("allocation run incomplete: %+v", a)
+				}
+			}
+			_, err = os.Stat(filepath.Join(dir, "root", "bench-tls", "ca.crt"))
+			if generated := tc.flags == nil; generated != (err == nil) {
+				t.Errorf("certificates under the root dir: %v, want them only when generated", err)
+			}
+		})
+	}
+}
+
+// TestAPITCPCheck: the certificate flags go all six or none, and
+// -insecure-tcp takes none.
+func TestAPITCPCheck(t *testing.T) {
+	all := APITCP{Client: app.TLS{CertFile: "c", KeyFile: "k", CAFile: "ca"}, ServerCertFile: "sc", ServerKeyFile: "sk", ClientCAFile: "cca"}
+	for _, tc := range []struct {
+		name string
+		t    APITCP
+		ok   bool
+	}{
+		{"none", APITCP{}, true},
+		{"all six", all, true},
+		{"client side only", APITCP{Client: all.Client}, false},
+		{"server side only", APITCP{ServerCertFile: "sc", ServerKeyFile: "sk", ClientCAFile: "cca"}, false},
+		{"insecure", APITCP{Client: app.TLS{Insecure: true}}, true},
+		{"insecure with files", APITCP{Client: app.TLS{Insecure: true, CAFile: "ca"}}, false},
+	} {
+		if err := tc.t.Check(); (err == nil) != tc.ok {
+			t.Errorf("%s: Check() = %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+	if err := (&APITCP{Client: all.Client}).Check(); err == nil || !strings.Contains(err.Error(), "-tls-server-cert-file") {
+		t.Errorf("a missing server side is not named: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 )
@@ -14,15 +15,20 @@ type Processes struct {
 	Bin  string   // directory holding the binaries
 	Root string   // --root-dir
 	Env  []string // extra environment for every service
+	// Args are extra arguments for every service. With --listen-tcp among
+	// them, Start also waits for the bound TCP address (TCPAddr); give
+	// 127.0.0.1:0 to let each service take a free port.
+	Args []string
 
-	mu    sync.Mutex
-	procs map[string]*Process
-	addrs map[string]string
+	mu       sync.Mutex
+	procs    map[string]*Process
+	addrs    map[string]string
+	tcpAddrs map[string]string
 }
 
 // NewProcesses returns a Processes that has not started anything yet.
 func NewProcesses(bin, root string, env ...string) *Processes {
-	return &Processes{Bin: bin, Root: root, Env: env, procs: map[string]*Process{}, addrs: map[string]string{}}
+	return &Processes{Bin: bin, Root: root, Env: env, procs: map[string]*Process{}, addrs: map[string]string{}, tcpAddrs: map[string]string{}}
 }
 
 // StartAll starts the watcher, the devicemanager and the reconciler, each
@@ -41,7 +47,8 @@ func (s *Processes) Start(ctx context.Context, name string) error {
 	// Each service serves its API on <root>/nodeplug/<name>.sock, where
 	// the reconciler finds its peers; the socket is named in the
 	// info-level "gRPC listening" line, which says the service listens.
-	args := []string{"--root-dir", s.Root, "--metrics-listen", "127.0.0.1:0", "--log-level", "info"}
+	args := append([]string{"--root-dir", s.Root, "--metrics-listen", "127.0.0.1:0", "--log-level", "info"}, s.Args...)
+	tcp := slices.Contains(s.Args, "--listen-tcp")
 
 	var p *Process
 	var err error
@@ -52,13 +59,18 @@ func (s *Processes) Start(ctx context.Context, name string) error {
 			return err
 		}
 		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-		var addr string
+		var addr, tcpAddr string
 		addr, err = p.GRPCAddr(wctx)
+		if err == nil && tcp {
+			// Logged right after the socket's line.
+			tcpAddr, err = p.TCPAddr(wctx)
+		}
 		cancel()
 		if err == nil {
 			s.mu.Lock()
 			s.procs[name] = p
 			s.addrs[name] = addr
+			s.tcpAddrs[name] = tcpAddr
 			s.mu.Unlock()
 			return nil
 		}
@@ -79,6 +91,14 @@ func (s *Processes) Addr(name string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.addrs[name]
+}
+
+// TCPAddr returns a service's bound --listen-tcp address (empty without
+// --listen-tcp in Args). A restart with port 0 binds a new port.
+func (s *Processes) TCPAddr(name string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tcpAddrs[name]
 }
 
 // Process returns a service's current process.

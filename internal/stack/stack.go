@@ -118,14 +118,19 @@ func (p *Process) scan(r io.Reader) {
 	for sc.Scan() {
 		line := sc.Bytes()
 		var rec struct {
-			Msg  string `json:"msg"`
-			Addr string `json:"addr"`
+			Msg     string `json:"msg"`
+			Addr    string `json:"addr"`
+			TCPAddr string `json:"tcp_addr"` // "gRPC listening on TCP"
 		}
 		p.mu.Lock()
 		p.log.Write(line)
 		p.log.WriteByte('\n')
-		if json.Unmarshal(line, &rec) == nil && rec.Addr != "" {
-			p.addrs[rec.Msg] = rec.Addr
+		if json.Unmarshal(line, &rec) == nil && (rec.Addr != "" || rec.TCPAddr != "") {
+			if rec.Addr != "" {
+				p.addrs[rec.Msg] = rec.Addr
+			} else {
+				p.addrs[rec.Msg] = rec.TCPAddr
+			}
 			select {
 			case p.addrCh <- struct{}{}:
 			default:
@@ -140,8 +145,9 @@ func (p *Process) scan(r io.Reader) {
 	close(p.done)
 }
 
-// Addr waits until the process has logged msg with an addr attribute (for
-// the services: "gRPC listening" or "metrics listening") and returns it.
+// Addr waits until the process has logged msg with an addr (or tcp_addr)
+// attribute (for the services: "gRPC listening", "gRPC listening on TCP" or
+// "metrics listening") and returns it.
 func (p *Process) Addr(ctx context.Context, msg string) (string, error) {
 	for {
 		p.mu.Lock()
@@ -163,6 +169,12 @@ func (p *Process) Addr(ctx context.Context, msg string) (string, error) {
 
 // GRPCAddr is Addr(ctx, "gRPC listening").
 func (p *Process) GRPCAddr(ctx context.Context) (string, error) { return p.Addr(ctx, "gRPC listening") }
+
+// TCPAddr is Addr(ctx, "gRPC listening on TCP"): the bound --listen-tcp
+// address.
+func (p *Process) TCPAddr(ctx context.Context) (string, error) {
+	return p.Addr(ctx, "gRPC listening on TCP")
+}
 
 // Logs returns everything the process wrote to stderr so far.
 func (p *Process) Logs() string {

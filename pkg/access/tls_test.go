@@ -2,16 +2,9 @@ package access_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -22,81 +15,39 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/nodeplug/nodeplug/internal/certs"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/access"
 )
 
 // ca is a test certificate authority.
-type ca struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var serial int64
+type ca struct{ *certs.CA }
 
 func newCA(t *testing.T) *ca {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	c, err := certs.NewCA("nodeplug test CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "nodeplug test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &ca{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	return &ca{c}
 }
 
 // issue writes a certificate and key signed by c into dir and returns
-// their paths.
+// their paths: a server certificate for 127.0.0.1, or a client certificate
+// with orgs as its Organization.
 func (c *ca) issue(t *testing.T, dir, name string, orgs []string, server bool, notAfter time.Time) (certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certFile, keyFile, err := c.IssueFiles(dir, certs.Spec{Name: name, Orgs: orgs, Server: server, Hosts: []string{"127.0.0.1"}, NotAfter: notAfter})
 	if err != nil {
 		t.Fatal(err)
 	}
-	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name, Organization: orgs},
-		NotBefore: time.Now().Add(-2 * time.Hour), NotAfter: notAfter,
-		KeyUsage: x509.KeyUsageDigitalSignature,
-	}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-	} else {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	write(t, certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-	write(t, keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}))
 	return certFile, keyFile
 }
 
+// write writes then renames, as a secret volume replaces its files.
 func write(t *testing.T, path string, data []byte) {
 	t.Helper()
-	// Write then rename, as a secret volume replaces its files.
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := certs.WriteFile(path, data); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -106,7 +57,7 @@ func tlsServer(t *testing.T, dir string, serverCA, clientCA *ca) (addr string) {
 	t.Helper()
 	cert, key := serverCA.issue(t, dir, "server", nil, true, time.Now().Add(time.Hour))
 	caFile := filepath.Join(dir, "client-ca.pem")
-	write(t, caFile, clientCA.pem)
+	write(t, caFile, clientCA.PEM)
 	st, err := access.NewServerTLS(cert, key, caFile)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +84,7 @@ func clientConfig(t *testing.T, dir string, issuer, serverCA *ca, name string, o
 	t.Helper()
 	cert, key := issuer.issue(t, dir, name, orgs, false, notAfter)
 	caFile := filepath.Join(dir, name+"-server-ca.pem")
-	write(t, caFile, serverCA.pem)
+	write(t, caFile, serverCA.PEM)
 	cfg, err := access.ClientTLS(cert, key, caFile)
 	if err != nil {
 		t.Fatal(err)
@@ -182,7 +133,7 @@ func TestMutualTLS(t *testing.T) {
 	})
 	t.Run("no client certificate", func(t *testing.T) {
 		pool := x509.NewCertPool()
-		pool.AddCert(serverCA.cert)
+		pool.AddCert(serverCA.Cert)
 		refused(t, "no certificate", dialTLS(t, addr, &tls.Config{MinVersion: tls.VersionTLS13, RootCAs: pool}))
 	})
 }
@@ -198,7 +149,7 @@ func TestTLSReload(t *testing.T) {
 	newClient := clientConfig(t, dir, newCA, serverCA, "rotated", []string{"nodeplug:reader"}, later)
 	refused(t, "before the rotation", dialTLS(t, addr, newClient))
 
-	write(t, filepath.Join(dir, "client-ca.pem"), newCA.pem)
+	write(t, filepath.Join(dir, "client-ca.pem"), newCA.PEM)
 	sameCodes(t, "after the rotation", calls(t, dialTLS(t, addr, newClient)), want(access.RoleReader))
 	refused(t, "old CA after the rotation", dialTLS(t, addr, clientConfig(t, dir, oldCA, serverCA, "old", []string{"nodeplug:reader"}, later)))
 

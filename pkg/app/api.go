@@ -2,6 +2,7 @@ package app
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -53,7 +54,11 @@ type TLS struct {
 
 // AddClientTLS defines the client flags for TCP addresses on f:
 // --tls-cert-file, --tls-key-file, --tls-ca-file and --insecure-tcp.
-func (f *Flags) AddClientTLS() *TLS {
+func (f *Flags) AddClientTLS() *TLS { return AddClientTLSFlags(f.FlagSet) }
+
+// AddClientTLSFlags defines the client flags of AddClientTLS on a plain
+// flag set (nodeplug-bench's, which has no environment fallback).
+func AddClientTLSFlags(f *flag.FlagSet) *TLS {
 	t := &TLS{}
 	f.StringVar(&t.CertFile, "tls-cert-file", "", "client certificate for TCP addresses (mutual TLS)")
 	f.StringVar(&t.KeyFile, "tls-key-file", "", "key of --tls-cert-file")
