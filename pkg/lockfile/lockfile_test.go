@@ -83,7 +83,7 @@ func TestLockedNamesTheHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Release()
+	defer func() { _ = l.Release() }()
 	_, err = Acquire(p)
 	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "pid "+strconv.Itoa(os.Getpid())+")") {
 		t.Fatalf("second Acquire: %v, want ErrLocked naming pid %d", err, os.Getpid())
