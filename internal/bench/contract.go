@@ -53,8 +53,9 @@ const ContractFloorFlag = "contract-floor"
 // ContractFloor runs one role of the contract floor until ctx ends.
 // watcher: the directory, its socket. devicemanager: its socket, the
 // journal file. reconciler: the watcher's socket, the devicemanager's
-// socket; it writes "ready" to stdout once the watcher's stream is synced,
-// and returns at the first registration that fails.
+// socket; it writes "ready" to stdout once the watcher's stream is synced
+// and "registered <path>" once a plugin's Notify is answered, and returns
+// at the first registration that fails.
 func ContractFloor(ctx context.Context, role string, args []string, stdout io.Writer) error {
 	if len(args) != 2 {
 		return fmt.Errorf("contract floor %s: want 2 arguments, got %d", role, len(args))
@@ -158,7 +159,7 @@ type contractDeviceManager struct {
 	journal *os.File
 
 	mu      sync.Mutex
-	conns   []*grpc.ClientConn
+	conns   map[*grpc.ClientConn]struct{}
 	pending []byte
 	waiters []chan error
 	syncing bool
@@ -169,13 +170,13 @@ func newContractDeviceManager(journal string) (*contractDeviceManager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &contractDeviceManager{journal: f}, nil
+	return &contractDeviceManager{journal: f, conns: map[*grpc.ClientConn]struct{}{}}, nil
 }
 
 func (d *contractDeviceManager) close() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, c := range d.conns {
+	for c := range d.conns {
 		_ = c.Close()
 	}
 	_ = d.journal.Close()
@@ -187,7 +188,7 @@ func (d *contractDeviceManager) RegisterPlugin(ctx context.Context, req *dmv1.Re
 		return nil, err
 	}
 	d.mu.Lock()
-	d.conns = append(d.conns, conn)
+	d.conns[conn] = struct{}{}
 	d.mu.Unlock()
 	client := pluginapi.NewDevicePluginClient(conn)
 	if _, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true)); err != nil {
@@ -202,6 +203,10 @@ func (d *contractDeviceManager) RegisterPlugin(ctx context.Context, req *dmv1.Re
 	go func() {
 		for {
 			if _, err := st.Recv(); err != nil {
+				d.mu.Lock()
+				delete(d.conns, conn)
+				d.mu.Unlock()
+				_ = conn.Close()
 				return
 			}
 		}
@@ -270,6 +275,7 @@ func contractReconcile(ctx context.Context, watcherSocket, dmSocket string, stdo
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var outMu sync.Mutex // stdout's lines stay whole
 	for {
 		resp, err := st.Recv()
 		if err != nil {
@@ -282,7 +288,10 @@ func contractReconcile(ctx context.Context, watcherSocket, dmSocket string, stdo
 			return err
 		}
 		if resp.GetSynced() != nil {
-			if _, err := fmt.Fprintln(stdout, "ready"); err != nil {
+			outMu.Lock()
+			_, err := fmt.Fprintln(stdout, "ready")
+			outMu.Unlock()
+			if err != nil {
 				return err
 			}
 			continue
@@ -295,6 +304,12 @@ func contractReconcile(ctx context.Context, watcherSocket, dmSocket string, stdo
 		go func() {
 			defer wg.Done()
 			if err := contractRegister(ctx, dm, ev); err != nil {
+				cancel(err)
+				return
+			}
+			outMu.Lock()
+			defer outMu.Unlock()
+			if _, err := fmt.Fprintln(stdout, "registered", ev.GetPath()); err != nil {
 				cancel(err)
 			}
 		}()
@@ -337,6 +352,10 @@ type contractFloor struct {
 	procs  []*exec.Cmd
 	ended  []chan struct{} // closed when its process has ended
 	failed chan struct{}   // closed when the first process ends
+	// registered has a line for each registration the reconciler
+	// finished: its Notify answered.
+	registered chan string
+	stopping   chan struct{} // closed by Close: lines are no longer read
 
 	mu      sync.Mutex
 	closing bool
@@ -351,7 +370,7 @@ func startContractFloor(ctx context.Context, dir, work string) (*contractFloor, 
 		return nil, err
 	}
 	ws, ds := filepath.Join(work, "w.sock"), filepath.Join(work, "dm.sock")
-	cf := &contractFloor{failed: make(chan struct{})}
+	cf := &contractFloor{failed: make(chan struct{}), registered: make(chan string, 64), stopping: make(chan struct{})}
 	var once sync.Once
 	start := func(role string, args ...string) (*exec.Cmd, error) {
 		cmd := exec.Command(self, append([]string{"-" + ContractFloorFlag, role}, args...)...)
@@ -366,13 +385,18 @@ func startContractFloor(ctx context.Context, dir, work string) (*contractFloor, 
 		}
 		ended := make(chan struct{})
 		cf.procs, cf.ended = append(cf.procs, cmd), append(cf.ended, ended)
-		lines := make(chan string, 1)
+		ready := make(chan struct{})
 		go func() {
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
-				select {
-				case lines <- sc.Text():
-				default:
+				switch line := sc.Text(); {
+				case line == "ready":
+					close(ready)
+				case strings.HasPrefix(line, "registered "):
+					select {
+					case cf.registered <- strings.TrimPrefix(line, "registered "):
+					case <-cf.stopping:
+					}
 				}
 			}
 			err := cmd.Wait()
@@ -386,7 +410,7 @@ func startContractFloor(ctx context.Context, dir, work string) (*contractFloor, 
 		}()
 		if role == "reconciler" {
 			select {
-			case <-lines:
+			case <-ready:
 			case <-cf.failed:
 				return cmd, cf.failure()
 			case <-ctx.Done():
@@ -407,6 +431,21 @@ func startContractFloor(ctx context.Context, dir, work string) (*contractFloor, 
 	return cf, nil
 }
 
+// awaitRegistered returns once the reconciler has finished n more
+// registrations, so that their plugins may go.
+func (cf *contractFloor) awaitRegistered(ctx context.Context, n int) error {
+	for range n {
+		select {
+		case <-cf.registered:
+		case <-cf.failed:
+			return cf.failure()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
 func (cf *contractFloor) failure() error {
 	cf.mu.Lock()
 	defer cf.mu.Unlock()
@@ -418,6 +457,7 @@ func (cf *contractFloor) Close() error {
 	cf.mu.Lock()
 	cf.closing = true
 	cf.mu.Unlock()
+	close(cf.stopping)
 	for i := len(cf.procs) - 1; i >= 0; i-- {
 		_ = cf.procs[i].Process.Signal(syscall.SIGTERM)
 	}
@@ -427,39 +467,67 @@ func (cf *contractFloor) Close() error {
 	return cf.failure()
 }
 
-// contractRound runs one round against a contract floor watching a
-// directory of its own. The round fails as soon as one of the floor's
-// processes ends.
-func (r *runner) contractRound(ctx context.Context, kind string, n int) (RoundFigures, error) {
+// warmContractFloor starts the contract floor on a directory of its own
+// and registers one plugin of each kind through it, unmeasured, so that
+// its processes are as warm as nodeplug's services when the rounds start.
+// Close it when done.
+func (r *runner) warmContractFloor(ctx context.Context) (*warmContract, error) {
 	seq := r.seq.Add(1)
-	dir := filepath.Join(r.root, fmt.Sprintf("contract-%d", seq))
-	work := filepath.Join(r.root, fmt.Sprintf("cf%d", seq)) // short: the sockets live here
-	for _, d := range []string{dir, work} {
+	w := &warmContract{
+		dir:  filepath.Join(r.root, fmt.Sprintf("contract-%d", seq)),
+		work: filepath.Join(r.root, fmt.Sprintf("cf%d", seq)), // short: the sockets live here
+	}
+	for _, d := range []string{w.dir, w.work} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
-			return RoundFigures{}, err
+			return nil, err
 		}
-		defer os.RemoveAll(d)
 	}
-	cf, err := startContractFloor(ctx, dir, work)
-	closed := false
-	defer func() {
-		if !closed {
-			_ = cf.Close()
+	var err error
+	if w.cf, err = startContractFloor(ctx, w.dir, w.work); err != nil {
+		_ = w.Close()
+		return nil, err
+	}
+	for _, kind := range []string{KindDevicePlugin, KindDRA} {
+		if _, err := r.contractRound(ctx, w, kind, 1); err != nil {
+			_ = w.Close()
+			return nil, fmt.Errorf("contract floor warm-up: %w", err)
 		}
-	}()
-	if err != nil {
-		return RoundFigures{}, err
 	}
+	return w, nil
+}
+
+// warmContract is a running contract floor and its directories.
+type warmContract struct {
+	cf        *contractFloor
+	dir, work string
+}
+
+// Close stops the contract floor and removes its directories.
+func (w *warmContract) Close() error {
+	var err error
+	if w.cf != nil {
+		err = w.cf.Close()
+	}
+	_ = os.RemoveAll(w.dir)
+	_ = os.RemoveAll(w.work)
+	return err
+}
+
+// contractRound runs one round against the contract floor. The round fails
+// as soon as one of the floor's processes ends.
+func (r *runner) contractRound(ctx context.Context, w *warmContract, kind string, n int) (RoundFigures, error) {
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	go func() {
 		select {
-		case <-cf.failed:
-			cancel(cf.failure())
+		case <-w.cf.failed:
+			cancel(w.cf.failure())
 		case <-rctx.Done():
 		}
 	}()
-	figs, err := r.round(rctx, kind, n, dir, func() error { closed = true; return cf.Close() })
+	// Once every plugin is told, the round waits for the reconciler's
+	// Notify calls to be answered before the plugins go.
+	figs, err := r.round(rctx, kind, n, w.dir, func() error { return w.cf.awaitRegistered(rctx, n) })
 	if cause := context.Cause(rctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}

@@ -210,6 +210,11 @@ var floorTargets = map[string]float64{KindDevicePlugin: 1.5, KindDRA: 1.2}
 // kind of fleet, and the median ratios.
 func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 	rounds := max(r.cfg.FloorRounds, 1)
+	warm, err := r.warmContractFloor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = warm.Close() }()
 	var out []FloorResult
 	for _, kind := range []string{KindDevicePlugin, KindDRA} {
 		for _, n := range r.cfg.RegistrationNs {
@@ -224,7 +229,7 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 				if err != nil {
 					return out, fmt.Errorf("floor, %d %s plugins: %w", n, kind, err)
 				}
-				cf, err := r.contractRound(ctx, kind, n)
+				cf, err := r.contractRound(ctx, warm, kind, n)
 				if err != nil {
 					return out, fmt.Errorf("contract floor, %d %s plugins: %w", n, kind, err)
 				}
