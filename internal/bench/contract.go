@@ -431,6 +431,17 @@ func startContractFloor(ctx context.Context, dir, work string) (*contractFloor, 
 	return cf, nil
 }
 
+// cpuSeconds returns the CPU seconds the processes have used so far.
+func (cf *contractFloor) cpuSeconds() float64 {
+	var t float64
+	for _, p := range cf.procs {
+		if v, err := cpuSeconds(p.Process.Pid); err == nil {
+			t += v
+		}
+	}
+	return t
+}
+
 // awaitRegistered returns once the reconciler has finished n more
 // registrations, so that their plugins may go.
 func (cf *contractFloor) awaitRegistered(ctx context.Context, n int) error {
@@ -527,7 +538,13 @@ func (r *runner) contractRound(ctx context.Context, w *warmContract, kind string
 	}()
 	// Once every plugin is told, the round waits for the reconciler's
 	// Notify calls to be answered before the plugins go.
-	figs, err := r.round(rctx, kind, n, w.dir, func() error { return w.cf.awaitRegistered(rctx, n) })
+	cpu0, cpu1 := w.cf.cpuSeconds(), 0.0
+	figs, err := r.round(rctx, kind, n, w.dir, func() error {
+		err := w.cf.awaitRegistered(rctx, n)
+		cpu1 = w.cf.cpuSeconds()
+		return err
+	})
+	figs.CPUmsPerPlugin = round2((cpu1 - cpu0) * 1000 / float64(n))
 	if cause := context.Cause(rctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}

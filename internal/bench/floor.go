@@ -184,6 +184,11 @@ type FloorRound struct {
 type RoundFigures struct {
 	Notify  Dist    `json:"notify"`
 	TotalMs float64 `json:"total_ms"`
+	// CPU per plugin from the first socket to the last plugin's Notify
+	// answered, summed over the registrar's processes: nodeplug's three
+	// services or the contract floor's three processes. Zero for the
+	// floor, which shares its process with the plugins.
+	CPUmsPerPlugin float64 `json:"cpu_ms_per_plugin,omitempty"`
 }
 
 // FloorResult compares nodeplug with the floor for N plugins of a kind.
@@ -221,10 +226,12 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 			res := FloorResult{Kind: kind, N: n}
 			var p50, p99, total, contract, overhead []float64
 			for i := range rounds {
-				np, err := r.round(ctx, kind, n, "", nil)
+				cpu0, cpu1 := sumCPU(r.cpuByService()), 0.0
+				np, err := r.round(ctx, kind, n, "", func() error { cpu1 = sumCPU(r.cpuByService()); return nil })
 				if err != nil {
 					return out, fmt.Errorf("nodeplug, %d %s plugins: %w", n, kind, err)
 				}
+				np.CPUmsPerPlugin = round2((cpu1 - cpu0) * 1000 / float64(n))
 				fl, err := r.floorRound(ctx, kind, n)
 				if err != nil {
 					return out, fmt.Errorf("floor, %d %s plugins: %w", n, kind, err)
@@ -249,6 +256,15 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 		}
 	}
 	return out, nil
+}
+
+// sumCPU adds up the CPU seconds of cpuByService.
+func sumCPU(m map[string]float64) float64 {
+	var t float64
+	for _, v := range m {
+		t += v
+	}
+	return t
 }
 
 func median(v []float64) float64 {
