@@ -14,6 +14,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
@@ -101,19 +102,6 @@ func waitLive(t *testing.T, c dmv1.DeviceManagerServiceClient, name string, allo
 	return found
 }
 
-func newPlugin(t *testing.T, opts deviceplugin.Options) *deviceplugin.Plugin {
-	t.Helper()
-	p, err := deviceplugin.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-	return p
-}
-
 // TestSIGKILLKeepsAllocationsAndRedials kills the devicemanager binary with
 // SIGKILL and starts it again: every allocation is restored with an answer
 // proto.Equal to the original, and plugins still serving are live again
@@ -125,10 +113,10 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	bin := filepath.Join(buildBinaries(t, "nodeplug-devicemanager"), "nodeplug-devicemanager")
 	root := testutil.TempDir(t)
 	dpDir := filepath.Join(root, "device-plugins")
-	reg := newPlugin(t, deviceplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true,
+	reg := plugintest.Start(t, deviceplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true,
 		SocketPath: filepath.Join(root, "plugins_registry", "reg.sock")})
 	first := startProc(t, bin, root)
-	legacy := newPlugin(t, deviceplugin.Options{Resource: "example.com/legacy", Devices: 2, SocketPath: filepath.Join(dpDir, "legacy.sock")})
+	legacy := plugintest.Start(t, deviceplugin.Options{Resource: "example.com/legacy", Devices: 2, SocketPath: filepath.Join(dpDir, "legacy.sock")})
 
 	if _, err := first.client.RegisterPlugin(ctxT(t), &dmv1.RegisterPluginRequest{
 		ResourceName: reg.Resource(), Endpoint: reg.SocketPath(), Versions: []string{pluginapi.Version},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
@@ -133,14 +134,7 @@ func (e *env) plugin(name, resource string, devices int, legacy bool) *deviceplu
 	if legacy {
 		dir = app.DevicePluginsDir(e.root)
 	}
-	p, err := deviceplugin.New(deviceplugin.Options{Resource: resource, SocketPath: filepath.Join(dir, name+".sock"), Devices: devices})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(p.Stop)
+	p := plugintest.Start(e.t, deviceplugin.Options{Resource: resource, SocketPath: filepath.Join(dir, name+".sock"), Devices: devices})
 	if legacy {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

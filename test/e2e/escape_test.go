@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
@@ -100,14 +101,7 @@ func TestDevicePluginSocketNamesEndToEnd(t *testing.T) {
 	}
 	for i, name := range []string{"d%41.sock", "a#b.sock", "q?x=1.sock", "x%2Fy.sock", "sp ace.sock", long} {
 		res := fmt.Sprintf("example.com/odd%d", i)
-		p, err := deviceplugin.New(deviceplugin.Options{Resource: res, SocketPath: filepath.Join(registry, name), Devices: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Stop)
+		p := plugintest.Start(t, deviceplugin.Options{Resource: res, SocketPath: filepath.Join(registry, name), Devices: 2})
 		e.waitAllocatable(res, 2)
 		r := e.resource(res)
 		if eps := r.GetEndpoints(); len(eps) != 1 || eps[0].GetEndpoint() != p.SocketPath() || eps[0].GetSocketPath() != p.SocketPath() {
@@ -145,14 +139,7 @@ func TestDevicePluginSocketNamesEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		res := fmt.Sprintf("example.com/escape%d", i)
-		p, err := deviceplugin.New(deviceplugin.Options{Resource: res, SocketPath: filepath.Join(registry, fmt.Sprintf("escape%d.sock", i)), Endpoint: endpoint, Devices: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Stop)
+		p := plugintest.Start(t, deviceplugin.Options{Resource: res, SocketPath: filepath.Join(registry, fmt.Sprintf("escape%d.sock", i)), Endpoint: endpoint, Devices: 2})
 		ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
 		st, err := p.WaitStatus(ctx, nil)
 		cancel()

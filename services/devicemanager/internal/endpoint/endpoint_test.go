@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 )
@@ -28,15 +29,7 @@ func ctxT(t *testing.T) context.Context {
 func startPlugin(t *testing.T, opts deviceplugin.Options) *deviceplugin.Plugin {
 	t.Helper()
 	opts.SocketPath = filepath.Join(testutil.TempDir(t), "p.sock")
-	p, err := deviceplugin.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-	return p
+	return plugintest.Start(t, opts)
 }
 
 func connect(t *testing.T, p *deviceplugin.Plugin) *Conn {

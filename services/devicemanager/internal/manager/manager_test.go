@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
@@ -34,14 +35,7 @@ func registered(t *testing.T, resource string, devices int) (*Manager, *devicepl
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	p, err := deviceplugin.New(deviceplugin.Options{Resource: resource, Devices: devices, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
+	p := plugintest.Start(t, deviceplugin.Options{Resource: resource, Devices: devices, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
 	if err := m.Register(ctxT(t), Registration{Resource: resource, Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry}); err != nil {
 		t.Fatal(err)
 	}

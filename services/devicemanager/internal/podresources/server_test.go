@@ -19,6 +19,7 @@ import (
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
@@ -80,14 +81,7 @@ func newEnv(t *testing.T) *env {
 func (e *env) plugin(resource string, ids []string, numa map[string][]int64) *deviceplugin.Plugin {
 	e.t.Helper()
 	sock := filepath.Join(e.root, "plugins_registry", strings.ReplaceAll(resource, "/", "_")+".sock")
-	p, err := deviceplugin.New(deviceplugin.Options{Resource: resource, DeviceIDs: ids, NUMANodes: numa, SocketPath: sock})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(p.Stop)
+	p := plugintest.Start(e.t, deviceplugin.Options{Resource: resource, DeviceIDs: ids, NUMANodes: numa, SocketPath: sock})
 	if err := e.m.Register(ctxT(e.t), manager.Registration{
 		Resource: resource, Endpoint: sock, Versions: []string{"v1beta1"}, SocketPath: sock, Generation: "g1", Path: manager.PathPluginsRegistry,
 	}); err != nil {

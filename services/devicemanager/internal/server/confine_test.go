@@ -16,6 +16,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
@@ -35,14 +36,7 @@ func encodeAll(s string) string {
 // registration may ever reach it.
 func outsidePlugin(t *testing.T, resource string) *deviceplugin.Plugin {
 	t.Helper()
-	p, err := deviceplugin.New(deviceplugin.Options{Resource: resource, Devices: 2, SocketPath: filepath.Join(testutil.TempDir(t), "victim.sock"), Log: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
+	p := plugintest.Start(t, deviceplugin.Options{Resource: resource, Devices: 2, SocketPath: filepath.Join(testutil.TempDir(t), "victim.sock"), Log: testLogger(t)})
 	return p
 }
 
@@ -176,18 +170,11 @@ func TestOddNamesRegisterUnderTheirRealPath(t *testing.T) {
 			dir = e.dpDir
 		}
 		var quiet []*deviceplugin.Plugin
-		for j, name := range decoys {
+		for _, name := range decoys {
 			if name == "../x.sock" && !legacy {
 				continue // regDir/../x.sock is the legacy case's root/x.sock
 			}
-			p, err := deviceplugin.New(deviceplugin.Options{Resource: "example.com/decoy", Devices: 1, SocketPath: filepath.Join(dir, name), Log: testLogger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := p.Start(); err != nil {
-				t.Fatalf("decoy %d: %v", j, err)
-			}
-			t.Cleanup(p.Stop)
+			p := plugintest.Start(t, deviceplugin.Options{Resource: "example.com/decoy", Devices: 1, SocketPath: filepath.Join(dir, name), Log: testLogger(t)})
 			quiet = append(quiet, p)
 		}
 		for j, name := range odd {
@@ -195,14 +182,8 @@ func TestOddNamesRegisterUnderTheirRealPath(t *testing.T) {
 				continue // the long name is for plugins_registry's path
 			}
 			res := "example.com/odd-" + string(rune('a'+i*10+j))
-			p, err := deviceplugin.New(deviceplugin.Options{Resource: res, Devices: 2, SocketPath: filepath.Join(dir, name), Log: testLogger(t)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := p.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(p.Stop)
+			p := plugintest.Start(t, deviceplugin.Options{Resource: res, Devices: 2, SocketPath: filepath.Join(dir, name), Log: testLogger(t)})
+			var err error
 			if legacy {
 				err = p.Register(ctxT(t), e.kubeletSock())
 			} else {

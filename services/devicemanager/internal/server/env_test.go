@@ -21,6 +21,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
@@ -244,14 +245,7 @@ func (e *env) plugin(name string, opts deviceplugin.Options, legacy bool) *devic
 	if opts.Log == nil {
 		opts.Log = testLogger(e.t)
 	}
-	p, err := deviceplugin.New(opts)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := p.Start(); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(p.Stop)
+	p := plugintest.Start(e.t, opts)
 	return p
 }
 
