@@ -9,8 +9,10 @@ import (
 // Print writes the results as a table.
 func Print(w io.Writer, r *Results) {
 	fmt.Fprintf(w, "nodeplug-bench  %s  %d CPUs  %s\n\n", r.Machine.Time, r.Machine.CPUs, r.Machine.GoVersion)
-	fmt.Fprintln(w, "Registration: N listening device plugin sockets moved into plugins_registry at once;")
-	fmt.Fprintln(w, "socket appears → NotifyRegistrationStatus(true) at the plugin; → allocatable in the devicemanager")
+	if len(r.Registration) > 0 {
+		fmt.Fprintln(w, "Registration: N listening device plugin sockets moved into plugins_registry at once;")
+		fmt.Fprintln(w, "socket appears → NotifyRegistrationStatus(true) at the plugin; → allocatable in the devicemanager")
+	}
 	for _, rr := range r.Registration {
 		fmt.Fprintf(w, "  N=%-5d notify       %s\n", rr.N, rr.Notify)
 		fmt.Fprintf(w, "  N=%-5d allocatable  %s\n", rr.N, rr.Allocatable)
@@ -40,23 +42,46 @@ func Print(w io.Writer, r *Results) {
 				f.Kind, f.N, last.Contract.Notify.P50, last.Contract.Notify.P99, last.Contract.TotalMs, f.ContractRatioTotal, f.OverheadRatioTotal, cpu)
 		}
 	}
-	st := r.Stale
+	// A phase that did not run leaves its figures zero: its section is
+	// left out.
+	if st := r.Stale; st.Stale > 0 {
+		printStale(w, st)
+	}
+	if c := r.Churn; c.Workers > 0 {
+		printChurn(w, c)
+	}
+	if len(r.Allocation) > 0 {
+		fmt.Fprintln(w, "\nAllocation (Allocate, durable in the checkpoint journal, then Release)")
+		for _, a := range r.Allocation {
+			fmt.Fprintf(w, "  devices=%-6d callers=%d  %6.0f pairs/s  allocate %s\n", a.Devices, a.Callers, a.PairsPerSec, a.Allocate)
+		}
+	}
+	if r.Durability.FsyncFloor.Count > 0 {
+		printDurability(w, r.Durability)
+	}
+	if r.Propagation.Devices > 0 {
+		fmt.Fprintf(w, "\nHealth flip → WatchResources (%d devices)\n  %s\n", r.Propagation.Devices, r.Propagation.Latency)
+	}
+	if f := r.Footprint; len(f.RSSMiB) > 0 {
+		printFootprint(w, f)
+	}
+}
+
+func printStale(w io.Writer, st StaleResult) {
 	fmt.Fprintf(w, "\nRegistration beside %d stale sockets (files that refuse connections), one healthy device plugin at a time;\n", st.Stale)
 	fmt.Fprintln(w, "socket listen → NotifyRegistrationStatus(true), quiet and beside them in the same run")
 	fmt.Fprintf(w, "  quiet         %s\n", st.Quiet)
 	fmt.Fprintf(w, "  beside stale  %s\n", st.BesideStale)
 	fmt.Fprintf(w, "  ratio p50 %.2f×  p99 %.2f×  (target ≤ %.0f×)\n", st.RatioP50, st.RatioP99, staleRatioTarget)
-	c := r.Churn
+}
+
+func printChurn(w io.Writer, c ChurnResult) {
 	fmt.Fprintf(w, "\nChurn (%d workers, %.1f s, %d resident)\n", c.Workers, c.Seconds, c.Resident)
 	fmt.Fprintf(w, "  %d create/remove cycles, %.1f/s\n  register   %s\n  deregister %s\n  final state exact: %v %s\n",
 		c.Cycles, c.CyclesPerSec, c.Register, c.Deregister, c.FinalExact, c.FinalProblem)
-	fmt.Fprintln(w, "\nAllocation (Allocate, durable in the checkpoint journal, then Release)")
-	for _, a := range r.Allocation {
-		fmt.Fprintf(w, "  devices=%-6d callers=%d  %6.0f pairs/s  allocate %s\n", a.Devices, a.Callers, a.PairsPerSec, a.Allocate)
-	}
-	printDurability(w, r.Durability)
-	fmt.Fprintf(w, "\nHealth flip → WatchResources (%d devices)\n  %s\n", r.Propagation.Devices, r.Propagation.Latency)
-	f := r.Footprint
+}
+
+func printFootprint(w io.Writer, f FootprintResult) {
 	fmt.Fprintf(w, "\nFootprint with %d registration-only plugins\n", f.IdlePlugins)
 	names := make([]string, 0, len(f.RSSMiB))
 	for n := range f.RSSMiB {
