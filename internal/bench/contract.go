@@ -347,7 +347,7 @@ func contractRegister(ctx context.Context, dm dmv1.DeviceManagerServiceClient, e
 	return nil
 }
 
-// contractFloor is the three processes of one contract-floor round.
+// contractFloor is the contract floor's three running processes.
 type contractFloor struct {
 	procs  []*exec.Cmd
 	ended  []chan struct{} // closed when its process has ended
