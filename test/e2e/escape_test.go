@@ -64,10 +64,15 @@ func TestRegistrySocketNamesAreNotURLs(t *testing.T) {
 			t.Fatalf("%s did not register: %v (statuses %v)", names[i], err, p.Statuses())
 		}
 		cancel()
-		pl := e.pluginBySocket(p.Path())
-		if pl == nil || pl.GetState() != rcv1.PluginState_PLUGIN_STATE_REGISTERED || pl.GetName() != fmt.Sprintf("real%d.example.com", i) {
-			t.Errorf("ListPlugins for %s: %v, want it registered under its real path and name", p.Path(), pl)
-		}
+		// The reconciler shows REGISTERED once Notify has been answered,
+		// which can be after the plugin saw it.
+		testutil.Eventually(t, names[i]+" listed as registered", func() error {
+			pl := e.pluginBySocket(p.Path())
+			if pl == nil || pl.GetState() != rcv1.PluginState_PLUGIN_STATE_REGISTERED || pl.GetName() != fmt.Sprintf("real%d.example.com", i) {
+				return fmt.Errorf("ListPlugins for %s: %v, want it registered under its real path and name", p.Path(), pl)
+			}
+			return nil
+		})
 	}
 	if n := victim.GetInfoCalls(); n != 0 {
 		t.Errorf("the socket outside the root got %d GetInfo calls", n)
