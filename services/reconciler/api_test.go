@@ -100,7 +100,7 @@ func TestTracing(t *testing.T) {
 		e.waitFailed(p.Path(), 1)
 		firstSpan := findSpan(t, "reconciler.register", first)
 		p.SetNotifyError(nil)
-		e.clk.Advance(executor.InitialBackoff)
+		e.advanceBackoff()
 		st := e.waitRegistered(p.Path())
 		if st.LastTraceID == first {
 			t.Fatal("retry continued the first attempt's trace")

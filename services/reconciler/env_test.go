@@ -17,6 +17,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
@@ -163,6 +164,16 @@ func (e *env) expireGetInfo() {
 	e.t.Helper()
 	testutil.WaitFor(e.t, "a GetInfo budget running", func() bool { return e.clk.Due(reconciler.DefaultGetInfoTimeout) == 1 })
 	e.clk.Advance(reconciler.DefaultGetInfoTimeout)
+}
+
+// advanceBackoff moves the clock past the first backoff once the retry's
+// timer is armed: a failed attempt is published before the executor arms
+// its retry, so advancing before then would leave the retry waiting for a
+// time that never comes.
+func (e *env) advanceBackoff() {
+	e.t.Helper()
+	testutil.WaitFor(e.t, "a retry armed within the first backoff", func() bool { return e.clk.Due(executor.InitialBackoff) > 0 })
+	e.clk.Advance(executor.InitialBackoff)
 }
 
 func waitCtx(t *testing.T) context.Context {

@@ -340,7 +340,7 @@ func TestGetInfoTimeoutBacksOff(t *testing.T) {
 		t.Fatalf("plugin got %d notifications after a failed GetInfo", n)
 	}
 	p.SetGetInfoDelay(0)
-	e.clk.Advance(executor.InitialBackoff)
+	e.advanceBackoff()
 	e.waitRegistered(p.Path())
 	if n := p.GetInfoCalls(); n != 2 {
 		t.Fatalf("GetInfo calls = %d, want 2", n)
@@ -368,7 +368,7 @@ func TestNotifyFailureIsRetried(t *testing.T) {
 		t.Fatalf("devicemanager calls %v, want %v", got, want)
 	}
 	p.SetNotifyError(nil)
-	e.clk.Advance(executor.InitialBackoff)
+	e.advanceBackoff()
 	e.waitRegistered(p.Path())
 	if _, ok := e.dm.Endpoints()[p.Path()]; !ok {
 		t.Fatal("devicemanager lacks the endpoint after the retry")
@@ -396,7 +396,7 @@ func TestHandlerFailureRollsBackASW(t *testing.T) {
 		t.Fatal("ASW keeps a plugin whose handler failed")
 	}
 	e.dm.SetRegisterError(nil)
-	e.clk.Advance(executor.InitialBackoff)
+	e.advanceBackoff()
 	e.waitRegistered(p.Path())
 	if _, err := p.WaitStatus(waitCtx(t), testplugin.Registered); err != nil {
 		t.Fatal(err)
@@ -539,7 +539,7 @@ func TestRecreatedSocketSkipsOldBackoff(t *testing.T) {
 	testutil.StaleSocket(t, path)
 	e.w.Created(t, path)
 	e.waitFailed(path, 1)
-	e.clk.Advance(executor.InitialBackoff)
+	e.advanceBackoff()
 	st := e.waitFailed(path, 2)
 	now, retryAt := e.clk.Now(), st.NextRetry
 	if !retryAt.After(now) {
@@ -605,7 +605,7 @@ func TestRetryOfARefusingSocketConnectsOnce(t *testing.T) {
 	// The plugin dies and leaves a socket file that refuses connections.
 	p.Stop()
 	testutil.StaleSocket(t, path)
-	e.clk.Advance(executor.InitialBackoff)
+	e.advanceBackoff()
 	st := e.waitFailed(path, 2)
 	if !strings.Contains(st.LastError, "refuses connections") {
 		t.Fatalf("retry failed with %q, want a refused connection", st.LastError)
