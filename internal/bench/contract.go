@@ -319,32 +319,15 @@ func contractReconcile(ctx context.Context, watcherSocket, dmSocket string, stdo
 func contractRegister(ctx context.Context, dm dmv1.DeviceManagerServiceClient, ev *watcherv1.SocketEvent) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	conn, err := floorDial(ev.GetPath())
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	reg := registerapi.NewRegistrationClient(conn)
-	info, err := reg.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
-	if err != nil {
-		return fmt.Errorf("GetInfo %s: %w", ev.GetPath(), err)
-	}
-	if info.GetType() == registerapi.DevicePlugin {
-		ep := info.GetEndpoint()
-		if ep == "" {
-			ep = ev.GetPath()
-		}
+	return registerSocket(ctx, ev.GetPath(), func(ctx context.Context, info *registerapi.PluginInfo, ep string) error {
 		if _, err := dm.RegisterPlugin(ctx, &dmv1.RegisterPluginRequest{
 			ResourceName: info.GetName(), Endpoint: ep, Versions: info.GetSupportedVersions(),
 			SocketPath: ev.GetPath(), Generation: ev.GetGeneration(),
 		}, grpc.WaitForReady(true)); err != nil {
 			return fmt.Errorf("RegisterPlugin %s: %w", ev.GetPath(), err)
 		}
-	}
-	if _, err := reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
-		return fmt.Errorf("NotifyRegistrationStatus %s: %w", ev.GetPath(), err)
-	}
-	return nil
+		return nil
+	})
 }
 
 // contractFloor is the contract floor's three running processes.

@@ -109,6 +109,37 @@ func (f *floorRegistrar) keep(c *grpc.ClientConn) {
 func (f *floorRegistrar) register(path string) error {
 	ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
 	defer cancel()
+	err := registerSocket(ctx, path, func(ctx context.Context, _ *registerapi.PluginInfo, ep string) error {
+		dc, err := floorDial(ep)
+		if err != nil {
+			return err
+		}
+		f.keep(dc)
+		client := pluginapi.NewDevicePluginClient(dc)
+		if _, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true)); err != nil {
+			return fmt.Errorf("GetDevicePluginOptions %s: %w", ep, err)
+		}
+		// The stream lives as long as the connection.
+		st, err := client.ListAndWatch(f.ctx, &pluginapi.Empty{})
+		if err != nil {
+			return fmt.Errorf("ListAndWatch %s: %w", ep, err)
+		}
+		if _, err := st.Recv(); err != nil {
+			return fmt.Errorf("first ListAndWatch answer of %s: %w", ep, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("floor: %w", err)
+	}
+	return nil
+}
+
+// registerSocket is the registration both floors share: a fresh connection
+// to the socket at path, GetInfo, for a device plugin devicePlugin with the
+// endpoint it names (its own socket when it names none), then
+// NotifyRegistrationStatus(true).
+func registerSocket(ctx context.Context, path string, devicePlugin func(ctx context.Context, info *registerapi.PluginInfo, endpoint string) error) error {
 	conn, err := floorDial(path)
 	if err != nil {
 		return err
@@ -117,33 +148,19 @@ func (f *floorRegistrar) register(path string) error {
 	reg := registerapi.NewRegistrationClient(conn)
 	info, err := reg.GetInfo(ctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
-		return fmt.Errorf("floor: GetInfo %s: %w", path, err)
+		return fmt.Errorf("GetInfo %s: %w", path, err)
 	}
 	if info.GetType() == registerapi.DevicePlugin {
 		ep := info.GetEndpoint()
 		if ep == "" {
 			ep = path
 		}
-		dc, err := floorDial(ep)
-		if err != nil {
+		if err := devicePlugin(ctx, info, ep); err != nil {
 			return err
-		}
-		f.keep(dc)
-		client := pluginapi.NewDevicePluginClient(dc)
-		if _, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true)); err != nil {
-			return fmt.Errorf("floor: GetDevicePluginOptions %s: %w", ep, err)
-		}
-		// The stream lives as long as the connection.
-		st, err := client.ListAndWatch(f.ctx, &pluginapi.Empty{})
-		if err != nil {
-			return fmt.Errorf("floor: ListAndWatch %s: %w", ep, err)
-		}
-		if _, err := st.Recv(); err != nil {
-			return fmt.Errorf("floor: first ListAndWatch answer of %s: %w", ep, err)
 		}
 	}
 	if _, err := reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
-		return fmt.Errorf("floor: NotifyRegistrationStatus %s: %w", path, err)
+		return fmt.Errorf("NotifyRegistrationStatus %s: %w", path, err)
 	}
 	return nil
 }
