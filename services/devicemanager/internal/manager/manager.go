@@ -116,10 +116,16 @@ type Manager struct {
 	flush    chan struct{} // asks Run to write the state soon
 
 	wg sync.WaitGroup // stream goroutines and connection closes
+
+	// updates carries what the endpoints' streams receive to
+	// applyUpdates, which applies them one at a time (see run).
+	updates      chan streamItem
+	stopApplying context.CancelFunc
+	applying     sync.WaitGroup
 }
 
 // New returns a manager with no state; Open is the usual way to get one
-// (it also restores the saved state).
+// (it also restores the saved state). Close releases it.
 func New(cfg Config) (*Manager, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("devicemanager: no store configured: %w", errdefs.ErrInvalidArgument)
@@ -158,8 +164,16 @@ func New(cfg Config) (*Manager, error) {
 		dirty:        map[string]bool{},
 		wake:         make(chan struct{}, 1),
 		flush:        make(chan struct{}, 1),
+		updates:      make(chan streamItem),
 	}
 	m.alloc = allocator.New(allocator.Config{Resources: m, Persist: m.persist, Log: cfg.Log, Registerer: cfg.Registerer})
+	actx, cancel := context.WithCancel(context.Background())
+	m.stopApplying = cancel
+	m.applying.Add(1)
+	go func() {
+		defer m.applying.Done()
+		m.applyUpdates(actx)
+	}()
 	return m, nil
 }
 
@@ -422,12 +436,48 @@ func (m *Manager) unindexLocked(e *entry) {
 	}
 }
 
-// run receives e's ListAndWatch updates until the stream ends. The stream
-// is never reopened (as the kubelet): the plugin must register again.
+// streamItem is what an endpoint's stream delivered: a device list, or
+// its end (ended, with why).
+type streamItem struct {
+	e     *entry
+	devs  []endpoint.Device
+	ended bool
+	err   error
+}
+
+// run receives e's ListAndWatch updates until the stream ends, and hands
+// each, then the end, to applyUpdates. The stream is never reopened (as the
+// kubelet): the plugin must register again.
+//
+// The goroutine lives as long as the plugin and only receives: applying an
+// update (the views, the metrics, the Watch hub, the log) is a deep call
+// path, and a stack grown by it once would be kept, per plugin, for the
+// plugin's whole life. The hand-off is unbuffered, so the next update is
+// not received before the last one was taken, and each stream's items are
+// applied in the order they arrived.
 func (m *Manager) run(e *entry) {
 	defer m.wg.Done()
-	err := e.conn.Run(func(devs []endpoint.Device) { m.update(e, devs) })
-	m.streamEnded(e, err)
+	err := e.conn.Run(func(devs []endpoint.Device) { m.updates <- streamItem{e: e, devs: devs} })
+	// Close stops applyUpdates only once every stream goroutine is done,
+	// so these sends always find it.
+	m.updates <- streamItem{e: e, ended: true, err: err}
+}
+
+// applyUpdates applies what the streams deliver, one item at a time, until
+// ctx ends (Close, once every stream goroutine has returned).
+func (m *Manager) applyUpdates(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case it := <-m.updates:
+			if it.ended {
+				m.streamEnded(it.e, it.err)
+			} else {
+				m.update(it.e, it.devs)
+			}
+		}
+	}
 }
 
 // update replaces the resource's device set with an update from e (last
@@ -599,6 +649,8 @@ func (m *Manager) Close() error {
 		c.Close(errShuttingDown)
 	}
 	m.wg.Wait()
+	m.stopApplying()
+	m.applying.Wait()
 	m.hub.Close(fmt.Errorf("devicemanager shutting down: %w", errdefs.ErrUnavailable))
 	if err := m.persist(); err != nil {
 		return err
