@@ -85,7 +85,9 @@ func BareClient(ctx context.Context, paths []string) (BareResult, error) {
 	if n := len(paths); n > 0 {
 		out.KiBPerConn = round2((out.RSSKiBAfter - out.RSSKiBBefore) / float64(n))
 		out.GoroutinesPer = round2(float64(out.GoroutinesAfter-out.GoroutinesBefore) / float64(n))
-		perConn := func(after, before uint64) float64 { return round2((float64(after) - float64(before)) / 1024 / float64(n)) }
+		perConn := func(after, before uint64) float64 {
+			return round2((float64(after) - float64(before)) / 1024 / float64(n))
+		}
 		out.HeapAllocKiBPerConn = perConn(msAfter.HeapAlloc, msBefore.HeapAlloc)
 		out.HeapInuseKiBPerConn = perConn(msAfter.HeapInuse, msBefore.HeapInuse)
 		out.StackKiBPerConn = perConn(msAfter.StackInuse, msBefore.StackInuse)
