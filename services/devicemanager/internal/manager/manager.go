@@ -82,6 +82,9 @@ type Config struct {
 	// before their clients take them (DESIGN "Bounds"). Zero fields take
 	// stream.DefaultLimits.
 	WatchLimits stream.Limits
+	// GiveBack says when the memory of a burst of endpoint arrivals or
+	// departures is returned to the OS; zero fields take its defaults.
+	GiveBack GiveBack
 }
 
 // Manager is the device manager.
@@ -112,10 +115,15 @@ type Manager struct {
 	seq      uint64
 	revision uint64
 	closing  bool
-	wake     chan struct{} // a grace period started: Run recomputes its timer
+	burst    *burst        // endpoint changes since memory was last given back
+	wake     chan struct{} // a grace period started, or a burst: Run recomputes its timer
 	flush    chan struct{} // asks Run to write the state soon
 
 	wg sync.WaitGroup // stream goroutines and connection closes
+
+	// freeMemory collects garbage and returns memory to the OS; it returns
+	// the memory held before and after (freeOSMemory).
+	freeMemory func() (before, after uint64)
 
 	// updates carries what the endpoints' streams receive to
 	// applyUpdates, which applies them one at a time (see run).
@@ -162,6 +170,8 @@ func New(cfg Config) (*Manager, error) {
 		resources:    map[string]*resource{},
 		live:         map[string]map[*entry]struct{}{},
 		dirty:        map[string]bool{},
+		burst:        newBurst(cfg.GiveBack),
+		freeMemory:   freeOSMemory,
 		wake:         make(chan struct{}, 1),
 		flush:        make(chan struct{}, 1),
 		updates:      make(chan streamItem),
@@ -366,6 +376,7 @@ func (m *Manager) installLocked(e *entry, now time.Time) *entry {
 	res.primary = e
 	res.stoppedAt = time.Time{}
 	m.changedLocked(res)
+	m.changesLocked(now, 1)
 	return old
 }
 
@@ -552,6 +563,7 @@ func (m *Manager) stopLocked(e *entry, now time.Time, why error) {
 	}
 	e.state = StateStopped
 	e.stopped = now
+	m.changesLocked(now, 1)
 	res := m.resources[e.resource]
 	if res == nil || res.endpoints[e.path] != e {
 		return
