@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -27,6 +28,12 @@ type BareResult struct {
 	GoroutinesBefore int     `json:"goroutines_before"`
 	GoroutinesAfter  int     `json:"goroutines_after"`
 	GoroutinesPer    float64 `json:"goroutines_per_conn"`
+	// What the runtime says of the same interval, per connection: live
+	// heap (HeapAlloc), heap spans in use (HeapInuse) and goroutine
+	// stacks (StackInuse), to set beside the devicemanager's MemStats.
+	HeapAllocKiBPerConn float64 `json:"heap_alloc_kib_per_conn"`
+	HeapInuseKiBPerConn float64 `json:"heap_inuse_kib_per_conn"`
+	StackKiBPerConn     float64 `json:"stack_kib_per_conn"`
 }
 
 // BareClientFlag is the hidden flag of nodeplug-bench that runs BareClient
@@ -45,6 +52,8 @@ func BareClient(ctx context.Context, paths []string) (BareResult, error) {
 		return out, err
 	}
 	out.RSSKiBBefore, out.GoroutinesBefore = round2(before*1024), runtime.NumGoroutine()
+	var msBefore runtime.MemStats
+	runtime.ReadMemStats(&msBefore)
 	var conns []*grpc.ClientConn
 	defer func() {
 		for _, c := range conns {
@@ -65,16 +74,29 @@ func BareClient(ctx context.Context, paths []string) (BareResult, error) {
 			return out, fmt.Errorf("first ListAndWatch answer of %s: %w", p, err)
 		}
 	}
-	runtime.GC()
-	time.Sleep(time.Second) // as the devicemanager's figure, after a settle
+	// Measured as the devicemanager is: once a burst of arrivals has
+	// settled, it collects garbage and returns the freed memory to the OS
+	// (manager.GiveBack), then sits idle until its RSS is read. The bare
+	// client does the same, so that neither side counts garbage or free
+	// pages the other does not.
+	debug.FreeOSMemory()
+	time.Sleep(time.Second)
 	after, err := rssMiB(os.Getpid())
 	if err != nil {
 		return out, err
 	}
 	out.RSSKiBAfter, out.GoroutinesAfter = round2(after*1024), runtime.NumGoroutine()
+	var msAfter runtime.MemStats
+	runtime.ReadMemStats(&msAfter)
 	if n := len(paths); n > 0 {
 		out.KiBPerConn = round2((out.RSSKiBAfter - out.RSSKiBBefore) / float64(n))
 		out.GoroutinesPer = round2(float64(out.GoroutinesAfter-out.GoroutinesBefore) / float64(n))
+		perConn := func(after, before uint64) float64 {
+			return round2((float64(after) - float64(before)) / 1024 / float64(n))
+		}
+		out.HeapAllocKiBPerConn = perConn(msAfter.HeapAlloc, msBefore.HeapAlloc)
+		out.HeapInuseKiBPerConn = perConn(msAfter.HeapInuse, msBefore.HeapInuse)
+		out.StackKiBPerConn = perConn(msAfter.StackInuse, msBefore.StackInuse)
 	}
 	return out, nil
 }

@@ -68,8 +68,9 @@ func (r *runner) profile(ctx context.Context, name string, secs int) error {
 
 // heapProfile writes a heap profile of service name, taken after a GC, to
 // cfg.PprofDir/<name>.heap-<label>.pprof (compare two with `go tool pprof
-// -diff_base`) and its text form to <name>.heap-<label>.txt, when profiles
-// are asked for.
+// -diff_base`), its text form to <name>.heap-<label>.txt and the goroutines
+// grouped by stack to <name>.goroutine-<label>.txt, when profiles are asked
+// for.
 func (r *runner) heapProfile(ctx context.Context, name, label string) error {
 	if r.cfg.PprofDir == "" {
 		return nil
@@ -83,7 +84,12 @@ func (r *runner) heapProfile(ctx context.Context, name, label string) error {
 	// The text form ends with the runtime's MemStats: heap in use, idle
 	// and released, stacks, and the runtime's own overhead, which is where
 	// an RSS larger than the live heap goes.
-	return r.fetchProfile(ctx, name, "heap?debug=1", name+".heap-"+label+".txt")
+	if err := r.fetchProfile(ctx, name, "heap?debug=1", name+".heap-"+label+".txt"); err != nil {
+		return err
+	}
+	// Which goroutines exist, grouped by stack: per connection, which
+	// ones a service keeps and where they wait.
+	return r.fetchProfile(ctx, name, "goroutine?debug=1", name+".goroutine-"+label+".txt")
 }
 
 // fetchProfile gets /debug/pprof/<what> of service name into

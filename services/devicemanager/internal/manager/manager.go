@@ -82,6 +82,9 @@ type Config struct {
 	// before their clients take them (DESIGN "Bounds"). Zero fields take
 	// stream.DefaultLimits.
 	WatchLimits stream.Limits
+	// GiveBack says when the memory of a burst of endpoint arrivals or
+	// departures is returned to the OS; zero fields take its defaults.
+	GiveBack GiveBack
 }
 
 // Manager is the device manager.
@@ -112,14 +115,25 @@ type Manager struct {
 	seq      uint64
 	revision uint64
 	closing  bool
-	wake     chan struct{} // a grace period started: Run recomputes its timer
+	burst    *burst        // endpoint changes since memory was last given back
+	wake     chan struct{} // a grace period started, or a burst: Run recomputes its timer
 	flush    chan struct{} // asks Run to write the state soon
 
 	wg sync.WaitGroup // stream goroutines and connection closes
+
+	// freeMemory collects garbage and returns memory to the OS; it returns
+	// the memory held before and after (freeOSMemory).
+	freeMemory func() (before, after uint64)
+
+	// updates carries what the endpoints' streams receive to
+	// applyUpdates, which applies them one at a time (see run).
+	updates      chan streamItem
+	stopApplying context.CancelFunc
+	applying     sync.WaitGroup
 }
 
 // New returns a manager with no state; Open is the usual way to get one
-// (it also restores the saved state).
+// (it also restores the saved state). Close releases it.
 func New(cfg Config) (*Manager, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("devicemanager: no store configured: %w", errdefs.ErrInvalidArgument)
@@ -156,10 +170,20 @@ func New(cfg Config) (*Manager, error) {
 		resources:    map[string]*resource{},
 		live:         map[string]map[*entry]struct{}{},
 		dirty:        map[string]bool{},
+		burst:        newBurst(cfg.GiveBack),
+		freeMemory:   freeOSMemory,
 		wake:         make(chan struct{}, 1),
 		flush:        make(chan struct{}, 1),
+		updates:      make(chan streamItem),
 	}
 	m.alloc = allocator.New(allocator.Config{Resources: m, Persist: m.persist, Log: cfg.Log, Registerer: cfg.Registerer})
+	actx, cancel := context.WithCancel(context.Background())
+	m.stopApplying = cancel
+	m.applying.Add(1)
+	go func() {
+		defer m.applying.Done()
+		m.applyUpdates(actx)
+	}()
 	return m, nil
 }
 
@@ -352,6 +376,7 @@ func (m *Manager) installLocked(e *entry, now time.Time) *entry {
 	res.primary = e
 	res.stoppedAt = time.Time{}
 	m.changedLocked(res)
+	m.changesLocked(now, 1)
 	return old
 }
 
@@ -422,12 +447,48 @@ func (m *Manager) unindexLocked(e *entry) {
 	}
 }
 
-// run receives e's ListAndWatch updates until the stream ends. The stream
-// is never reopened (as the kubelet): the plugin must register again.
+// streamItem is what an endpoint's stream delivered: a device list, or
+// its end (ended, with why).
+type streamItem struct {
+	e     *entry
+	devs  []endpoint.Device
+	ended bool
+	err   error
+}
+
+// run receives e's ListAndWatch updates until the stream ends, and hands
+// each, then the end, to applyUpdates. The stream is never reopened (as the
+// kubelet): the plugin must register again.
+//
+// The goroutine lives as long as the plugin and only receives: applying an
+// update (the views, the metrics, the Watch hub, the log) is a deep call
+// path, and a stack grown by it once would be kept, per plugin, for the
+// plugin's whole life. The hand-off is unbuffered, so the next update is
+// not received before the last one was taken, and each stream's items are
+// applied in the order they arrived.
 func (m *Manager) run(e *entry) {
 	defer m.wg.Done()
-	err := e.conn.Run(func(devs []endpoint.Device) { m.update(e, devs) })
-	m.streamEnded(e, err)
+	err := e.conn.Run(func(devs []endpoint.Device) { m.updates <- streamItem{e: e, devs: devs} })
+	// Close stops applyUpdates only once every stream goroutine is done,
+	// so these sends always find it.
+	m.updates <- streamItem{e: e, ended: true, err: err}
+}
+
+// applyUpdates applies what the streams deliver, one item at a time, until
+// ctx ends (Close, once every stream goroutine has returned).
+func (m *Manager) applyUpdates(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case it := <-m.updates:
+			if it.ended {
+				m.streamEnded(it.e, it.err)
+			} else {
+				m.update(it.e, it.devs)
+			}
+		}
+	}
 }
 
 // update replaces the resource's device set with an update from e (last
@@ -502,6 +563,7 @@ func (m *Manager) stopLocked(e *entry, now time.Time, why error) {
 	}
 	e.state = StateStopped
 	e.stopped = now
+	m.changesLocked(now, 1)
 	res := m.resources[e.resource]
 	if res == nil || res.endpoints[e.path] != e {
 		return
@@ -599,6 +661,8 @@ func (m *Manager) Close() error {
 		c.Close(errShuttingDown)
 	}
 	m.wg.Wait()
+	m.stopApplying()
+	m.applying.Wait()
 	m.hub.Close(fmt.Errorf("devicemanager shutting down: %w", errdefs.ErrUnavailable))
 	if err := m.persist(); err != nil {
 		return err

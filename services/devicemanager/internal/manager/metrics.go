@@ -3,8 +3,10 @@ package manager
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	registrations *prometheus.CounterVec
-	devices       *prometheus.GaugeVec
+	registrations  *prometheus.CounterVec
+	devices        *prometheus.GaugeVec
+	givenBack      prometheus.Counter
+	givenBackBytes prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -17,15 +19,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kubelet_device_plugin_devices",
 			Help: "Number of devices of a device plugin resource, by health state (healthy, unhealthy).",
 		}, []string{"resource_name", "health_state"}),
+		givenBack: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeplug_devicemanager_memory_give_backs_total",
+			Help: "Times the devicemanager collected garbage and returned free memory to the OS after a burst of endpoint arrivals or departures settled.",
+		}),
+		givenBackBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeplug_devicemanager_memory_given_back_bytes_total",
+			Help: "Bytes of memory the devicemanager returned to the OS after bursts of endpoint arrivals or departures settled.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.registrations, m.devices)
+		reg.MustRegister(m.registrations, m.devices, m.givenBack, m.givenBackBytes)
 	}
 	return m
 }
 
-// forget drops the device gauge series of a removed resource.
+// forget drops the series of a removed resource, so that those of
+// resources long gone do not pile up: its device gauges and its
+// registration count (which starts again from zero, as a counter may, if
+// the resource registers again).
 func (m *metrics) forget(resource string) {
 	m.devices.DeleteLabelValues(resource, "healthy")
 	m.devices.DeleteLabelValues(resource, "unhealthy")
+	m.registrations.DeleteLabelValues(resource)
 }

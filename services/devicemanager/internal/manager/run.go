@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"runtime/debug"
 	"time"
 )
 
@@ -37,34 +36,26 @@ func (m *Manager) Run(ctx context.Context) error {
 	return m.Close()
 }
 
-// After a burst of at least giveBackMin resources left, once no more
-// left for giveBackQuiet, the memory they took is returned to the OS
-// (DESIGN "Bounds": memory taken by a burst is given back once the burst
-// is gone). Without it the Go runtime keeps it until a GC that may come
-// minutes later, since an idle devicemanager allocates nothing.
-const (
-	giveBackMin   = 64
-	giveBackQuiet = time.Second
-)
-
 func (m *Manager) loop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	giveBack := time.NewTimer(time.Hour)
-	giveBack.Stop()
-	defer giveBack.Stop()
-	left := 0 // resources removed since memory was last given back
 	for {
+		now := time.Now()
 		m.mu.Lock()
-		before := len(m.resources)
-		next, removed := m.expireLocked(time.Now())
-		gone := before - len(m.resources)
+		next, removed := m.expireLocked(now)
+		changes, give := m.burst.take(now)
+		if at, ok := m.burst.due(); ok && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
+		if give {
+			m.compactLocked()
+		}
 		m.mu.Unlock()
 		if removed {
 			m.persistSoon()
 		}
-		if left += gone; gone > 0 && left >= giveBackMin {
-			giveBack.Reset(giveBackQuiet)
+		if give {
+			m.giveBack(changes)
 		}
 		wait := time.Hour
 		if !next.IsZero() {
@@ -80,10 +71,6 @@ func (m *Manager) loop(ctx context.Context) {
 				break writes
 			case <-timer.C:
 				break writes
-			case <-giveBack.C:
-				m.log.Debug("returning the memory of resources that left to the OS", "resources", left)
-				left = 0
-				debug.FreeOSMemory()
 			case <-m.flush:
 				// Gather the changes of a burst (many plugins registering
 				// at once) into one write.
@@ -97,6 +84,47 @@ func (m *Manager) loop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// changesLocked records n endpoint arrivals, departures or resource
+// removals at now for the give-back (see GiveBack), and wakes Run when
+// they make a burst.
+func (m *Manager) changesLocked(now time.Time, n int) {
+	if m.burst.changed(now, n) {
+		m.poke()
+	}
+}
+
+// giveBack returns to the OS the memory that a settled burst of changes
+// freed (see GiveBack).
+func (m *Manager) giveBack(changes int) {
+	start := time.Now()
+	before, after := m.freeMemory()
+	var returned uint64
+	if before > after {
+		returned = before - after
+	}
+	m.metrics.givenBack.Inc()
+	m.metrics.givenBackBytes.Add(float64(returned))
+	m.log.Debug("a burst of endpoint changes settled: memory returned to the OS", "changes", changes,
+		"returned_bytes", returned, "retained_bytes", after, "took", time.Since(start))
+}
+
+// compactLocked rebuilds the manager's maps, sized to what they hold now:
+// a Go map never shrinks, so after a burst of departures they would keep
+// the room of every plugin that left.
+func (m *Manager) compactLocked() {
+	m.resources = rebuilt(m.resources)
+	m.live = rebuilt(m.live)
+	m.dirty = rebuilt(m.dirty)
+}
+
+func rebuilt[K comparable, V any](in map[K]V) map[K]V {
+	out := make(map[K]V, len(in))
+	for k, v := range in {
+		out[k] = v
+	}
+	return out
 }
 
 // expireLocked removes resources whose grace period ended and returns the
@@ -113,6 +141,7 @@ func (m *Manager) expireLocked(now time.Time) (next time.Time, removed bool) {
 			m.dirty[name] = true
 			m.metrics.forget(name)
 			m.publishLocked(true, m.viewLocked(res))
+			m.changesLocked(now, 1)
 			removed = true
 			continue
 		}
