@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -75,6 +76,10 @@ type Service struct {
 	// with rt.Go. It runs after the lock is taken and the listeners are bound,
 	// before serving starts.
 	Setup func(ctx context.Context, rt *Runtime) error
+	// GCPercent is the garbage collector's target (GOGC) the service runs
+	// with when the GOGC environment variable is not set; 0 leaves Go's
+	// default, 100. GOGC, when set, always wins.
+	GCPercent int
 }
 
 // Runtime is what Setup gets.
@@ -168,6 +173,9 @@ func Main(svc Service, args []string) int {
 		fmt.Fprintln(os.Stderr, "nodeplug-"+svc.Binary+":", err)
 		return 2
 	}
+	if p, ok := gcPercent(svc, os.Getenv); ok {
+		debug.SetGCPercent(p)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := Run(ctx, svc, cfg, log); err != nil {
@@ -175,6 +183,15 @@ func Main(svc Service, args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// gcPercent returns the GOGC that svc.GCPercent asks for, unless the
+// environment sets GOGC itself or the service keeps Go's default.
+func gcPercent(svc Service, getenv func(string) string) (int, bool) {
+	if svc.GCPercent == 0 || getenv("GOGC") != "" {
+		return 0, false
+	}
+	return svc.GCPercent, true
 }
 
 func commonFlags(svc Service, fs *Flags, cfg *Config) *bool {

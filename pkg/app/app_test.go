@@ -146,3 +146,33 @@ func TestSetupFailureRemovesServedSockets(t *testing.T) {
 		}
 	}
 }
+
+func TestGCPercent(t *testing.T) {
+	env := func(gogc string) func(string) string {
+		return func(k string) string {
+			if k == "GOGC" {
+				return gogc
+			}
+			return ""
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		gogc    string
+		percent int
+		want    int
+		wantSet bool
+	}{
+		{name: "service default applies", percent: 200, want: 200, wantSet: true},
+		{name: "GOGC wins", percent: 200, gogc: "50"},
+		{name: "GOGC=off wins", percent: 200, gogc: "off"},
+		{name: "no service default", gogc: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, set := gcPercent(Service{GCPercent: tc.percent}, env(tc.gogc))
+			if got != tc.want || set != tc.wantSet {
+				t.Fatalf("gcPercent = %d, %v; want %d, %v", got, set, tc.want, tc.wantSet)
+			}
+		})
+	}
+}
