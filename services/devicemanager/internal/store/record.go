@@ -9,11 +9,24 @@
 // The first frame is the file's header, {"journal":N}, N the number in the
 // file's name; every later frame is one change, a Batch. A file is created
 // whole with its header (temporary file, fsync, rename), so a journal
-// without a valid header was damaged. The header checksum tells a damaged
-// length from a record cut short: a frame that ends past the end of the
-// file, a header cut short, or zeros to the end, is a torn write (the
-// record was never acknowledged); a frame that is all there but fails a
-// checksum is damage.
+// without a valid header was damaged.
+//
+// A journal is preallocated: created with zeros after its header (see
+// preallocation), so that a record written over them changes no metadata
+// and its fdatasync needs no commit of the filesystem's journal. A frame
+// header of zeros ends the records; zeros to the end of the file are
+// that padding. Journals of older releases, with no padding, read the
+// same.
+//
+// The header checksum tells a damaged length from a record cut short: a
+// frame that ends past the end of the file, or a header cut short, is a
+// torn write (the record was never acknowledged). In the padding a crash
+// can leave any subset of a write's sectors on disk, so a frame that
+// fails a checksum is a torn write too when a part of it that falls in
+// one 512-byte sector is all zeros, or anything non-zero follows a zero
+// header: the padding never written over, which no record of JSON or
+// intact header holds. A frame that is all there, with no such zeros, and
+// fails a checksum is damage.
 
 package store
 
@@ -60,14 +73,19 @@ func appendFrame(dst, payload []byte) []byte {
 func scanFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
 	for good < len(b) {
 		rest := b[good:]
-		if len(bytes.TrimLeft(rest, "\x00")) == 0 {
-			return payloads, good, true, nil
+		if allZero(rest[:min(len(rest), frameHeader)]) {
+			// The padding: the end of the records, unless a write torn
+			// by a crash left some of its sectors past here.
+			return payloads, good, !allZero(rest), nil
 		}
 		if len(rest) < frameHeader {
 			return payloads, good, true, nil
 		}
 		n := binary.LittleEndian.Uint32(rest[0:])
 		if crc32.Checksum(rest[:8], castagnoli) != binary.LittleEndian.Uint32(rest[8:]) {
+			if tornSector(b, good, frameHeader) {
+				return payloads, good, true, nil
+			}
 			return payloads, good, false, fmt.Errorf("%w: damaged record header at offset %d", ErrCorrupt, good)
 		}
 		if n > maxRecord {
@@ -78,12 +96,43 @@ func scanFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
 		}
 		payload := rest[frameHeader : frameHeader+int(n)]
 		if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(rest[4:]) {
+			if tornSector(b, good, frameHeader+int(n)) {
+				return payloads, good, true, nil
+			}
 			return payloads, good, false, fmt.Errorf("%w: record checksum mismatch at offset %d", ErrCorrupt, good)
 		}
 		payloads = append(payloads, payload)
 		good += frameHeader + int(n)
 	}
 	return payloads, good, false, nil
+}
+
+// sectorSize is the unit a disk writes whole: a write torn by a crash
+// leaves each sector old or new.
+const sectorSize = 512
+
+// tornSector reports whether the frame of n bytes at off in b has a part,
+// within one sector, that is all zeros: a sector of the padding that a
+// crash kept from being written over.
+func tornSector(b []byte, off, n int) bool {
+	end := min(off+n, len(b))
+	for off < end {
+		next := min((off/sectorSize+1)*sectorSize, end)
+		if allZero(b[off:next]) {
+			return true
+		}
+		off = next
+	}
+	return false
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // journalHeader is a journal file's first frame.
@@ -315,9 +364,11 @@ func scanJournal(jf journalFile) scannedJournal {
 }
 
 // createJournal creates journal number n beside the snapshot at path,
-// whole with its header (temporary file, fsync, rename, directory fsync),
-// and returns it open for appending, with its size.
-func createJournal(path string, n uint64) (*os.File, int64, error) {
+// whole with its header and prealloc bytes of padding in all (temporary
+// file, fsync, rename, directory fsync), and returns it open for
+// writing, with the length of its header: records are written from
+// there, over the padding and then past it.
+func createJournal(path string, n uint64, prealloc int64) (*os.File, int64, error) {
 	f, err := createTemp(filepath.Dir(path), "."+FileName+".journal-tmp-")
 	if err != nil {
 		return nil, 0, fmt.Errorf("create journal: %w", err)
@@ -331,6 +382,10 @@ func createJournal(path string, n uint64) (*os.File, int64, error) {
 	if _, err := f.Write(frame); err != nil {
 		discard(f)
 		return nil, 0, fmt.Errorf("write journal header: %w", err)
+	}
+	if err := pad(f, prealloc-int64(len(frame))); err != nil {
+		discard(f)
+		return nil, 0, fmt.Errorf("preallocate journal %s: %w", f.Name(), err)
 	}
 	if err := f.Sync(); err != nil {
 		discard(f)
@@ -347,3 +402,32 @@ func createJournal(path string, n uint64) (*os.File, int64, error) {
 	}
 	return f, int64(len(frame)), nil
 }
+
+// zeros is written as a journal's padding.
+var zeros = make([]byte, 64<<10)
+
+// pad writes n zero bytes to f. They are written, not only allocated
+// (fallocate would leave extents marked unwritten, whose first write
+// changes metadata again).
+func pad(f *os.File, n int64) error {
+	for n > 0 {
+		w, err := f.Write(zeros[:min(n, int64(len(zeros)))])
+		if err != nil {
+			return err
+		}
+		n -= int64(w)
+	}
+	return nil
+}
+
+// preallocation is the size of a new journal file: the size at which it
+// is compacted (see Journal.maybeCompactLocked), with a quarter more for
+// the records appended while the compaction starts, bounded. Records past
+// it are appended, growing the file.
+func preallocation(compactAt, snapSize int64) int64 {
+	n := max(compactAt, snapSize)
+	return min(n+n/4, maxPrealloc)
+}
+
+// maxPrealloc bounds a journal's padding.
+const maxPrealloc = 64 << 20
