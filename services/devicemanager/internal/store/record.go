@@ -32,6 +32,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -43,6 +44,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 const (
@@ -153,27 +155,28 @@ type record struct {
 type encodedBatch struct {
 	b           *Batch
 	resources   [][]byte
-	allocations [][]byte
+	allocations [][]byte // each within payload
 	payload     []byte
 }
 
 func encodeBatch(b *Batch) (*encodedBatch, error) {
 	e := &encodedBatch{b: b, resources: make([][]byte, len(b.Resources)), allocations: make([][]byte, len(b.Allocations))}
+	n := 64
 	for i := range b.Resources {
 		enc, err := json.Marshal(&b.Resources[i])
 		if err != nil {
 			return nil, fmt.Errorf("encode resource %s: %w", b.Resources[i].Name, err)
 		}
 		e.resources[i] = enc
+		n += len(enc) + 1
 	}
 	for i := range b.Allocations {
-		enc, err := json.Marshal(&b.Allocations[i])
-		if err != nil {
-			return nil, fmt.Errorf("encode allocation %v: %w", b.Allocations[i].Key(), err)
-		}
-		e.allocations[i] = enc
+		n += allocationSize(&b.Allocations[i])
 	}
-	p := make([]byte, 0, 64)
+	for i := range b.RemovedAllocations {
+		n += keySize(&b.RemovedAllocations[i])
+	}
+	p := make([]byte, 0, n)
 	p = append(p, '{')
 	sep := func() {
 		if len(p) > 1 {
@@ -194,23 +197,170 @@ func encodeBatch(b *Batch) (*encodedBatch, error) {
 		p = append(p, `"removed_resources":`...)
 		p = append(p, names...)
 	}
-	if len(e.allocations) > 0 {
+	// Each allocation is encoded into the payload, and the state keeps
+	// its part of it.
+	var ends []int
+	if len(b.Allocations) > 0 {
 		sep()
 		p = append(p, `"allocations":[`...)
-		p = appendJoined(p, e.allocations)
+		ends = make([]int, 0, 2*len(b.Allocations))
+		for i := range b.Allocations {
+			if i > 0 {
+				p = append(p, ',')
+			}
+			start := len(p)
+			var err error
+			if p, err = appendAllocation(p, &b.Allocations[i]); err != nil {
+				return nil, fmt.Errorf("encode allocation %v: %w", b.Allocations[i].Key(), err)
+			}
+			ends = append(ends, start, len(p))
+		}
 		p = append(p, ']')
 	}
 	if len(b.RemovedAllocations) > 0 {
 		sep()
-		keys, err := json.Marshal(b.RemovedAllocations)
-		if err != nil {
-			return nil, err
+		p = append(p, `"removed_allocations":[`...)
+		for i := range b.RemovedAllocations {
+			if i > 0 {
+				p = append(p, ',')
+			}
+			var err error
+			if p, err = appendKey(p, &b.RemovedAllocations[i]); err != nil {
+				return nil, err
+			}
 		}
-		p = append(p, `"removed_allocations":`...)
-		p = append(p, keys...)
+		p = append(p, ']')
 	}
 	e.payload = append(p, '}')
+	for i := range e.allocations {
+		e.allocations[i] = e.payload[ends[2*i]:ends[2*i+1]:ends[2*i+1]]
+	}
 	return e, nil
+}
+
+// The encoding of allocations and their keys, the records of every
+// Allocate and Release: byte for byte what encoding/json writes for
+// Allocation and AllocationKey (TestAppendAllocationIsJSON), written
+// directly. A record with a string that JSON escapes, or a time that
+// RFC 3339 cannot hold, is left to encoding/json.
+
+// allocationSize is about the length of a's encoding.
+func allocationSize(a *Allocation) int {
+	n := 160 + len(a.PodUID) + len(a.PodNamespace) + len(a.PodName) + len(a.ContainerName) + len(a.ResourceName) +
+		base64.StdEncoding.EncodedLen(len(a.Response)) + len(a.TraceID)
+	for _, id := range a.DeviceIDs {
+		n += len(id) + 3
+	}
+	return n
+}
+
+func keySize(k *AllocationKey) int {
+	return 64 + len(k.PodUID) + len(k.ContainerName) + len(k.ResourceName)
+}
+
+// appendAllocation appends the JSON encoding of a to dst.
+func appendAllocation(dst []byte, a *Allocation) ([]byte, error) {
+	if !plain(a.PodUID) || !plain(a.PodNamespace) || !plain(a.PodName) || !plain(a.ContainerName) ||
+		!plain(a.ResourceName) || !plain(a.TraceID) || slices.IndexFunc(a.DeviceIDs, func(id string) bool { return !plain(id) }) >= 0 {
+		return appendMarshal(dst, a)
+	}
+	start := len(dst)
+	dst = appendField(dst, `{"pod_uid":"`, a.PodUID)
+	if a.PodNamespace != "" {
+		dst = appendField(dst, `,"pod_namespace":"`, a.PodNamespace)
+	}
+	if a.PodName != "" {
+		dst = appendField(dst, `,"pod_name":"`, a.PodName)
+	}
+	dst = appendField(dst, `,"container_name":"`, a.ContainerName)
+	dst = appendField(dst, `,"resource_name":"`, a.ResourceName)
+	dst = append(dst, `,"device_ids":`...)
+	if a.DeviceIDs == nil {
+		dst = append(dst, "null"...)
+	} else {
+		dst = append(dst, '[')
+		for i, id := range a.DeviceIDs {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = append(dst, '"')
+			dst = append(dst, id...)
+			dst = append(dst, '"')
+		}
+		dst = append(dst, ']')
+	}
+	dst = append(dst, `,"response":`...)
+	if a.Response == nil {
+		dst = append(dst, "null"...)
+	} else {
+		dst = append(dst, '"')
+		dst = base64.StdEncoding.AppendEncode(dst, a.Response)
+		dst = append(dst, '"')
+	}
+	if a.TraceID != "" {
+		dst = appendField(dst, `,"trace_id":"`, a.TraceID)
+	}
+	dst = append(dst, `,"allocated":"`...)
+	t0 := len(dst)
+	dst = a.Allocated.AppendFormat(dst, time.RFC3339Nano)
+	if !strictRFC3339(dst[t0:]) {
+		return appendMarshal(dst[:start], a)
+	}
+	return append(dst, `"}`...), nil
+}
+
+// appendKey appends the JSON encoding of k to dst.
+func appendKey(dst []byte, k *AllocationKey) ([]byte, error) {
+	if !plain(k.PodUID) || !plain(k.ContainerName) || !plain(k.ResourceName) {
+		return appendMarshal(dst, k)
+	}
+	dst = appendField(dst, `{"pod_uid":"`, k.PodUID)
+	dst = appendField(dst, `,"container_name":"`, k.ContainerName)
+	dst = appendField(dst, `,"resource_name":"`, k.ResourceName)
+	return append(dst, '}'), nil
+}
+
+func appendMarshal(dst []byte, v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, b...), nil
+}
+
+// appendField appends name (which opens the string) and s, closed.
+func appendField(dst []byte, name, s string) []byte {
+	dst = append(dst, name...)
+	dst = append(dst, s...)
+	return append(dst, '"')
+}
+
+// plain reports whether encoding/json writes s as it is, between quotes:
+// printable ASCII with nothing it escapes (quote, backslash, and <, >, &,
+// which it escapes for HTML).
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c > 0x7e, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			return false
+		}
+	}
+	return true
+}
+
+// strictRFC3339 reports whether b, a time in RFC3339Nano, is what
+// time.Time.MarshalJSON writes rather than refuses: a four-digit year and
+// a zone offset under 24 hours.
+func strictRFC3339(b []byte) bool {
+	if len(b) < len("2006-01-02T15:04:05Z") || b[4] != '-' {
+		return false
+	}
+	if b[len(b)-1] == 'Z' {
+		return true
+	}
+	c := b[len(b)-len("Z07:00")]
+	hours := 10*int(b[len(b)-5]-'0') + int(b[len(b)-4]-'0')
+	return (c == '+' || c == '-') && hours < 24
 }
 
 func appendJoined(dst []byte, parts [][]byte) []byte {
