@@ -113,7 +113,8 @@ func (r *runner) allocRun(ctx context.Context, resource func(c, i int) string, d
 // journal's size under a long Allocate/Release loop.
 type DurabilityResult struct {
 	// FsyncFloor: one small append plus fdatasync on the checkpoint's
-	// filesystem, in this run.
+	// filesystem, in this run, for as long as Allocate8 runs (before
+	// 2026-12-01: 500 of them, about a tenth of a second).
 	FsyncFloor Dist `json:"fsync_floor"`
 	// Allocate8 is Allocate with 8 devices and one caller, measured right
 	// after the floor; OverFloorP99Ms its p99 less the floor's (target:
@@ -159,7 +160,7 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	var out DurabilityResult
 	r.logf("durability: fsync floor, Allocate beside it, %d plugins, journal loop %v", r.cfg.AllocPlugins, r.cfg.JournalLoop)
 	var err error
-	if out.FsyncFloor, err = r.fsyncFloor(500); err != nil {
+	if out.FsyncFloor, err = r.fsyncFloor(500, r.cfg.AllocDuration); err != nil {
 		return out, err
 	}
 	r.logf("  fsync floor %v", out.FsyncFloor)

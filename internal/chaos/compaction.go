@@ -70,12 +70,13 @@ func (h *harness) compacting() bool {
 }
 
 // frames returns the start offset and total length of each complete frame
-// of a journal's bytes.
+// of a journal's bytes, up to the zeros that pad a journal after its
+// records.
 func frames(b []byte) [][2]int {
 	var out [][2]int
 	for off := 0; off+frameHeader <= len(b); {
 		n := int(binary.LittleEndian.Uint32(b[off:]))
-		if off+frameHeader+n > len(b) {
+		if n == 0 || off+frameHeader+n > len(b) {
 			break
 		}
 		out = append(out, [2]int{off, frameHeader + n})

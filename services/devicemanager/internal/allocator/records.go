@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
@@ -72,7 +73,9 @@ func (l *Ledger) Release(ctx context.Context, pod, container string) (int64, err
 		return 0, nil
 	}
 	l.res.AllocationsChanged(resources)
-	l.log.DebugContext(ctx, "devices released", "pod_uid", pod, "container", container, "devices", n)
+	if l.log.Enabled(ctx, slog.LevelDebug) {
+		l.log.DebugContext(ctx, "devices released", "pod_uid", pod, "container", container, "devices", n)
+	}
 	if err := l.persist(); err != nil {
 		return n, fmt.Errorf("release not saved: %v: %w", err, errdefs.ErrInternal)
 	}

@@ -210,7 +210,7 @@ func (j *Journal) Load() (*Data, error) {
 
 	// A fresh snapshot continued by a new, empty journal.
 	next := max(highest, first) + 1
-	f, size, err := createJournal(j.path, next)
+	f, size, err := createJournal(j.path, next, preallocation(j.opts.CompactAt, int64(len(b))))
 	if err != nil {
 		return nil, err
 	}
@@ -346,16 +346,16 @@ func (j *Journal) flushLocked() flushResult {
 	}
 	if err == nil && dirty {
 		// A failed write may have left part of a frame past the valid
-		// length: cut it off before writing again.
-		if err = f.Truncate(size); err == nil {
-			_, err = f.Seek(size, 0)
-		}
+		// length: cut it off before writing again (and the padding
+		// with it: later records are appended).
+		err = f.Truncate(size)
 	}
 	if err == nil && j.failWrite != nil {
 		err = j.failWrite()
 	}
 	if err == nil {
-		_, err = f.Write(data)
+		// Over the padding, where there is some: no metadata changes.
+		_, err = f.WriteAt(data, size)
 	}
 	if err == nil {
 		err = syscall.Fdatasync(int(f.Fd()))
@@ -431,12 +431,12 @@ func (j *Journal) compact() {
 	}()
 	j.mu.Lock()
 	j.numbers++
-	n := j.numbers
+	n, snapSize0 := j.numbers, j.snapSize
 	j.mu.Unlock()
 	if !j.step("start") {
 		return
 	}
-	f, size, err := createJournal(j.path, n)
+	f, size, err := createJournal(j.path, n, preallocation(j.opts.CompactAt, snapSize0))
 	if err != nil {
 		return
 	}
@@ -485,9 +485,9 @@ func (j *Journal) restart() error {
 	defer j.snapMu.Unlock()
 	j.mu.Lock()
 	j.numbers++
-	n := j.numbers
+	n, snapSize0 := j.numbers, j.snapSize
 	j.mu.Unlock()
-	f, size, err := createJournal(j.path, n)
+	f, size, err := createJournal(j.path, n, preallocation(j.opts.CompactAt, snapSize0))
 	if err != nil {
 		return err
 	}

@@ -78,7 +78,7 @@ func TestNewJournalReplacesPlantedLink(t *testing.T) {
 	if err := os.Symlink(victim, journalPath(Path(dir), 7)); err != nil {
 		t.Fatal(err)
 	}
-	f, _, err := createJournal(Path(dir), 7)
+	f, _, err := createJournal(Path(dir), 7, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

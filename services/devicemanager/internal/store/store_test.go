@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -186,6 +187,21 @@ func tornJournal(t *testing.T, dir string) (string, *Data) {
 	return path, want
 }
 
+// records returns the journal at path up to the end of its records,
+// without the padding after them: a journal as an older release wrote it.
+func records(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, good, torn, err := scanFrames(b)
+	if err != nil || torn || good == len(b) {
+		t.Fatalf("journal %s: %d of %d bytes of records, torn %v, %v; want records and padding", path, good, len(b), torn, err)
+	}
+	return b[:good]
+}
+
 // TestTornTailDroppedQuietly: a last record cut short (it was never
 // acknowledged) is dropped without a word; the records before it are kept.
 func TestTornTailDroppedQuietly(t *testing.T) {
@@ -203,14 +219,11 @@ func TestTornTailDroppedQuietly(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testutil.TempDir(t)
 			path, want := tornJournal(t, dir)
-			f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-			if err != nil {
+			// Appended to the records, as in a journal of an older
+			// release or one grown past its padding.
+			if err := os.WriteFile(path, append(records(t, path), tc.tail...), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.Write(tc.tail); err != nil {
-				t.Fatal(err)
-			}
-			_ = f.Close()
 			_, d, err := open(t, dir, Options{})
 			if err != nil || !reflect.DeepEqual(d, want) {
 				t.Fatalf("Load = %+v, %v\nwant %+v", d, err, want)
@@ -220,6 +233,94 @@ func TestTornTailDroppedQuietly(t *testing.T) {
 			}
 			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("the torn journal is still there: %v", err)
+			}
+		})
+	}
+}
+
+// TestJournalPreallocated: a journal is created with padding that
+// records are written over, so that its size (metadata) does not change
+// as records are appended; they are read back after a crash.
+func TestJournalPreallocated(t *testing.T) {
+	dir := testutil.TempDir(t)
+	path, want := tornJournal(t, dir)
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wantSize := preallocation(DefaultCompactAt, 0); fi.Size() != wantSize {
+		t.Fatalf("journal of %d bytes after three records, want its preallocated %d", fi.Size(), wantSize)
+	}
+	if got := len(records(t, path)); got >= int(fi.Size()) {
+		t.Fatalf("%d bytes of records in a journal of %d", got, fi.Size())
+	}
+	if _, d, err := open(t, dir, Options{}); err != nil || !reflect.DeepEqual(d, want) {
+		t.Fatalf("Load = %+v, %v\nwant %+v", d, err, want)
+	}
+	if a := asides(t, dir); len(a) != 0 {
+		t.Fatalf("moved aside: %v", a)
+	}
+}
+
+// TestTornWriteOverPadding: a crash while records are written over the
+// padding can leave any of the write's sectors unwritten (zeros), in any
+// order; each such record was never acknowledged and is dropped quietly,
+// with whatever follows it. Damage there (no sector of zeros) is loud.
+func TestTornWriteOverPadding(t *testing.T) {
+	// A record spanning several sectors, and one after it (written in the
+	// same batch).
+	big := alloc("never-acknowledged", "example.com/a", "d9")
+	big.Response = bytes.Repeat([]byte{'r'}, 3*sectorSize)
+	e1, err := encodeBatch(&Batch{Allocations: []Allocation{big}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e2, err := encodeBatch(&Batch{Allocations: []Allocation{alloc("nor-this", "example.com/a", "d8")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := appendFrame(appendFrame(nil, e1.payload), e2.payload)
+	for _, tc := range []struct {
+		name string
+		// tear alters the batch written at offset off of the file.
+		tear  func(w []byte, off int)
+		quiet bool
+	}{
+		{"nothing written", func(w []byte, _ int) { clear(w) }, true},
+		{"first sector not written", func(w []byte, off int) { clear(w[:sectorSize-off%sectorSize]) }, true},
+		{"a middle sector not written", func(w []byte, off int) {
+			s := 2*sectorSize - off%sectorSize
+			clear(w[s : s+sectorSize])
+		}, true},
+		{"last sectors not written", func(w []byte, off int) { clear(w[len(w)/2+sectorSize-(off+len(w)/2)%sectorSize:]) }, true},
+		{"all written, a byte flipped", func(w []byte, _ int) { w[frameHeader+7] ^= 0x20 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.TempDir(t)
+			path, want := tornJournal(t, dir)
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			off := len(records(t, path))
+			w := append([]byte(nil), batch...)
+			tc.tear(w, off)
+			copy(b[off:], w)
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, d, err := open(t, dir, Options{})
+			if !tc.quiet {
+				if ces := Corruptions(err); len(ces) != 1 || ces[0].Path != path || d == nil || !reflect.DeepEqual(d.Allocations, want.Allocations) {
+					t.Fatalf("Load = %+v, %v; want the journal moved aside, its records kept", d, err)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(d, want) {
+				t.Fatalf("Load = %+v, %v\nwant %+v", d, err, want)
+			}
+			if a := asides(t, dir); len(a) != 0 {
+				t.Fatalf("a torn write was moved aside: %v", a)
 			}
 		})
 	}
@@ -239,7 +340,16 @@ func TestDamageBeforeTheTail(t *testing.T) {
 	}{
 		{"payload byte flipped in the second record", func(b []byte, fr []int) []byte { b[fr[2]+frameHeader+3] ^= 0x20; return b }, 1, "checksum mismatch"},
 		{"length flipped in the second record", func(b []byte, fr []int) []byte { b[fr[2]] ^= 0x01; return b }, 1, "damaged record header"},
-		{"last record complete but damaged", func(b []byte, fr []int) []byte { b[len(b)-2] ^= 0x20; return b }, 2, "checksum mismatch"},
+		{"last record complete but damaged", func(b []byte, fr []int) []byte {
+			_, end, _, _ := scanFrames(b)
+			b[end-2] ^= 0x20
+			return b
+		}, 2, "checksum mismatch"},
+		{"last record complete but damaged, no padding", func(b []byte, fr []int) []byte {
+			_, end, _, _ := scanFrames(b)
+			b[end-2] ^= 0x20
+			return b[:end]
+		}, 2, "checksum mismatch"},
 		{"header damaged", func(b []byte, fr []int) []byte { b[frameHeader+2] ^= 0x20; return b }, 0, "checksum mismatch"},
 		{"empty file", func([]byte, []int) []byte { return nil }, 0, "no header"},
 		{"foreign JSON", func([]byte, []int) []byte { return []byte(`{"kind":"SomethingElse"}`) }, 0, "damaged record header"},
@@ -252,10 +362,10 @@ func TestDamageBeforeTheTail(t *testing.T) {
 				t.Fatal(err)
 			}
 			var frames []int
-			for off := 0; off < len(b); {
+			p, _, _, _ := scanFrames(b)
+			for off, i := 0, 0; i < len(p); i++ {
 				frames = append(frames, off)
-				p, _, _, _ := scanFrames(b[off:])
-				off += frameHeader + len(p[0])
+				off += frameHeader + len(p[i])
 			}
 			if len(frames) != 4 {
 				t.Fatalf("%d frames in the journal, want a header and 3 records", len(frames))
@@ -295,7 +405,7 @@ func TestDamagedJournalMovesLaterOnesAside(t *testing.T) {
 	path, _ := tornJournal(t, dir)
 	// A later journal with a record, as a compaction that switched to it
 	// leaves.
-	next, _, err := createJournal(Path(dir), 99)
+	next, _, err := createJournal(Path(dir), 99, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +417,7 @@ func TestDamagedJournalMovesLaterOnesAside(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = next.Close()
-	b, _ := os.ReadFile(path)
+	b := records(t, path)
 	if err := os.WriteFile(path, b[:len(b)-3], 0o600); err != nil { // torn, but not the last journal
 		t.Fatal(err)
 	}
@@ -428,8 +538,9 @@ func TestFailedWriteIsRetried(t *testing.T) {
 	fail := true
 	j.failWrite = func() error {
 		if fail {
-			// A partial frame, as a failed write may leave.
-			_, _ = j.f.Write([]byte{1, 2, 3})
+			// A partial frame, as a failed write may leave, over the
+			// padding.
+			_, _ = j.f.WriteAt([]byte{1, 2, 3}, j.size)
 			return errors.New("disk full")
 		}
 		return nil
