@@ -81,7 +81,8 @@ type Allocator interface {
 // may call the Ledger's Taken.
 type Resources interface {
 	// Candidates returns the plugin that allocates devices of resource
-	// and its healthy devices, sorted. It fails with errdefs.ErrNotFound
+	// and its healthy devices, sorted; the slice may be shared, and the
+	// caller must not change it. It fails with errdefs.ErrNotFound
 	// for an unknown resource and errdefs.ErrFailedPrecondition when the
 	// resource has no live endpoint or no healthy device.
 	Candidates(resource string) (endpoint.Plugin, []string, error)

@@ -78,37 +78,48 @@ func (l *Ledger) choose(ctx context.Context, k key, rr ResourceRequest) (*pick, 
 		}
 		l.mu.Lock()
 		owners := l.owners[k.resource]
-		var free []string
-		for _, id := range healthy {
-			if _, taken := owners[id]; !taken {
-				free = append(free, id)
-			}
+		isFree := func(id string) bool {
+			_, taken := owners[id]
+			return !taken
 		}
 		for _, id := range must {
-			if !slices.Contains(free, id) {
+			if _, healthy := slices.BinarySearch(healthy, id); !healthy || !isFree(id) {
 				l.mu.Unlock()
 				return nil, fmt.Errorf("must-include device %q of %s is not healthy and free: %w", id, k.resource, errdefs.ErrFailedPrecondition)
 			}
 		}
-		if len(free) < count {
-			l.mu.Unlock()
-			return nil, fmt.Errorf("requested number of devices unavailable for %s. Requested: %d, Available: %d: %w",
-				k.resource, count, len(free), errdefs.ErrFailedPrecondition)
-		}
 		if !plugin.Options().PreferredAllocation {
+			// The lowest free IDs: the walk stops once it has count, so
+			// its cost follows the allocations, not the devices.
 			ids := slices.Clone(must)
-			for _, id := range free {
-				if len(ids) == count {
+			for _, id := range healthy {
+				if len(ids) >= count {
 					break
 				}
-				if !slices.Contains(ids, id) {
+				if isFree(id) && !slices.Contains(must, id) {
 					ids = append(ids, id)
 				}
+			}
+			if len(ids) < count {
+				free := countFree(healthy, isFree)
+				l.mu.Unlock()
+				return nil, unavailable(k.resource, count, free)
 			}
 			slices.Sort(ids)
 			l.reserveLocked(k, ids)
 			l.mu.Unlock()
 			return &pick{key: k, ids: ids, plugin: plugin}, nil
+		}
+		// The plugin chooses among every free device.
+		var free []string
+		for _, id := range healthy {
+			if isFree(id) {
+				free = append(free, id)
+			}
+		}
+		if len(free) < count {
+			l.mu.Unlock()
+			return nil, unavailable(k.resource, count, len(free))
 		}
 		l.mu.Unlock()
 
@@ -134,6 +145,23 @@ func (l *Ledger) choose(ctx context.Context, k key, rr ResourceRequest) (*pick, 
 			return nil, fmt.Errorf("devices of %s preferred by its plugin were taken concurrently %d times: %w", k.resource, attempt, errdefs.ErrFailedPrecondition)
 		}
 	}
+}
+
+// unavailable is the kubelet's error for a request of count devices of
+// resource when only free are healthy and free.
+func unavailable(resource string, count, free int) error {
+	return fmt.Errorf("requested number of devices unavailable for %s. Requested: %d, Available: %d: %w",
+		resource, count, free, errdefs.ErrFailedPrecondition)
+}
+
+func countFree(ids []string, isFree func(string) bool) int {
+	n := 0
+	for _, id := range ids {
+		if isFree(id) {
+			n++
+		}
+	}
+	return n
 }
 
 // preferred asks the plugin for its choice and treats the answer as the

@@ -505,7 +505,7 @@ func (m *Manager) update(e *entry, devs []endpoint.Device) {
 	first := e.state == StateConnecting
 	e.state = StateLive
 	res.devices = make(map[string]*device, len(devs))
-	res.ids = nil
+	res.devicesChanged()
 	for _, d := range devs {
 		res.devices[d.ID] = &device{id: d.ID, healthy: d.Healthy, numa: d.NUMANodes}
 	}
@@ -590,6 +590,7 @@ func (m *Manager) stopLocked(e *entry, now time.Time, why error) {
 		for _, d := range res.devices {
 			d.healthy = false
 		}
+		res.devicesChanged()
 		res.stoppedAt = now
 		m.log.Warn("resource has no live endpoint; devices unhealthy until the grace period ends",
 			"resource", res.name, "grace_deadline", now.Add(m.grace))

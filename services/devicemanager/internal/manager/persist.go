@@ -122,6 +122,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 			for _, dv := range res.devices {
 				dv.healthy = false
 			}
+			res.devicesChanged()
 			res.stoppedAt = now
 		}
 		m.changedLocked(res)

@@ -19,32 +19,52 @@ import (
 type resource struct {
 	name    string
 	devices map[string]*device
-	// ids caches the sorted keys of devices; nil after devices changed.
-	ids       []string
+	// lists caches the device IDs, sorted and split by health; nil after
+	// the devices or their health changed (devicesChanged).
+	lists     *deviceLists
 	endpoints map[string]*entry // by endpoint path
 	primary   *entry
 	// stoppedAt is set while no endpoint is live: the grace period runs.
 	stoppedAt time.Time
 }
 
-// sortedIDs returns the device IDs in sorted order. The slice is shared:
-// callers must not change it.
-func (r *resource) sortedIDs() []string {
-	if r.ids == nil {
-		r.ids = slices.Sorted(maps.Keys(r.devices))
-	}
-	return r.ids
+// deviceLists are a resource's device IDs in sorted order: all of them,
+// the healthy ones and the unhealthy ones. They are kept from one change of
+// the devices to the next, so that an allocation, which changes none of
+// them, costs nothing per device: not in its choice of devices, not in the
+// view it publishes. The slices are shared (and clipped, so an append
+// copies): nobody may change them.
+type deviceLists struct {
+	all, healthy, unhealthy []string
 }
 
-func (r *resource) healthyCount() int {
-	n := 0
-	for _, d := range r.devices {
-		if d.healthy {
-			n++
+// deviceLists returns the cached lists of r, building them if the devices
+// changed since.
+func (r *resource) deviceLists() *deviceLists {
+	if r.lists == nil {
+		l := &deviceLists{all: slices.Sorted(maps.Keys(r.devices))}
+		for _, id := range l.all {
+			if r.devices[id].healthy {
+				l.healthy = append(l.healthy, id)
+			} else {
+				l.unhealthy = append(l.unhealthy, id)
+			}
 		}
+		l.all, l.healthy, l.unhealthy = slices.Clip(l.all), slices.Clip(l.healthy), slices.Clip(l.unhealthy)
+		r.lists = l
 	}
-	return n
+	return r.lists
 }
+
+// devicesChanged drops the cached lists: call it after changing the device
+// set or any device's health.
+func (r *resource) devicesChanged() { r.lists = nil }
+
+// sortedIDs returns the device IDs in sorted order. The slice is shared:
+// callers must not change it.
+func (r *resource) sortedIDs() []string { return r.deviceLists().all }
+
+func (r *resource) healthyCount() int { return len(r.deviceLists().healthy) }
 
 type device struct {
 	id      string
@@ -96,19 +116,18 @@ func (m *Manager) publishLocked(removed bool, r ResourceInfo) {
 
 func (m *Manager) viewLocked(res *resource) ResourceInfo {
 	v := ResourceInfo{Name: res.name, Capacity: int64(len(res.devices))}
+	lists := res.deviceLists()
+	v.Healthy, v.Unhealthy = lists.healthy, lists.unhealthy
+	v.Allocatable = int64(len(v.Healthy))
+	// Free counts from the allocations, not the devices: its cost follows
+	// the allocations of this resource, whatever the number of devices.
 	taken := m.alloc.Taken(res.name)
-	for _, id := range res.sortedIDs() {
-		d := res.devices[id]
-		if d.healthy {
-			v.Healthy = append(v.Healthy, id)
-			if _, found := slices.BinarySearch(taken, id); !found {
-				v.Free++
-			}
-		} else {
-			v.Unhealthy = append(v.Unhealthy, id)
+	v.Free = v.Allocatable
+	for _, id := range taken {
+		if d := res.devices[id]; d != nil && d.healthy {
+			v.Free--
 		}
 	}
-	v.Allocatable = int64(len(v.Healthy))
 	v.Allocated = taken
 	for _, e := range res.sortedEndpoints() {
 		v.Endpoints = append(v.Endpoints, EndpointInfo{
@@ -175,7 +194,7 @@ func (m *Manager) WatchStats() stream.Stats { return m.hub.Stats() }
 var _ allocator.Resources = (*Manager)(nil)
 
 // Candidates implements allocator.Resources: the primary endpoint of
-// resource and its healthy devices.
+// resource and its healthy devices (the cached list, shared).
 func (m *Manager) Candidates(name string) (endpoint.Plugin, []string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -183,12 +202,7 @@ func (m *Manager) Candidates(name string) (endpoint.Plugin, []string, error) {
 	if res == nil {
 		return nil, nil, fmt.Errorf("cannot allocate unregistered device %s: %w", name, errdefs.ErrNotFound)
 	}
-	var healthy []string
-	for _, id := range res.sortedIDs() {
-		if res.devices[id].healthy {
-			healthy = append(healthy, id)
-		}
-	}
+	healthy := res.deviceLists().healthy
 	if e := res.primary; e == nil || e.closed || len(healthy) == 0 {
 		return nil, nil, fmt.Errorf("no healthy devices present; cannot allocate unhealthy devices %s: %w", name, errdefs.ErrFailedPrecondition)
 	}
