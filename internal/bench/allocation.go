@@ -127,6 +127,13 @@ type DurabilityResult struct {
 	Plugins      int              `json:"plugins_registered"`
 	Many         AllocationResult `json:"many_plugins"`
 	ManyP99Ratio float64          `json:"many_plugins_p99_over_8_devices_p99"`
+	// Allocate8Many is Allocate with the 8 devices of Allocate8 from as
+	// many callers as Many, each on a device of its own;
+	// ManyP99RatioSameCallers is Many's p99 over its p99: what the node's
+	// size costs, with the queueing of 8 callers on the same cores in
+	// both figures.
+	Allocate8Many           AllocationResult `json:"allocate_8_devices_same_callers"`
+	ManyP99RatioSameCallers float64          `json:"many_plugins_p99_over_8_devices_same_callers_p99"`
 	// ManyCPUPerPairUs is the devicemanager's CPU time per pair in that
 	// run, in microseconds: what a pair costs whatever else the machine
 	// is doing.
@@ -180,6 +187,9 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 		return out, err
 	}
 	out.OverFloorP99Ms = round2(out.Allocate8.Allocate.P99 - out.FsyncFloor.P99)
+	if out.Allocate8Many, err = r.allocRun(ctx, func(int, int) string { return dp.Resource() }, 8, manyCallers, r.cfg.AllocDuration, nil); err != nil {
+		return out, err
+	}
 
 	// Many plugins, two devices each.
 	out.Plugins = r.cfg.AllocPlugins
@@ -224,6 +234,9 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	}
 	if p99 := out.Allocate8.Allocate.P99; p99 > 0 {
 		out.ManyP99Ratio = round2(out.Many.Allocate.P99 / p99)
+	}
+	if p99 := out.Allocate8Many.Allocate.P99; p99 > 0 {
+		out.ManyP99RatioSameCallers = round2(out.Many.Allocate.P99 / p99)
 	}
 
 	// The longer loop, following the files.
@@ -273,6 +286,8 @@ func printDurability(w io.Writer, d DurabilityResult) {
 	fmt.Fprintf(w, "  %d plugins registered, %d callers: %.0f pairs/s (target ≥ %d/s), allocate %s\n",
 		d.Plugins, d.Many.Callers, d.Many.PairsPerSec, 5*219, d.Many.Allocate)
 	fmt.Fprintf(w, "  its p99 is %.2f× the 8-device p99 (target ≤ 2×); devicemanager CPU %.0f µs per pair\n", d.ManyP99Ratio, d.ManyCPUPerPairUs)
+	fmt.Fprintf(w, "  Allocate, 8 devices, %d callers             %s\n", d.Allocate8Many.Callers, d.Allocate8Many.Allocate)
+	fmt.Fprintf(w, "  the %d plugins' p99 is %.2f× that (the same callers; the size of the node alone)\n", d.Plugins, d.ManyP99RatioSameCallers)
 	fmt.Fprintf(w, "  loop of %.0f s, %d pairs (%.0f/s), allocate %s\n", d.Loop.Seconds, d.Loop.Pairs, d.Loop.PairsPerSec, d.Loop.Allocate)
 	fmt.Fprintf(w, "  the loop's journal: at most %d bytes, %d at the end; %d journal files seen; snapshot %d bytes\n",
 		d.Loop.MaxJournalBytes, d.Loop.FinalJournalBytes, d.Loop.Journals, d.Loop.SnapshotBytes)
