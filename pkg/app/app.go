@@ -80,6 +80,9 @@ type Service struct {
 	// with when the GOGC environment variable is not set; 0 leaves Go's
 	// default, 100. GOGC, when set, always wins.
 	GCPercent int
+	// Settle, when set, gives the memory of a burst of work back to the OS
+	// once the burst is over (see Settle).
+	Settle *Settle
 }
 
 // Runtime is what Setup gets.
@@ -400,6 +403,12 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 	}
 	if !rt.deferred {
 		healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	}
+	if svc.Settle != nil {
+		rt.Go(func(ctx context.Context) error {
+			settleLoop(ctx, *svc.Settle, log, reg)
+			return nil
+		})
 	}
 
 	if mlis != nil {

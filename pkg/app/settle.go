@@ -1,0 +1,144 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Settle configures how a service gives the memory of a burst of work back
+// to the OS once the burst is over. The Go runtime returns freed memory
+// lazily and only after a garbage collection, which an idle service does
+// not run: without this, the heap that a thousand registrations grew stays
+// with the process long after they are done. A burst is seen in the heap's
+// allocations, not in any domain event, so it needs nothing from the
+// service. Zero fields take the defaults.
+type Settle struct {
+	// Burst is how many bytes the heap must have allocated since the last
+	// give-back (default 16 MiB): less is not worth a collection.
+	Burst uint64
+	// Quiet is the most the heap may allocate in one Period for the burst
+	// to be over (default 512 KiB).
+	Quiet uint64
+	// Period is how often allocation is sampled (default 1 s).
+	Period time.Duration
+	// Interval is the least time between two give-backs (default 10 s).
+	Interval time.Duration
+}
+
+// Defaults of Settle.
+const (
+	DefaultSettleBurst    = 16 << 20
+	DefaultSettleQuiet    = 512 << 10
+	DefaultSettlePeriod   = time.Second
+	DefaultSettleInterval = 10 * time.Second
+)
+
+func (s Settle) withDefaults() Settle {
+	if s.Burst == 0 {
+		s.Burst = DefaultSettleBurst
+	}
+	if s.Quiet == 0 {
+		s.Quiet = DefaultSettleQuiet
+	}
+	if s.Period <= 0 {
+		s.Period = DefaultSettlePeriod
+	}
+	if s.Interval <= 0 {
+		s.Interval = DefaultSettleInterval
+	}
+	return s
+}
+
+// settler decides, from samples of the heap's cumulative allocations, when
+// a burst is over. It keeps no clock and reads nothing itself: tick gets
+// the time and the sample, so that a test can drive it.
+type settler struct {
+	cfg      Settle
+	started  bool
+	given    uint64    // allocations at the last give-back (or the first sample)
+	prev     uint64    // allocations at the previous sample
+	lastGive time.Time // zero before the first give-back
+}
+
+// tick takes the sample allocs (bytes allocated since the process
+// started) at now and reports whether memory should be given back now:
+// at least Burst allocated since the last give-back, less than Quiet since
+// the previous sample, and Interval since the last give-back.
+func (s *settler) tick(now time.Time, allocs uint64) bool {
+	if !s.started {
+		s.started, s.given, s.prev = true, allocs, allocs
+		return false
+	}
+	quiet := allocs-s.prev < s.cfg.Quiet
+	s.prev = allocs
+	if allocs-s.given < s.cfg.Burst || !quiet {
+		return false
+	}
+	if !s.lastGive.IsZero() && now.Sub(s.lastGive) < s.cfg.Interval {
+		return false
+	}
+	s.given, s.lastGive = allocs, now
+	return true
+}
+
+// heapAllocs is the heap's cumulative allocations, in bytes.
+func heapAllocs() uint64 {
+	s := []rtmetrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	rtmetrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// retainedBytes is the memory the Go runtime maps and has not returned to
+// the OS: a close estimate of its share of the resident set.
+func retainedBytes() uint64 {
+	s := []rtmetrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
+	rtmetrics.Read(s)
+	total, released := s[0].Value.Uint64(), s[1].Value.Uint64()
+	if released > total {
+		return 0
+	}
+	return total - released
+}
+
+// settleLoop samples the heap every Period until ctx ends, and gives the
+// memory back (debug.FreeOSMemory: a collection, then every free page
+// returned) when the settler says a burst is over. It counts and logs each
+// give-back.
+func settleLoop(ctx context.Context, cfg Settle, log *slog.Logger, reg prometheus.Registerer) {
+	cfg = cfg.withDefaults()
+	gives := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeplug_memory_give_backs_total",
+		Help: "Times a burst of work was over and its memory was returned to the OS.",
+	})
+	given := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "nodeplug_memory_given_back_bytes_total",
+		Help: "Bytes returned to the OS after bursts of work.",
+	})
+	reg.MustRegister(gives, given)
+	s := &settler{cfg: cfg}
+	t := time.NewTicker(cfg.Period)
+	defer t.Stop()
+	for {
+		if s.tick(time.Now(), heapAllocs()) {
+			start := time.Now()
+			before := retainedBytes()
+			debug.FreeOSMemory()
+			after := retainedBytes()
+			gives.Inc()
+			if before > after {
+				given.Add(float64(before - after))
+			}
+			log.Debug("a burst of work is over: memory returned to the OS", "retained_before", before, "retained_after", after, "took", time.Since(start))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
