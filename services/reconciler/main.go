@@ -41,7 +41,7 @@ func main() {
 		DefaultMetrics: app.DefaultReconcilerMetricsAddr,
 		// Half the collections of Go's default: in a burst of
 		// registrations the reconciler's live heap is a few MiB while it
-		// allocates tens of KB per plugin, and the collector took a sixth of
+		// allocates tens of KB per plugin, and the collector took a seventh of
 		// its CPU. The extra garbage lasts as long as the burst: once the
 		// heap has been quiet for a second, the memory is given back.
 		GCPercent: 200,
