@@ -3,11 +3,11 @@ package app
 import (
 	"context"
 	"log/slog"
-	"runtime/debug"
-	rtmetrics "runtime/metrics"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeplug/nodeplug/pkg/memory"
 )
 
 // Settle configures how a service gives the memory of a burst of work back
@@ -86,29 +86,10 @@ func (s *settler) tick(now time.Time, allocs uint64) bool {
 	return true
 }
 
-// heapAllocs is the heap's cumulative allocations, in bytes.
-func heapAllocs() uint64 {
-	s := []rtmetrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	rtmetrics.Read(s)
-	return s[0].Value.Uint64()
-}
-
-// retainedBytes is the memory the Go runtime maps and has not returned to
-// the OS: a close estimate of its share of the resident set.
-func retainedBytes() uint64 {
-	s := []rtmetrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
-	rtmetrics.Read(s)
-	total, released := s[0].Value.Uint64(), s[1].Value.Uint64()
-	if released > total {
-		return 0
-	}
-	return total - released
-}
-
 // settleLoop samples the heap every Period until ctx ends, and gives the
-// memory back (debug.FreeOSMemory: a collection, then every free page
-// returned) when the settler says a burst is over. It counts and logs each
-// give-back.
+// memory back (memory.Release: a collection, then every free page
+// returned) when the settler says a burst is over. It counts and logs
+// each give-back.
 func settleLoop(ctx context.Context, cfg Settle, log *slog.Logger, reg prometheus.Registerer) {
 	cfg = cfg.withDefaults()
 	gives := prometheus.NewCounter(prometheus.CounterOpts{
@@ -124,11 +105,9 @@ func settleLoop(ctx context.Context, cfg Settle, log *slog.Logger, reg prometheu
 	t := time.NewTicker(cfg.Period)
 	defer t.Stop()
 	for {
-		if s.tick(time.Now(), heapAllocs()) {
+		if s.tick(time.Now(), memory.HeapAllocs()) {
 			start := time.Now()
-			before := retainedBytes()
-			debug.FreeOSMemory()
-			after := retainedBytes()
+			before, after := memory.Release()
 			gives.Inc()
 			if before > after {
 				given.Add(float64(before - after))

@@ -1,10 +1,6 @@
 package manager
 
-import (
-	"runtime/debug"
-	rtmetrics "runtime/metrics"
-	"time"
-)
+import "time"
 
 // GiveBack configures how the manager returns to the OS the memory that a
 // burst of endpoint arrivals or departures took. The Go runtime returns
@@ -99,25 +95,4 @@ func (b *burst) take(now time.Time) (changes int, ok bool) {
 	b.changes = 0
 	b.lastGive = now
 	return changes, true
-}
-
-// freeOSMemory runs a garbage collection and returns every freed page to
-// the OS (debug.FreeOSMemory). It returns how many bytes the process held
-// from the OS, not counting memory already returned, before and after.
-func freeOSMemory() (before, after uint64) {
-	before = retained()
-	debug.FreeOSMemory()
-	return before, retained()
-}
-
-// retained is the memory the Go runtime maps and has not returned to the
-// OS: a close estimate of its share of the resident set.
-func retained() uint64 {
-	s := []rtmetrics.Sample{{Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
-	rtmetrics.Read(s)
-	total, released := s[0].Value.Uint64(), s[1].Value.Uint64()
-	if released > total {
-		return 0
-	}
-	return total - released
 }

@@ -40,6 +40,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/memory"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
@@ -122,7 +123,7 @@ type Manager struct {
 	wg sync.WaitGroup // stream goroutines and connection closes
 
 	// freeMemory collects garbage and returns memory to the OS; it returns
-	// the memory held before and after (freeOSMemory).
+	// the memory held before and after (memory.Release).
 	freeMemory func() (before, after uint64)
 
 	// updates carries what the endpoints' streams receive to
@@ -171,7 +172,7 @@ func New(cfg Config) (*Manager, error) {
 		live:         map[string]map[*entry]struct{}{},
 		dirty:        map[string]bool{},
 		burst:        newBurst(cfg.GiveBack),
-		freeMemory:   freeOSMemory,
+		freeMemory:   memory.Release,
 		wake:         make(chan struct{}, 1),
 		flush:        make(chan struct{}, 1),
 		updates:      make(chan streamItem),
