@@ -98,7 +98,10 @@ func scanFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
 		}
 		payload := rest[frameHeader : frameHeader+int(n)]
 		if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(rest[4:]) {
-			if tornSector(b, good, frameHeader+int(n)) {
+			// The header is intact (its checksum held), so only the
+			// payload can hold a sector that was never written: a
+			// header's own bytes may be zeros (a length's low byte).
+			if tornSector(b, good+frameHeader, int(n)) {
 				return payloads, good, true, nil
 			}
 			return payloads, good, false, fmt.Errorf("%w: record checksum mismatch at offset %d", ErrCorrupt, good)

@@ -717,3 +717,25 @@ func mustJSON(t testing.TB, v any) string {
 	}
 	return string(b)
 }
+
+// TestDamagedRecordWithZerosInItsHeaderIsLoud: a record whose payload is
+// damaged, its header intact, is damage even when the header's first bytes
+// (here a length of 512, whose low byte is 0) fall alone in the end of a
+// sector: zeros in an intact header are not a sector left unwritten.
+func TestDamagedRecordWithZerosInItsHeaderIsLoud(t *testing.T) {
+	b := appendFrame(nil, bytes.Repeat([]byte{'x'}, sectorSize-1-frameHeader)) // ends at 511
+	second := len(b)
+	b = appendFrame(b, bytes.Repeat([]byte{'y'}, 2*256)) // its length's low byte is the sector's last
+	b = appendFrame(b, []byte("after"))
+	if b[second] != 0 || second%sectorSize != sectorSize-1 {
+		t.Fatalf("layout: the second frame at %d starts with %#x", second, b[second])
+	}
+	if _, good, torn, err := scanFrames(b); err != nil || torn || good != len(b) {
+		t.Fatalf("intact frames: good %d of %d, torn %v, %v", good, len(b), torn, err)
+	}
+	b[second+frameHeader+100] ^= 0x20
+	_, good, torn, err := scanFrames(b)
+	if !errors.Is(err, ErrCorrupt) || torn || good != second {
+		t.Fatalf("damaged second frame: good %d, torn %v, %v; want damage at %d", good, torn, err, second)
+	}
+}
