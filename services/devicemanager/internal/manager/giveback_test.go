@@ -1,9 +1,7 @@
 package manager
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
@@ -13,7 +11,6 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 // TestBurstGivesBackOnceSettled drives the give-back's state with a
@@ -98,25 +95,8 @@ func TestBurstGivesBackOnceSettled(t *testing.T) {
 func TestGiveBackAfterArrivalsAndDepartures(t *testing.T) {
 	const plugins = 4
 	root := testutil.TempDir(t)
-	dpDir := filepath.Join(root, "device-plugins")
 	reg := prometheus.NewRegistry()
-	m, err := Open(ctxT(t), Config{
-		DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.New(dpDir, store.Options{}),
-		Log: slog.New(slog.DiscardHandler), Registerer: reg,
-		GiveBack: GiveBack{MinChanges: plugins, Quiet: time.Millisecond, Interval: time.Millisecond},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-ran; err != nil {
-			t.Error(err)
-		}
-	})
+	m := running(t, root, Config{Registerer: reg, GiveBack: GiveBack{MinChanges: plugins, Quiet: time.Millisecond, Interval: time.Millisecond}})
 	givenBack := func(want float64) func() error {
 		return func() error {
 			mfs, err := reg.Gather()

@@ -24,6 +24,32 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// running opens a manager over root (its device-plugins directory, root
+// the one allowed directory, a real store) with cfg's other fields, runs it
+// until the test ends, and returns it.
+func running(t *testing.T, root string, cfg Config) *Manager {
+	t.Helper()
+	dpDir := filepath.Join(root, "device-plugins")
+	cfg.DevicePluginsDir, cfg.AllowedDirs, cfg.Store = dpDir, []string{root}, store.New(dpDir, store.Options{})
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	m, err := Open(ctxT(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Error(err)
+		}
+	})
+	return m
+}
+
 // registered returns a manager under a new root with one plugin of devices
 // devices registered through plugins_registry and its first update in.
 func registered(t *testing.T, resource string, devices int) (*Manager, *deviceplugin.Plugin, string) {

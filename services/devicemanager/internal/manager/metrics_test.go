@@ -1,9 +1,7 @@
 package manager
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
@@ -13,7 +11,6 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 // TestRemovedResourceLeavesNoSeries: once a resource is removed (its grace
@@ -22,24 +19,8 @@ import (
 func TestRemovedResourceLeavesNoSeries(t *testing.T) {
 	const res = "example.com/gone"
 	root := testutil.TempDir(t)
-	dpDir := filepath.Join(root, "device-plugins")
 	reg := prometheus.NewRegistry()
-	m, err := Open(ctxT(t), Config{
-		DevicePluginsDir: dpDir, AllowedDirs: []string{root}, Store: store.New(dpDir, store.Options{}),
-		Log: slog.New(slog.DiscardHandler), Registerer: reg, GracePeriod: time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan error, 1)
-	go func() { ran <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-ran; err != nil {
-			t.Error(err)
-		}
-	})
+	m := running(t, root, Config{Registerer: reg, GracePeriod: time.Millisecond})
 	series := func() int {
 		mfs, err := reg.Gather()
 		if err != nil {
