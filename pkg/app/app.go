@@ -83,6 +83,12 @@ type Service struct {
 	// Settle, when set, gives the memory of a burst of work back to the OS
 	// once the burst is over (see Settle).
 	Settle *Settle
+	// HandlerPool, when larger than rpcutil's default (4 per CPU), is the
+	// API server's pool of handler goroutines, kept between calls. A call
+	// that finds every worker busy runs on a fresh goroutine, whose stack
+	// grows again through the whole handler path; a service that takes many
+	// calls at once sizes the pool to them.
+	HandlerPool int
 }
 
 // Runtime is what Setup gets.
@@ -384,8 +390,12 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 	if cfg.TLS.Insecure {
 		guard.AllowUnidentified()
 	}
-	server, healthSrv := rpcutil.NewServer(log, grpc.Creds(creds),
-		grpc.ChainUnaryInterceptor(guard.Unary), grpc.ChainStreamInterceptor(guard.Stream))
+	serverOpts := []grpc.ServerOption{grpc.Creds(creds),
+		grpc.ChainUnaryInterceptor(guard.Unary), grpc.ChainStreamInterceptor(guard.Stream)}
+	if svc.HandlerPool > 0 {
+		serverOpts = append(serverOpts, grpc.NumStreamWorkers(uint32(svc.HandlerPool)))
+	}
+	server, healthSrv := rpcutil.NewServer(log, serverOpts...)
 	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -77,15 +77,10 @@ func NewServer(log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *heal
 	return s, h
 }
 
-// streamWorkers is the size of NewServer's handler pool: at least as many
-// as the calls the reconciler makes at once in a registration burst (its
-// executor runs 64 registrations in parallel, each a RegisterPlugin on the
-// devicemanager). With the old 4 per CPU, 56 of those 64 calls started a
-// fresh goroutine whose stack grew again through the whole handler path
-// (8 % of the devicemanager's CPU in a burst of 1,000 device plugins; 5 %
-// with 64). An idle worker costs a parked goroutine, whose stack the
-// garbage collector shrinks.
-func streamWorkers() uint32 { return uint32(max(4*runtime.GOMAXPROCS(0), 64)) }
+// streamWorkers is the size of NewServer's handler pool by default; a
+// server that takes many calls at once passes a larger
+// grpc.NumStreamWorkers after it (the later option wins).
+func streamWorkers() uint32 { return uint32(4 * runtime.GOMAXPROCS(0)) }
 
 // serverCodeToLevel logs successful and expected calls at debug, so routine
 // traffic does not flood the log.
