@@ -70,6 +70,12 @@ func (l *Ledger) Release(ctx context.Context, pod, container string) (int64, err
 	}
 	l.mu.Unlock()
 	if n == 0 {
+		// Nothing to free here; but an earlier Release of the same
+		// devices may have failed to save (this may be its retry): the
+		// answer says they are free, so that must be durable.
+		if err := l.persist(); err != nil {
+			return 0, fmt.Errorf("release not saved: %v: %w", err, errdefs.ErrInternal)
+		}
 		return 0, nil
 	}
 	l.res.AllocationsChanged(resources)

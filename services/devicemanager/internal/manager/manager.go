@@ -199,7 +199,8 @@ func (m *Manager) GracePeriod() time.Duration { return m.grace }
 // as the kubelet's dial does, up to EndpointWait (or until ctx ends); only
 // this registration waits. It returns once the stream is open and the
 // registration is durable; the first device update arrives
-// asynchronously. A live endpoint registered again with the same
+// asynchronously. A registration that cannot be saved fails with
+// errdefs.ErrInternal (see saved). A live endpoint registered again with the same
 // generation is left as it is; a different generation replaces it, keeping
 // the resource's devices until the new endpoint's first update.
 //
@@ -244,8 +245,14 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	if res := m.resources[r.Resource]; res != nil {
 		if e := res.endpoints[r.Endpoint]; e != nil && !e.closed && e.generation == r.Generation {
 			m.mu.Unlock()
-			m.metrics.registrations.WithLabelValues(r.Resource).Inc()
 			m.log.DebugContext(ctx, "endpoint already connected with this generation", "resource", r.Resource, "endpoint", r.Endpoint, "generation", r.Generation)
+			// Already live, but perhaps not yet on disk: the attempt
+			// that installed it may have failed to save it (this is
+			// its retry), or may still be saving it.
+			if err := m.saved(ctx); err != nil {
+				return err
+			}
+			m.metrics.registrations.WithLabelValues(r.Resource).Inc()
 			return nil
 		}
 	}
@@ -264,15 +271,28 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 		m.log.WarnContext(ctx, "device plugin registration refused", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
 		return err
 	}
-	m.metrics.registrations.WithLabelValues(r.Resource).Inc()
 	m.log.InfoContext(ctx, "device plugin endpoint registered", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath,
 		"generation", r.Generation, "registration_path", string(r.Path), "replaced", old != nil,
 		"pre_start_required", e.opts.PreStartRequired, "preferred_allocation", e.opts.PreferredAllocation)
 	// A registration is on disk before it is acknowledged, so that a
 	// restart right after it still redials the endpoint (concurrent
 	// registrations share writes).
+	if err := m.saved(ctx); err != nil {
+		return err
+	}
+	m.metrics.registrations.WithLabelValues(r.Resource).Inc()
+	return nil
+}
+
+// saved makes every change so far durable, for a registration about to be
+// acknowledged. When the checkpoint cannot be written the registration
+// fails, though its endpoint stays live (its devices are served; tearing
+// it down would take them from running pods): the caller retries, and a
+// retry with the same generation succeeds once the write does.
+func (m *Manager) saved(ctx context.Context) error {
 	if err := m.persist(); err != nil {
-		m.log.ErrorContext(ctx, "writing checkpoint after registration", "error", err)
+		m.log.ErrorContext(ctx, "registration not saved: the checkpoint cannot be written", "error", err)
+		return fmt.Errorf("registration not saved: %v: %w", err, errdefs.ErrInternal)
 	}
 	return nil
 }

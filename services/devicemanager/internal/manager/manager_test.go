@@ -111,6 +111,82 @@ func TestAllocationNotSavedIsRolledBack(t *testing.T) {
 	}
 }
 
+// TestRegistrationNotSavedFails: a registration is acknowledged only once
+// it is on disk. When the checkpoint cannot be written, Register fails
+// (the endpoint is served all the same); its retry with the same
+// generation succeeds once the write does, and the endpoint is then saved.
+func TestRegistrationNotSavedFails(t *testing.T) {
+	const res = "example.com/unsaved-registration"
+	root := testutil.TempDir(t)
+	m := running(t, root, Config{})
+	dpDir := filepath.Join(root, "device-plugins")
+	if err := os.RemoveAll(dpDir); err != nil { // the checkpoint cannot be written
+		t.Fatal(err)
+	}
+	p := plugintest.Start(t, deviceplugin.Options{Resource: res, Devices: 2, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
+	reg := Registration{Resource: res, Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry}
+	err := m.Register(ctxT(t), reg)
+	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "registration not saved") {
+		t.Fatalf("Register with a broken store: %v", err)
+	}
+	// Retried while the store is still broken: the endpoint is live with
+	// this generation, but that is not saved either.
+	if err := m.Register(ctxT(t), reg); !errors.Is(err, errdefs.ErrInternal) {
+		t.Fatalf("Register again with a broken store: %v", err)
+	}
+	testutil.Eventually(t, res+" served although not saved", func() error {
+		if rs := m.ListResources(); len(rs) != 1 || rs[0].Allocatable != 2 {
+			return fmt.Errorf("resources %+v", rs)
+		}
+		return nil
+	})
+
+	if err := os.Mkdir(dpDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Register(ctxT(t), reg); err != nil {
+		t.Fatalf("Register once the store works: %v", err)
+	}
+	d, err := store.ReadState(dpDir)
+	if err != nil || d == nil || len(d.Resources) != 1 || len(d.Resources[0].Endpoints) != 1 || d.Resources[0].Endpoints[0].Generation != "g" {
+		t.Fatalf("saved state: %+v, %v", d, err)
+	}
+}
+
+// TestReleaseNotSavedFailsUntilSaved: a Release that cannot be saved
+// fails, and so does its retry, although the devices are already free in
+// memory; the retry succeeds once the store works, with the release on
+// disk.
+func TestReleaseNotSavedFailsUntilSaved(t *testing.T) {
+	const res = "example.com/unsaved-release"
+	m, _, dpDir := registered(t, res, 2)
+	req := &allocator.Request{PodUID: "pod", Container: "c", Resources: []allocator.ResourceRequest{{Name: res, Count: 1}}}
+	if _, err := m.Allocate(ctxT(t), req); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dpDir); err != nil {
+		t.Fatal(err)
+	}
+	n, err := m.Release(ctxT(t), "pod", "")
+	if n != 1 || !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "release not saved") {
+		t.Fatalf("Release with a broken store: %d, %v", n, err)
+	}
+	if n, err := m.Release(ctxT(t), "pod", ""); n != 0 || !errors.Is(err, errdefs.ErrInternal) {
+		t.Fatalf("Release retried with a broken store: %d, %v", n, err)
+	}
+
+	if err := os.Mkdir(dpDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := m.Release(ctxT(t), "pod", ""); n != 0 || err != nil {
+		t.Fatalf("Release retried once the store works: %d, %v", n, err)
+	}
+	d, err := store.ReadState(dpDir)
+	if err != nil || d == nil || len(d.Allocations) != 0 || len(d.Resources) != 1 {
+		t.Fatalf("saved state: %+v, %v", d, err)
+	}
+}
+
 // The index of live endpoints holds exactly the endpoints not closed: a
 // replaced endpoint leaves it, a deregistered one too, and a second
 // resource on the same endpoint is refused through it.
