@@ -57,6 +57,7 @@ func main() {
 // deregisters plugins or releases allocations.
 func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options) error {
 	dir := rt.Config.DevicePluginsDir()
+	opts.Log = rt.Log
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: dir, AllowedDirs: rt.Config.AllowedDirs, GracePeriod: grace,
 		Store: store.New(dir, opts), Log: rt.Log, Registerer: rt.Metrics,

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,7 +28,15 @@ type Options struct {
 	// rewritten in the background (or past the snapshot's own size, if
 	// larger). Zero means DefaultCompactAt.
 	CompactAt int64
+	// Log receives compaction failures (nil: none are logged). A failed
+	// compaction loses nothing, the journal only grows until one works,
+	// but a person should hear of it (a full or read-only disk, say).
+	Log *slog.Logger
 }
+
+// compactFailureLogEvery is how often a compaction that keeps failing is
+// logged again.
+const compactFailureLogEvery = time.Minute
 
 // Journal is the Store: a snapshot file and a journal of the changes
 // since. See the package documentation.
@@ -69,6 +78,10 @@ type Journal struct {
 
 	syncs       atomic.Uint64 // journal syncs, for tests
 	compactions atomic.Uint64 // snapshots written by compaction, for tests
+
+	// Compactions that failed in a row, and when that was last logged.
+	compactFailures int
+	compactLogged   time.Time
 }
 
 type flushResult struct {
@@ -83,6 +96,9 @@ var _ Store = (*Journal)(nil)
 func New(dir string, opts Options) *Journal {
 	if opts.CompactAt <= 0 {
 		opts.CompactAt = DefaultCompactAt
+	}
+	if opts.Log == nil {
+		opts.Log = slog.New(slog.DiscardHandler)
 	}
 	j := &Journal{path: Path(dir), opts: opts, st: newState()}
 	j.cond = sync.NewCond(&j.mu)
@@ -150,9 +166,16 @@ func (j *Journal) Load() (*Data, error) {
 	var replay []scannedJournal
 	for _, jf := range journals {
 		switch {
+		case version == 1 && emptyJournal(jf):
+			// The migration of this checkpoint made it, then stopped
+			// before its snapshot replaced the older one: nothing to
+			// keep and nothing wrong.
+			if rerr := os.Remove(jf.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				return nil, fmt.Errorf("remove empty journal: %w", rerr)
+			}
 		case version == 1:
-			// Journals beside a checkpoint of the older format predate
-			// it (an older release rewrote the whole state).
+			// Other journals beside a checkpoint of the older format
+			// predate it (an older release rewrote the whole state).
 			aside, merr := moveAside(jf.path, now)
 			if merr != nil {
 				return nil, fmt.Errorf("move journal %s aside: %w", jf.path, merr)
@@ -232,6 +255,13 @@ func (j *Journal) Load() (*Data, error) {
 		return nil, err
 	}
 	return d, errors.Join(problems...)
+}
+
+// emptyJournal reports whether jf holds no record and nothing torn or
+// damaged: as a new journal is created.
+func emptyJournal(jf journalFile) bool {
+	sj := scanJournal(jf)
+	return sj.err == nil && !sj.torn && len(sj.records) == 0
 }
 
 // moveAside moves a damaged file aside and describes it.
@@ -421,8 +451,10 @@ func (j *Journal) maybeCompactLocked() {
 func (j *Journal) compact() {
 	defer j.wg.Done()
 	ok := false
+	var failed error
 	defer func() {
 		j.mu.Lock()
+		j.compactedLocked(ok, failed)
 		j.compacting = false
 		j.mu.Unlock()
 		if ok {
@@ -438,6 +470,7 @@ func (j *Journal) compact() {
 	}
 	f, size, err := createJournal(j.path, n, preallocation(j.opts.CompactAt, snapSize0))
 	if err != nil {
+		failed = err
 		return
 	}
 	if !j.step("created") {
@@ -465,16 +498,40 @@ func (j *Journal) compact() {
 	j.snapMu.Lock()
 	defer j.snapMu.Unlock()
 	snapSize, err := writeSnapshot(j.path, n, st)
-	if err != nil || !j.step("snapshot") {
+	if err != nil {
+		failed = err
+		return
+	}
+	if !j.step("snapshot") {
 		return
 	}
 	if err := removeJournalsBefore(j.path, n); err != nil {
+		failed = err
 		return
 	}
 	j.mu.Lock()
 	j.snapSize = snapSize
 	j.mu.Unlock()
 	ok = true
+}
+
+// compactedLocked logs how a compaction ended: a failure at once, then again
+// at most every compactFailureLogEvery while they go on, and the first
+// success after failures. A compaction that failed is retried after the
+// next write.
+func (j *Journal) compactedLocked(ok bool, err error) {
+	switch {
+	case ok && j.compactFailures > 0:
+		j.opts.Log.Info("checkpoint compaction works again", "path", j.path, "failures", j.compactFailures)
+		j.compactFailures = 0
+	case err != nil:
+		j.compactFailures++
+		if now := time.Now(); j.compactFailures == 1 || now.Sub(j.compactLogged) >= compactFailureLogEvery {
+			j.compactLogged = now
+			j.opts.Log.Error("checkpoint compaction failed: the journal grows until one succeeds (nothing is lost)",
+				"path", j.path, "failures", j.compactFailures, "error", err)
+		}
+	}
 }
 
 // restart starts a new journal, with a snapshot of the whole state, after

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -451,6 +452,63 @@ func TestCorruptSnapshotMovesJournalsAside(t *testing.T) {
 	}
 }
 
+// TestMigrationStoppedEarlyIsQuiet: a migration that stopped (a crash)
+// after creating the new empty journal and before its snapshot replaced
+// the older checkpoint leaves nothing wrong: the next start migrates
+// quietly and moves nothing aside. A journal with records beside the older
+// format is still moved aside loudly.
+func TestMigrationStoppedEarlyIsQuiet(t *testing.T) {
+	dir := testutil.TempDir(t)
+	d := sample()
+	data := fmt.Sprintf(`{"resources":[%s],"allocations":[%s,%s]}`, mustJSON(t, d.Resources[0]), mustJSON(t, d.Allocations[0]), mustJSON(t, d.Allocations[1]))
+	v1 := fmt.Sprintf(`{"version":1,"checksum":%q,"data":%s}`, checksum([]byte(data)), data)
+	if err := os.WriteFile(Path(dir), []byte(v1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, _, err := createJournal(Path(dir), 1, preallocation(DefaultCompactAt, int64(len(v1))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	j, got, err := open(t, dir, Options{})
+	if err != nil || !reflect.DeepEqual(got, d) {
+		t.Fatalf("Load of a version 1 checkpoint beside an empty journal = %+v, %v", got, err)
+	}
+	if a := asides(t, dir); len(a) != 0 {
+		t.Fatalf("moved aside: %v", a)
+	}
+	if js := journalFiles(t, dir); len(js) != 1 || js[0].num == 1 {
+		t.Fatalf("journals after the migration: %+v", js)
+	}
+	if err := j.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same with a record in the journal: that is not the migration's.
+	dir = testutil.TempDir(t)
+	if err := os.WriteFile(Path(dir), []byte(v1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, size, err := createJournal(Path(dir), 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := encodeBatch(&Batch{RemovedAllocations: []AllocationKey{d.Allocations[0].Key()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(appendFrame(nil, e.payload), size); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	if _, got, err := open(t, dir, Options{}); !OnlyCorruptions(err) || len(Corruptions(err)) != 1 || !reflect.DeepEqual(got, d) {
+		t.Fatalf("Load of a version 1 checkpoint beside a journal with a record = %+v, %v", got, err)
+	}
+	if a := asides(t, dir); len(a) != 1 {
+		t.Fatalf("moved aside: %v", a)
+	}
+}
+
 // TestMigrateVersion1: a checkpoint of the older format (the whole state
 // in one file, no journal) is read and rewritten as a snapshot.
 func TestMigrateVersion1(t *testing.T) {
@@ -619,6 +677,75 @@ func TestCompactionBoundsJournal(t *testing.T) {
 		t.Fatalf("after the loop: %+v, %v", d, err)
 	}
 }
+
+// TestCompactionFailureIsLogged: a compaction that fails (here a
+// directory holds the snapshot's place, so no snapshot can be renamed
+// there) loses nothing and says so once while it keeps failing; it is
+// retried after later writes, and its first success is logged too.
+func TestCompactionFailureIsLogged(t *testing.T) {
+	dir := testutil.TempDir(t)
+	var logMu sync.Mutex
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	count := func(s string) int {
+		logMu.Lock()
+		defer logMu.Unlock()
+		return strings.Count(logs.String(), s)
+	}
+	j, _, err := open(t, dir, Options{CompactAt: 4 << 10, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	commit(t, j, Batch{Resources: []Resource{res("example.com/a", "d0")}})
+	if err := os.Remove(Path(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(Path(dir), "taken"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	i := 0
+	loopUntil := func(what string, done func() bool) {
+		t.Helper()
+		for start := i; !done(); i++ {
+			if i-start > 20000 {
+				t.Fatalf("%s: not after %d Allocate/Release records", what, 2*(i-start))
+			}
+			a := alloc(fmt.Sprintf("pod-%d", i), "example.com/a", "d0")
+			commit(t, j, Batch{Allocations: []Allocation{a}})
+			commit(t, j, Batch{RemovedAllocations: []AllocationKey{a.Key()}})
+		}
+	}
+	failures := func() int {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		return j.compactFailures
+	}
+	loopUntil("three failed compactions", func() bool { return failures() >= 3 })
+	if n := count("checkpoint compaction failed"); n != 1 {
+		t.Fatalf("%d failures, logged %d times, want once:\n%s", failures(), n, logs.String())
+	}
+	if err := os.RemoveAll(Path(dir)); err != nil {
+		t.Fatal(err)
+	}
+	loopUntil("a compaction that works", func() bool { return count("checkpoint compaction works again") == 1 })
+	if err := j.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if js := journalFiles(t, dir); len(js) != 1 {
+		t.Fatalf("journals after the compaction that worked: %+v", js)
+	}
+	if _, d, err := open(t, dir, Options{}); err != nil || len(d.Allocations) != 0 || !reflect.DeepEqual(d.Resources, []Resource{res("example.com/a", "d0")}) {
+		t.Fatalf("after the failures: %+v, %v", d, err)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
 // TestCompactionCrashPoints: a crash at each step of a compaction leaves
 // files that restore every acknowledged change.
