@@ -32,6 +32,8 @@ func run() int {
 	root := flag.String("root-dir", "", "root dir for the services (default: a temporary directory)")
 	phases := flag.String("phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
 	regN := flag.String("registration-n", "", "comma-separated plugin counts of the registration rounds (default: 1,10,100,1000; -short: 1,10)")
+	journalLoop := flag.Duration("journal-loop", 0, "how long the durability phase's Allocate/Release loop follows the journal's size (default: 1m; -short: 1s)")
+	harnessGC := flag.Int("harness-gc-percent", bench.DefaultHarnessGCPercent, "the bench process's own GC percent during the allocation and durability phases, whose callers and in-process plugins it hosts (0: Go's default)")
 	pprofDir := flag.String("pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
 	pprofSecs := flag.Int("pprof-seconds", 20, "how long the -pprof profiles run")
 	showVersion := flag.Bool("version", false, "print the version and exit")
@@ -85,6 +87,14 @@ func run() int {
 			cfg.RegistrationNs = append(cfg.RegistrationNs, n)
 		}
 	}
+	if *journalLoop < 0 || *harnessGC < 0 {
+		fmt.Fprintln(os.Stderr, "nodeplug-bench: -journal-loop and -harness-gc-percent cannot be negative")
+		return 2
+	}
+	if *journalLoop > 0 {
+		cfg.JournalLoop = *journalLoop
+	}
+	cfg.HarnessGCPercent = *harnessGC
 	tcp.Client = *clientTLS
 	if *apiTCP {
 		if err := tcp.Check(); err != nil {

@@ -34,6 +34,16 @@ type BareResult struct {
 	HeapAllocKiBPerConn float64 `json:"heap_alloc_kib_per_conn"`
 	HeapInuseKiBPerConn float64 `json:"heap_inuse_kib_per_conn"`
 	StackKiBPerConn     float64 `json:"stack_kib_per_conn"`
+	// Once every connection is closed and its goroutines have ended, and
+	// the freed memory went back to the OS as above: the process's RSS,
+	// and over RSSKiBBefore. What stays is grpc-go's and the Go runtime's
+	// own (the runtime never frees a goroutine's descriptor, so a process
+	// keeps about 0.5 KiB for each goroutine it ever ran at once): the
+	// least any grpc-go client keeps after such a burst, to set beside
+	// the devicemanager's figure after its plugins left.
+	RSSKiBClosed     float64 `json:"rss_kib_closed"`
+	GoroutinesClosed int     `json:"goroutines_closed"`
+	ClosedOverBefore float64 `json:"closed_over_before"`
 }
 
 // BareClientFlag is the hidden flag of nodeplug-bench that runs BareClient
@@ -43,7 +53,8 @@ const BareClientFlag = "bare-client"
 // BareClient dials every endpoint in paths with grpc-go and nothing else
 // (no interceptors, stats handlers or logging), opens ListAndWatch on each
 // and takes its first answer, then reports the process's RSS and
-// goroutines before and after, with the connections still open.
+// goroutines before and after, with the connections still open, and once
+// they are closed again.
 func BareClient(ctx context.Context, paths []string) (BareResult, error) {
 	out := BareResult{Conns: len(paths)}
 	runtime.GC()
@@ -98,6 +109,23 @@ func BareClient(ctx context.Context, paths []string) (BareResult, error) {
 		out.HeapInuseKiBPerConn = perConn(msAfter.HeapInuse, msBefore.HeapInuse)
 		out.StackKiBPerConn = perConn(msAfter.StackInuse, msBefore.StackInuse)
 	}
+
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	conns = nil
+	// Closing ends each connection's goroutines soon after, not at once.
+	for deadline := time.Now().Add(30 * time.Second); runtime.NumGoroutine() > out.GoroutinesBefore && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	debug.FreeOSMemory()
+	time.Sleep(time.Second)
+	closed, err := rssMiB(os.Getpid())
+	if err != nil {
+		return out, err
+	}
+	out.RSSKiBClosed, out.GoroutinesClosed = round2(closed*1024), runtime.NumGoroutine()
+	out.ClosedOverBefore = ratio(out.RSSKiBClosed, out.RSSKiBBefore)
 	return out, nil
 }
 

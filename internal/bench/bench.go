@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -44,6 +45,12 @@ type Config struct {
 	StaleSockets   int           // stale socket files beside which a healthy plugin registers
 	StaleSamples   int           // healthy registrations measured, quiet and beside them
 	FloorRounds    int           // rounds of nodeplug and the floor per kind and N (median taken)
+	// HarnessGCPercent is the bench process's own GC percent while the
+	// allocation and durability phases run (0: Go's default). Their
+	// callers and in-process plugins live in the bench process, and its
+	// collections, on the same two cores, would be counted as the
+	// devicemanager's latency. The services keep their own settings.
+	HarnessGCPercent int
 	// APITCP, when set, puts the bench's own API calls on TCP with
 	// mutual TLS (-api-tcp); nil keeps them on the Unix API sockets.
 	APITCP *APITCP
@@ -85,8 +92,14 @@ func Default() Config {
 		Flips: 50, FlipDevices: 10000,
 		IdlePlugins: 1000, IdleWindow: 10 * time.Second, RSSPlugins: 1000,
 		StaleSockets: 1000, StaleSamples: 20, FloorRounds: 3,
+		HarnessGCPercent: DefaultHarnessGCPercent,
 	}
 }
+
+// DefaultHarnessGCPercent is Config.HarnessGCPercent by default: a
+// collection per 20× the live heap allocated, which keeps the bench's own
+// collector out of the allocation figures at a few hundred MB of heap.
+const DefaultHarnessGCPercent = 2000
 
 // Short is a quick run that still produces every figure.
 func Short() Config {
@@ -98,6 +111,7 @@ func Short() Config {
 		Flips: 3, FlipDevices: 10000,
 		IdlePlugins: 20, IdleWindow: time.Second, RSSPlugins: 10,
 		StaleSockets: 100, StaleSamples: 3, FloorRounds: 1,
+		HarnessGCPercent: DefaultHarnessGCPercent,
 	}
 }
 
@@ -124,6 +138,9 @@ type Machine struct {
 	// API is how the bench reached the services' APIs: "unix" (the API
 	// sockets), "tcp+mtls" (-api-tcp) or "tcp" (-api-tcp -insecure-tcp).
 	API string `json:"api"`
+	// HarnessGCPercent is the bench process's GC percent during the
+	// allocation and durability phases (0: Go's default; see Config).
+	HarnessGCPercent int `json:"harness_gc_percent_allocation_phases"`
 }
 
 // RegistrationResult is one round of N plugins created at once.
@@ -267,7 +284,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	}
 
 	res = &Results{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339),
-		API: cfg.APITCP.transport()}}
+		API: cfg.APITCP.transport(), HarnessGCPercent: cfg.HarnessGCPercent}}
 	// Footprint first, on fresh processes: the heap the later phases grow
 	// (10,000-device updates, churn) is returned to the OS only slowly and
 	// would be counted as footprint.
@@ -305,12 +322,18 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 	}
 	if cfg.runs("allocation") {
-		if res.Allocation, err = r.allocation(ctx); err != nil {
+		restore := harnessGC(cfg.HarnessGCPercent)
+		res.Allocation, err = r.allocation(ctx)
+		restore()
+		if err != nil {
 			return nil, fmt.Errorf("allocation: %w", err)
 		}
 	}
 	if cfg.runs("durability") {
-		if res.Durability, err = r.durability(ctx); err != nil {
+		restore := harnessGC(cfg.HarnessGCPercent)
+		res.Durability, err = r.durability(ctx)
+		restore()
+		if err != nil {
 			return nil, fmt.Errorf("durability: %w", err)
 		}
 	}
@@ -323,6 +346,19 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return nil, fmt.Errorf("profiles: %w", err)
 	}
 	return res, nil
+}
+
+// harnessGC sets the bench process's GC percent to percent (0: leaves it)
+// and returns what puts the previous one back.
+func harnessGC(percent int) (restore func()) {
+	if percent == 0 {
+		return func() {}
+	}
+	old := debug.SetGCPercent(percent)
+	return func() {
+		debug.SetGCPercent(old)
+		runtime.GC()
+	}
 }
 
 // reachable makes one call to each API the bench uses, so that a

@@ -133,7 +133,8 @@ func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 	}
 	out.DeviceManagerAfterMiB = round2(after)
 	out.DeviceManagerAfterOverBase = ratio(after, base)
-	r.logf("  devicemanager after the plugins left: %.1f MiB (%.2f× its RSS before them; target ≤ 1.2×)", after, out.DeviceManagerAfterOverBase)
+	r.logf("  devicemanager after the plugins left: %.1f MiB (%.2f× its RSS before them; target ≤ 1.2×); the bare client after closing its connections: %.2f× its own",
+		after, out.DeviceManagerAfterOverBase, out.Bare.ClosedOverBefore)
 	return out, nil
 }
 

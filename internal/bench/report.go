@@ -8,7 +8,11 @@ import (
 
 // Print writes the results as a table.
 func Print(w io.Writer, r *Results) {
-	fmt.Fprintf(w, "nodeplug-bench  %s  %d CPUs  %s\n\n", r.Machine.Time, r.Machine.CPUs, r.Machine.GoVersion)
+	fmt.Fprintf(w, "nodeplug-bench  %s  %d CPUs  %s", r.Machine.Time, r.Machine.CPUs, r.Machine.GoVersion)
+	if r.Machine.HarnessGCPercent > 0 {
+		fmt.Fprintf(w, "  (the bench's own GC at %d%% in the allocation phases)", r.Machine.HarnessGCPercent)
+	}
+	fmt.Fprint(w, "\n\n")
 	if len(r.Registration) > 0 {
 		fmt.Fprintln(w, "Registration: N listening device plugin sockets moved into plugins_registry at once;")
 		fmt.Fprintln(w, "socket appears → NotifyRegistrationStatus(true) at the plugin; → allocatable in the devicemanager")
@@ -96,4 +100,9 @@ func printFootprint(w io.Writer, f FootprintResult) {
 	fmt.Fprintf(w, "  bare grpc-go client, one connection and one ListAndWatch stream per plugin: %.1f KiB, %.2f goroutines per connection; devicemanager / bare %.2f× (target ≤ 1.1×)\n",
 		f.Bare.KiBPerConn, f.Bare.GoroutinesPer, f.DeviceManagerOverBare)
 	fmt.Fprintf(w, "  devicemanager once they left: %.1f MiB, %.2f× its RSS before them (target ≤ 1.2×)\n", f.DeviceManagerAfterMiB, f.DeviceManagerAfterOverBase)
+	if f.Bare.RSSKiBClosed > 0 {
+		fmt.Fprintf(w, "  bare grpc-go client once it closed them: %.1f MiB, %.2f× its RSS before them (%d goroutines left; %.1f MiB kept, the devicemanager %.1f MiB)\n",
+			f.Bare.RSSKiBClosed/1024, f.Bare.ClosedOverBefore, f.Bare.GoroutinesClosed,
+			(f.Bare.RSSKiBClosed-f.Bare.RSSKiBBefore)/1024, f.DeviceManagerAfterMiB-f.DeviceManagerBaseMiB)
+	}
 }

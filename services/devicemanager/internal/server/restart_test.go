@@ -137,6 +137,11 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 	if len(matches) != 1 {
 		t.Fatalf("corrupt checkpoint not moved aside: %v", matches)
 	}
+	// One loud line, naming the file and where it went.
+	if n := strings.Count(e.logs.String(), "CHECKPOINT UNUSABLE"); n != 1 ||
+		!e.logs.has("CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints", "path", path, "moved_to", matches[0]) {
+		t.Fatalf("%d loud lines, want one naming %s and %s:\n%s", n, path, matches[0], e.logs.String())
+	}
 	if got, _ := os.ReadFile(matches[0]); string(got) != string(corrupt) {
 		t.Fatal("the moved-aside file differs from the corrupt one")
 	}
@@ -193,7 +198,8 @@ func TestCheckpointSymlinkNotFollowed(t *testing.T) {
 	}
 
 	e.start()
-	if !e.logs.has("CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints", "path", path) ||
+	if strings.Count(e.logs.String(), "CHECKPOINT UNUSABLE") != 1 ||
+		!e.logs.has("CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints", "path", path) ||
 		!strings.Contains(e.logs.String(), "symbolic link") {
 		t.Fatalf("no loud log line about the link:\n%s", e.logs.String())
 	}
