@@ -81,10 +81,16 @@ type Results struct {
 	// CompactionKills counts the kills of the compaction phase;
 	// MidCompaction the devicemanager kills (of every phase) after which
 	// the checkpoint directory showed a compaction cut short.
-	CompactionKills int        `json:"compaction_kills"`
-	MidCompaction   int        `json:"devicemanager_kills_mid_compaction"`
-	Checks          int        `json:"checks"`
-	Converge        bench.Dist `json:"converge"`
+	CompactionKills int `json:"compaction_kills"`
+	MidCompaction   int `json:"devicemanager_kills_mid_compaction"`
+	// CompactionAimed is Config.CompactionKills, the kills the compaction
+	// phase means to land during a compaction; CompactionLanded how many
+	// did (the phase tries again, up to three times as often, when a
+	// compaction ended before its kill). OK needs at least one.
+	CompactionAimed  int        `json:"compaction_kills_aimed"`
+	CompactionLanded int        `json:"compaction_kills_landed"`
+	Checks           int        `json:"checks"`
+	Converge         bench.Dist `json:"converge"`
 	// ConvergeBy splits Converge by the service restarted.
 	ConvergeBy map[string]bench.Dist `json:"converge_by_service"`
 	// Slow lists each convergence after a restart that took longer than
@@ -114,10 +120,14 @@ type SlowConvergence struct {
 	FirstSeen string `json:"first_seen"`
 }
 
-// OK says whether the run found no violation and every fault was handled
-// as DESIGN "Checkpoint" says.
+// OK says whether the run found no violation, every fault was handled as
+// DESIGN "Checkpoint" says, and a kill of the compaction phase landed
+// during a compaction.
 func (r *Results) OK() bool {
 	if len(r.Violations) > 0 {
+		return false
+	}
+	if r.CompactionAimed > 0 && r.CompactionLanded == 0 {
 		return false
 	}
 	for _, f := range r.Faults {

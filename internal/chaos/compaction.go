@@ -94,7 +94,19 @@ func (h *harness) compactionKills(ctx context.Context) error {
 		return nil
 	}
 	h.logf("compaction kills: %d devicemanager kills during a checkpoint compaction", h.cfg.CompactionKills)
-	for i := range h.cfg.CompactionKills {
+	h.mu.Lock()
+	h.res.CompactionAimed = h.cfg.CompactionKills
+	h.mu.Unlock()
+	mid := func() int {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.res.MidCompaction
+	}
+	landed := 0
+	// A compaction can end between being seen and the kill: such a kill
+	// is tried again, up to three times as many attempts as kills aimed.
+	for i := 0; landed < h.cfg.CompactionKills && i < 3*h.cfg.CompactionKills; i++ {
+		mid0 := mid()
 		err := h.killUnderLoad(ctx, fmt.Sprintf("compaction kill %d", i+1),
 			func(cctx context.Context, c int, named func(string)) {
 				rs := h.stableResources()
@@ -125,7 +137,14 @@ func (h *harness) compactionKills(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if mid() > mid0 {
+			landed++
+		}
 	}
+	h.mu.Lock()
+	h.res.CompactionLanded = landed
+	h.mu.Unlock()
+	h.logf("  %d of %d kills landed during a compaction (%d aimed)", landed, h.res.CompactionKills, h.cfg.CompactionKills)
 	_, err := h.converge(ctx, "end of compaction kills", "")
 	return err
 }

@@ -154,10 +154,14 @@ type FaultResult struct {
 
 // OK says whether the fault was handled as DESIGN "Checkpoint" says: a
 // torn write dropped quietly, any other damage moved aside with a loud
-// log; the service started and converged either way.
+// log; the service started and converged either way. A fault skipped is
+// not OK, unless it cannot be applied at all here (see the body).
 func (f FaultResult) OK() bool {
 	if f.Skipped != "" {
-		return true
+		// Only a mode-0000 file cannot be tried as root, whom the mode
+		// does not stop; any other skip is damage the run meant to
+		// apply and did not.
+		return strings.HasSuffix(f.Kind, "unreadable") && os.Geteuid() == 0
 	}
 	if f.Quiet {
 		return f.Started && !f.Loud && f.MovedAside == "" && f.Converged

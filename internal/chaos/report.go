@@ -20,7 +20,8 @@ func Print(w io.Writer, r *Results) {
 	fmt.Fprintf(tw, "run\t%.0f s, %d CPUs, %s\n", r.Seconds, r.Machine.CPUs, r.Machine.GoVersion)
 	fmt.Fprintf(tw, "plugins\t%d (both registration paths), %d churned\n", r.Plugins, r.Churned)
 	fmt.Fprintf(tw, "SIGKILLs\t%d (%s), %d of them mid-burst (devicemanager)\n", total, strings.Join(kills, ", "), r.BurstKills)
-	fmt.Fprintf(tw, "  during a compaction\t%d of the devicemanager kills left a compaction cut short (%d kills aimed at one)\n", r.MidCompaction, r.CompactionKills)
+	fmt.Fprintf(tw, "  during a compaction\t%d of the devicemanager kills left a compaction cut short; of the %d kills of the compaction phase, %d did (%d aimed, at least 1 needed)\n",
+		r.MidCompaction, r.CompactionKills, r.CompactionLanded, r.CompactionAimed)
 	fmt.Fprintf(tw, "allocations\t%d acknowledged, %d released, %d answers cut off by kills (%d mid-burst)\n", r.Acked, r.Released, r.Uncertain, r.BurstUncertain)
 	fmt.Fprintf(tw, "checks\t%d\n", r.Checks)
 	fmt.Fprintf(tw, "restart (ms)\tp50 %.1f  p99 %.1f  max %.1f\n", r.Restart.P50, r.Restart.P99, r.Restart.Max)
