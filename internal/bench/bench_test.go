@@ -103,7 +103,8 @@ func TestShortRun(t *testing.T) {
 	if r.Footprint.DeviceManagerAfterMiB <= 0 {
 		t.Errorf("no devicemanager RSS after the plugins left: %+v", r.Footprint)
 	}
-	if b := r.Footprint.Bare; b.Conns != cfg.RSSPlugins || b.RSSKiBAfter <= 0 || b.GoroutinesAfter <= b.GoroutinesBefore {
+	if b := r.Footprint.Bare; b.Conns != cfg.RSSPlugins || b.RSSKiBAfter <= 0 || b.GoroutinesAfter <= b.GoroutinesBefore ||
+		b.RSSKiBClosed <= 0 || b.GoroutinesClosed >= b.GoroutinesAfter || b.ClosedOverBefore <= 0 {
 		t.Errorf("bare client figure incomplete: %+v", b)
 	}
 	if st := r.Stale; st.Stale != cfg.StaleSockets || st.Quiet.Count != cfg.StaleSamples || st.BesideStale.Count != cfg.StaleSamples {
@@ -126,6 +127,9 @@ func TestShortRun(t *testing.T) {
 	if d := r.Durability; d.FsyncFloor.Count == 0 || d.Allocate8.Pairs == 0 || d.Allocate8Many.Callers != 8 || d.Allocate8Many.Pairs == 0 || d.Plugins != cfg.AllocPlugins || d.Many.Pairs == 0 ||
 		d.Loop.Pairs == 0 || d.Loop.Journals == 0 || d.Loop.SnapshotBytes == 0 || d.Loop.MaxJournalBytes == 0 {
 		t.Errorf("durability incomplete: %+v", d)
+	}
+	if r.Machine.HarnessGCPercent != DefaultHarnessGCPercent {
+		t.Errorf("harness GC percent %d, want %d", r.Machine.HarnessGCPercent, DefaultHarnessGCPercent)
 	}
 	if r.Propagation.Latency.Count != cfg.Flips || r.Propagation.Devices != cfg.FlipDevices {
 		t.Errorf("propagation incomplete: %+v", r.Propagation)
