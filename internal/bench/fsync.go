@@ -32,23 +32,21 @@ const overwriteFloorBytes = 1<<20 + 1<<18
 // not comparable with Allocate's over five.
 func (r *runner) fsyncFloors(n int, d time.Duration) (appendFloor, overwriteFloor Dist, err error) {
 	dir := app.DevicePluginsDir(r.root)
-	temp := func() (*os.File, error) { return os.CreateTemp(dir, ".bench-fsync-") }
-	af, err := temp()
-	if err != nil {
-		return Dist{}, Dist{}, err
-	}
+	var files []*os.File
 	defer func() {
-		_ = af.Close()
-		_ = os.Remove(af.Name())
+		for _, f := range files {
+			_ = f.Close()
+			_ = os.Remove(f.Name())
+		}
 	}()
-	of, err := temp()
-	if err != nil {
-		return Dist{}, Dist{}, err
+	for range 2 {
+		f, err := os.CreateTemp(dir, ".bench-fsync-")
+		if err != nil {
+			return Dist{}, Dist{}, err
+		}
+		files = append(files, f)
 	}
-	defer func() {
-		_ = of.Close()
-		_ = os.Remove(of.Name())
-	}()
+	af, of := files[0], files[1]
 	if _, err := of.Write(make([]byte, overwriteFloorBytes)); err != nil {
 		return Dist{}, Dist{}, err
 	}

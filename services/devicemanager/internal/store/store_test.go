@@ -452,6 +452,20 @@ func TestCorruptSnapshotMovesJournalsAside(t *testing.T) {
 	}
 }
 
+// writeVersion1 writes sample() in dir as a checkpoint of the older
+// format (version 1: the whole state in one file) and returns it, with the
+// file's content.
+func writeVersion1(t *testing.T, dir string) (*Data, string) {
+	t.Helper()
+	d := sample()
+	data := fmt.Sprintf(`{"resources":[%s],"allocations":[%s,%s]}`, mustJSON(t, d.Resources[0]), mustJSON(t, d.Allocations[0]), mustJSON(t, d.Allocations[1]))
+	v1 := fmt.Sprintf(`{"version":1,"checksum":%q,"data":%s}`, checksum([]byte(data)), data)
+	if err := os.WriteFile(Path(dir), []byte(v1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return d, v1
+}
+
 // TestMigrationStoppedEarlyIsQuiet: a migration that stopped (a crash)
 // after creating the new empty journal and before its snapshot replaced
 // the older checkpoint leaves nothing wrong: the next start migrates
@@ -459,12 +473,7 @@ func TestCorruptSnapshotMovesJournalsAside(t *testing.T) {
 // format is still moved aside loudly.
 func TestMigrationStoppedEarlyIsQuiet(t *testing.T) {
 	dir := testutil.TempDir(t)
-	d := sample()
-	data := fmt.Sprintf(`{"resources":[%s],"allocations":[%s,%s]}`, mustJSON(t, d.Resources[0]), mustJSON(t, d.Allocations[0]), mustJSON(t, d.Allocations[1]))
-	v1 := fmt.Sprintf(`{"version":1,"checksum":%q,"data":%s}`, checksum([]byte(data)), data)
-	if err := os.WriteFile(Path(dir), []byte(v1), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	d, v1 := writeVersion1(t, dir)
 	f, _, err := createJournal(Path(dir), 1, preallocation(DefaultCompactAt, int64(len(v1))))
 	if err != nil {
 		t.Fatal(err)
@@ -486,9 +495,7 @@ func TestMigrationStoppedEarlyIsQuiet(t *testing.T) {
 
 	// The same with a record in the journal: that is not the migration's.
 	dir = testutil.TempDir(t)
-	if err := os.WriteFile(Path(dir), []byte(v1), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeVersion1(t, dir)
 	f, size, err := createJournal(Path(dir), 1, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -513,12 +520,7 @@ func TestMigrationStoppedEarlyIsQuiet(t *testing.T) {
 // in one file, no journal) is read and rewritten as a snapshot.
 func TestMigrateVersion1(t *testing.T) {
 	dir := testutil.TempDir(t)
-	d := sample()
-	data := fmt.Sprintf(`{"resources":[%s],"allocations":[%s,%s]}`, mustJSON(t, d.Resources[0]), mustJSON(t, d.Allocations[0]), mustJSON(t, d.Allocations[1]))
-	v1 := fmt.Sprintf(`{"version":1,"checksum":%q,"data":%s}`, checksum([]byte(data)), data)
-	if err := os.WriteFile(Path(dir), []byte(v1), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	d, _ := writeVersion1(t, dir)
 	j, got, err := open(t, dir, Options{})
 	if err != nil || !reflect.DeepEqual(got, d) {
 		t.Fatalf("Load of a version 1 checkpoint = %+v, %v", got, err)
