@@ -32,6 +32,7 @@ func run() int {
 	root := flag.String("root-dir", "", "root dir for the services (default: a temporary directory)")
 	phases := flag.String("phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
 	regN := flag.String("registration-n", "", "comma-separated plugin counts of the registration rounds (default: 1,10,100,1000; -short: 1,10)")
+	floorRounds := flag.Int("floor-rounds", 0, "rounds of nodeplug, the floor and the contract floor per kind and N in the floor phase, their median reported (default 3; -short: 1); at N ≤ 100 one run's ratio varies widely on 2 cores, and more rounds steady it")
 	journalLoop := flag.Duration("journal-loop", 0, "how long the durability phase's Allocate/Release loop follows the journal's size (default: 1m; -short: 1s)")
 	harnessGC := flag.Int("harness-gc-percent", bench.DefaultHarnessGCPercent, "the bench process's own GC percent during the allocation and durability phases, whose callers and in-process plugins it hosts (0: Go's default)")
 	pprofDir := flag.String("pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
@@ -87,9 +88,12 @@ func run() int {
 			cfg.RegistrationNs = append(cfg.RegistrationNs, n)
 		}
 	}
-	if *journalLoop < 0 || *harnessGC < 0 {
-		fmt.Fprintln(os.Stderr, "nodeplug-bench: -journal-loop and -harness-gc-percent cannot be negative")
+	if *journalLoop < 0 || *harnessGC < 0 || *floorRounds < 0 {
+		fmt.Fprintln(os.Stderr, "nodeplug-bench: -journal-loop, -harness-gc-percent and -floor-rounds cannot be negative")
 		return 2
+	}
+	if *floorRounds > 0 {
+		cfg.FloorRounds = *floorRounds
 	}
 	if *journalLoop > 0 {
 		cfg.JournalLoop = *journalLoop
