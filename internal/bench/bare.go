@@ -58,13 +58,11 @@ const BareClientFlag = "bare-client"
 func BareClient(ctx context.Context, paths []string) (BareResult, error) {
 	out := BareResult{Conns: len(paths)}
 	runtime.GC()
-	before, err := rssMiB(os.Getpid())
+	before, err := sampleMemory()
 	if err != nil {
 		return out, err
 	}
-	out.RSSKiBBefore, out.GoroutinesBefore = round2(before*1024), runtime.NumGoroutine()
-	var msBefore runtime.MemStats
-	runtime.ReadMemStats(&msBefore)
+	out.RSSKiBBefore, out.GoroutinesBefore = before.rssKiB, before.goroutines
 	var conns []*grpc.ClientConn
 	defer func() {
 		for _, c := range conns {
@@ -85,29 +83,20 @@ func BareClient(ctx context.Context, paths []string) (BareResult, error) {
 			return out, fmt.Errorf("first ListAndWatch answer of %s: %w", p, err)
 		}
 	}
-	// Measured as the devicemanager is: once a burst of arrivals has
-	// settled, it collects garbage and returns the freed memory to the OS
-	// (manager.GiveBack), then sits idle until its RSS is read. The bare
-	// client does the same, so that neither side counts garbage or free
-	// pages the other does not.
-	debug.FreeOSMemory()
-	time.Sleep(time.Second)
-	after, err := rssMiB(os.Getpid())
+	after, err := settledMemory()
 	if err != nil {
 		return out, err
 	}
-	out.RSSKiBAfter, out.GoroutinesAfter = round2(after*1024), runtime.NumGoroutine()
-	var msAfter runtime.MemStats
-	runtime.ReadMemStats(&msAfter)
+	out.RSSKiBAfter, out.GoroutinesAfter = after.rssKiB, after.goroutines
 	if n := len(paths); n > 0 {
 		out.KiBPerConn = round2((out.RSSKiBAfter - out.RSSKiBBefore) / float64(n))
 		out.GoroutinesPer = round2(float64(out.GoroutinesAfter-out.GoroutinesBefore) / float64(n))
 		perConn := func(after, before uint64) float64 {
 			return round2((float64(after) - float64(before)) / 1024 / float64(n))
 		}
-		out.HeapAllocKiBPerConn = perConn(msAfter.HeapAlloc, msBefore.HeapAlloc)
-		out.HeapInuseKiBPerConn = perConn(msAfter.HeapInuse, msBefore.HeapInuse)
-		out.StackKiBPerConn = perConn(msAfter.StackInuse, msBefore.StackInuse)
+		out.HeapAllocKiBPerConn = perConn(after.stats.HeapAlloc, before.stats.HeapAlloc)
+		out.HeapInuseKiBPerConn = perConn(after.stats.HeapInuse, before.stats.HeapInuse)
+		out.StackKiBPerConn = perConn(after.stats.StackInuse, before.stats.StackInuse)
 	}
 
 	for _, c := range conns {
@@ -118,15 +107,42 @@ func BareClient(ctx context.Context, paths []string) (BareResult, error) {
 	for deadline := time.Now().Add(30 * time.Second); runtime.NumGoroutine() > out.GoroutinesBefore && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	debug.FreeOSMemory()
-	time.Sleep(time.Second)
-	closed, err := rssMiB(os.Getpid())
+	closed, err := settledMemory()
 	if err != nil {
 		return out, err
 	}
-	out.RSSKiBClosed, out.GoroutinesClosed = round2(closed*1024), runtime.NumGoroutine()
+	out.RSSKiBClosed, out.GoroutinesClosed = closed.rssKiB, closed.goroutines
 	out.ClosedOverBefore = ratio(out.RSSKiBClosed, out.RSSKiBBefore)
 	return out, nil
+}
+
+// memorySample is this process's RSS (KiB), goroutines and MemStats at
+// one moment.
+type memorySample struct {
+	rssKiB     float64
+	goroutines int
+	stats      runtime.MemStats
+}
+
+func sampleMemory() (memorySample, error) {
+	rss, err := rssMiB(os.Getpid())
+	if err != nil {
+		return memorySample{}, err
+	}
+	s := memorySample{rssKiB: round2(rss * 1024), goroutines: runtime.NumGoroutine()}
+	runtime.ReadMemStats(&s.stats)
+	return s, nil
+}
+
+// settledMemory samples as the devicemanager is measured: once a burst of
+// arrivals has settled, it collects garbage and returns the freed memory to
+// the OS (manager.GiveBack), then sits idle until its RSS is read. The bare
+// client does the same, so that neither side counts garbage or free pages
+// the other does not.
+func settledMemory() (memorySample, error) {
+	debug.FreeOSMemory()
+	time.Sleep(time.Second)
+	return sampleMemory()
 }
 
 // bareClient runs BareClient over paths in a child process (this

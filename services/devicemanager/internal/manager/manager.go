@@ -200,9 +200,10 @@ func (m *Manager) GracePeriod() time.Duration { return m.grace }
 // this registration waits. It returns once the stream is open and the
 // registration is durable; the first device update arrives
 // asynchronously. A registration that cannot be saved fails with
-// errdefs.ErrInternal (see saved). A live endpoint registered again with the same
-// generation is left as it is; a different generation replaces it, keeping
-// the resource's devices until the new endpoint's first update.
+// errdefs.ErrInternal (see saved). A live endpoint registered again with
+// the same generation is left as it is; a different generation replaces
+// it, keeping the resource's devices until the new endpoint's first
+// update.
 //
 // One live endpoint serves one resource: naming an endpoint (its path, or
 // the socket it resolves to) that is live under another resource fails
