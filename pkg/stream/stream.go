@@ -161,7 +161,8 @@ type Subscription[T any] struct {
 	C <-chan T
 
 	hub  *Hub[T]
-	c    chan T // NewHub only
+	keep func(T) bool // nil: every item
+	c    chan T       // NewHub only
 	once sync.Once
 	done chan struct{}
 
@@ -192,7 +193,15 @@ type entry[T any] struct {
 // the snapshot does not fit in the bytes left. The caller must Close the
 // subscription.
 func (h *Hub[T]) Join(snapshot []T) (*Subscription[T], error) {
-	s := &Subscription[T]{hub: h, done: make(chan struct{}), ready: make(chan struct{}, 1)}
+	return h.JoinWhere(snapshot, nil)
+}
+
+// JoinWhere is Join for a subscriber that takes only the published items
+// for which keep returns true (keep nil: every item); the snapshot is sent
+// whole. Publish and Wanted call keep with the hub's lock held: it must be
+// quick and must not call the hub.
+func (h *Hub[T]) JoinWhere(snapshot []T, keep func(T) bool) (*Subscription[T], error) {
+	s := &Subscription[T]{hub: h, keep: keep, done: make(chan struct{}), ready: make(chan struct{}, 1)}
 	if !h.bounded {
 		s.c = make(chan T, h.limits.Items)
 		s.C = s.c
@@ -280,6 +289,9 @@ func (h *Hub[T]) Publish(item T) {
 	defer h.mu.Unlock()
 	if !h.bounded {
 		for s := range h.subs {
+			if !s.takes(item) {
+				continue
+			}
 			select {
 			case s.c <- item:
 			default:
@@ -291,7 +303,7 @@ func (h *Hub[T]) Publish(item T) {
 	}
 	n := h.sizeOf(item)
 	for s := range h.subs {
-		if s.dropped || s.ended {
+		if s.dropped || s.ended || !s.takes(item) {
 			continue
 		}
 		if s.items+1 > h.limits.Items || s.live+n > h.limits.SubscriberBytes {
@@ -320,6 +332,23 @@ func (h *Hub[T]) Publish(item T) {
 		s.signal()
 	}
 }
+
+// Wanted reports whether a subscriber open now would take item if it were
+// published: a publisher whose items cost something to build may skip
+// those that nobody would receive.
+func (h *Hub[T]) Wanted(item T) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.subs {
+		if !s.dropped && !s.ended && s.takes(item) {
+			return true
+		}
+	}
+	return false
+}
+
+// takes reports whether s takes item. Called with the hub's lock held.
+func (s *Subscription[T]) takes(item T) bool { return s.keep == nil || s.keep(item) }
 
 // dropLocked closes s for a bound: its queue is dropped and its bytes
 // given back now; Next returns err at once.

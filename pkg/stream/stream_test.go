@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -322,5 +323,65 @@ func TestMemoryGivenBack(t *testing.T) {
 	}
 	if after := heap(); after > before+budget/8 {
 		t.Fatalf("heap %d bytes before the backlog, %d with it, %d after the subscriber was closed", before, full, after)
+	}
+}
+
+// A subscriber joined with a filter gets its whole snapshot and only the
+// live items the filter keeps, and holds no bytes for the others; Wanted
+// says whether any open subscriber would take an item. Both hub kinds.
+func TestJoinWhereFilters(t *testing.T) {
+	short := func(s string) bool { return len(s) < 4 }
+	for _, tc := range []struct {
+		name string
+		hub  *Hub[string]
+	}{
+		{"bounded", NewBoundedHub(Limits{}, size)},
+		{"unbounded", NewHub[string](8)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := tc.hub
+			if h.Wanted("a") {
+				t.Fatal("Wanted with no subscriber")
+			}
+			some, err := h.JoinWhere([]string{"snapshot"}, short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !h.Wanted("a") || h.Wanted("long") {
+				t.Fatalf("Wanted with a filtering subscriber: a %v, long %v; want true, false", h.Wanted("a"), h.Wanted("long"))
+			}
+			all, err := h.Join(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !h.Wanted("long") {
+				t.Fatal("Wanted(long) false with a subscriber that takes everything")
+			}
+			for _, it := range []string{"a", "long", "bb", "longer"} {
+				h.Publish(it)
+			}
+			// The filtered subscriber holds its snapshot, "a" and "bb"; the
+			// other one every item.
+			if want := int64(len("snapshot"+"a"+"bb") + len("a"+"long"+"bb"+"longer")); h.bounded && h.Stats().Held != want {
+				t.Fatalf("held %d bytes, want %d", h.Stats().Held, want)
+			}
+			h.Close(nil)
+			var got, gotAll []string
+			if err := Serve(context.Background(), some, func(s string) error { got = append(got, s); return nil }, func() error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if err := Serve(context.Background(), all, func(s string) error { gotAll = append(gotAll, s); return nil }, func() error { return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if want := []string{"snapshot", "a", "bb"}; !slices.Equal(got, want) {
+				t.Fatalf("filtered subscriber got %v, want %v", got, want)
+			}
+			if want := []string{"a", "long", "bb", "longer"}; !slices.Equal(gotAll, want) {
+				t.Fatalf("unfiltered subscriber got %v, want %v", gotAll, want)
+			}
+			if h.Wanted("a") {
+				t.Fatal("Wanted after every subscription ended")
+			}
+		})
 	}
 }

@@ -75,9 +75,23 @@ type ResourceInfo struct {
 // Change is one item of the Watch stream.
 type Change struct {
 	// Removed: the resource went (Resource is its last state).
-	Removed  bool
-	Resource ResourceInfo
-	Revision uint64
+	Removed bool
+	// AllocationsOnly: only the resource's allocations moved (Free and
+	// Allocated), by an Allocate or a Release.
+	AllocationsOnly bool
+	Resource        ResourceInfo
+	Revision        uint64
+}
+
+// WatchOptions say what a Watch subscriber is sent.
+type WatchOptions struct {
+	// OmitDeviceIDs: the snapshot's Changes carry no device IDs (their
+	// counts stay), so that it holds less; live Changes carry them all.
+	OmitDeviceIDs bool
+	// OmitAllocationChanges: no AllocationsOnly Changes, so that a
+	// subscriber that follows devices, health and endpoints is not woken
+	// by every Allocate and Release.
+	OmitAllocationChanges bool
 }
 
 // WithoutDeviceIDs returns c with no device IDs (Healthy, Unhealthy,

@@ -161,25 +161,27 @@ func (m *Manager) ListResources() []ResourceInfo {
 
 // Watch returns a subscription that delivers every resource (one Change
 // each, sorted by name, at the revision returned), then every later change,
-// consistently: no change falls between them. With omitDeviceIDs the
-// snapshot's Changes carry no device IDs (their counts stay), so that it
-// holds less; live Changes carry them all. The caller closes the
-// subscription. It fails with an error wrapping
+// consistently: no change falls between them; opts leave some out. The
+// caller closes the subscription. It fails with an error wrapping
 // stream.ErrTooManySubscribers (and errdefs.ErrResourceExhausted) when
 // Config.WatchLimits leave no room; a subscriber past them later ends with
 // stream.ErrSlow or stream.ErrOverBudget.
-func (m *Manager) Watch(omitDeviceIDs bool) (uint64, *stream.Subscription[Change], error) {
+func (m *Manager) Watch(opts WatchOptions) (uint64, *stream.Subscription[Change], error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	snapshot := make([]Change, 0, len(m.resources))
 	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
 		c := Change{Resource: m.viewLocked(m.resources[name]), Revision: m.revision}
-		if omitDeviceIDs {
+		if opts.OmitDeviceIDs {
 			c = c.WithoutDeviceIDs()
 		}
 		snapshot = append(snapshot, c)
 	}
-	sub, err := m.hub.Join(snapshot)
+	var keep func(Change) bool
+	if opts.OmitAllocationChanges {
+		keep = func(c Change) bool { return !c.AllocationsOnly }
+	}
+	sub, err := m.hub.JoinWhere(snapshot, keep)
 	if err != nil {
 		return 0, nil, fmt.Errorf("watch the resources: %w", err)
 	}
@@ -229,13 +231,19 @@ func (m *Manager) Known(name string) bool {
 }
 
 // AllocationsChanged implements allocator.Resources: the views of those
-// resources (free and allocated devices) are published again.
+// resources (free and allocated devices) are published again, when a
+// subscriber takes such changes. Nothing else changed: the device metrics
+// stay, and nothing is staged for the store (the allocator saves its own).
 func (m *Manager) AllocationsChanged(names []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.hub.Wanted(Change{AllocationsOnly: true}) {
+		return
+	}
 	for _, name := range names {
 		if res := m.resources[name]; res != nil {
-			m.publishViewLocked(res)
+			m.revision++
+			m.hub.Publish(Change{AllocationsOnly: true, Resource: m.viewLocked(res), Revision: m.revision})
 		}
 	}
 }

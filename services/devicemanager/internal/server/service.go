@@ -38,7 +38,7 @@ type Backend interface {
 	Register(ctx context.Context, r manager.Registration) error
 	Deregister(ctx context.Context, resource, endpoint, generation string) (bool, error)
 	ListResources() []manager.ResourceInfo
-	Watch(omitDeviceIDs bool) (uint64, *stream.Subscription[manager.Change], error)
+	Watch(opts manager.WatchOptions) (uint64, *stream.Subscription[manager.Change], error)
 	Allocate(ctx context.Context, req *allocator.Request) ([]allocator.ResourceAllocation, error)
 	Release(ctx context.Context, pod, container string) (int64, error)
 	ListAllocations(pod string) []allocator.Allocation
@@ -120,7 +120,7 @@ func (s *Service) ListResources(context.Context, *dmv1.ListResourcesRequest) (*d
 // too far behind, gets RESOURCE_EXHAUSTED and resubscribes.
 func (s *Service) WatchResources(req *dmv1.WatchResourcesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourcesResponse]) error {
 	omit := req.GetOmitDeviceIds()
-	rev, sub, err := s.m.Watch(omit)
+	rev, sub, err := s.m.Watch(manager.WatchOptions{OmitDeviceIDs: omit, OmitAllocationChanges: req.GetOmitAllocationChanges()})
 	if err != nil {
 		return err
 	}

@@ -317,3 +317,55 @@ func TestWatchSnapshotMustFit(t *testing.T) {
 	}
 	follow(t, small, "example.com/snap-a")
 }
+
+// TestWatchOmitAllocationChanges: a subscriber that asks for no allocation
+// changes gets no item for an Allocate or a Release, while a plain
+// subscriber gets each; a change of health reaches both, with the
+// resource's current free count.
+func TestWatchOmitAllocationChanges(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	const res = "example.com/quiet"
+	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 4}, false)
+	e.mustRegister(p)
+	e.waitCounts(res, 4, 4)
+	ctx, cancel := contextWithCancel(t)
+	defer cancel()
+	open := func(omit bool) *follower {
+		ws, err := e.client.WatchResources(ctx, &dmv1.WatchResourcesRequest{OmitDeviceIds: true, OmitAllocationChanges: omit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return follow(t, ws, res)
+	}
+	all, quiet := open(false), open(true)
+
+	for _, step := range []struct {
+		call func() error
+		free int64
+	}{
+		{func() error { _, err := e.client.Allocate(ctxT(t), allocReq("pod1", "c", res, 2)); return err }, 2},
+		{func() error { _, err := e.client.Release(ctxT(t), &dmv1.ReleaseRequest{PodUid: "pod1"}); return err }, 4},
+		{func() error { _, err := e.client.Allocate(ctxT(t), allocReq("pod2", "c", res, 2)); return err }, 2},
+	} {
+		if err := step.call(); err != nil {
+			t.Fatal(err)
+		}
+		if r := all.next(t); r.GetFree() != step.free || r.GetAllocatable() != 4 {
+			t.Fatalf("plain subscriber: free %d allocatable %d, want %d and 4", r.GetFree(), r.GetAllocatable(), step.free)
+		}
+	}
+	// pod2 holds dev-0 and dev-1; dev-3 turns unhealthy.
+	if err := p.SetHealth("dev-3", false); err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]*follower{"plain": all, "quiet": quiet} {
+		if r := f.next(t); r.GetAllocatable() != 3 || r.GetFree() != 1 {
+			t.Fatalf("%s subscriber's next change: allocatable %d free %d, want the health change (3, 1)", name, r.GetAllocatable(), r.GetFree())
+		}
+	}
+	select {
+	case r := <-quiet.changes:
+		t.Fatalf("quiet subscriber got another change: %v", r)
+	default:
+	}
+}

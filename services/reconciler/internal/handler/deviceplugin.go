@@ -200,7 +200,9 @@ func (h *DevicePlugin) Run(ctx context.Context) error {
 func (h *DevicePlugin) watch(ctx context.Context) (synced bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := h.client.WatchResources(ctx, &devicemanagerv1.WatchResourcesRequest{OmitDeviceIds: true})
+	// Only the endpoints and the instance ID matter here: no device IDs,
+	// and no item for each Allocate and Release.
+	st, err := h.client.WatchResources(ctx, &devicemanagerv1.WatchResourcesRequest{OmitDeviceIds: true, OmitAllocationChanges: true})
 	if err != nil {
 		return false, err
 	}

@@ -856,8 +856,13 @@ type WatchResourcesRequest struct {
 	// Leave the device ID lists out of every item (the counts and endpoints
 	// stay), for subscribers that follow resources, not devices.
 	OmitDeviceIds bool `protobuf:"varint,1,opt,name=omit_device_ids,json=omitDeviceIds,proto3" json:"omit_device_ids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Leave out the changes in which only allocations moved (a resource's
+	// free count and allocated devices, on every Allocate and Release), for
+	// subscribers that follow devices, health and endpoints. Every item sent
+	// still carries the resource's current counts.
+	OmitAllocationChanges bool `protobuf:"varint,2,opt,name=omit_allocation_changes,json=omitAllocationChanges,proto3" json:"omit_allocation_changes,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *WatchResourcesRequest) Reset() {
@@ -893,6 +898,13 @@ func (*WatchResourcesRequest) Descriptor() ([]byte, []int) {
 func (x *WatchResourcesRequest) GetOmitDeviceIds() bool {
 	if x != nil {
 		return x.OmitDeviceIds
+	}
+	return false
+}
+
+func (x *WatchResourcesRequest) GetOmitAllocationChanges() bool {
+	if x != nil {
+		return x.OmitAllocationChanges
 	}
 	return false
 }
@@ -2046,9 +2058,10 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\x15ListResourcesResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12A\n" +
-	"\tresources\x18\x02 \x03(\v2#.nodeplug.devicemanager.v1.ResourceR\tresources\"?\n" +
+	"\tresources\x18\x02 \x03(\v2#.nodeplug.devicemanager.v1.ResourceR\tresources\"w\n" +
 	"\x15WatchResourcesRequest\x12&\n" +
-	"\x0fomit_device_ids\x18\x01 \x01(\bR\romitDeviceIds\"\xb0\x01\n" +
+	"\x0fomit_device_ids\x18\x01 \x01(\bR\romitDeviceIds\x126\n" +
+	"\x17omit_allocation_changes\x18\x02 \x01(\bR\x15omitAllocationChanges\"\xb0\x01\n" +
 	"\x0eResourceChange\x12A\n" +
 	"\x04type\x18\x01 \x01(\x0e2-.nodeplug.devicemanager.v1.ResourceChangeTypeR\x04type\x12?\n" +
 	"\bresource\x18\x02 \x01(\v2#.nodeplug.devicemanager.v1.ResourceR\bresource\x12\x1a\n" +
