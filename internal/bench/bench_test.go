@@ -124,7 +124,7 @@ func TestShortRun(t *testing.T) {
 			t.Errorf("allocation run incomplete: %+v", a)
 		}
 	}
-	if d := r.Durability; d.FsyncFloor.Count == 0 || d.FsyncOverwriteFloor.Count != d.FsyncFloor.Count || d.Allocate8.Pairs == 0 || d.Allocate8Many.Callers != 8 || d.Allocate8Many.Pairs == 0 || d.Plugins != cfg.AllocPlugins || d.Many.Pairs == 0 ||
+	if d := r.Durability; d.FsyncFloor.Count == 0 || d.FsyncOverwriteFloor.Count != d.FsyncFloor.Count || d.FsyncPacedFloor.Count == 0 || d.Allocate8.Pairs == 0 || d.Allocate8Many.Callers != 8 || d.Allocate8Many.Pairs == 0 || d.Plugins != cfg.AllocPlugins || d.Many.Pairs == 0 ||
 		d.Loop.Pairs == 0 || d.Loop.Journals == 0 || d.Loop.SnapshotBytes == 0 || d.Loop.MaxJournalBytes == 0 {
 		t.Errorf("durability incomplete: %+v", d)
 	}
