@@ -144,7 +144,7 @@ func TestMakeRun(t *testing.T) {
 		if strings.Contains(c, "TRACE_ID") {
 			continue // needs Jaeger: covered by the compose test
 		}
-		streaming := strings.Contains(c, " watch ") || strings.Contains(c, "WatchSocketEvents")
+		streaming := strings.Contains(c, " watch ") || strings.Contains(c, "Service/Watch")
 		timeout := 30 * time.Second
 		if streaming {
 			timeout = 3 * time.Second
