@@ -283,8 +283,9 @@ func followStream[M any](ctx context.Context, c *cli, svc service,
 // subscriber dropped for falling behind resubscribes (a new snapshot
 // follows).
 func cmdWatch(ctx context.Context, c *cli, args []string) error {
-	fs := c.flags("watch", "sockets|plugins|resources [-o text|json]")
+	fs := c.flags("watch", "sockets|plugins|resources [-o text|json] [--no-allocations]")
 	out := outputFlag(fs, "text", "json")
+	noAllocs := fs.Bool("no-allocations", false, "resources: leave out the changes in which only allocations moved (one per Allocate and per Release)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -294,6 +295,9 @@ func cmdWatch(ctx context.Context, c *cli, args []string) error {
 	}
 	if len(pos) != 1 {
 		return usagef("say what to watch: sockets, plugins or resources")
+	}
+	if *noAllocs && pos[0] != "resources" {
+		return usagef("--no-allocations applies to watch resources only")
 	}
 	var svc service
 	var follow func(ctx context.Context) error
@@ -327,7 +331,7 @@ func cmdWatch(ctx context.Context, c *cli, args []string) error {
 		svc = devicemanagerSvc
 		follow = func(ctx context.Context) error {
 			return followStream(ctx, c, svc, func(ctx context.Context, cc *grpc.ClientConn) (grpc.ServerStreamingClient[dmv1.WatchResourcesResponse], error) {
-				return dmv1.NewDeviceManagerServiceClient(cc).WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+				return dmv1.NewDeviceManagerServiceClient(cc).WatchResources(ctx, &dmv1.WatchResourcesRequest{OmitAllocationChanges: *noAllocs})
 			}, func(m *dmv1.WatchResourcesResponse) error {
 				return emit(m, func() string { return resourceChangeLine(now(), m) })
 			})

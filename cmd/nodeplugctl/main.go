@@ -98,7 +98,7 @@ func init() {
 		{"sockets", "[-o table|json]", "the sockets the watcher sees in plugins_registry", cmdSockets},
 		{"allocate", "--pod UID --container NAME [--namespace NS --name NAME] [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...", "allocate devices to a container", cmdAllocate},
 		{"release", "--pod UID [--container NAME]", "free a pod's (or one container's) devices", cmdRelease},
-		{"watch", "sockets|plugins|resources [-o text|json]", "follow live changes (Ctrl-C stops)", cmdWatch},
+		{"watch", "sockets|plugins|resources [-o text|json] [--no-allocations]", "follow live changes (Ctrl-C stops)", cmdWatch},
 		{"trace", "TRACE_ID", "draw a trace from Jaeger as a text waterfall", cmdTrace},
 		{"conform", conformArgs, "check a plugin against the kubelet's contract, playing the kubelet", cmdConform},
 		{"version", "", "print the version", cmdVersion},

@@ -566,6 +566,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"plugins", "-o", "yaml"}, `output format "yaml"`},
 		{[]string{"watch"}, "say what to watch"},
 		{[]string{"watch", "pods"}, `cannot watch "pods"`},
+		{[]string{"watch", "plugins", "--no-allocations"}, "--no-allocations applies to watch resources only"},
 		{[]string{"allocate", "--pod", "p", "--container", "c"}, "no resources requested"},
 		{[]string{"allocate", "a.com/x=1"}, "--pod and --container are required"},
 		{[]string{"allocate", "--pod", "p", "--container", "c", "--namespace", "ns", "a.com/x=1"}, "--namespace and --name go together"},
@@ -664,5 +665,66 @@ func TestFindsSocketsFromTheRootDir(t *testing.T) {
 	code, _, errOut := runCLI(t, "sockets")
 	if code == exitOK || !strings.Contains(errOut, "/nonexistent/nodeplug/watcher.sock") {
 		t.Fatalf("a missing root dir: exit %d, stderr %q; want an error naming the socket", code, errOut)
+	}
+}
+
+// fakeDeviceManager serves WatchResources in process: it hands on each
+// request it gets, then sends one resource and the synced marker.
+type fakeDeviceManager struct {
+	dmv1.UnimplementedDeviceManagerServiceServer
+	requests chan *dmv1.WatchResourcesRequest
+}
+
+func (f *fakeDeviceManager) WatchResources(req *dmv1.WatchResourcesRequest, s dmv1.DeviceManagerService_WatchResourcesServer) error {
+	f.requests <- req
+	if err := s.Send(&dmv1.WatchResourcesResponse{InstanceId: "dm-1", Item: &dmv1.WatchResourcesResponse_Change{Change: &dmv1.ResourceChange{
+		Type: dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_UPDATED, Revision: 1,
+		Resource: &dmv1.Resource{Name: "example.com/sample", Capacity: 2, Allocatable: 2, Free: 2}}}}); err != nil {
+		return err
+	}
+	if err := s.Send(&dmv1.WatchResourcesResponse{InstanceId: "dm-1", Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: 1}}}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return s.Context().Err()
+}
+
+// watch resources asks the devicemanager for allocation changes unless
+// --no-allocations says otherwise.
+func TestWatchResourcesNoAllocations(t *testing.T) {
+	f := &fakeDeviceManager{requests: make(chan *dmv1.WatchResourcesRequest, 1)}
+	path := filepath.Join(testutil.TempDir(t), "dm.sock")
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	dmv1.RegisterDeviceManagerServiceServer(srv, f)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-served })
+
+	for _, tc := range []struct {
+		args []string
+		omit bool
+	}{
+		{[]string{"watch", "resources"}, false},
+		{[]string{"watch", "resources", "--no-allocations"}, true},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		var out, errOut syncBuffer
+		done := make(chan int, 1)
+		go func() { done <- run(ctx, append([]string{"--devicemanager-addr", path}, tc.args...), &out, &errOut) }()
+		waitOutput(t, &out, "-- synced at revision 1 (devicemanager dm-1)")
+		cancel()
+		if code := <-done; code != exitOK {
+			t.Fatalf("%q: exit %d, stderr %q", tc.args, code, errOut.String())
+		}
+		if req := <-f.requests; req.GetOmitAllocationChanges() != tc.omit {
+			t.Errorf("%q: omit_allocation_changes = %v, want %v", tc.args, req.GetOmitAllocationChanges(), tc.omit)
+		}
+		if !strings.Contains(out.String(), "example.com/sample capacity=2 allocatable=2 free=2") {
+			t.Errorf("%q: output:\n%s", tc.args, out.String())
+		}
 	}
 }
