@@ -420,14 +420,23 @@ func (f *fakeServer) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, s reconci
 
 func startFake(t *testing.T, f *fakeServer) string {
 	t.Helper()
+	return serveFake(t, func(srv *grpc.Server) {
+		watcherv1.RegisterWatcherServiceServer(srv, f)
+		reconcilerv1.RegisterReconcilerServiceServer(srv, f)
+	})
+}
+
+// serveFake serves what register registers on a Unix socket of a test
+// directory, until the test ends, and returns the socket's path.
+func serveFake(t *testing.T, register func(*grpc.Server)) string {
+	t.Helper()
 	path := filepath.Join(testutil.TempDir(t), "api.sock")
 	lis, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	watcherv1.RegisterWatcherServiceServer(srv, f)
-	reconcilerv1.RegisterReconcilerServiceServer(srv, f)
+	register(srv)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-done })
@@ -693,16 +702,7 @@ func (f *fakeDeviceManager) WatchResources(req *dmv1.WatchResourcesRequest, s dm
 // --no-allocations says otherwise.
 func TestWatchResourcesNoAllocations(t *testing.T) {
 	f := &fakeDeviceManager{requests: make(chan *dmv1.WatchResourcesRequest, 1)}
-	path := filepath.Join(testutil.TempDir(t), "dm.sock")
-	lis, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	dmv1.RegisterDeviceManagerServiceServer(srv, f)
-	served := make(chan struct{})
-	go func() { defer close(served); _ = srv.Serve(lis) }()
-	t.Cleanup(func() { srv.Stop(); <-served })
+	path := serveFake(t, func(srv *grpc.Server) { dmv1.RegisterDeviceManagerServiceServer(srv, f) })
 
 	for _, tc := range []struct {
 		args []string
