@@ -140,7 +140,7 @@ func (m *Manager) expireLocked(now time.Time) (next time.Time, removed bool) {
 			delete(m.resources, name)
 			m.dirty[name] = true
 			m.metrics.forget(name)
-			m.publishLocked(true, m.viewLocked(res))
+			m.publishLocked(Change{Removed: true, Resource: m.viewLocked(res)})
 			m.changesLocked(now, 1)
 			removed = true
 			continue

@@ -106,12 +106,14 @@ func (m *Manager) publishViewLocked(res *resource) {
 	v := m.viewLocked(res)
 	m.metrics.devices.WithLabelValues(res.name, "healthy").Set(float64(len(v.Healthy)))
 	m.metrics.devices.WithLabelValues(res.name, "unhealthy").Set(float64(len(v.Unhealthy)))
-	m.publishLocked(false, v)
+	m.publishLocked(Change{Resource: v})
 }
 
-func (m *Manager) publishLocked(removed bool, r ResourceInfo) {
+// publishLocked publishes c at the next revision.
+func (m *Manager) publishLocked(c Change) {
 	m.revision++
-	m.hub.Publish(Change{Removed: removed, Resource: r, Revision: m.revision})
+	c.Revision = m.revision
+	m.hub.Publish(c)
 }
 
 func (m *Manager) viewLocked(res *resource) ResourceInfo {
@@ -242,8 +244,7 @@ func (m *Manager) AllocationsChanged(names []string) {
 	}
 	for _, name := range names {
 		if res := m.resources[name]; res != nil {
-			m.revision++
-			m.hub.Publish(Change{AllocationsOnly: true, Resource: m.viewLocked(res), Revision: m.revision})
+			m.publishLocked(Change{AllocationsOnly: true, Resource: m.viewLocked(res)})
 		}
 	}
 }
