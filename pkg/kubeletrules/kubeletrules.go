@@ -45,7 +45,8 @@ func InvalidResourceName(name string) error {
 // extended resource name.
 func ValidateLegacyRegister(version, resource string) error {
 	if !slices.Contains(pluginapi.SupportedVersions[:], version) {
-		return fmt.Errorf("requested API version %q is not supported by kubelet. Supported version is %q", version, pluginapi.Version)
+		// The kubelet formats its whole list with %q: ["v1beta1"].
+		return fmt.Errorf("requested API version %q is not supported by kubelet. Supported version is %q", version, pluginapi.SupportedVersions)
 	}
 	if !IsExtendedResourceName(resource) {
 		return InvalidResourceName(resource)

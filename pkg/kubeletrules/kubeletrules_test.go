@@ -47,3 +47,26 @@ func TestHighestCSIVersion(t *testing.T) {
 		}
 	}
 }
+
+// The legacy Register's errors are the kubelet's words: its supported
+// versions are a list formatted with %q (server.go, errUnsupportedVersion).
+func TestValidateLegacyRegister(t *testing.T) {
+	tests := []struct {
+		version, resource, want string
+	}{
+		{"v1beta1", "example.com/gpu", ""},
+		{"v1alpha", "example.com/gpu", `requested API version "v1alpha" is not supported by kubelet. Supported version is ["v1beta1"]`},
+		{"", "example.com/gpu", `requested API version "" is not supported by kubelet. Supported version is ["v1beta1"]`},
+		{"v1beta1", "gpu", `the ResourceName "gpu" is invalid`},
+	}
+	for _, tt := range tests {
+		err := ValidateLegacyRegister(tt.version, tt.resource)
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != tt.want {
+			t.Errorf("ValidateLegacyRegister(%q, %q) = %q, want %q", tt.version, tt.resource, got, tt.want)
+		}
+	}
+}

@@ -28,7 +28,7 @@ func TestValidateRegistration(t *testing.T) {
 		{"registry version", Registration{Resource: "example.com/gpu", Endpoint: ep, Versions: []string{"v1alpha"}, Path: PathPluginsRegistry},
 			"manager version, v1beta1, is not among plugin supported versions [v1alpha]"},
 		{"legacy version", Registration{Resource: "example.com/gpu", Endpoint: ep, Versions: []string{"v1alpha"}, Path: PathKubeletSock},
-			`requested API version "v1alpha" is not supported by kubelet. Supported version is "v1beta1"`},
+			`requested API version "v1alpha" is not supported by kubelet. Supported version is ["v1beta1"]`},
 		{"legacy no version", Registration{Resource: "example.com/gpu", Endpoint: ep, Path: PathKubeletSock},
 			`requested API version "" is not supported by kubelet`},
 		{"registry name", Registration{Resource: "gpu", Endpoint: ep, Versions: v1, Path: PathPluginsRegistry},

@@ -116,7 +116,7 @@ func TestRegisterRejects(t *testing.T) {
 		msg  string
 	}{
 		{"version", &pluginapi.RegisterRequest{Version: "v1alpha", Endpoint: "legacy.sock", ResourceName: "example.com/legacy"},
-			`requested API version "v1alpha" is not supported by kubelet. Supported version is "v1beta1"`},
+			`requested API version "v1alpha" is not supported by kubelet. Supported version is ["v1beta1"]`},
 		{"name", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "legacy.sock", ResourceName: "legacy"},
 			`the ResourceName "legacy" is invalid`},
 		{"empty name", &pluginapi.RegisterRequest{Version: "v1beta1", Endpoint: "legacy.sock", ResourceName: ""},
