@@ -73,7 +73,8 @@ type Options struct {
 	// device spec per device and an annotation.
 	AllocateResponse func(ids []string) *pluginapi.ContainerAllocateResponse
 	// NUMANodes gives devices a topology: the NUMA nodes of each device ID
-	// listed. Devices not listed report none.
+	// listed. Devices not listed report none; a device listed with an
+	// empty, non-nil slice reports a topology without nodes.
 	NUMANodes map[string][]int64
 	// Log receives the plugin's own log lines; nil discards them.
 	Log *slog.Logger
@@ -278,7 +279,7 @@ func (p *Plugin) devicesLocked() []*pluginapi.Device {
 	out := make([]*pluginapi.Device, 0, len(p.devices))
 	for _, d := range p.devices {
 		dev := &pluginapi.Device{ID: d.ID, Health: d.Health}
-		if nodes := p.opts.NUMANodes[d.ID]; len(nodes) > 0 {
+		if nodes := p.opts.NUMANodes[d.ID]; nodes != nil {
 			dev.Topology = &pluginapi.TopologyInfo{}
 			for _, n := range nodes {
 				dev.Topology.Nodes = append(dev.Topology.Nodes, &pluginapi.NUMANode{ID: n})

@@ -92,7 +92,7 @@ type Options struct {
 type Device struct {
 	ID        string
 	Healthy   bool
-	NUMANodes []int64 // from the device's topology, if any
+	NUMANodes []int64 // from the device's topology: nil when it has none, empty when it has no nodes
 }
 
 // Plugin is a connected device plugin, as allocation uses it. Every method
@@ -235,6 +235,11 @@ func devices(in []*pluginapi.Device) []Device {
 	out := make([]Device, 0, len(in))
 	for _, d := range in {
 		nd := Device{ID: d.GetID(), Healthy: d.GetHealth() == pluginapi.Healthy}
+		if d.GetTopology() != nil {
+			// A topology without nodes stays non-nil: the pod resources
+			// API tells it from no topology, as the kubelet does.
+			nd.NUMANodes = make([]int64, 0, len(d.GetTopology().GetNodes()))
+		}
 		for _, n := range d.GetTopology().GetNodes() {
 			nd.NUMANodes = append(nd.NUMANodes, n.GetID())
 		}

@@ -10,7 +10,7 @@ type DeviceInfo struct {
 	ID      string
 	Healthy bool
 	// NUMANodes is the device's topology from the plugin (nil when the
-	// plugin gave none).
+	// plugin gave none, empty when it gave a topology without nodes).
 	NUMANodes []int64
 }
 

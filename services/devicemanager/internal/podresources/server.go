@@ -219,9 +219,11 @@ func (p *pod) toAPI(topo topology) *podresourcesv1.PodResources {
 }
 
 // appendDevice appends one device in the kubelet's shape: one entry per
-// NUMA node of the device, or one without topology when it has none.
+// NUMA node of the device, or one without topology when it has none
+// (numa nil). A topology without nodes gives no entry, as the kubelet's
+// loop over the topology's nodes gives none (containerDevicesFromResourceDeviceInstances).
 func appendDevice(out []*podresourcesv1.ContainerDevices, resource, id string, numa []int64) []*podresourcesv1.ContainerDevices {
-	if len(numa) == 0 {
+	if numa == nil {
 		return append(out, &podresourcesv1.ContainerDevices{ResourceName: resource, DeviceIds: []string{id}})
 	}
 	for _, n := range numa {

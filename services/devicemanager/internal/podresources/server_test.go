@@ -325,3 +325,18 @@ func TestGetNameReused(t *testing.T) {
 		t.Fatalf("List shows %d pods, want 2", n)
 	}
 }
+
+// A device whose topology has no NUMA nodes (Intel's GPU plugin sends
+// such) gives GetAllocatableResources no entry, as the kubelet's loop over
+// the topology's nodes gives none; a device without topology gives one
+// entry without topology.
+func TestAllocatableTopologyWithoutNodes(t *testing.T) {
+	e := newEnv(t)
+	e.plugin(gpu, []string{"gpu-0", "gpu-1", "gpu-2"}, map[string][]int64{"gpu-0": {}, "gpu-1": {1}})
+	want := &podresourcesv1.AllocatableResourcesResponse{Devices: []*podresourcesv1.ContainerDevices{
+		dev(gpu, "gpu-1", 1), dev(gpu, "gpu-2", -1),
+	}}
+	if d := diff(want, e.allocatable()); d != "" {
+		t.Fatalf("GetAllocatableResources \n%s", d)
+	}
+}
