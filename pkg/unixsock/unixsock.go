@@ -41,11 +41,20 @@ func (id Identity) Generation() string {
 
 // Stat returns the identity and mode of the file at path, following symlinks.
 func Stat(path string) (Identity, fs.FileMode, error) {
-	var stx unix.Statx_t
-	err := unix.Statx(unix.AT_FDCWD, path, unix.AT_STATX_SYNC_AS_STAT,
-		unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BTIME|unix.STATX_MTIME, &stx)
+	id, mode, err := statx(unix.AT_FDCWD, path, 0)
 	if err != nil {
 		return Identity{}, 0, &fs.PathError{Op: "statx", Path: path, Err: err}
+	}
+	return id, mode, nil
+}
+
+// statx is Stat of path relative to dirfd, with statx(2)'s flags.
+func statx(dirfd int, path string, flags int) (Identity, fs.FileMode, error) {
+	var stx unix.Statx_t
+	err := unix.Statx(dirfd, path, flags|unix.AT_STATX_SYNC_AS_STAT,
+		unix.STATX_TYPE|unix.STATX_INO|unix.STATX_BTIME|unix.STATX_MTIME, &stx)
+	if err != nil {
+		return Identity{}, 0, err
 	}
 	id := Identity{
 		Dev:   unix.Mkdev(stx.Dev_major, stx.Dev_minor),
