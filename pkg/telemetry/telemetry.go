@@ -65,7 +65,7 @@ func Setup(ctx context.Context, service, version string) (shutdown func(context.
 		}
 		opts = append(opts,
 			sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())),
-			sdktrace.WithBatcher(exp))
+			sdktrace.WithBatcher(utf8Exporter{exp}))
 	} else {
 		// IDs only: recording a span costs allocations and CPU on every
 		// call (about 4 % of a service's CPU in a registration burst), and
