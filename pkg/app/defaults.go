@@ -49,6 +49,21 @@ const (
 	DefaultDeviceManagerMetricsAddr = "127.0.0.1:9453"
 )
 
+// The web console's defaults (nodeplug-console): its page, its OTLP/gRPC
+// trace receiver, and the file beneath the root dir where it leaves its URL
+// and token (mode 0600) for nodeplugctl trace.
+const (
+	DefaultConsoleAddr     = "127.0.0.1:8080"
+	DefaultConsoleOTLPAddr = "127.0.0.1:4317"
+	ConsoleInfoFileName    = "console.json"
+)
+
+// ConsoleInfoFile returns <root>/nodeplug/console.json, beside the API
+// sockets.
+func ConsoleInfoFile(root string) string {
+	return filepath.Join(root, APIDirName, ConsoleInfoFileName)
+}
+
 // DefaultJaegerURL is the base URL of the Jaeger query API that nodeplugctl
 // reads traces from (the port `make up` publishes).
 const DefaultJaegerURL = "http://127.0.0.1:16686"

@@ -1,0 +1,177 @@
+// Package state is the console's view of nodeplug: it follows the three
+// services through their reader methods only (WatchSocketEvents,
+// WatchPlugins, WatchResources, ListAllocations) and keeps the latest
+// snapshot of sockets, plugins, resources and allocations, waking the live
+// views on every change.
+package state
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/signal"
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	wv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+)
+
+// The services, as Snapshot.Status names them.
+const (
+	Watcher       = "watcher"
+	Reconciler    = "reconciler"
+	DeviceManager = "devicemanager"
+)
+
+// Conns are the connections to the three services.
+type Conns struct {
+	Watcher, Reconciler, DeviceManager grpc.ClientConnInterface
+}
+
+// Snapshot is what the console shows at one moment. Its messages are
+// shared and must not be modified.
+type Snapshot struct {
+	Sockets     []*wv1.SocketEvent // CREATED events of the sockets present, by path
+	Plugins     []*rcv1.Plugin     // by socket path
+	Resources   []*dmv1.Resource   // by name
+	Allocations []*dmv1.Allocation // by pod, container, resource
+	// Status holds, per service, "" while its stream is synced, else why
+	// not (connecting, or the last error).
+	Status map[string]string
+	// Revision grows with every change.
+	Revision uint64
+}
+
+// State follows the services and holds the latest Snapshot. It is safe for
+// concurrent use.
+type State struct {
+	conns   Conns
+	log     *slog.Logger
+	changed signal.Signal
+	allocs  chan struct{} // asks the allocation lister for a new list
+
+	mu        sync.Mutex
+	sockets   map[string]*wv1.SocketEvent
+	plugins   map[string]*rcv1.Plugin
+	resources map[string]*dmv1.Resource
+	allocList []*dmv1.Allocation
+	status    map[string]string
+	rev       uint64
+}
+
+// New returns a State over conns; Run follows the services.
+func New(conns Conns, log *slog.Logger) *State {
+	return &State{
+		conns: conns, log: log, allocs: make(chan struct{}, 1),
+		sockets: map[string]*wv1.SocketEvent{}, plugins: map[string]*rcv1.Plugin{}, resources: map[string]*dmv1.Resource{},
+		status: map[string]string{Watcher: "connecting", Reconciler: "connecting", DeviceManager: "connecting"},
+	}
+}
+
+// Changed returns a channel closed at the next change.
+func (s *State) Changed() <-chan struct{} { return s.changed.C() }
+
+// Snapshot returns the current state.
+func (s *State) Snapshot() Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap := Snapshot{Status: map[string]string{}, Revision: s.rev, Allocations: slices.Clone(s.allocList)}
+	for k, v := range s.status {
+		snap.Status[k] = v
+	}
+	snap.Sockets = sortedValues(s.sockets)
+	snap.Plugins = sortedValues(s.plugins)
+	snap.Resources = sortedValues(s.resources)
+	return snap
+}
+
+func sortedValues[T any](m map[string]T) []T {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]T, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, m[k])
+	}
+	return out
+}
+
+// update runs f under the lock and wakes the views.
+func (s *State) update(f func()) {
+	s.mu.Lock()
+	f()
+	s.rev++
+	s.mu.Unlock()
+	s.changed.Broadcast()
+}
+
+func (s *State) setStatus(svc, msg string) {
+	s.mu.Lock()
+	same := s.status[svc] == msg
+	s.mu.Unlock()
+	if !same {
+		s.update(func() { s.status[svc] = msg })
+	}
+}
+
+// Run follows the three services until ctx ends, reconnecting after every
+// stream error.
+func (s *State) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, f := range []func(context.Context) error{s.watchSockets, s.watchPlugins, s.watchResources} {
+		wg.Go(func() { s.retry(ctx, f) })
+	}
+	wg.Go(func() { s.listAllocations(ctx) })
+	wg.Wait()
+	return nil
+}
+
+// retry runs one watch again and again, waiting between failures (at most
+// 2 s).
+func (s *State) retry(ctx context.Context, watch func(context.Context) error) {
+	wait := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := watch(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > 10*time.Second {
+			wait = 100 * time.Millisecond
+		}
+		s.log.Debug("watch ended", "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// describe turns a stream error into the status line of a service.
+func describe(err error) string {
+	if errors.Is(err, io.EOF) {
+		return "stream ended"
+	}
+	st := status.Convert(err)
+	msg := st.Message()
+	if st.Code() == codes.Unavailable {
+		if i := strings.LastIndex(msg, ": "); i >= 0 && strings.Contains(msg, "dial") {
+			msg = msg[i+2:]
+		}
+		return "unreachable: " + msg
+	}
+	return st.Code().String() + ": " + msg
+}

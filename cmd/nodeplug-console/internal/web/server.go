@@ -1,0 +1,264 @@
+// Package web is the console's HTTP side: the pages (html/template over
+// embedded HTML, CSS and a little JavaScript), their live updates as
+// server-sent events, the trace JSON that nodeplugctl trace reads, and the
+// Guard in front of all of it.
+package web
+
+import (
+	"bytes"
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/state"
+	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/traces"
+	"github.com/nodeplug/nodeplug/pkg/version"
+)
+
+//go:embed assets
+var assets embed.FS
+
+var templates = template.Must(template.ParseFS(assets, "assets/console.html"))
+
+// State is what the pages show of the services.
+type State interface {
+	Snapshot() state.Snapshot
+	Changed() <-chan struct{}
+}
+
+// Server serves the console.
+type Server struct {
+	state   State
+	traces  traces.Sources
+	guard   *Guard
+	log     *slog.Logger
+	sources string
+	// MinInterval is the least time between two updates of one live view
+	// (default 100 ms): a burst of changes becomes one update.
+	MinInterval time.Duration
+}
+
+// New returns the console's server.
+func New(st State, src traces.Sources, guard *Guard, log *slog.Logger) *Server {
+	var names []string
+	if src.Local != nil {
+		names = append(names, "the console's OTLP receiver")
+	}
+	if src.Jaeger != nil {
+		names = append(names, "Jaeger at "+src.Jaeger.URL())
+	}
+	if len(names) == 0 {
+		names = append(names, "none configured")
+	}
+	return &Server{state: st, traces: src, guard: guard, log: log, sources: strings.Join(names, " and "), MinInterval: 100 * time.Millisecond}
+}
+
+// Handler returns the console's routes behind the guard.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(assets, "assets")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/plugins", http.StatusSeeOther)
+	})
+	for _, v := range []string{"plugins", "resources", "allocations", "traces"} {
+		mux.HandleFunc("GET /"+v, s.page(v))
+	}
+	mux.HandleFunc("GET /traces/{id}", s.page("trace"))
+	mux.HandleFunc("GET /events", s.events)
+	mux.HandleFunc("GET /api/traces/{id}", s.traceJSON)
+	return s.guard.Wrap(mux)
+}
+
+type navItem struct {
+	Href, Label string
+	Current     bool
+}
+
+type pageData struct {
+	Title, Events, Version, Sources string
+	Nav                             []navItem
+	Fragment                        template.HTML
+}
+
+var titles = map[string]string{"plugins": "Plugins", "resources": "Resources", "allocations": "Allocations", "traces": "Traces", "trace": "Trace"}
+
+func (s *Server) page(view string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if view == "trace" && traces.NormalizeID(id) == "" {
+			http.Error(w, fmt.Sprintf("%q is not a trace ID (up to 32 hex digits)", id), http.StatusNotFound)
+			return
+		}
+		frag, err := s.render(r.Context(), view, id)
+		if err != nil {
+			s.log.Error("rendering", "view", view, "error", err)
+			http.Error(w, "rendering the page failed: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		d := pageData{Title: titles[view], Version: version.Version, Sources: s.sources, Fragment: template.HTML(frag)}
+		if view == "trace" {
+			d.Title = "Trace " + traces.NormalizeID(id)
+		}
+		d.Events = "/events?view=" + view
+		if id != "" {
+			d.Events += "&id=" + traces.NormalizeID(id)
+		}
+		for _, v := range []string{"plugins", "resources", "allocations", "traces"} {
+			d.Nav = append(d.Nav, navItem{"/" + v, titles[v], v == view || (v == "traces" && view == "trace")})
+		}
+		var buf bytes.Buffer
+		if err := templates.ExecuteTemplate(&buf, "page", d); err != nil {
+			http.Error(w, "rendering the page failed: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(buf.Bytes())
+	}
+}
+
+// render renders one view's live fragment (the part the events replace).
+func (s *Server) render(ctx context.Context, view, id string) (string, error) {
+	now := time.Now()
+	var data any
+	switch view {
+	case "plugins":
+		data = pluginsOf(s.state.Snapshot(), now)
+	case "resources":
+		data = resourcesOf(s.state.Snapshot(), now)
+	case "allocations":
+		data = allocationsOf(s.state.Snapshot(), now)
+	case "traces":
+		v := tracesView{Sources: s.sources}
+		list, err := s.traces.Recent(ctx, 50)
+		if err != nil {
+			v.Error = err.Error()
+		}
+		for _, t := range list {
+			v.Traces = append(v.Traces, traceRowOf(t))
+		}
+		data = v
+	case "trace":
+		t, err := s.traces.Get(ctx, id)
+		if err != nil {
+			wf := waterfall{TraceID: traces.NormalizeID(id), Sources: s.sources}
+			if !errors.Is(err, traces.ErrNotFound) {
+				wf.Error = err.Error()
+			}
+			data = wf
+		} else {
+			data = waterfallOf(t)
+		}
+	default:
+		return "", fmt.Errorf("no view %q", view)
+	}
+	var buf bytes.Buffer
+	err := templates.ExecuteTemplate(&buf, view, data)
+	return buf.String(), err
+}
+
+// events streams a view's fragment as server-sent events: the current one
+// at once, then a new one after each change that alters it.
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	view, id := r.URL.Query().Get("view"), r.URL.Query().Get("id")
+	if _, ok := titles[view]; !ok || (view == "trace" && traces.NormalizeID(id) == "") {
+		http.Error(w, "events: unknown view or bad trace ID", http.StatusBadRequest)
+		return
+	}
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		http.Error(w, "events: streaming unsupported", http.StatusInternalServerError)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	flusher.Flush()
+	ctx := r.Context()
+	keepalive := time.NewTicker(15 * time.Second)
+	defer keepalive.Stop()
+	usesTraces := view == "trace" || view == "traces"
+	last := ""
+	for {
+		// Take the channels before rendering, so a change during the
+		// render wakes the next round.
+		changed := s.state.Changed()
+		var traceChanged <-chan struct{}
+		if usesTraces {
+			traceChanged = s.traces.Changed()
+		}
+		frag, err := s.render(ctx, view, id)
+		if err != nil {
+			return
+		}
+		if frag != last {
+			if err := writeEvent(w, "update", frag); err != nil {
+				return
+			}
+			flusher.Flush()
+			last = frag
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-traceChanged:
+		case <-keepalive.C:
+			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
+				return
+			}
+			flusher.Flush()
+			continue
+		}
+		select { // fold a burst of changes into one update
+		case <-ctx.Done():
+			return
+		case <-time.After(s.MinInterval):
+		}
+	}
+}
+
+func writeEvent(w http.ResponseWriter, event, data string) error {
+	var b strings.Builder
+	b.WriteString("event: " + event + "\n")
+	for _, line := range strings.Split(data, "\n") {
+		b.WriteString("data: " + strings.TrimSuffix(line, "\r") + "\n")
+	}
+	b.WriteString("\n")
+	_, err := fmt.Fprint(w, b.String())
+	return err
+}
+
+// traceJSON serves one trace as Jaeger's GET /api/traces/<id> does.
+func (s *Server) traceJSON(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	t, err := s.traces.Get(r.Context(), r.PathValue("id"))
+	var resp traces.Response
+	code := http.StatusOK
+	switch {
+	case err == nil:
+		resp.Data = []traces.Trace{*t}
+	case errors.Is(err, traces.ErrNotFound):
+		code = http.StatusNotFound
+		resp.Data = []traces.Trace{}
+		resp.Errors = []traces.ErrorItem{{Code: code, Msg: "trace not found in " + s.sources}}
+	default:
+		code = http.StatusBadGateway
+		if traces.NormalizeID(r.PathValue("id")) == "" {
+			code = http.StatusBadRequest
+		}
+		resp.Data = []traces.Trace{}
+		resp.Errors = []traces.ErrorItem{{Code: code, Msg: err.Error()}}
+	}
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(resp)
+}
