@@ -28,6 +28,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/access"
 	"github.com/nodeplug/nodeplug/pkg/lockfile"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/pkg/version"
@@ -57,6 +58,11 @@ type Config struct {
 	Pprof         bool     // serve /debug/pprof/ beside /metrics
 	LogLevel      string
 	LogFormat     string
+
+	// Watch bounds the streams of every Watch RPC by caller
+	// (--watch-streams, --watch-streams-per-caller,
+	// --watch-streams-reserved); see access.WatchBounds.
+	Watch stream.SlotLimits
 }
 
 // PluginsDir is <root>/plugins_registry.
@@ -227,6 +233,7 @@ func parse(svc Service, args []string) (Config, int, bool) {
 	fs := NewFlags(svc.Binary)
 	showVersion := commonFlags(svc, fs, &cfg)
 	allowed := fs.StringList("allowed-endpoint-dir", "directory plugin endpoints may live in (repeatable; default the root dir)")
+	watchFlags(fs, &cfg)
 	if svc.Flags != nil {
 		svc.Flags(fs)
 	}
@@ -255,6 +262,10 @@ func parse(svc Service, args []string) (Config, int, bool) {
 		cfg.APISocket = APISocket(abs, svc.Binary)
 	}
 	if err := cfg.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "nodeplug-"+svc.Binary+":", err)
+		return cfg, 2, false
+	}
+	if err := cfg.validateWatch(); err != nil {
 		fmt.Fprintln(os.Stderr, "nodeplug-"+svc.Binary+":", err)
 		return cfg, 2, false
 	}
@@ -391,7 +402,8 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 		guard.AllowUnidentified()
 	}
 	serverOpts := []grpc.ServerOption{grpc.Creds(creds),
-		grpc.ChainUnaryInterceptor(guard.Unary), grpc.ChainStreamInterceptor(guard.Stream)}
+		grpc.ChainUnaryInterceptor(guard.Unary),
+		grpc.ChainStreamInterceptor(guard.Stream, access.NewWatchBounds(cfg.Watch, reg).Stream)}
 	if svc.HandlerPool > 0 {
 		serverOpts = append(serverOpts, grpc.NumStreamWorkers(uint32(svc.HandlerPool)))
 	}
