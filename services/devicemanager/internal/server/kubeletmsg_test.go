@@ -1,17 +1,22 @@
 package server
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
 )
 
 // kubeletMessage returns the kubelet's message a RegisterPlugin error
@@ -63,5 +68,26 @@ func TestRegisterPluginKubeletMessage(t *testing.T) {
 				t.Fatalf("kubelet message = %q, want %q (error %v)", got, tc.kubelet, err)
 			}
 		})
+	}
+}
+
+// TestKubeletMessageNotUTF8: a RegisterPlugin failure whose texts echo bytes
+// that are not UTF-8 (a plugin's error message, sent by a plugin whose gRPC
+// library passes it as it is) keeps its kubelet message detail, the bytes
+// replaced: the detail travels as a marshaled google.rpc.Status, which one
+// invalid string would fail as a whole.
+func TestKubeletMessageNotUTF8(t *testing.T) {
+	err := withKubeletMessage(fmt.Errorf("device plugin example.com/odd: %w", &endpoint.KubeletError{
+		Kubelet: "failed to get device plugin options: bad\xff\xfe answer", Kind: errdefs.ErrInternal,
+	}))
+	if got, want := kubeletMessage(err), "failed to get device plugin options: bad\uFFFD answer"; got != want {
+		t.Fatalf("kubelet message = %q, want %q (error %v)", got, want, err)
+	}
+	st := status.Convert(err)
+	if st.Code() != codes.Internal || !utf8.ValidString(st.Message()) {
+		t.Fatalf("status %v", st)
+	}
+	if _, err := proto.Marshal(st.Proto()); err != nil {
+		t.Fatalf("the status does not marshal: %v", err)
 	}
 }

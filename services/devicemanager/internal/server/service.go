@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
@@ -86,9 +87,11 @@ func withKubeletMessage(err error) error {
 	if !errors.As(err, &kw) {
 		return err
 	}
-	st, derr := status.New(errdefs.Code(err), err.Error()).WithDetails(&errdetails.ErrorInfo{
+	// The details travel as a marshaled google.rpc.Status, whose strings
+	// must be UTF-8: a message echoing a plugin's bytes would lose them.
+	st, derr := status.New(errdefs.Code(err), bounds.Text(err.Error())).WithDetails(&errdetails.ErrorInfo{
 		Domain: KubeletMessageDomain, Reason: KubeletMessageReason,
-		Metadata: map[string]string{KubeletMessageKey: kw.KubeletMessage()},
+		Metadata: map[string]string{KubeletMessageKey: bounds.Text(kw.KubeletMessage())},
 	})
 	if derr != nil {
 		return err
