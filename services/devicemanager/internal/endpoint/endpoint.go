@@ -20,9 +20,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
@@ -130,24 +132,27 @@ type Conn struct {
 
 var _ Plugin = (*Conn)(nil)
 
-// Connect dials the plugin of resource at dialPath (path is the endpoint as
-// registered, for messages), calls GetDevicePluginOptions and opens
+// Connect dials the plugin of resource at path (the endpoint as
+// registered) with dial, calls GetDevicePluginOptions and opens
 // ListAndWatch. It returns once the stream is open; Run then receives its
-// updates.
+// updates. gRPC calls dial for the first connection and for every
+// reconnect (after a GOAWAY or a broken connection), so the check that
+// dial makes (unixsock.Confiner.Dialer: confinement, and the socket's
+// identity) is made on every socket the plugin's calls reach.
 //
 // Tracing: a span "connect <resource>" (with "GetDevicePluginOptions"
 // beneath it) is a child of ctx, and the stream carries ctx's trace. A span
 // "first ListAndWatch update", also a child of ctx, ends when the first
 // update arrives, or with an error when the stream ends or Close is called
-// before it.
-func Connect(ctx context.Context, resource, path, dialPath string) (*Conn, error) {
-	cctx, span := tracer.Start(ctx, "connect "+resource)
+// before it. The span names path.
+func Connect(ctx context.Context, resource, path string, dial func(context.Context, string) (net.Conn, error)) (*Conn, error) {
+	cctx, span := tracer.Start(ctx, "connect "+resource, trace.WithAttributes(attribute.String("nodeplug.plugin.endpoint", path)))
 	defer span.End()
 	fail := func(err error) (*Conn, error) {
 		span.SetStatus(codes.Error, err.Error())
 		return nil, err
 	}
-	conn, err := rpcutil.DialPlugin(dialPath, grpc.WithConnectParams(gapConnectParams))
+	conn, err := rpcutil.DialPlugin(path, grpc.WithConnectParams(gapConnectParams), grpc.WithContextDialer(dial))
 	if err != nil {
 		return fail(&KubeletError{Kubelet: "failed to dial device plugin: " + err.Error(), Kind: errdefs.ErrUnavailable})
 	}

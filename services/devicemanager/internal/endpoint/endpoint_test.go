@@ -3,6 +3,7 @@ package endpoint
 import (
 	"context"
 	"errors"
+	"net"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -32,9 +34,15 @@ func startPlugin(t *testing.T, opts deviceplugin.Options) *deviceplugin.Plugin {
 	return plugintest.Start(t, opts)
 }
 
+// dialer dials path unconfined, as Connect's dial (the manager's is
+// confined: unixsock.Confiner.Dialer).
+func dialer(path string) func(context.Context, string) (net.Conn, error) {
+	return (*unixsock.Confiner)(nil).Dialer(path, nil)
+}
+
 func connect(t *testing.T, p *deviceplugin.Plugin) *Conn {
 	t.Helper()
-	c, err := Connect(ctxT(t), p.Resource(), p.SocketPath(), p.SocketPath())
+	c, err := Connect(ctxT(t), p.Resource(), p.SocketPath(), dialer(p.SocketPath()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,13 +152,13 @@ func TestCalls(t *testing.T) {
 func TestConnectFailures(t *testing.T) {
 	p := startPlugin(t, deviceplugin.Options{Resource: "example.com/e", Devices: 1})
 	p.SetFailure(deviceplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
-	_, err := Connect(ctxT(t), p.Resource(), p.SocketPath(), p.SocketPath())
+	_, err := Connect(ctxT(t), p.Resource(), p.SocketPath(), dialer(p.SocketPath()))
 	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "failed to get device plugin options for example.com/e at "+p.SocketPath()+": not ready") {
 		t.Fatalf("options failure: %v", err)
 	}
 	p.SetFailure(deviceplugin.MethodGetDevicePluginOptions, nil)
 	p.Stop()
-	_, err = Connect(ctxT(t), p.Resource(), p.SocketPath(), p.SocketPath())
+	_, err = Connect(ctxT(t), p.Resource(), p.SocketPath(), dialer(p.SocketPath()))
 	if !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("plugin gone: %v, want ErrUnavailable", err)
 	}

@@ -78,7 +78,7 @@ func TestConnectThroughBindListenGap(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		c, err := Connect(ctxT(t), "example.com/gap", path, path)
+		c, err := Connect(ctxT(t), "example.com/gap", path, dialer(path))
 		done <- result{c, err}
 	}()
 	// The scenario's gap between bind() and listen(), not a
@@ -109,7 +109,7 @@ func TestConnectRefusedFails(t *testing.T) {
 	srv := grpc.NewServer()
 	t.Cleanup(srv.Stop)
 	_ = boundSocket(t, path, srv) // never listens
-	_, err := Connect(ctxT(t), "example.com/dead", path, path)
+	_, err := Connect(ctxT(t), "example.com/dead", path, dialer(path))
 	var kerr *KubeletError
 	if err == nil || !errors.As(err, &kerr) || kerr.KubeletMessage() == "" {
 		t.Fatalf("Connect to a socket nothing listens on: %v", err)

@@ -205,9 +205,14 @@ func (m *Manager) GracePeriod() time.Duration { return m.grace }
 // it, keeping the resource's devices until the new endpoint's first
 // update.
 //
-// One live endpoint serves one resource: naming an endpoint (its path, or
-// the socket it resolves to) that is live under another resource fails
-// with an *EndpointConflictError (errdefs.ErrAlreadyExists).
+// An endpoint is its socket's (device, inode), not its path (DESIGN
+// "Identity"): another path to a live endpoint's socket (a hard link, an
+// allowed symlink) is that endpoint. One live endpoint serves one
+// resource: naming an endpoint (its path, or another path to its socket)
+// that is live under another resource fails with an
+// *EndpointConflictError (errdefs.ErrAlreadyExists); under the same
+// resource it is a re-registration of that endpoint. The socket checked
+// is the socket connected, at every dial (unixsock.Confiner.Dialer).
 //
 // The registration is counted (kubelet_device_plugin_registration_total)
 // once it succeeds, so that metric labels only ever name registered
@@ -216,15 +221,14 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	if err := ValidateRegistration(r); err != nil {
 		return err
 	}
-	dialPath, err := m.resolveEndpoint(ctx, r.Endpoint)
-	if err != nil {
+	if _, err := m.resolveEndpoint(ctx, r.Endpoint); err != nil {
 		return err
 	}
+	dialPath, id, err := m.confiner.Identify(r.Endpoint)
+	if err != nil {
+		return fmt.Errorf("endpoint %s: %w", bounds.Quote(r.Endpoint), err)
+	}
 	if r.Generation == "" {
-		id, _, err := unixsock.Stat(dialPath)
-		if err != nil {
-			return fmt.Errorf("endpoint %s: %v: %w", r.Endpoint, err, errdefs.ErrInvalidArgument)
-		}
 		r.Generation = id.Generation()
 	}
 	if r.SocketPath == "" {
@@ -238,15 +242,15 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 		m.mu.Unlock()
 		return errShuttingDown
 	}
-	if err := m.conflictLocked(r.Resource, r.Endpoint, dialPath); err != nil {
+	if err := m.conflictLocked(r.Resource, r.Endpoint, id.Key()); err != nil {
 		m.mu.Unlock()
 		m.log.WarnContext(ctx, "device plugin registration refused", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
 		return err
 	}
 	if res := m.resources[r.Resource]; res != nil {
-		if e := res.endpoints[r.Endpoint]; e != nil && !e.closed && e.generation == r.Generation {
+		if e := m.sameEndpointLocked(res, r.Endpoint, id.Key()); e != nil && e.generation == r.Generation {
 			m.mu.Unlock()
-			m.log.DebugContext(ctx, "endpoint already connected with this generation", "resource", r.Resource, "endpoint", r.Endpoint, "generation", r.Generation)
+			m.log.DebugContext(ctx, "endpoint already connected with this generation", "resource", r.Resource, "endpoint", r.Endpoint, "connected_as", e.path, "generation", r.Generation)
 			// Already live, but perhaps not yet on disk: the attempt
 			// that installed it may have failed to save it (this is
 			// its retry), or may still be saving it.
@@ -260,7 +264,7 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	m.mu.Unlock()
 
 	e := &entry{
-		resource: r.Resource, path: r.Endpoint, dialPath: dialPath, socketPath: r.SocketPath,
+		resource: r.Resource, path: r.Endpoint, dialPath: dialPath, id: id, socketPath: r.SocketPath,
 		generation: r.Generation, regPath: r.Path, versions: slices.Clone(r.Versions),
 	}
 	if err := m.connect(ctx, e); err != nil {
@@ -327,9 +331,11 @@ func (m *Manager) resolveEndpoint(ctx context.Context, path string) (string, err
 	}
 }
 
-// connect opens e's connection (see endpoint.Connect).
+// connect opens e's connection (see endpoint.Connect). Every dial of it,
+// the first and each reconnect, checks e.path inside the allowed
+// directories and connects only e's socket (e.id).
 func (m *Manager) connect(ctx context.Context, e *entry) error {
-	conn, err := endpoint.Connect(ctx, e.resource, e.path, e.dialPath)
+	conn, err := endpoint.Connect(ctx, e.resource, e.path, m.confiner.Dialer(e.path, unixsock.NewPin(e.id)))
 	if err != nil {
 		return err
 	}
@@ -349,7 +355,7 @@ func (m *Manager) install(e *entry) (*entry, error) {
 		e.conn.Close(errShuttingDown)
 		return nil, errShuttingDown
 	}
-	if err := m.conflictLocked(e.resource, e.path, e.dialPath); err != nil {
+	if err := m.conflictLocked(e.resource, e.path, e.id.Key()); err != nil {
 		m.mu.Unlock()
 		e.conn.Close(err)
 		return nil, err
@@ -365,7 +371,8 @@ func (m *Manager) install(e *entry) (*entry, error) {
 }
 
 // installLocked makes e the primary endpoint of its resource and returns
-// the live endpoint it replaces on the same path, if any (marked closed).
+// the live endpoint it replaces, if any (marked closed): the one on the
+// same path, or else the one on another path to the same socket.
 func (m *Manager) installLocked(e *entry, now time.Time) *entry {
 	res := m.resources[e.resource]
 	if res == nil {
@@ -373,13 +380,16 @@ func (m *Manager) installLocked(e *entry, now time.Time) *entry {
 		m.resources[e.resource] = res
 	}
 	old := res.endpoints[e.path]
-	if old != nil {
-		if old.closed {
-			old = nil // already handled
-		} else {
-			old.closed = true
-			m.unindexLocked(old)
+	if old == nil || old.closed {
+		old = nil // none, or already handled
+		if o := m.sameEndpointLocked(res, e.path, e.id.Key()); o != nil {
+			old = o
+			delete(res.endpoints, o.path)
 		}
+	}
+	if old != nil {
+		old.closed = true
+		m.unindexLocked(old)
 	}
 	m.indexLocked(e)
 	m.seq++
@@ -407,12 +417,17 @@ func (m *Manager) installLocked(e *entry, now time.Time) *entry {
 // same devices would be allocatable twice. It wraps
 // errdefs.ErrAlreadyExists.
 type EndpointConflictError struct {
-	Endpoint string // as registered
-	Resource string // what the registration asked for
-	Other    string // the resource the endpoint serves
+	Endpoint  string // as registered
+	Resource  string // what the registration asked for
+	Other     string // the resource the endpoint serves
+	OtherPath string // the path it serves it on: Endpoint, or another path to its socket
 }
 
 func (e *EndpointConflictError) Error() string {
+	if e.OtherPath != "" && e.OtherPath != e.Endpoint {
+		return fmt.Sprintf("endpoint %s is the socket of endpoint %s, live under resource %s, so it cannot serve %s: one endpoint serves one resource",
+			e.Endpoint, e.OtherPath, e.Other, e.Resource)
+	}
 	return fmt.Sprintf("endpoint %s is live under resource %s, so it cannot serve %s: one endpoint serves one resource",
 		e.Endpoint, e.Other, e.Resource)
 }
@@ -426,25 +441,56 @@ func (e *EndpointConflictError) KubeletMessage() string {
 }
 
 // conflictLocked returns an *EndpointConflictError when the endpoint at
-// path, or any endpoint resolving to dialPath, is live (not closed) under
-// a resource other than resource.
-func (m *Manager) conflictLocked(resource, path, dialPath string) error {
-	for _, key := range []string{path, dialPath} {
-		for o := range m.live[key] {
+// path, or any endpoint whose socket is key (another path to it: a hard
+// link, a symlink), is live (not closed) under a resource other than
+// resource.
+func (m *Manager) conflictLocked(resource, path string, key unixsock.Key) error {
+	for _, k := range liveKeys(path, key) {
+		for o := range m.live[k] {
 			if o.resource == resource || o.closed || m.resources[o.resource] == nil || m.resources[o.resource].endpoints[o.path] != o {
 				continue
 			}
-			if o.path == path || (o.dialPath != "" && o.dialPath == dialPath) {
-				return &EndpointConflictError{Endpoint: path, Resource: resource, Other: o.resource}
+			if o.path == path || (!key.IsZero() && o.id.Key() == key) {
+				return &EndpointConflictError{Endpoint: path, Resource: resource, Other: o.resource, OtherPath: o.path}
 			}
 		}
 	}
 	return nil
 }
 
+// sameEndpointLocked returns the live endpoint of res at path, or else
+// the live endpoint of res on another path to the socket key, or nil.
+func (m *Manager) sameEndpointLocked(res *resource, path string, key unixsock.Key) *entry {
+	if e := res.endpoints[path]; e != nil && !e.closed {
+		return e
+	}
+	if key.IsZero() {
+		return nil
+	}
+	for o := range m.live[socketIndexKey(key)] {
+		if o.resource == res.name && !o.closed && res.endpoints[o.path] == o {
+			return o
+		}
+	}
+	return nil
+}
+
+// liveKeys are the keys of the index of live endpoints for an endpoint at
+// path whose socket is key.
+func liveKeys(path string, key unixsock.Key) []string {
+	if key.IsZero() {
+		return []string{path}
+	}
+	return []string{path, socketIndexKey(key)}
+}
+
+// socketIndexKey is the key of the index of live endpoints for the socket
+// key: never an absolute path, so it cannot meet one.
+func socketIndexKey(key unixsock.Key) string { return "socket " + key.String() }
+
 // indexLocked adds e, being installed, to the index of live endpoints.
 func (m *Manager) indexLocked(e *entry) {
-	for _, key := range []string{e.path, e.dialPath} {
+	for _, key := range liveKeys(e.path, e.id.Key()) {
 		if key == "" {
 			continue
 		}
@@ -459,7 +505,7 @@ func (m *Manager) indexLocked(e *entry) {
 
 // unindexLocked removes e, closed, from the index of live endpoints.
 func (m *Manager) unindexLocked(e *entry) {
-	for _, key := range []string{e.path, e.dialPath} {
+	for _, key := range liveKeys(e.path, e.id.Key()) {
 		if set := m.live[key]; set != nil {
 			delete(set, e)
 			if len(set) == 0 {

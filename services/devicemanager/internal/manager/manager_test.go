@@ -201,8 +201,8 @@ func TestLiveIndex(t *testing.T) {
 		}
 		return n
 	}
-	if n := indexed(); n != 1 { // path and dial path are one key here
-		t.Fatalf("index holds %d entries after one registration, want 1", n)
+	if n := indexed(); n != 2 { // under its path and under its socket
+		t.Fatalf("index holds %d entries after one registration, want 2", n)
 	}
 	err := m.Register(ctxT(t), Registration{Resource: "example.com/b", Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry})
 	if !errors.Is(err, errdefs.ErrAlreadyExists) {
@@ -212,8 +212,8 @@ func TestLiveIndex(t *testing.T) {
 	if err := m.Register(ctxT(t), Registration{Resource: "example.com/a", Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g2", Path: PathPluginsRegistry}); err != nil {
 		t.Fatal(err)
 	}
-	if n := indexed(); n != 1 {
-		t.Fatalf("index holds %d entries after a replacement, want 1", n)
+	if n := indexed(); n != 2 {
+		t.Fatalf("index holds %d entries after a replacement, want 2", n)
 	}
 	if _, err := m.Deregister(ctxT(t), "example.com/a", p.SocketPath(), "g2"); err != nil {
 		t.Fatal(err)

@@ -138,13 +138,13 @@ func (m *Manager) redial(ctx context.Context, old *entry) {
 	defer span.End()
 	ctx, cancel := context.WithTimeout(ctx, redialTimeout)
 	defer cancel()
-	dialPath, err := m.confiner.Resolve(old.path)
+	dialPath, id, err := m.confiner.Identify(old.path)
 	if err != nil {
 		m.log.InfoContext(ctx, "recorded endpoint not redialled", "resource", old.resource, "endpoint", old.path, "error", err)
 		return
 	}
 	e := &entry{
-		resource: old.resource, path: old.path, dialPath: dialPath, socketPath: old.socketPath,
+		resource: old.resource, path: old.path, dialPath: dialPath, id: id, socketPath: old.socketPath,
 		generation: old.generation, regPath: old.regPath, versions: old.versions, registered: old.registered,
 	}
 	unlock := m.regLocks.Lock(e.path)

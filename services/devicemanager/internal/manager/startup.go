@@ -14,6 +14,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 // KubeletSocketName is the legacy registration socket's name in the
@@ -34,9 +35,17 @@ var ErrKubeletRunning = errors.New("a kubelet.sock in the device-plugins directo
 // it records, and removes stale sockets (see removeStaleSockets). The
 // caller then serves kubelet.sock (KubeletSocketPath) and the API, and runs
 // Run.
+//
+// The manager keeps a mirror of its state in the kubelet's format,
+// kubelet_internal_checkpoint, beside the store (store.KubeletMirror); at a
+// first start, with no saved state, it imports the allocations of a
+// kubelet's checkpoint found there.
 func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := checkKubeletSocket(cfg.DevicePluginsDir); err != nil {
 		return nil, err
+	}
+	if cfg.Store != nil {
+		cfg.Store = store.WithKubeletMirror(cfg.Store, cfg.DevicePluginsDir, cfg.Log)
 	}
 	m, err := New(cfg)
 	if err != nil {

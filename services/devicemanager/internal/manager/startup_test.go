@@ -2,10 +2,14 @@ package manager
 
 import (
 	"context"
+	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -65,7 +69,9 @@ func TestOpenRefusesLiveKubeletSock(t *testing.T) {
 // recorded endpoint names it. A recorded endpoint whose redial failed while
 // its plugin still answers keeps its socket: removing it made a legacy
 // plugin restart its server, so its endpoint was replaced across a
-// devicemanager restart instead of kept.
+// devicemanager restart instead of kept. The file kubelet_internal_checkpoint
+// is not a socket and stays; with nodeplug's own checkpoint there, it is
+// not imported but rewritten as the mirror of the restored state.
 func TestOpenRemovesOnlyDeadUnrecordedSockets(t *testing.T) {
 	dir := testutil.TempDir(t)
 	testutil.StaleSocket(t, KubeletSocketPath(dir)) // a stale kubelet.sock does not stop the start
@@ -113,14 +119,109 @@ func TestOpenRemovesOnlyDeadUnrecordedSockets(t *testing.T) {
 			t.Errorf("%s present = %v, want %v", name, got, want)
 		}
 	}
-	if b, err := os.ReadFile(path("kubelet_internal_checkpoint")); err != nil || string(b) != "{}" {
-		t.Errorf("the kubelet's checkpoint was touched: %q, %v", b, err)
-	}
+	// The recorded resources, no device healthy, and no allocation.
+	testutil.Eventually(t, "the kubelet-format mirror of the restored state", func() error {
+		allocs, regs, err := store.ReadKubelet(path("kubelet_internal_checkpoint"))
+		if err != nil {
+			return err
+		}
+		if want := map[string][]string{"example.com/rude": {}, "example.com/dead": {}}; len(allocs) != 0 || !reflect.DeepEqual(regs, want) {
+			return fmt.Errorf("allocations %v, registered devices %v; want none and %v", allocs, regs, want)
+		}
+		return nil
+	})
 	// The recorded endpoints were not redialled: their resources are kept,
 	// stopped, until a plugin registers or the grace period ends.
 	for _, r := range m.ListResources() {
 		if r.Capacity != 1 || r.Allocatable != 0 || r.Endpoints[0].State != StateStopped || r.GraceDeadline.IsZero() {
 			t.Errorf("restored resource = %+v", r)
 		}
+	}
+}
+
+// TestOpenImportsKubeletAllocations: at a first start (no nodeplug
+// checkpoint) beside a kubelet's checkpoint, the manager starts with the
+// kubelet's allocations, logs what it took, and keeps them in its own
+// checkpoint; the kubelet's file becomes the mirror. The kubelet's file
+// here is a previous manager's mirror: the same format.
+func TestOpenImportsKubeletAllocations(t *testing.T) {
+	first := testutil.TempDir(t)
+	saved := store.New(first, store.Options{})
+	if _, err := saved.Load(); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Commit(saved, store.Batch{Allocations: []store.Allocation{
+		{PodUID: "pod-1", ContainerName: "c", ResourceName: "example.com/r", DeviceIDs: []string{"d0", "d1"}, Response: []byte{}},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := saved.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open(context.Background(), config(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	kubelet, err := os.ReadFile(filepath.Join(first, "kubelet_internal_checkpoint"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dir := testutil.TempDir(t)
+	if err := os.WriteFile(filepath.Join(dir, "kubelet_internal_checkpoint"), kubelet, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	cfg := config(dir)
+	cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	m, err = Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = m.Close() }()
+	got := m.alloc.List("")
+	if len(got) != 1 || got[0].PodUID != "pod-1" || !reflect.DeepEqual(got[0].DeviceIDs, []string{"d0", "d1"}) {
+		t.Fatalf("allocations after the import: %+v", got)
+	}
+	if !strings.Contains(logs.String(), "imported the kubelet's allocations") || !strings.Contains(logs.String(), "allocations=1") {
+		t.Errorf("no log of the import:\n%s", logs.String())
+	}
+	if d, err := store.ReadState(dir); err != nil || d == nil || len(d.Allocations) != 1 {
+		t.Fatalf("nodeplug's checkpoint after the import: %+v, %v", d, err)
+	}
+}
+
+// TestOpenMovesAsideUnreadableKubeletCheckpoint: a kubelet checkpoint
+// that does not verify, at a first start, is moved aside with one loud
+// line naming both places, and the manager starts empty.
+func TestOpenMovesAsideUnreadableKubeletCheckpoint(t *testing.T) {
+	dir := testutil.TempDir(t)
+	path := filepath.Join(dir, "kubelet_internal_checkpoint")
+	if err := os.WriteFile(path, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	cfg := config(dir)
+	cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
+	m, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = m.Close() }()
+	aside, _ := filepath.Glob(path + ".corrupt-*")
+	if len(aside) != 1 {
+		t.Fatalf("moved aside: %v", aside)
+	}
+	if b, err := os.ReadFile(aside[0]); err != nil || string(b) != "{}" {
+		t.Fatalf("the file moved aside: %q, %v", b, err)
+	}
+	if n := strings.Count(logs.String(), "CHECKPOINT UNUSABLE"); n != 1 || !strings.Contains(logs.String(), aside[0]) {
+		t.Fatalf("%d loud lines, want one naming %s:\n%s", n, aside[0], logs.String())
+	}
+	if len(m.alloc.List("")) != 0 {
+		t.Fatal("allocations from an unreadable file")
 	}
 }

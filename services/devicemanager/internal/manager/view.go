@@ -10,6 +10,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
 )
@@ -77,6 +78,10 @@ type entry struct {
 	resource   string
 	path       string // as registered (absolute)
 	dialPath   string // resolved inside the allowed directories
+	// id is the socket's identity when it was checked; every dial of conn
+	// connects that socket only. Zero for an endpoint restored from the
+	// store and not redialled.
+	id unixsock.Identity
 	socketPath string
 	generation string
 	regPath    RegistrationPath
