@@ -1,8 +1,8 @@
 package manager
 
 import (
-	"context"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
