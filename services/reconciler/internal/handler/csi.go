@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
+	"os"
 	"slices"
 	"time"
 
@@ -23,8 +25,7 @@ import (
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/confine"
 )
 
-// CSITimeout bounds a registration's calls to a CSI driver, waiting for its
-// endpoint to appear included.
+// CSITimeout bounds a registration's call to a CSI driver.
 const CSITimeout = 10 * time.Second
 
 // ListenGap bounds how long a CSI endpoint that refuses connections is
@@ -39,12 +40,16 @@ var gapParams = grpc.ConnectParams{
 }
 
 // CSI handles CSIPlugin registrations: the kubelet's version rule on
-// Validate; on Register it asks the driver (csi.v1 Identity.GetPluginInfo and
-// Node.NodeGetInfo on its endpoint) and records the answer.
+// Validate; on Register it asks the driver, as the kubelet does, only
+// csi.v1 Node.NodeGetInfo on its endpoint, and records the answer. An
+// endpoint that does not exist fails the registration at once, as the
+// kubelet's call fails (the reconciler retries it with its backoff); only a
+// device plugin's endpoint is waited for.
 //
 // Unlike the kubelet, which dials any path a CSI plugin names, the endpoint
-// is confined: Register resolves it again, symlinks followed, inside the
-// allowed directories, and dials the path it resolved (an endpoint that was
+// is confined: every dial of it (the first and each reconnect) checks it
+// again, symlinks followed, inside the allowed directories and connects the
+// very socket it checked (unixsock.Confiner.Dialer; an endpoint that was
 // accepted before it existed is judged again once it does).
 type CSI struct {
 	drivers  *Drivers
@@ -85,12 +90,15 @@ func (h *CSI) Validate(_ context.Context, name, endpoint string, versions []stri
 	return nil
 }
 
-// Register asks the driver for its identity and node information and
+// Register asks the driver for its node information (NodeGetInfo) and
 // records it.
 func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
 	v, err := kubeletrules.HighestCSIVersion("RegisterPlugin", p.Name, p.Versions)
 	if err != nil {
 		return err
+	}
+	if _, err := os.Lstat(p.Endpoint); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("CSI driver %q: endpoint %s does not exist: %w", p.Name, bounds.Quote(p.Endpoint), errdefs.ErrUnavailable)
 	}
 	cctx, cancel := context.WithTimeout(ctx, h.Timeout)
 	defer cancel()
@@ -98,7 +106,9 @@ func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
 	if err != nil {
 		return fmt.Errorf("CSI driver %q: %w", p.Name, err)
 	}
-	conn, err := rpcutil.DialPlugin(path, grpc.WithConnectParams(gapParams))
+	// Every dial, the first and each reconnect, checks the endpoint again
+	// and connects the socket it checked.
+	conn, err := rpcutil.DialPlugin(p.Endpoint, grpc.WithConnectParams(gapParams), grpc.WithContextDialer(h.confiner.Dialer(p.Endpoint, nil)))
 	if err != nil {
 		return fmt.Errorf("CSI driver %q: connect to %s: %w", p.Name, path, err)
 	}
@@ -106,19 +116,12 @@ func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
 	// Through the bind→listen gap; past it the call below fails with the
 	// connection's error.
 	waitReady(cctx, conn, ListenGap)
-	pi, err := csi.NewIdentityClient(conn).GetPluginInfo(cctx, &csi.GetPluginInfoRequest{})
-	if err != nil {
-		return fmt.Errorf("CSI driver %q at %s: GetPluginInfo: %w", p.Name, path, errdefs.FromGRPC(err))
-	}
 	ni, err := csi.NewNodeClient(conn).NodeGetInfo(cctx, &csi.NodeGetInfoRequest{})
 	if err != nil {
 		return fmt.Errorf("CSI driver %q at %s: NodeGetInfo: %w", p.Name, path, errdefs.FromGRPC(err))
 	}
 	if ni.GetNodeId() == "" {
 		return fmt.Errorf("CSI driver %q at %s: NodeGetInfo returned an empty node id: %w", p.Name, path, errdefs.ErrInvalidArgument)
-	}
-	if pi.GetName() != "" && pi.GetName() != p.Name {
-		return fmt.Errorf("CSI driver at %s: GetPluginInfo names it %s, registration names it %q: %w", path, bounds.Quote(pi.GetName()), p.Name, errdefs.ErrInvalidArgument)
 	}
 	h.drivers.putCSI(CSIDriver{
 		Name:               p.Name,
@@ -129,7 +132,6 @@ func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
 		NodeID:             ni.GetNodeId(),
 		AccessibleTopology: maps.Clone(ni.GetAccessibleTopology().GetSegments()),
 		MaxVolumesPerNode:  ni.GetMaxVolumesPerNode(),
-		VendorVersion:      pi.GetVendorVersion(),
 		Registered:         h.now(),
 	})
 	return nil

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -20,16 +21,19 @@ import (
 )
 
 // csiServer is a CSI driver's Identity and Node services on a real Unix
-// socket; it counts the calls it gets.
+// socket; it counts the calls it gets, all of them (calls) and
+// GetPluginInfo's (infoCalls).
 type csiServer struct {
 	csi.UnimplementedIdentityServer
 	csi.UnimplementedNodeServer
-	name  string
-	calls atomic.Int32
+	name      string
+	calls     atomic.Int32
+	infoCalls atomic.Int32
 }
 
 func (c *csiServer) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
 	c.calls.Add(1)
+	c.infoCalls.Add(1)
 	return &csi.GetPluginInfoResponse{Name: c.name}, nil
 }
 
@@ -121,38 +125,49 @@ func TestCSIConfinesTheEndpointWhenItDials(t *testing.T) {
 		if err := h.Register(context.Background(), cache.Plugin{Name: "csi-in.example.com", Endpoint: endpoint, SocketPath: "/r.sock", Versions: []string{"1.0.0"}}); err != nil {
 			t.Fatalf("Register = %v", err)
 		}
-		if d := drivers.CSI(); len(d) != 1 || d[0].Endpoint != endpoint || d[0].NodeID != "node-1" || inside.calls.Load() != 2 {
+		if d := drivers.CSI(); len(d) != 1 || d[0].Endpoint != endpoint || d[0].NodeID != "node-1" || inside.calls.Load() != 1 {
 			t.Fatalf("drivers %+v after %d calls", d, inside.calls.Load())
 		}
 	})
 
-	t.Run("an endpoint inside that appears while it waits", func(t *testing.T) {
-		endpoint := filepath.Join(root, "slow", "csi.sock")
-		drivers := NewDrivers()
-		h := NewCSI(drivers, conf)
-		h.Timeout = testutil.Deadline
-		done := make(chan error, 1)
-		go func() {
-			done <- h.Register(context.Background(), cache.Plugin{Name: "csi-slow.example.com", Endpoint: endpoint, SocketPath: "/s.sock", Versions: []string{"1.0.0"}})
-		}()
-		serveCSI(t, endpoint, "csi-slow.example.com")
-		if err := <-done; err != nil {
-			t.Fatalf("Register = %v", err)
-		}
-		if d := drivers.CSI(); len(d) != 1 {
-			t.Fatalf("drivers %+v", d)
-		}
-	})
+}
 
-	t.Run("an endpoint that never appears", func(t *testing.T) {
-		h := NewCSI(NewDrivers(), conf)
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		err := h.Register(ctx, cache.Plugin{Name: "csi.example.com", Endpoint: filepath.Join(root, "never", "csi.sock"), SocketPath: "/n.sock", Versions: []string{"1.0.0"}})
-		if err == nil || !strings.Contains(err.Error(), "did not appear") || errdefs.Code(err) != errdefs.Code(errdefs.ErrUnavailable) {
-			t.Fatalf("Register = %v, want the endpoint never appeared", err)
-		}
-	})
+// As the kubelet, the CSI handler calls only NodeGetInfo: no
+// GetPluginInfo, so a driver whose Identity names it otherwise (or that
+// serves no Identity) registers. An endpoint that does not exist fails at
+// once (UNAVAILABLE, for the reconciler's backoff), however long the
+// handler's timeout, and one that appears later registers on the retry.
+func TestCSICallsOnlyNodeGetInfo(t *testing.T) {
+	root := testutil.TempDir(t)
+	conf, err := unixsock.NewConfiner([]string{root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := filepath.Join(root, "csi", "csi.sock")
+	drivers := NewDrivers()
+	h := NewCSI(drivers, conf)
+	// A wait for the endpoint would outlast the test's deadline.
+	h.Timeout = time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
+	defer cancel()
+	p := cache.Plugin{Name: "csi.example.com", Endpoint: endpoint, SocketPath: "/r.sock", Versions: []string{"1.0.0"}}
+	err = h.Register(ctx, p)
+	if err == nil || !strings.Contains(err.Error(), "does not exist") || errdefs.Code(err) != errdefs.Code(errdefs.ErrUnavailable) {
+		t.Fatalf("Register of a missing endpoint = %v, want UNAVAILABLE at once", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Register of a missing endpoint waited")
+	}
+	srv := serveCSI(t, endpoint, "another-name.example.com")
+	if err := h.Register(ctx, p); err != nil {
+		t.Fatalf("Register once the endpoint exists = %v", err)
+	}
+	if n, info := srv.calls.Load(), srv.infoCalls.Load(); n != 1 || info != 0 {
+		t.Fatalf("%d calls, %d of them GetPluginInfo; want NodeGetInfo only", n, info)
+	}
+	if d := drivers.CSI(); len(d) != 1 || d[0].NodeID != "node-1" {
+		t.Fatalf("drivers %+v", d)
+	}
 }
 
 // The CSI handler dials a GetInfo endpoint by its bytes: an endpoint named
@@ -186,8 +201,8 @@ func TestCSIDialsTheEndpointByItsBytes(t *testing.T) {
 			if err := h.Register(context.Background(), cache.Plugin{Name: "csi.example.com", Endpoint: endpoint, SocketPath: "/r.sock", Versions: []string{"1.0.0"}}); err != nil {
 				t.Fatalf("Register = %v", err)
 			}
-			if n := inside.calls.Load(); n != 2 {
-				t.Fatalf("the socket named %q got %d calls, want 2", name, n)
+			if n := inside.calls.Load(); n != 1 {
+				t.Fatalf("the socket named %q got %d calls, want 1 (NodeGetInfo)", name, n)
 			}
 			if d := drivers.CSI(); len(d) != 1 || d[0].Endpoint != endpoint {
 				t.Fatalf("drivers %+v", d)

@@ -28,8 +28,10 @@ type CSIDriver struct {
 	NodeID             string
 	AccessibleTopology map[string]string
 	MaxVolumesPerNode  int64
-	VendorVersion      string
-	Registered         time.Time
+	// VendorVersion is empty: the kubelet, and nodeplug with it, calls no
+	// GetPluginInfo.
+	VendorVersion string
+	Registered    time.Time
 }
 
 // DRADriver is a registered DRA kubelet plugin.
