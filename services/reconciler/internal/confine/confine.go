@@ -1,9 +1,12 @@
 // Package confine applies the confinement of plugin endpoints (DESIGN
 // "Paths" and "Failure and bad input") at the two moments the reconciler
 // needs it: when a plugin's GetInfo answer is validated, the endpoint may
-// not exist yet and is judged by where it would be; when a handler dials
-// it, it must exist and resolve, symlinks followed, inside the allowed
-// directories, and the path dialled is the path that was resolved.
+// not exist yet and is judged by where it would be; when a handler is
+// about to dial it, Resolve waits for it to exist and resolve, symlinks
+// followed, inside the allowed directories. The dial itself checks it
+// again, every time, on the socket it connects: handlers and the
+// reconciler dial through unixsock.Confiner.Dialer and Connect, never by
+// the path Resolve returned.
 //
 // A nil Confiner confines nothing. The functions are safe for concurrent
 // use.
@@ -89,8 +92,9 @@ func MayAppear(c *unixsock.Confiner, endpoint string) bool {
 	}
 }
 
-// Resolve is the check at dial time: it returns the path to dial, endpoint
-// resolved (symlinks followed) inside the allowed directories. While the
+// Resolve is the check before a dial: it returns endpoint resolved
+// (symlinks followed) inside the allowed directories, for messages; the
+// dial checks again (unixsock.Confiner.Dialer). While the
 // endpoint does not exist yet and MayAppear, it waits for it, polling with
 // a short backoff, until ctx ends. With a nil Confiner it returns endpoint
 // itself. Errors wrap errdefs.ErrInvalidArgument (not allowed) or

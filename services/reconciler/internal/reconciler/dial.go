@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 // Delays between redials of a socket that refuses connections.
@@ -34,14 +33,23 @@ func handOver(first net.Conn, dial func(context.Context, string) (net.Conn, erro
 }
 
 // dialListening returns the dialer of a plugin's registration socket at
-// path. fsnotify reports a socket at bind(), which can be before listen():
-// a refused connection is redialled with a millisecond backoff for at most
-// window (the bind→listen gap), then the dial fails. So a stale socket (its
-// plugin died without removing it) fails its attempt within window and
-// frees its worker, instead of holding it for the GetInfo budget (DESIGN
-// "Stale sockets"). A full backlog (EAGAIN) is a live plugin: it is
-// redialled until gRPC's connect deadline.
-func dialListening(path string, window time.Duration) func(context.Context, string) (net.Conn, error) {
+// path. Every dial, the first and each reconnect, is a c.Connect of path:
+// path is checked inside the allowed directories and the socket checked is
+// the socket connected (a nil c confines nothing). fsnotify reports a
+// socket at bind(), which can be before listen(): a refused connection is
+// redialled with a millisecond backoff for at most window (the
+// bind→listen gap), then the dial fails. So a stale socket (its plugin
+// died without removing it) fails its attempt within window and frees its
+// worker, instead of holding it for the GetInfo budget (DESIGN "Stale
+// sockets"). A full backlog (EAGAIN) is a live plugin: it is redialled
+// until gRPC's connect deadline.
+//
+// A Unix socket answers a non-blocking connect at once, and only a
+// connected socket is handed to the runtime's poller, so the redials of a
+// socket that refuses cost a socket, a connect and a close each (with the
+// check): a thousand stale sockets are redialled many times in their first
+// attempt's window.
+func dialListening(c *unixsock.Confiner, path string, window time.Duration) func(context.Context, string) (net.Conn, error) {
 	return func(ctx context.Context, _ string) (net.Conn, error) {
 		deadline := time.Now().Add(window)
 		delay := firstRedialDelay
@@ -49,10 +57,10 @@ func dialListening(path string, window time.Duration) func(context.Context, stri
 			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			c, err := connectUnix(path)
+			conn, _, err := c.Connect(path)
 			switch {
 			case err == nil:
-				return c, nil
+				return conn, nil
 			case errors.Is(err, syscall.EAGAIN):
 			case errors.Is(err, syscall.ECONNREFUSED):
 				if !time.Now().Before(deadline) {
@@ -71,24 +79,4 @@ func dialListening(path string, window time.Duration) func(context.Context, stri
 			delay = min(2*delay, lastRedialDelay)
 		}
 	}
-}
-
-// connectUnix connects to the Unix socket at path with a non-blocking
-// connect(2), which a Unix socket answers at once: connected, refused
-// (ECONNREFUSED), or a full backlog (EAGAIN). Only a connected socket is
-// handed to the runtime's poller, so the redials of a socket that refuses
-// cost a socket, a connect and a close each: a thousand stale sockets are
-// redialled many times in their first attempt's window.
-func connectUnix(path string) (net.Conn, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: os.NewSyscallError("socket", err)}
-	}
-	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: path}); err != nil {
-		_ = unix.Close(fd)
-		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: os.NewSyscallError("connect", err)}
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	return net.FileConn(f)
 }

@@ -42,7 +42,7 @@ func TestDialListening(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			c, err := dialListening(path, testutil.Deadline)(ctx, "")
+			c, err := dialListening(nil, path, testutil.Deadline)(ctx, "")
 			done <- result{c, err}
 		}()
 		if err := unix.Listen(fd, 8); err != nil {
@@ -58,14 +58,14 @@ func TestDialListening(t *testing.T) {
 	t.Run("stale socket", func(t *testing.T) {
 		path := filepath.Join(dir, "stale.sock")
 		testutil.StaleSocket(t, path)
-		_, err := dialListening(path, time.Millisecond)(ctx, "")
+		_, err := dialListening(nil, path, time.Millisecond)(ctx, "")
 		if !errors.Is(err, syscall.ECONNREFUSED) || !strings.Contains(err.Error(), "refuses connections") {
 			t.Fatalf("dial of a stale socket: %v", err)
 		}
 	})
 
 	t.Run("no socket", func(t *testing.T) {
-		_, err := dialListening(filepath.Join(dir, "missing.sock"), testutil.Deadline)(ctx, "")
+		_, err := dialListening(nil, filepath.Join(dir, "missing.sock"), testutil.Deadline)(ctx, "")
 		if !errors.Is(err, syscall.ENOENT) {
 			t.Fatalf("dial of a missing socket: %v", err)
 		}

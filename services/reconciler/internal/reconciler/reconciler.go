@@ -78,7 +78,9 @@ type Options struct {
 	// MaxParallel bounds operations executing at once (see executor).
 	MaxParallel int
 	// Confiner, when set, refuses plugin endpoints outside the allowed
-	// directories (reported to the plugin as a validation failure).
+	// directories (reported to the plugin as a validation failure), and
+	// every dial of a plugin's registration socket (GetInfo, Notify, and
+	// each reconnect) connects only a socket it checked inside them.
 	Confiner *unixsock.Confiner
 }
 

@@ -236,7 +236,7 @@ func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket, a executor.Att
 		if a.Failures > 0 {
 			window = 0
 		}
-		dial := dialListening(d.Path, window)
+		dial := dialListening(r.opts.Confiner, d.Path, window)
 		// Connect once first, without a worker: a socket that only
 		// refuses (stale) fails here, within the refused window. The
 		// connection made is the one gRPC uses first.
