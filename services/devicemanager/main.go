@@ -60,7 +60,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	opts.Log = rt.Log
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: dir, AllowedDirs: rt.Config.AllowedDirs, GracePeriod: grace,
-		Store: store.New(dir, opts), Log: rt.Log, Registerer: rt.Metrics,
+		Store: store.New(dir, opts), Log: rt.Log, Registerer: rt.Metrics, WatchLimits: rt.Config.WatchLimits(),
 	})
 	if err != nil {
 		return err

@@ -60,6 +60,7 @@ func main() {
 			}
 			cfg.Dial = rt.Config.DialPeer
 			cfg.AllowedDirs = rt.Config.AllowedDirs
+			cfg.WatchLimits = rt.Config.WatchLimits()
 			cfg.Log = rt.Log
 			return setup(rt, cfg)
 		},

@@ -29,6 +29,7 @@ func main() {
 			return setup(rt, config{
 				Dir:         rt.Config.PluginsDir(),
 				AllowedDirs: rt.Config.AllowedDirs,
+				WatchLimits: rt.Config.WatchLimits(),
 				Log:         rt.Log,
 				Metrics:     rt.Metrics,
 			})
