@@ -59,8 +59,9 @@ func FuzzUnmarshal(f *testing.F) {
 }
 
 // FuzzJournal: whatever a journal file holds, Load never panics, fails
-// only by moving files aside, and a second Load of what it left is quiet
-// and restores the same state.
+// only by moving files aside, drops nothing quietly that a valid record
+// follows, and a second Load of what it left is quiet and restores the
+// same state.
 func FuzzJournal(f *testing.F) {
 	header := appendFrame(nil, []byte(`{"journal":1}`))
 	e, err := encodeBatch(&Batch{Allocations: []Allocation{alloc("p", "r", "d")}, RemovedResources: []string{"x"}})
@@ -69,8 +70,11 @@ func FuzzJournal(f *testing.F) {
 	}
 	rec := appendFrame(nil, e.payload)
 	whole := append(append(append([]byte(nil), header...), rec...), rec...)
+	// A middle record's payload zeroed, the record after it whole.
+	zeroed := append(append(append(append([]byte(nil), header...), rec[:frameHeader]...), make([]byte, len(rec)-frameHeader)...), rec...)
 	for _, s := range [][]byte{
-		nil, header, whole, whole[:len(whole)-4], append(append([]byte(nil), whole...), 0, 0, 0),
+		nil, header, whole, whole[:len(whole)-4], append(append([]byte(nil), whole...), 0, 0, 0), zeroed,
+		append(append([]byte(nil), zeroed...), make([]byte, 600)...),
 		[]byte(`{"kind":"SomethingElse"}`), append(append([]byte(nil), header...), []byte("not a frame at all")...),
 	} {
 		f.Add(s)
@@ -84,6 +88,11 @@ func FuzzJournal(f *testing.F) {
 		d, err := j.Load()
 		if !OnlyCorruptions(err) {
 			t.Fatalf("Load: %v", err)
+		}
+		if _, good, _, _ := splitFrames(b); err == nil {
+			if at := nextFrame(b, good+1); at >= 0 {
+				t.Fatalf("a valid frame at offset %d after the %d bytes kept was dropped quietly", at, good)
+			}
 		}
 		if err := j.Flush(); err != nil {
 			t.Fatal(err)

@@ -26,7 +26,9 @@
 // one 512-byte sector is all zeros, or anything non-zero follows a zero
 // header: the padding never written over, which no record of JSON or
 // intact header holds. A frame that is all there, with no such zeros, and
-// fails a checksum is damage.
+// fails a checksum is damage. So is any of those followed, anywhere later
+// in the file, by a valid frame: a torn write is only ever the last thing
+// in the file (see scanFrames).
 
 package store
 
@@ -68,11 +70,11 @@ func appendFrame(dst, payload []byte) []byte {
 	return append(dst, payload...)
 }
 
-// scanFrames splits b into frame payloads. good is the length of the
-// valid frames; torn says that what follows them is a torn write; err
-// (wrapping ErrCorrupt) says a frame that is all there is damaged, at
-// offset good.
-func scanFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
+// splitFrames splits b into frame payloads. good is the length of the
+// valid frames; torn says that what follows them looks like a torn write
+// (scanFrames then checks that nothing valid follows); err (wrapping
+// ErrCorrupt) says a frame that is all there is damaged, at offset good.
+func splitFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
 	for good < len(b) {
 		rest := b[good:]
 		if allZero(rest[:min(len(rest), frameHeader)]) {

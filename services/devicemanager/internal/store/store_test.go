@@ -264,9 +264,13 @@ func TestJournalPreallocated(t *testing.T) {
 }
 
 // TestTornWriteOverPadding: a crash while records are written over the
-// padding can leave any of the write's sectors unwritten (zeros), in any
-// order; each such record was never acknowledged and is dropped quietly,
-// with whatever follows it. Damage there (no sector of zeros) is loud.
+// padding can leave any of the write's sectors unwritten (zeros); such a
+// record was never acknowledged and is dropped quietly, with whatever
+// follows it, as long as no valid record follows it. One that does (a
+// later sector of the same write that made it, which cannot be told from
+// zeros inside an early record) is loud: the journal is moved aside, and
+// what is kept is the same, the records before the damage. Damage there
+// (no sector of zeros) is loud.
 func TestTornWriteOverPadding(t *testing.T) {
 	// A record spanning several sectors, and one after it (written in the
 	// same batch).
@@ -281,6 +285,7 @@ func TestTornWriteOverPadding(t *testing.T) {
 		t.Fatal(err)
 	}
 	batch := appendFrame(appendFrame(nil, e1.payload), e2.payload)
+	second := frameHeader + len(e1.payload)
 	for _, tc := range []struct {
 		name string
 		// tear alters the batch written at offset off of the file.
@@ -288,11 +293,20 @@ func TestTornWriteOverPadding(t *testing.T) {
 		quiet bool
 	}{
 		{"nothing written", func(w []byte, _ int) { clear(w) }, true},
-		{"first sector not written", func(w []byte, off int) { clear(w[:sectorSize-off%sectorSize]) }, true},
+		{"first sector not written", func(w []byte, off int) {
+			clear(w[:sectorSize-off%sectorSize])
+			clear(w[second:])
+		}, true},
 		{"a middle sector not written", func(w []byte, off int) {
 			s := 2*sectorSize - off%sectorSize
 			clear(w[s : s+sectorSize])
+			clear(w[second:])
 		}, true},
+		{"first sector not written, the next record whole", func(w []byte, off int) { clear(w[:sectorSize-off%sectorSize]) }, false},
+		{"a middle sector not written, the next record whole", func(w []byte, off int) {
+			s := 2*sectorSize - off%sectorSize
+			clear(w[s : s+sectorSize])
+		}, false},
 		{"last sectors not written", func(w []byte, off int) { clear(w[len(w)/2+sectorSize-(off+len(w)/2)%sectorSize:]) }, true},
 		{"all written, a byte flipped", func(w []byte, _ int) { w[frameHeader+7] ^= 0x20 }, false},
 	} {

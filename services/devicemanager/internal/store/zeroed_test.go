@@ -1,0 +1,139 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+)
+
+// zeroedJournal commits six allocations and then the release of the first,
+// each on its own, crashes, and returns the journal's path, its bytes, the
+// offsets where its frames start (the header first, then the seven
+// records) and the allocations as of each record (after[i]: after record
+// i+1).
+func zeroedJournal(t *testing.T, dir string) (string, []byte, []int, [][]Allocation) {
+	t.Helper()
+	j, _, err := open(t, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var after [][]Allocation
+	var live []Allocation
+	for i := range 6 {
+		a := alloc(fmt.Sprintf("pod-%d", i), "example.com/z", fmt.Sprintf("dev-%d", i))
+		commit(t, j, Batch{Allocations: []Allocation{a}})
+		live = append(live, a)
+		after = append(after, append([]Allocation(nil), live...))
+	}
+	commit(t, j, Batch{RemovedAllocations: []AllocationKey{live[0].Key()}})
+	after = append(after, append([]Allocation(nil), live[1:]...))
+	path := journalPath(j.path, j.num)
+	crash(j)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _, torn, err := splitFrames(b)
+	if err != nil || torn || len(p) != 8 {
+		t.Fatalf("journal of %d frames, torn %v, %v; want a header and 7 records", len(p), torn, err)
+	}
+	var frames []int
+	for off, i := 0, 0; i < len(p); i++ {
+		frames = append(frames, off)
+		off += frameHeader + len(p[i])
+	}
+	return path, b, append(frames, frames[7]+frameHeader+len(p[7])), after
+}
+
+// TestZeroedRecordBeforeTheTailIsLoud: zeros inside a record with intact
+// records after it are damage, not a torn write: the journal is moved
+// aside with one CorruptError that says where, and the records before the
+// damage are kept, none after it. Zeros in the last record, with nothing
+// valid after it but the padding, are still a torn write, dropped quietly.
+func TestZeroedRecordBeforeTheTailIsLoud(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// zero returns the range of the journal to zero, given the frames'
+		// offsets (fr[i]: record i, fr[0] the header, fr[8] the end).
+		zero func(fr []int) (int, int)
+		kept int // records kept (0: none)
+		loud bool
+	}{
+		// As found: the tail of the first record zeroed, its header
+		// intact, the six records after it whole.
+		{"the first record's payload", func(fr []int) (int, int) { return fr[1] + frameHeader, fr[2] }, 0, true},
+		{"the second record, header and all", func(fr []int) (int, int) { return fr[2], fr[3] }, 1, true},
+		{"the second half of the third record", func(fr []int) (int, int) { return (fr[3] + fr[4]) / 2, fr[4] }, 2, true},
+		{"the sixth record's payload", func(fr []int) (int, int) { return fr[6] + frameHeader, fr[7] }, 5, true},
+		{"the last record's payload: a torn tail", func(fr []int) (int, int) { return fr[7] + frameHeader, fr[8] }, 6, false},
+		{"the last record, header and all: a torn tail", func(fr []int) (int, int) { return fr[7], fr[8] }, 6, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := testutil.TempDir(t)
+			path, b, fr, after := zeroedJournal(t, dir)
+			from, to := tc.zero(fr)
+			clear(b[from:to])
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, d, err := open(t, dir, Options{})
+			var want []Allocation
+			if tc.kept > 0 {
+				want = after[tc.kept-1]
+			}
+			var got []Allocation
+			if d != nil {
+				got = d.Allocations
+			}
+			if len(got) != len(want) || (len(want) > 0 && !reflect.DeepEqual(got, want)) {
+				t.Fatalf("kept %d allocations %+v; want %d: %+v", len(got), got, len(want), want)
+			}
+			ces := Corruptions(err)
+			if !tc.loud {
+				if err != nil || len(asides(t, dir)) != 0 {
+					t.Fatalf("a torn tail: Load error %v, moved aside %v; want neither", err, asides(t, dir))
+				}
+				return
+			}
+			if len(ces) != 1 || !OnlyCorruptions(err) || !errors.Is(err, ErrCorrupt) || ces[0].Path != path ||
+				!strings.Contains(err.Error(), fmt.Sprintf("at offset %d with a valid record after it", fr[tc.kept+1])) {
+				t.Fatalf("Load error %v; want the journal moved aside, damage at offset %d", err, fr[tc.kept+1])
+			}
+			if aside, rerr := os.ReadFile(ces[0].MovedTo); rerr != nil || string(aside) != string(b) {
+				t.Fatalf("the moved-aside journal (%v) differs from the damaged one", rerr)
+			}
+			// What was kept is saved afresh: a second start is quiet and
+			// keeps the same.
+			if _, d2, err := open(t, dir, Options{}); err != nil || len(d2.Allocations) != len(want) {
+				t.Fatalf("second Load: %+v, %v", d2, err)
+			}
+		})
+	}
+}
+
+// TestNextFramePassesOverPadding: the search for a valid frame after a
+// torn-looking one finds none in the zeros of the padding, finds one after
+// them, and finds none in bytes that only look like a frame's start.
+func TestNextFramePassesOverPadding(t *testing.T) {
+	rec := appendFrame(nil, []byte(`{"removed_resources":["x"]}`))
+	b := make([]byte, 3*len(zeros)+7)
+	if at := nextFrame(b, 0); at != -1 {
+		t.Fatalf("a frame found at %d in zeros", at)
+	}
+	copy(b[len(zeros)+5:], rec)
+	if at := nextFrame(b, 1); at != len(zeros)+5 {
+		t.Fatalf("frame found at %d, want %d", at, len(zeros)+5)
+	}
+	if at := nextFrame(b, len(zeros)+6); at != -1 {
+		t.Fatalf("a frame found at %d past the only one", at)
+	}
+	cut := append(make([]byte, 40), rec[:len(rec)-1]...)
+	if at := nextFrame(cut, 0); at != -1 {
+		t.Fatalf("a frame cut short found at %d", at)
+	}
+}
