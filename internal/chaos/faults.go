@@ -175,9 +175,11 @@ func (f FaultResult) OK() bool {
 // acknowledged is lost); truncated cuts the last record in half, which
 // is a torn write too (its change is lost: a cut cannot be told from a
 // tear); flipped-byte damages the first record, with records after it;
-// the others replace the whole file, as for the snapshot.
+// zeroed-record zeros the first record's payload, with records after it
+// (damage, not a torn write: a tear is only ever the last record); the
+// others replace the whole file, as for the snapshot.
 var FaultKinds = []string{"truncated", "flipped-byte", "empty", "random-bytes", "foreign-json", "directory", "symlink", "unreadable",
-	"journal-torn-tail", "journal-truncated", "journal-flipped-byte", "journal-empty", "journal-random-bytes",
+	"journal-torn-tail", "journal-truncated", "journal-flipped-byte", "journal-zeroed-record", "journal-empty", "journal-random-bytes",
 	"journal-foreign-json", "journal-directory", "journal-symlink", "journal-unreadable"}
 
 // quietFault says whether the devicemanager takes the damage of kind as a
@@ -214,6 +216,10 @@ func damageJournal(kind, path string, b []byte) (skip string, err error) {
 	case "journal-flipped-byte":
 		c := append([]byte(nil), b...)
 		c[first[0]+frameHeader+(first[1]-frameHeader)/2] ^= 0x20
+		return "", write(c)
+	case "journal-zeroed-record":
+		c := append([]byte(nil), b...)
+		clear(c[first[0]+frameHeader : first[0]+first[1]])
 		return "", write(c)
 	}
 	return damage(strings.TrimPrefix(kind, "journal-"), path, b)
