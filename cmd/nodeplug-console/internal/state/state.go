@@ -171,7 +171,7 @@ func describe(err error) string {
 		if i := strings.LastIndex(msg, ": "); i >= 0 && strings.Contains(msg, "dial") {
 			msg = msg[i+2:]
 		}
-		return "unreachable: " + msg
+		return "unreachable: " + strings.Trim(msg, `"`)
 	}
 	return st.Code().String() + ": " + msg
 }

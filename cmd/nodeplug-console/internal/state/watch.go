@@ -160,10 +160,10 @@ func (s *State) listAllocations(ctx context.Context) {
 		resp, err := client.ListAllocations(cctx, &dmv1.ListAllocationsRequest{})
 		cancel()
 		if err != nil {
+			// The resource stream's next sync asks again once the
+			// devicemanager is back.
 			if ctx.Err() == nil {
-				s.log.Warn("listing allocations", "error", err)
-				// Try again soon: the stream's next sync asks too.
-				time.AfterFunc(time.Second, s.refreshAllocations)
+				s.log.Debug("listing allocations", "error", err)
 			}
 			continue
 		}

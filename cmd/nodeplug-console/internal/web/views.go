@@ -159,7 +159,7 @@ func deviceCells(r *dmv1.Resource) []deviceCell {
 
 type allocationRow struct {
 	Pod, PodUID, Container, Resource, Since, Age, TraceID string
-	Devices                                                []deviceCell
+	Devices                                               []deviceCell
 }
 
 type allocationsView struct {
