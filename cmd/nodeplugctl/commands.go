@@ -23,13 +23,17 @@ import (
 // now is the clock for ages in tables; tests replace it.
 var now = time.Now
 
-// outputFlag adds -o/--output to fs with the given choices (the first is the
-// default).
-func outputFlag(fs *flag.FlagSet, choices ...string) *string {
+// outputFlag adds -o/--output to fs with the given choices: the default is
+// the global -o given before the command, else the first choice.
+func (c *cli) outputFlag(fs *flag.FlagSet, choices ...string) *string {
 	o := new(string)
+	def := choices[0]
+	if c.g.output != "" {
+		def = c.g.output
+	}
 	usage := "output format: " + strings.Join(choices, " or ")
-	fs.StringVar(o, "o", choices[0], usage)
-	fs.StringVar(o, "output", choices[0], usage)
+	fs.StringVar(o, "o", def, usage)
+	fs.StringVar(o, "output", def, usage)
 	return o
 }
 
@@ -58,7 +62,7 @@ func noArgs(fs *flag.FlagSet, args []string) error {
 func listCommand[R proto.Message](ctx context.Context, c *cli, name string, args []string, svc service,
 	call func(ctx context.Context, fs *flag.FlagSet) (R, error), table func(io.Writer, time.Time, R) error, extra func(fs *flag.FlagSet)) error {
 	fs := c.flags(name, "[-o table|json]")
-	out := outputFlag(fs, "table", "json")
+	out := c.outputFlag(fs, "table", "json")
 	if extra != nil {
 		extra(fs)
 	}
@@ -80,14 +84,66 @@ func listCommand[R proto.Message](ctx context.Context, c *cli, name string, args
 	return table(c.stdout, now(), resp)
 }
 
+// cmdPlugins lists every plugin: the reconciler's (the sockets of
+// plugins_registry) and the device plugins that registered on kubelet.sock,
+// which only the devicemanager knows (its endpoints of the legacy path).
 func cmdPlugins(ctx context.Context, c *cli, args []string) error {
-	return listCommand(ctx, c, "plugins", args, reconcilerSvc, func(ctx context.Context, _ *flag.FlagSet) (*reconcilerv1.ListPluginsResponse, error) {
-		cc, err := c.conn(reconcilerSvc)
-		if err != nil {
-			return nil, err
+	fs := c.flags("plugins", "[-o table|json]")
+	out := c.outputFlag(fs, "table", "json")
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	if err := checkOutput(*out, "table", "json"); err != nil {
+		return err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	cc, err := c.conn(reconcilerSvc)
+	if err != nil {
+		return err
+	}
+	resp, err := reconcilerv1.NewReconcilerServiceClient(cc).ListPlugins(cctx, &reconcilerv1.ListPluginsRequest{})
+	if err != nil {
+		return c.rpcError(reconcilerSvc, "list plugins", err)
+	}
+	legacy, err := c.kubeletSockPlugins(cctx)
+	if err != nil {
+		// The reconciler's list is still worth showing.
+		fmt.Fprintf(c.stderr, "nodeplugctl plugins: the device plugins registered on kubelet.sock are not listed: %v\n", err)
+	}
+	if *out == "json" {
+		return writePluginsJSON(c.stdout, resp, legacy)
+	}
+	return renderPlugins(c.stdout, now(), resp, legacy)
+}
+
+// kubeletSockPlugin is a device plugin that registered on kubelet.sock: one
+// devicemanager endpoint of the legacy path, and its resource.
+type kubeletSockPlugin struct {
+	resource string
+	endpoint *dmv1.Endpoint
+}
+
+// kubeletSockPlugins lists the devicemanager's endpoints registered through
+// kubelet.sock.
+func (c *cli) kubeletSockPlugins(ctx context.Context) ([]kubeletSockPlugin, error) {
+	cc, err := c.conn(devicemanagerSvc)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := dmv1.NewDeviceManagerServiceClient(cc).ListResources(ctx, &dmv1.ListResourcesRequest{})
+	if err != nil {
+		return nil, c.rpcError(devicemanagerSvc, "list resources", err)
+	}
+	var out []kubeletSockPlugin
+	for _, r := range resp.GetResources() {
+		for _, e := range r.GetEndpoints() {
+			if e.GetRegistrationPath() == dmv1.RegistrationPath_REGISTRATION_PATH_KUBELET_SOCK {
+				out = append(out, kubeletSockPlugin{resource: r.GetName(), endpoint: e})
+			}
 		}
-		return reconcilerv1.NewReconcilerServiceClient(cc).ListPlugins(ctx, &reconcilerv1.ListPluginsRequest{})
-	}, renderPlugins, nil)
+	}
+	return out, nil
 }
 
 func cmdDrivers(ctx context.Context, c *cli, args []string) error {
@@ -185,8 +241,8 @@ func parseResourceRequests(args, mustInclude []string) ([]*dmv1.ResourceRequest,
 }
 
 func cmdAllocate(ctx context.Context, c *cli, args []string) error {
-	fs := c.flags("allocate", "--pod UID --container NAME [--namespace NS --name NAME] [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...")
-	out := outputFlag(fs, "table", "json")
+	fs := c.flags("allocate", allocateArgs)
+	out := c.outputFlag(fs, "table", "json")
 	pod := fs.String("pod", "", "pod UID (required)")
 	container := fs.String("container", "", "container name (required)")
 	namespace := fs.String("namespace", "", "the pod's namespace (optional, with --name; the pod's first Allocate fixes it)")
@@ -284,7 +340,7 @@ func followStream[M any](ctx context.Context, c *cli, svc service,
 // follows).
 func cmdWatch(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("watch", "sockets|plugins|resources [-o text|json] [--no-allocations]")
-	out := outputFlag(fs, "text", "json")
+	out := c.outputFlag(fs, "text", "json")
 	noAllocs := fs.Bool("no-allocations", false, "resources: leave out the changes in which only allocations moved (one per Allocate and per Release)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -321,19 +377,27 @@ func cmdWatch(ctx context.Context, c *cli, args []string) error {
 	case "plugins":
 		svc = reconcilerSvc
 		follow = func(ctx context.Context) error {
+			synced := false
 			return followStream(ctx, c, svc, func(ctx context.Context, cc *grpc.ClientConn) (grpc.ServerStreamingClient[reconcilerv1.WatchPluginsResponse], error) {
 				return reconcilerv1.NewReconcilerServiceClient(cc).WatchPlugins(ctx, &reconcilerv1.WatchPluginsRequest{})
 			}, func(m *reconcilerv1.WatchPluginsResponse) error {
-				return emit(m, func() string { return pluginChangeLine(now(), m) })
+				// Every stream starts with a snapshot: the items before
+				// its synced marker.
+				snapshot := !synced
+				synced = synced || m.GetSynced() != nil
+				return emit(m, func() string { return pluginChangeLine(now(), m, snapshot) })
 			})
 		}
 	case "resources":
 		svc = devicemanagerSvc
 		follow = func(ctx context.Context) error {
+			synced := false
 			return followStream(ctx, c, svc, func(ctx context.Context, cc *grpc.ClientConn) (grpc.ServerStreamingClient[dmv1.WatchResourcesResponse], error) {
 				return dmv1.NewDeviceManagerServiceClient(cc).WatchResources(ctx, &dmv1.WatchResourcesRequest{OmitAllocationChanges: *noAllocs})
 			}, func(m *dmv1.WatchResourcesResponse) error {
-				return emit(m, func() string { return resourceChangeLine(now(), m) })
+				snapshot := !synced
+				synced = synced || m.GetSynced() != nil
+				return emit(m, func() string { return resourceChangeLine(now(), m, snapshot) })
 			})
 		}
 	default:

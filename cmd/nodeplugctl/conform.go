@@ -30,7 +30,7 @@ func (l *listFlag) Set(s string) error {
 // (internal/conform): it exits non-zero when a check fails.
 func cmdConform(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("conform", conformArgs)
-	out := outputFlag(fs, "table", "json")
+	out := c.outputFlag(fs, "table", "json")
 	var cfg conform.Config
 	var only, skip, allowed, env listFlag
 	var showOutput bool

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -48,6 +49,9 @@ type globals struct {
 	jaegerURL         string
 	timeout           time.Duration
 	tls               app.TLS
+	// output is -o given before the command: the default of the command's
+	// own -o.
+	output string
 }
 
 var globalDefaults = globals{
@@ -89,14 +93,16 @@ type command struct {
 
 var commands []command
 
+const allocateArgs = "--pod UID --container NAME [--namespace NS --name NAME] [--must-include [RESOURCE=]ID]... [-o table|json] RESOURCE=COUNT..."
+
 func init() {
 	commands = []command{
-		{"plugins", "[-o table|json]", "every plugin socket the reconciler knows: state, type, endpoint, trace ID", cmdPlugins},
+		{"plugins", "[-o table|json]", "every plugin: the reconciler's plugins_registry sockets and the device plugins registered on kubelet.sock", cmdPlugins},
 		{"drivers", "[-o table|json]", "registered CSI and DRA drivers", cmdDrivers},
 		{"resources", "[-o table|json]", "device plugin resources: capacity, allocatable, free, endpoints", cmdResources},
 		{"allocations", "[--pod UID] [-o table|json]", "what is allocated to whom, with trace IDs", cmdAllocations},
 		{"sockets", "[-o table|json]", "the sockets the watcher sees in plugins_registry", cmdSockets},
-		{"allocate", "--pod UID --container NAME [--namespace NS --name NAME] [--must-include [RESOURCE=]ID]... RESOURCE=COUNT...", "allocate devices to a container", cmdAllocate},
+		{"allocate", allocateArgs, "allocate devices to a container", cmdAllocate},
 		{"release", "--pod UID [--container NAME]", "free a pod's (or one container's) devices", cmdRelease},
 		{"watch", "sockets|plugins|resources [-o text|json] [--no-allocations]", "follow live changes (Ctrl-C stops)", cmdWatch},
 		{"trace", "TRACE_ID", "draw a trace from Jaeger as a text waterfall", cmdTrace},
@@ -120,6 +126,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := app.NewFlags("ctl")
 	fs.SetOutput(io.Discard)
 	c.g.define(fs.FlagSet, globalDefaults)
+	// -o before the command is the command's -o (it is not one of the
+	// flags defined again after the command: each command has its own
+	// choices).
+	fs.StringVar(&c.g.output, "o", "", "output format of the command (as its own -o)")
+	fs.StringVar(&c.g.output, "output", "", "output format of the command (as its own -o)")
 	var showVersion bool
 	fs.AddVersion(&showVersion)
 	if err := fs.Parse(args); err != nil {
@@ -148,6 +159,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, cmd := range commands {
 		if cmd.name != name {
 			continue
+		}
+		if c.g.output != "" && !strings.Contains(cmd.args, "-o ") {
+			fmt.Fprintf(stderr, "nodeplugctl %s: -o: %s has no output format\nusage: nodeplugctl %s %s\n", name, name, name, cmd.args)
+			return exitUsage
 		}
 		err := cmd.run(ctx, c, rest[1:])
 		var ue usageError

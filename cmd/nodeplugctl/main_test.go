@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -128,11 +129,32 @@ func TestRenderTables(t *testing.T) {
 					{SocketPath: "/r/plugins_registry/a.sock", State: reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED, Name: "example.com/sample",
 						Type: "DevicePlugin", SupportedVersions: []string{"v1beta1"}, LastTraceId: "0af7651916cd43dd8448eb211c80319c",
 						LastTransitionTime: ts(-5 * time.Second)},
-				}})
+				}}, nil)
 			},
-			want: `NAME                TYPE          STATE       SOCKET                      VERSIONS  AGE  TRACE ID                          ERROR
-example.com/sample  DevicePlugin  registered  /r/plugins_registry/a.sock  v1beta1   5s   0af7651916cd43dd8448eb211c80319c  -
--                   -             failed      /r/plugins_registry/z.sock  -         1m   -                                 GetInfo: deadline exceeded (failures 3, retry in 4s)
+			want: `NAME                TYPE          VIA               STATE       SOCKET                      VERSIONS  AGE  TRACE ID                          ERROR
+example.com/sample  DevicePlugin  plugins_registry  registered  /r/plugins_registry/a.sock  v1beta1   5s   0af7651916cd43dd8448eb211c80319c  -
+-                   -             plugins_registry  failed      /r/plugins_registry/z.sock  -         1m   -                                 GetInfo: deadline exceeded (failures 3, retry in 4s)
+`,
+		},
+		{
+			// Device plugins that registered on kubelet.sock are listed
+			// from the devicemanager's endpoints, among the others.
+			name: "plugins with kubelet.sock plugins",
+			render: func(b *bytes.Buffer) error {
+				return renderPlugins(b, testNow, &reconcilerv1.ListPluginsResponse{Plugins: []*reconcilerv1.Plugin{
+					{SocketPath: "/r/plugins_registry/a.sock", State: reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED, Name: "example.com/sample",
+						Type: "DevicePlugin", SupportedVersions: []string{"v1beta1"}, LastTransitionTime: ts(-5 * time.Second)},
+				}}, []kubeletSockPlugin{
+					{"example.com/old", &dmv1.Endpoint{Endpoint: "/r/device-plugins/old.sock", State: dmv1.EndpointState_ENDPOINT_STATE_STOPPED,
+						Versions: []string{"v1beta1"}, RegisteredTime: ts(-time.Hour), StoppedTime: ts(-2 * time.Minute)}},
+					{"example.com/legacy", &dmv1.Endpoint{Endpoint: "/r/device-plugins/legacy.sock", State: dmv1.EndpointState_ENDPOINT_STATE_LIVE,
+						Versions: []string{"v1beta1"}, RegisteredTime: ts(-30 * time.Second)}},
+				})
+			},
+			want: `NAME                TYPE          VIA               STATE       SOCKET                         VERSIONS  AGE  TRACE ID  ERROR
+example.com/legacy  DevicePlugin  kubelet.sock      registered  /r/device-plugins/legacy.sock  v1beta1   30s  -         -
+example.com/old     DevicePlugin  kubelet.sock      stopped     /r/device-plugins/old.sock     v1beta1   2m   -         -
+example.com/sample  DevicePlugin  plugins_registry  registered  /r/plugins_registry/a.sock     v1beta1   5s   -         -
 `,
 		},
 		{
@@ -144,16 +166,18 @@ example.com/sample  DevicePlugin  registered  /r/plugins_registry/a.sock  v1beta
 					{SocketPath: "/r/plugins_registry/a.sock", State: reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED, Name: "example.com/sample",
 						Type: "DevicePlugin", SupportedVersions: []string{"v1beta1"}, LastTraceId: "00000000000000000000000000000000",
 						LastTransitionTime: ts(-5 * time.Second)},
-				}})
+				}}, nil)
 			},
-			want: `NAME                TYPE          STATE       SOCKET                      VERSIONS  AGE  TRACE ID  ERROR
-example.com/sample  DevicePlugin  registered  /r/plugins_registry/a.sock  v1beta1   5s   -         -
+			want: `NAME                TYPE          VIA               STATE       SOCKET                      VERSIONS  AGE  TRACE ID  ERROR
+example.com/sample  DevicePlugin  plugins_registry  registered  /r/plugins_registry/a.sock  v1beta1   5s   -         -
 `,
 		},
 		{
-			name:   "no plugins",
-			render: func(b *bytes.Buffer) error { return renderPlugins(b, testNow, &reconcilerv1.ListPluginsResponse{}) },
-			want:   "no plugin sockets known to the reconciler (a plugin registers by creating its socket in <root-dir>/plugins_registry)\n",
+			name: "no plugins",
+			render: func(b *bytes.Buffer) error {
+				return renderPlugins(b, testNow, &reconcilerv1.ListPluginsResponse{}, nil)
+			},
+			want: "no plugins: none in <root-dir>/plugins_registry, none registered on kubelet.sock\n",
 		},
 		{
 			name: "resources",
@@ -366,9 +390,10 @@ func runCLI(t *testing.T, args ...string) (int, string, string) {
 type fakeServer struct {
 	watcherv1.UnimplementedWatcherServiceServer
 	reconcilerv1.UnimplementedReconcilerServiceServer
-	sockets []*watcherv1.Socket
-	plugins []*reconcilerv1.Plugin
-	live    chan *watcherv1.SocketEvent
+	sockets     []*watcherv1.Socket
+	plugins     []*reconcilerv1.Plugin
+	live        chan *watcherv1.SocketEvent
+	livePlugins chan *reconcilerv1.PluginChange
 }
 
 func (f *fakeServer) ListSockets(context.Context, *watcherv1.ListSocketsRequest) (*watcherv1.ListSocketsResponse, error) {
@@ -414,8 +439,16 @@ func (f *fakeServer) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, s reconci
 		Synced: &reconcilerv1.Synced{Revision: uint64(len(f.plugins))}}}); err != nil {
 		return err
 	}
-	<-s.Context().Done()
-	return s.Context().Err()
+	for {
+		select {
+		case <-s.Context().Done():
+			return s.Context().Err()
+		case ch := <-f.livePlugins:
+			if err := s.Send(&reconcilerv1.WatchPluginsResponse{InstanceId: "r-1", Item: &reconcilerv1.WatchPluginsResponse_Change{Change: ch}}); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 func startFake(t *testing.T, f *fakeServer) string {
@@ -460,7 +493,8 @@ func TestAgainstGRPCServer(t *testing.T) {
 		plugins: []*reconcilerv1.Plugin{{SocketPath: "/r/plugins_registry/a.sock", State: reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED,
 			Name: "example.com/sample", Type: "DevicePlugin", SupportedVersions: []string{"v1beta1"}, LastTraceId: "abc123",
 			LastTransitionTime: ts(-time.Second)}},
-		live: make(chan *watcherv1.SocketEvent),
+		live:        make(chan *watcherv1.SocketEvent),
+		livePlugins: make(chan *reconcilerv1.PluginChange),
 	}
 	addr := startFake(t, f)
 
@@ -487,6 +521,32 @@ func TestAgainstGRPCServer(t *testing.T) {
 		}
 	})
 
+	// The snapshot's items are stamped with the plugin's last transition
+	// and marked, as watch sockets marks its own; a live change is stamped
+	// when it arrives.
+	t.Run("watch plugins", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var out, errOut syncBuffer
+		done := make(chan int, 1)
+		go func() { done <- run(ctx, []string{"watch", "plugins", "--reconciler-addr", addr}, &out, &errOut) }()
+		waitOutput(t, &out, "-- synced")
+		f.livePlugins <- &reconcilerv1.PluginChange{Type: reconcilerv1.PluginChangeType_PLUGIN_CHANGE_TYPE_REMOVED, Revision: 2,
+			Plugin: &reconcilerv1.Plugin{SocketPath: "/r/plugins_registry/a.sock", State: reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED,
+				LastTransitionTime: ts(-time.Hour)}}
+		waitOutput(t, &out, "REMOVED")
+		cancel()
+		if code := <-done; code != exitOK {
+			t.Fatalf("exit %d, stderr %q", code, errOut.String())
+		}
+		want := "11:59:59.000 UPDATED /r/plugins_registry/a.sock state=registered name=example.com/sample type=DevicePlugin revision=1 trace=abc123 (snapshot)\n" +
+			"-- synced at revision 1 (reconciler r-1); live changes follow\n" +
+			"12:00:00.000 REMOVED /r/plugins_registry/a.sock state=registered revision=2\n"
+		if out.String() != want {
+			t.Fatalf("output:\n%s\nwant:\n%s", out.String(), want)
+		}
+	})
+
 	t.Run("watch plugins as JSON", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -508,11 +568,17 @@ func TestAgainstGRPCServer(t *testing.T) {
 	})
 
 	t.Run("plugins table", func(t *testing.T) {
-		code, out, errOut := runCLI(t, "plugins", "--reconciler-addr", addr)
-		want := "NAME                TYPE          STATE       SOCKET                      VERSIONS  AGE  TRACE ID  ERROR\n" +
-			"example.com/sample  DevicePlugin  registered  /r/plugins_registry/a.sock  v1beta1   1s   abc123    -\n"
+		// No devicemanager answers: the reconciler's plugins are listed,
+		// and stderr says what is missing.
+		missing := filepath.Join(testutil.TempDir(t), "no-dm.sock")
+		code, out, errOut := runCLI(t, "plugins", "--reconciler-addr", addr, "--devicemanager-addr", missing)
+		want := "NAME                TYPE          VIA               STATE       SOCKET                      VERSIONS  AGE  TRACE ID  ERROR\n" +
+			"example.com/sample  DevicePlugin  plugins_registry  registered  /r/plugins_registry/a.sock  v1beta1   1s   abc123    -\n"
 		if code != exitOK || out != want {
 			t.Fatalf("exit %d, stderr %q, output:\n%s\nwant:\n%s", code, errOut, out, want)
+		}
+		if !strings.Contains(errOut, "registered on kubelet.sock are not listed") || !strings.Contains(errOut, "cannot reach the devicemanager at "+missing) {
+			t.Fatalf("stderr %q", errOut)
 		}
 	})
 
@@ -677,25 +743,42 @@ func TestFindsSocketsFromTheRootDir(t *testing.T) {
 	}
 }
 
-// fakeDeviceManager serves WatchResources in process: it hands on each
-// request it gets, then sends one resource and the synced marker.
+// fakeDeviceManager serves the devicemanager's API in process: WatchResources
+// hands on each request it gets, then sends its resources (one of its own
+// when it has none) and the synced marker; ListResources and
+// ListAllocations answer with its resources and allocations.
 type fakeDeviceManager struct {
 	dmv1.UnimplementedDeviceManagerServiceServer
-	requests chan *dmv1.WatchResourcesRequest
+	requests    chan *dmv1.WatchResourcesRequest
+	resources   []*dmv1.Resource
+	allocations []*dmv1.Allocation
 }
 
 func (f *fakeDeviceManager) WatchResources(req *dmv1.WatchResourcesRequest, s dmv1.DeviceManagerService_WatchResourcesServer) error {
 	f.requests <- req
-	if err := s.Send(&dmv1.WatchResourcesResponse{InstanceId: "dm-1", Item: &dmv1.WatchResourcesResponse_Change{Change: &dmv1.ResourceChange{
-		Type: dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_UPDATED, Revision: 1,
-		Resource: &dmv1.Resource{Name: "example.com/sample", Capacity: 2, Allocatable: 2, Free: 2}}}}); err != nil {
-		return err
+	res := f.resources
+	if len(res) == 0 {
+		res = []*dmv1.Resource{{Name: "example.com/sample", Capacity: 2, Allocatable: 2, Free: 2}}
+	}
+	for _, r := range res {
+		if err := s.Send(&dmv1.WatchResourcesResponse{InstanceId: "dm-1", Item: &dmv1.WatchResourcesResponse_Change{Change: &dmv1.ResourceChange{
+			Type: dmv1.ResourceChangeType_RESOURCE_CHANGE_TYPE_UPDATED, Revision: 1, Resource: r}}}); err != nil {
+			return err
+		}
 	}
 	if err := s.Send(&dmv1.WatchResourcesResponse{InstanceId: "dm-1", Item: &dmv1.WatchResourcesResponse_Synced{Synced: &dmv1.Synced{Revision: 1}}}); err != nil {
 		return err
 	}
 	<-s.Context().Done()
 	return s.Context().Err()
+}
+
+func (f *fakeDeviceManager) ListResources(context.Context, *dmv1.ListResourcesRequest) (*dmv1.ListResourcesResponse, error) {
+	return &dmv1.ListResourcesResponse{InstanceId: "dm-1", Resources: f.resources}, nil
+}
+
+func (f *fakeDeviceManager) ListAllocations(context.Context, *dmv1.ListAllocationsRequest) (*dmv1.ListAllocationsResponse, error) {
+	return &dmv1.ListAllocationsResponse{InstanceId: "dm-1", Allocations: f.allocations}, nil
 }
 
 // watch resources asks the devicemanager for allocation changes unless
@@ -725,6 +808,123 @@ func TestWatchResourcesNoAllocations(t *testing.T) {
 		}
 		if !strings.Contains(out.String(), "example.com/sample capacity=2 allocatable=2 free=2") {
 			t.Errorf("%q: output:\n%s", tc.args, out.String())
+		}
+	}
+}
+
+// The snapshot of watch resources is marked and stamped with its
+// endpoints' last registration, not with the time it arrived.
+func TestWatchResourcesSnapshotStamps(t *testing.T) {
+	f := &fakeDeviceManager{requests: make(chan *dmv1.WatchResourcesRequest, 1), resources: []*dmv1.Resource{
+		{Name: "example.com/a", Capacity: 1, Allocatable: 1, Free: 1, Endpoints: []*dmv1.Endpoint{
+			{State: dmv1.EndpointState_ENDPOINT_STATE_LIVE, RegisteredTime: ts(-time.Hour)},
+			{State: dmv1.EndpointState_ENDPOINT_STATE_STOPPED, RegisteredTime: ts(-3 * time.Hour), StoppedTime: ts(-2 * time.Hour)},
+		}},
+		{Name: "example.com/b"},
+	}}
+	path := serveFake(t, func(srv *grpc.Server) { dmv1.RegisterDeviceManagerServiceServer(srv, f) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, []string{"--devicemanager-addr", path, "watch", "resources"}, &out, &errOut) }()
+	waitOutput(t, &out, "-- synced")
+	cancel()
+	if code := <-done; code != exitOK {
+		t.Fatalf("exit %d, stderr %q", code, errOut.String())
+	}
+	<-f.requests
+	want := "11:00:00.000 UPDATED example.com/a capacity=1 allocatable=1 free=1 unhealthy=- endpoints=1/2 live revision=1 (snapshot)\n" +
+		"-            UPDATED example.com/b capacity=0 allocatable=0 free=0 unhealthy=- endpoints=0/0 live revision=1 (snapshot)\n" +
+		"-- synced at revision 1 (devicemanager dm-1); live changes follow\n"
+	if out.String() != want {
+		t.Fatalf("output:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+// plugins lists the device plugins registered on kubelet.sock too (the
+// devicemanager's endpoints of that path), once each: a plugins_registry
+// endpoint is the reconciler's entry already.
+func TestPluginsListsKubeletSockPlugins(t *testing.T) {
+	recon := startFake(t, &fakeServer{plugins: []*reconcilerv1.Plugin{{SocketPath: "/r/plugins_registry/a.sock",
+		State: reconcilerv1.PluginState_PLUGIN_STATE_REGISTERED, Name: "example.com/sample", Type: "DevicePlugin",
+		SupportedVersions: []string{"v1beta1"}, LastTransitionTime: ts(-time.Second)}}})
+	dm := &fakeDeviceManager{resources: []*dmv1.Resource{
+		{Name: "example.com/sample", Endpoints: []*dmv1.Endpoint{{Endpoint: "/r/device-plugins/a.sock", SocketPath: "/r/plugins_registry/a.sock",
+			State: dmv1.EndpointState_ENDPOINT_STATE_LIVE, RegistrationPath: dmv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY}}},
+		{Name: "example.com/legacy", Endpoints: []*dmv1.Endpoint{{Endpoint: "/r/device-plugins/legacy.sock", SocketPath: "/r/device-plugins/legacy.sock",
+			State: dmv1.EndpointState_ENDPOINT_STATE_LIVE, RegistrationPath: dmv1.RegistrationPath_REGISTRATION_PATH_KUBELET_SOCK,
+			Versions: []string{"v1beta1"}, RegisteredTime: ts(-10 * time.Second)}}},
+	}}
+	dmPath := serveFake(t, func(srv *grpc.Server) { dmv1.RegisterDeviceManagerServiceServer(srv, dm) })
+	flags := []string{"--reconciler-addr", recon, "--devicemanager-addr", dmPath}
+
+	code, out, errOut := runCLI(t, append(flags, "plugins")...)
+	want := "NAME                TYPE          VIA               STATE       SOCKET                         VERSIONS  AGE  TRACE ID  ERROR\n" +
+		"example.com/legacy  DevicePlugin  kubelet.sock      registered  /r/device-plugins/legacy.sock  v1beta1   10s  -         -\n" +
+		"example.com/sample  DevicePlugin  plugins_registry  registered  /r/plugins_registry/a.sock     v1beta1   1s   -         -\n"
+	if code != exitOK || out != want || errOut != "" {
+		t.Fatalf("exit %d, stderr %q, output:\n%s\nwant:\n%s", code, errOut, out, want)
+	}
+
+	code, out, errOut = runCLI(t, append(flags, "plugins", "-o", "json")...)
+	if code != exitOK {
+		t.Fatalf("plugins -o json: exit %d, stderr %q", code, errOut)
+	}
+	var doc struct {
+		InstanceID string `json:"instanceId"`
+		Plugins    []struct {
+			SocketPath string `json:"socketPath"`
+		} `json:"plugins"`
+		KubeletSock []struct {
+			ResourceName string `json:"resourceName"`
+			Endpoint     struct {
+				Endpoint         string `json:"endpoint"`
+				RegistrationPath string `json:"registrationPath"`
+			} `json:"endpoint"`
+		} `json:"kubeletSockPlugins"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("plugins -o json: %v\n%s", err, out)
+	}
+	if doc.InstanceID != "r-1" || len(doc.Plugins) != 1 || doc.Plugins[0].SocketPath != "/r/plugins_registry/a.sock" ||
+		len(doc.KubeletSock) != 1 || doc.KubeletSock[0].ResourceName != "example.com/legacy" ||
+		doc.KubeletSock[0].Endpoint.Endpoint != "/r/device-plugins/legacy.sock" ||
+		doc.KubeletSock[0].Endpoint.RegistrationPath != "REGISTRATION_PATH_KUBELET_SOCK" {
+		t.Fatalf("plugins -o json:\n%s", out)
+	}
+}
+
+// -o before the command works as after it; a command that prints no table
+// refuses it, and a bad format is the command's usage error.
+func TestGlobalOutputFlag(t *testing.T) {
+	dm := &fakeDeviceManager{allocations: []*dmv1.Allocation{{PodUid: "pod-1", ContainerName: "main",
+		ResourceName: "example.com/sample", DeviceIds: []string{"dev-0"}, AllocatedTime: ts(-time.Minute)}}}
+	path := serveFake(t, func(srv *grpc.Server) { dmv1.RegisterDeviceManagerServiceServer(srv, dm) })
+	for _, args := range [][]string{
+		{"-o", "json", "--devicemanager-addr", path, "allocations"},
+		{"--devicemanager-addr", path, "--output", "json", "allocations"},
+		{"--devicemanager-addr", path, "allocations", "-o", "json"},
+	} {
+		code, out, errOut := runCLI(t, args...)
+		if code != exitOK || !strings.Contains(out, `"podUid"`) {
+			t.Fatalf("%q: exit %d, stderr %q, output:\n%s", args, code, errOut, out)
+		}
+	}
+	// The command's own -o wins over the one before it.
+	if code, out, errOut := runCLI(t, "-o", "json", "--devicemanager-addr", path, "allocations", "-o", "table"); code != exitOK || !strings.HasPrefix(out, "POD ") {
+		t.Fatalf("-o json allocations -o table: exit %d, stderr %q, output:\n%s", code, errOut, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-o", "yaml", "--devicemanager-addr", path, "allocations"}, `output format "yaml"`},
+		{[]string{"-o", "table", "watch", "plugins"}, `output format "table": want text or json`},
+		{[]string{"-o", "json", "release", "--pod", "p"}, "release has no output format"},
+	} {
+		if code, _, errOut := runCLI(t, tc.args...); code != exitUsage || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want exit %d and %q", tc.args, code, errOut, exitUsage, tc.want)
 		}
 	}
 }

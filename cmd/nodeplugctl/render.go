@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -106,16 +107,17 @@ func pluginState(s reconcilerv1.PluginState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "PLUGIN_STATE_"))
 }
 
-func renderPlugins(w io.Writer, now time.Time, resp *reconcilerv1.ListPluginsResponse) error {
-	plugins := slices.Clone(resp.GetPlugins())
-	if len(plugins) == 0 {
-		_, err := fmt.Fprintln(w, "no plugin sockets known to the reconciler (a plugin registers by creating its socket in <root-dir>/plugins_registry)")
+// renderPlugins prints the reconciler's plugins and the device plugins
+// registered on kubelet.sock in one table, by socket path; VIA says which
+// way each registered.
+func renderPlugins(w io.Writer, now time.Time, resp *reconcilerv1.ListPluginsResponse, legacy []kubeletSockPlugin) error {
+	if len(resp.GetPlugins()) == 0 && len(legacy) == 0 {
+		_, err := fmt.Fprintln(w, "no plugins: none in <root-dir>/plugins_registry, none registered on kubelet.sock")
 		return err
 	}
-	sort.Slice(plugins, func(i, j int) bool { return plugins[i].GetSocketPath() < plugins[j].GetSocketPath() })
-	tw := newTable(w)
-	fmt.Fprintln(tw, "NAME\tTYPE\tSTATE\tSOCKET\tVERSIONS\tAGE\tTRACE ID\tERROR")
-	for _, p := range plugins {
+	type row struct{ socket, line string }
+	var rows []row
+	for _, p := range resp.GetPlugins() {
 		errText := "-"
 		if p.GetLastError() != "" {
 			errText = p.GetLastError()
@@ -123,11 +125,75 @@ func renderPlugins(w io.Writer, now time.Time, resp *reconcilerv1.ListPluginsRes
 				errText += fmt.Sprintf(" (failures %d, retry %s)", p.GetFailures(), until(now, p.GetNextRetryTime()))
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			dash(p.GetName()), dash(p.GetType()), pluginState(p.GetState()), p.GetSocketPath(),
-			list(p.GetSupportedVersions()), age(now, p.GetLastTransitionTime()), dash(traceID(p.GetLastTraceId())), errText)
+		rows = append(rows, row{p.GetSocketPath(), fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			dash(p.GetName()), dash(p.GetType()), app.PluginsRegistryDirName, pluginState(p.GetState()), p.GetSocketPath(),
+			list(p.GetSupportedVersions()), age(now, p.GetLastTransitionTime()), dash(traceID(p.GetLastTraceId())), errText)})
+	}
+	for _, l := range legacy {
+		e := l.endpoint
+		since := e.GetRegisteredTime()
+		if e.GetState() == dmv1.EndpointState_ENDPOINT_STATE_STOPPED && e.GetStoppedTime() != nil {
+			since = e.GetStoppedTime()
+		}
+		rows = append(rows, row{e.GetEndpoint(), fmt.Sprintf("%s\tDevicePlugin\t%s\t%s\t%s\t%s\t%s\t-\t-\n",
+			l.resource, app.KubeletSocketName, legacyState(e.GetState()), e.GetEndpoint(), list(e.GetVersions()), age(now, since))})
+	}
+	sort.SliceStable(rows, func(i, j int) bool { return rows[i].socket < rows[j].socket })
+	tw := newTable(w)
+	fmt.Fprintln(tw, "NAME\tTYPE\tVIA\tSTATE\tSOCKET\tVERSIONS\tAGE\tTRACE ID\tERROR")
+	for _, r := range rows {
+		fmt.Fprint(tw, r.line)
 	}
 	return tw.Flush()
+}
+
+// legacyState words a kubelet.sock endpoint's state as the reconciler words
+// a plugin's: registered (its stream is live), pending (connecting), or
+// stopped (its stream ended; its devices are kept for the grace period).
+func legacyState(s dmv1.EndpointState) string {
+	switch s {
+	case dmv1.EndpointState_ENDPOINT_STATE_LIVE:
+		return "registered"
+	case dmv1.EndpointState_ENDPOINT_STATE_CONNECTING:
+		return "pending"
+	default:
+		return endpointState(s)
+	}
+}
+
+// writePluginsJSON prints the reconciler's ListPlugins answer with the
+// kubelet.sock plugins beside it, under "kubeletSockPlugins": each its
+// resource name and the devicemanager's endpoint.
+func writePluginsJSON(w io.Writer, resp *reconcilerv1.ListPluginsResponse, legacy []kubeletSockPlugin) error {
+	b, err := protojson.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	doc := map[string]json.RawMessage{}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return err
+	}
+	type entry struct {
+		ResourceName string          `json:"resourceName"`
+		Endpoint     json.RawMessage `json:"endpoint"`
+	}
+	entries := []entry{}
+	for _, l := range legacy {
+		eb, err := protojson.Marshal(l.endpoint)
+		if err != nil {
+			return err
+		}
+		entries = append(entries, entry{l.resource, eb})
+	}
+	if doc["kubeletSockPlugins"], err = json.Marshal(entries); err != nil {
+		return err
+	}
+	out, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, "%s\n", out)
+	return err
 }
 
 func renderDrivers(w io.Writer, now time.Time, resp *reconcilerv1.ListDriversResponse) error {
@@ -316,14 +382,31 @@ func socketEventLine(m *watcherv1.WatchSocketEventsResponse) string {
 	return line
 }
 
-func pluginChangeLine(now time.Time, m *reconcilerv1.WatchPluginsResponse) string {
+// itemTime is how a stream line shows when its item happened: t, or "-"
+// (padded) when nothing says.
+func itemTime(t *timestamppb.Timestamp) string {
+	if t == nil || (t.GetSeconds() == 0 && t.GetNanos() == 0) {
+		return fmt.Sprintf("%-*s", len(lineTime), "-")
+	}
+	return t.AsTime().Local().Format(lineTime)
+}
+
+// pluginChangeLine shows one WatchPlugins item. A live change is stamped
+// when it arrived; a snapshot item (one that describes the state the
+// stream started from) is stamped with the plugin's last transition and
+// marked "(snapshot)", as watch sockets marks the watcher's.
+func pluginChangeLine(now time.Time, m *reconcilerv1.WatchPluginsResponse, snapshot bool) string {
 	if s := m.GetSynced(); s != nil {
 		return fmt.Sprintf("-- synced at revision %d (reconciler %s); live changes follow", s.GetRevision(), m.GetInstanceId())
 	}
 	ch := m.GetChange()
 	p := ch.GetPlugin()
 	typ := strings.TrimPrefix(ch.GetType().String(), "PLUGIN_CHANGE_TYPE_")
-	line := fmt.Sprintf("%s %-7s %s state=%s", now.Local().Format(lineTime), typ, p.GetSocketPath(), pluginState(p.GetState()))
+	stamp := now.Local().Format(lineTime)
+	if snapshot {
+		stamp = itemTime(p.GetLastTransitionTime())
+	}
+	line := fmt.Sprintf("%s %-7s %s state=%s", stamp, typ, p.GetSocketPath(), pluginState(p.GetState()))
 	if p.GetName() != "" {
 		line += fmt.Sprintf(" name=%s type=%s", p.GetName(), p.GetType())
 	}
@@ -334,10 +417,16 @@ func pluginChangeLine(now time.Time, m *reconcilerv1.WatchPluginsResponse) strin
 	if p.GetLastError() != "" {
 		line += fmt.Sprintf(" error=%q", p.GetLastError())
 	}
+	if snapshot {
+		line += " (snapshot)"
+	}
 	return line
 }
 
-func resourceChangeLine(now time.Time, m *dmv1.WatchResourcesResponse) string {
+// resourceChangeLine shows one WatchResources item; a snapshot item is
+// stamped with the last time one of its endpoints registered or stopped
+// ("-" when it has none) and marked "(snapshot)".
+func resourceChangeLine(now time.Time, m *dmv1.WatchResourcesResponse, snapshot bool) string {
 	if s := m.GetSynced(); s != nil {
 		return fmt.Sprintf("-- synced at revision %d (devicemanager %s); live changes follow", s.GetRevision(), m.GetInstanceId())
 	}
@@ -345,14 +434,30 @@ func resourceChangeLine(now time.Time, m *dmv1.WatchResourcesResponse) string {
 	r := ch.GetResource()
 	typ := strings.TrimPrefix(ch.GetType().String(), "RESOURCE_CHANGE_TYPE_")
 	live := 0
+	var last *timestamppb.Timestamp
+	later := func(t *timestamppb.Timestamp) {
+		if t != nil && (last == nil || t.AsTime().After(last.AsTime())) {
+			last = t
+		}
+	}
 	for _, e := range r.GetEndpoints() {
 		if e.GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE {
 			live++
 		}
+		later(e.GetRegisteredTime())
+		later(e.GetStoppedTime())
 	}
-	return fmt.Sprintf("%s %-7s %s capacity=%d allocatable=%d free=%d unhealthy=%s endpoints=%d/%d live revision=%d",
-		now.Local().Format(lineTime), typ, r.GetName(), r.GetCapacity(), r.GetAllocatable(), r.GetFree(),
+	stamp := now.Local().Format(lineTime)
+	if snapshot {
+		stamp = itemTime(last)
+	}
+	line := fmt.Sprintf("%s %-7s %s capacity=%d allocatable=%d free=%d unhealthy=%s endpoints=%d/%d live revision=%d",
+		stamp, typ, r.GetName(), r.GetCapacity(), r.GetAllocatable(), r.GetFree(),
 		list(r.GetUnhealthyDeviceIds()), live, len(r.GetEndpoints()), ch.GetRevision())
+	if snapshot {
+		line += " (snapshot)"
+	}
+	return line
 }
 
 // podName shows a pod's namespace and name as namespace/name, or "-" for a
