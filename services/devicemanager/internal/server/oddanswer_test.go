@@ -1,0 +1,110 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
+)
+
+// rawCodec encodes ListAndWatchResponse by hand, without the UTF-8 check
+// of the protobuf library, as a plugin built on another library may send
+// it; everything else is ordinary protobuf.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) ([]byte, error) {
+	m, ok := v.(*pluginapi.ListAndWatchResponse)
+	if !ok {
+		return proto.Marshal(v.(proto.Message))
+	}
+	var b []byte
+	for _, d := range m.GetDevices() {
+		var dev []byte
+		dev = protowire.AppendTag(dev, 1, protowire.BytesType)
+		dev = protowire.AppendString(dev, d.GetID())
+		dev = protowire.AppendTag(dev, 2, protowire.BytesType)
+		dev = protowire.AppendString(dev, d.GetHealth())
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendBytes(b, dev)
+	}
+	return b, nil
+}
+
+func (rawCodec) Unmarshal(data []byte, v any) error { return proto.Unmarshal(data, v.(proto.Message)) }
+
+var _ encoding.Codec = rawCodec{}
+
+// oddPlugin is a device plugin whose ListAndWatch names a device with bytes
+// that are not UTF-8.
+type oddPlugin struct {
+	pluginapi.UnimplementedDevicePluginServer
+}
+
+func (oddPlugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
+	return &pluginapi.DevicePluginOptions{}, nil
+}
+
+func (oddPlugin) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[pluginapi.ListAndWatchResponse]) error {
+	if err := s.Send(&pluginapi.ListAndWatchResponse{Devices: []*pluginapi.Device{{ID: "dev\xff\xfe", Health: pluginapi.Healthy}, {ID: "dev-1", Health: pluginapi.Healthy}}}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// TestDeviceIDNotUTF8: a device plugin whose ListAndWatch answer holds a
+// device ID that is not UTF-8 fails alone, with an error that says so and
+// names it; the devicemanager's ListResources and another plugin's devices
+// are untouched.
+func TestDeviceIDNotUTF8(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	normal := e.plugin("normal", deviceplugin.Options{Resource: "example.com/normal", Devices: 2}, false)
+	e.mustRegister(normal)
+
+	path := filepath.Join(e.regDir, "odd.sock")
+	lis, err := unixsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ForceServerCodec(rawCodec{}))
+	pluginapi.RegisterDevicePluginServer(srv, oddPlugin{})
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-served })
+
+	_, _ = e.client.RegisterPlugin(ctxT(t), &dmv1.RegisterPluginRequest{
+		ResourceName: "example.com/odd", Endpoint: path, Versions: []string{pluginapi.Version},
+		SocketPath: path, Generation: testutil.Generation(t, path),
+	})
+	testutil.Eventually(t, "the odd plugin's stream ended with a clear error", func() error {
+		for line := range strings.Lines(e.logs.String()) {
+			if strings.Contains(line, "ListAndWatch") && strings.Contains(line, "example.com/odd") && strings.Contains(line, "invalid UTF-8") {
+				t.Logf("the devicemanager says: %s", line)
+				return nil
+			}
+		}
+		return fmt.Errorf("no log line names example.com/odd and invalid UTF-8")
+	})
+	if r := e.resource("example.com/odd"); r.GetAllocatable() != 0 {
+		t.Errorf("the odd plugin's resource is allocatable: %v", r)
+	}
+	e.waitCounts("example.com/normal", 2, 2)
+	if _, err := e.client.Allocate(ctxT(t), allocReq("pod-1", "c", "example.com/normal", 1)); err != nil {
+		t.Fatalf("Allocate of the normal resource: %v", err)
+	}
+}
