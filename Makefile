@@ -30,7 +30,8 @@ BINARIES := nodeplug-watcher:./services/watcher \
             nodeplugctl:./cmd/nodeplugctl \
             nodeplug-sampleplugin:./cmd/nodeplug-sampleplugin \
             nodeplug-bench:./cmd/nodeplug-bench \
-            nodeplug-chaos:./cmd/nodeplug-chaos
+            nodeplug-chaos:./cmd/nodeplug-chaos \
+            nodeplug-console:./cmd/nodeplug-console
 LDFLAGS  := -s -w -X github.com/nodeplug/nodeplug/pkg/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 45m
 
@@ -136,7 +137,7 @@ compose: ## Make sure a current 'docker compose' is available (builds the pinned
 .PHONY: images
 images: build $(JAEGER) ## Build the container images (FROM scratch) from bin/.
 	@mkdir -p bin/images && cp -f $(JAEGER) bin/images/jaeger
-	@for t in watcher reconciler devicemanager sampleplugin nodeplugctl jaeger; do \
+	@for t in watcher reconciler devicemanager sampleplugin nodeplugctl console jaeger; do \
 	  docker build -q --target $$t -t nodeplug/$$t:dev . 2>&1 >/dev/null | { grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e '^ *$$' || true; }; \
 	  echo "built image nodeplug/$$t:dev"; done
 

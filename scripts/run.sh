@@ -57,7 +57,41 @@ wait_healthy() {
   echo "  $name is serving"
 }
 
+# wait_console waits for the console's info file, reads the page's URL and
+# token and the receiver's address from it, and points the services at the
+# receiver.
+console_url=
+console_otlp=
+wait_console() {
+  local file=$ROOT/nodeplug/console.json deadline=$((SECONDS + 30))
+  until [ -s "$file" ]; do
+    if ! kill -0 "${pids[-1]}" 2>/dev/null; then
+      echo "nodeplug-console exited; its log ($LOGS/nodeplug-console.log) ends with:"; tail -20 "$LOGS/nodeplug-console.log"; exit 1
+    fi
+    if ((SECONDS > deadline)); then
+      echo "nodeplug-console did not start within 30s; see $LOGS/nodeplug-console.log"; exit 1
+    fi
+    sleep 0.2
+  done
+  field() { sed -n 's/^ *"'"$1"'": "\(.*\)",*$/\1/p' "$file"; }
+  console_url="$(field url)/?token=$(field token)"
+  console_otlp=$(field otlp)
+  if [ -z "${OTEL_EXPORTER_OTLP_ENDPOINT:-}" ] && [ -n "$console_otlp" ]; then
+    export OTEL_EXPORTER_OTLP_ENDPOINT=http://$console_otlp OTEL_EXPORTER_OTLP_INSECURE=true
+    export OTEL_BSP_SCHEDULE_DELAY=${OTEL_BSP_SCHEDULE_DELAY:-500}
+  fi
+  echo "  nodeplug-console is serving"
+}
+
 echo "starting nodeplug under $ROOT"
+# The web console first: the services then export their spans to its OTLP
+# receiver from their start (unless OTEL_EXPORTER_OTLP_ENDPOINT says
+# otherwise). It leaves its URL and token in $ROOT/nodeplug/console.json
+# (0600); its log, which prints them too, is kept 0600 as well.
+rm -f "$ROOT/nodeplug/console.json"
+(umask 077 && : >"$LOGS/nodeplug-console.log")
+start nodeplug-console
+wait_console
 start nodeplug-watcher
 wait_healthy nodeplug-watcher
 start nodeplug-devicemanager
@@ -83,6 +117,8 @@ nodeplug is running (logs in $LOGS, root dir $ROOT).
   APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager}.sock
   podres    $ROOT/pod-resources/kubelet.sock (the kubelet's pod resources API, for monitoring agents)
   metrics   http://127.0.0.1:9451/metrics  http://127.0.0.1:9452/metrics  http://127.0.0.1:9453/metrics
+  console   $console_url
+  traces    ${OTEL_EXPORTER_OTLP_ENDPOINT:-not exported} (open one from the console, or bin/nodeplugctl trace TRACE_ID)
 
 Look inside, from another shell (nodeplugctl finds the sockets from the root dir):
   export NODEPLUG_ROOT_DIR=$ROOT
@@ -91,6 +127,7 @@ Look inside, from another shell (nodeplugctl finds the sockets from the root dir
   bin/nodeplugctl allocate --pod pod-1 --container main example.com/sample=2
   bin/nodeplugctl allocations
   bin/nodeplugctl watch plugins
+  bin/nodeplugctl trace TRACE_ID      # a trace ID from plugins or allocations, read from the console
   $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/watcher.sock list
   $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/reconciler.sock nodeplug.reconciler.v1.ReconcilerService/ListPlugins
   $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/devicemanager.sock nodeplug.devicemanager.v1.DeviceManagerService/ListResources
