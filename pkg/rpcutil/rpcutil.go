@@ -35,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
 )
 
 // NewServer returns a gRPC server with the OTel stats handler (health checks
@@ -58,7 +59,7 @@ func NewServer(log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *heal
 		// devicemanager's CPU under an Allocate load. When every worker is
 		// busy gRPC starts a goroutine as before.
 		grpc.NumStreamWorkers(streamWorkers()),
-		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
+		grpc.StatsHandler(telemetry.ServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),
 			unaryErrors,
@@ -147,7 +148,9 @@ func newClient(addr string, opts []grpc.DialOption) (*grpc.ClientConn, error) {
 	}
 	base := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
+		// server.address is the path dialled (the kernel names a Unix
+		// connection by its server's bound name: telemetry).
+		grpc.WithStatsHandler(telemetry.ClientHandler(addr, otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 	}
 	if IsUnixPath(addr) {
 		// The authority is a fixed name: the path is not a host, and some

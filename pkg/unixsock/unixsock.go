@@ -225,14 +225,34 @@ func ListenMode(path string, mode fs.FileMode, gid int) (net.Listener, error) {
 	if err != nil {
 		return fail(err)
 	}
-	return &listener{UnixListener: ul, path: path, id: id}, nil
+	if bind != path {
+		boundNames.Store(bind, path)
+	}
+	return &listener{UnixListener: ul, path: path, bound: bind, id: id}, nil
+}
+
+// boundNames maps the name each open ListenMode socket was bound with to
+// its path, where the two differ (see ServedPath).
+var boundNames sync.Map
+
+// ServedPath returns the path of an open ListenMode socket of this process
+// given the name it was bound with, which is what the kernel reports as the
+// address of its connections (a connection's LocalAddr on the server side):
+// the socket is bound in a private directory and renamed into place.
+func ServedPath(bound string) (string, bool) {
+	v, ok := boundNames.Load(bound)
+	if !ok {
+		return "", false
+	}
+	return v.(string), true
 }
 
 // listener is a Unix listener whose socket was renamed into place.
 type listener struct {
 	*net.UnixListener
-	path string
-	id   Identity
+	path  string
+	bound string // the name it was bound with
+	id    Identity
 
 	once sync.Once
 	err  error
@@ -246,6 +266,7 @@ func (l *listener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "un
 func (l *listener) Close() error {
 	l.once.Do(func() {
 		l.err = l.UnixListener.Close()
+		boundNames.CompareAndDelete(l.bound, l.path)
 		if id, _, err := Stat(l.path); err == nil && id == l.id {
 			_ = os.Remove(l.path)
 		}
