@@ -62,12 +62,40 @@ func (r *runner) checkStream(ctx context.Context) bool {
 			CheckAllocate, CheckAllocateUnknown, CheckPreferred, CheckPreStart, CheckConcurrentAllocate, CheckReconnect)
 		return false
 	}
-	r.record(CheckFirstResponse, Pass, start, "%d devices after %s", len(first.devices), first.at.Sub(r.sess.stream.opened).Round(time.Millisecond))
-	r.devices = first.devices
-	r.checkDeviceIDs(first.devices)
-	r.checkHealthValues(first.devices)
-	r.checkTopology(first.devices)
+	w := r.sess.stream
+	judged, n := r.firstWithDevices(ctx, first)
+	detail := fmt.Sprintf("%d devices after %s", len(first.devices), first.at.Sub(w.opened).Round(time.Millisecond))
+	if len(first.devices) == 0 && len(judged.devices) > 0 {
+		detail += fmt.Sprintf("; the first with devices (response %d, %d devices) after %s is the one checked", n, len(judged.devices), judged.at.Sub(w.opened).Round(time.Millisecond))
+	}
+	r.record(CheckFirstResponse, Pass, start, "%s", detail)
+	r.devices = judged.devices
+	r.checkDeviceIDs(judged.devices)
+	r.checkHealthValues(judged.devices)
+	r.checkTopology(judged.devices)
 	return true
+}
+
+// firstWithDevices returns the first response that lists devices, and its
+// number (from 1), waiting for one until Observe has passed since the
+// stream opened: many plugins send an empty list first and their devices
+// once they have scanned. Without one it returns first.
+func (r *runner) firstWithDevices(ctx context.Context, first response) (response, int) {
+	if len(first.devices) > 0 {
+		return first, 1
+	}
+	w := r.sess.stream
+	cctx, cancel := context.WithDeadline(ctx, w.opened.Add(r.cfg.Observe))
+	defer cancel()
+	withDevices := func(resps []response) int {
+		return slices.IndexFunc(resps, func(x response) bool { return len(x.devices) > 0 })
+	}
+	w.waitFor(cctx, func(resps []response, _ bool) bool { return withDevices(resps) >= 0 })
+	resps, _, _ := w.snapshot()
+	if i := withDevices(resps); i >= 0 {
+		return resps[i], i + 1
+	}
+	return first, 1
 }
 
 func (r *runner) checkDeviceIDs(devs []*pluginapi.Device) {
@@ -88,7 +116,7 @@ func (r *runner) checkDeviceIDs(devs []*pluginapi.Device) {
 		}
 	}
 	if len(devs) == 0 {
-		fs = append(fs, finding{Warn, "the plugin lists no devices: its resource has capacity 0"})
+		fs = append(fs, finding{Warn, fmt.Sprintf("the plugin listed no devices within --observe (%s): its resource has capacity 0", r.cfg.Observe)})
 	}
 	if len(fs) == 0 {
 		r.record(CheckDeviceIDs, Pass, time.Time{}, "%d unique device IDs", len(devs))
@@ -291,7 +319,7 @@ func (r *runner) checkAllocateUnknown(ctx context.Context) {
 		r.record(CheckAllocateUnknown, Pass, start, "refused: %v", err)
 		return
 	}
-	r.record(CheckAllocateUnknown, Fail, start, "Allocate of the unknown device %q succeeded", id)
+	r.record(CheckAllocateUnknown, Warn, start, "Allocate of the unknown device %q succeeded (the kubelet never asks for one; a caller's mistake goes unnoticed)", id)
 }
 
 func (r *runner) checkPreferred(ctx context.Context) {
@@ -424,26 +452,48 @@ func (r *runner) checkConcurrentAllocate(ctx context.Context) {
 
 // checkReconnect closes the connection and its ListAndWatch, as a kubelet
 // that stops, then connects again as the restarted kubelet does: the
-// plugin must answer, send its devices to the new stream and keep serving.
+// plugin must answer, send its devices to the new stream and keep serving
+// through --observe. Then it does it once more: a plugin that survives one
+// restart can trip over the end of the stream it opened for the first (a
+// send on a closed channel a second later), so the third stream is watched
+// for --observe too, on a socket given with --socket as on a plugin conform
+// started.
 func (r *runner) checkReconnect(ctx context.Context) {
 	start := time.Now()
+	var got []string
+	for round := 1; round <= 2; round++ {
+		n, took, msg := r.reconnectOnce(ctx)
+		if msg != "" {
+			if round == 2 {
+				msg = "after a second reconnect (the stream of the first one closed): " + msg
+			}
+			r.record(CheckReconnect, Fail, start, "%s%s", msg, r.exitNote())
+			return
+		}
+		got = append(got, fmt.Sprintf("%d devices after %s", n, took))
+	}
+	r.record(CheckReconnect, Pass, start, "reconnected twice: each new stream got its devices (%s), stayed open for %s, and the plugin still answered", strings.Join(got, ", then "), r.cfg.Observe)
+}
+
+// reconnectOnce closes r.sess and connects again, opens ListAndWatch,
+// waits for its first response and watches it for --observe; the plugin
+// must then still answer GetDevicePluginOptions. It returns how many
+// devices the new stream got and after how long, or why it failed.
+func (r *runner) reconnectOnce(ctx context.Context) (int, time.Duration, string) {
 	old := r.sess
 	old.close()
 	s, err := connect(ctx, old.endpoint, r.cfg.Timeout)
 	if err != nil {
-		r.record(CheckReconnect, Fail, start, "cannot dial %s again: %v", old.endpoint, err)
-		return
+		return 0, 0, fmt.Sprintf("cannot dial %s again: %v", old.endpoint, err)
 	}
 	r.sess = s
 	if s.optsErr != nil {
-		r.record(CheckReconnect, Fail, start, "after the old stream closed, GetDevicePluginOptions failed: %v", s.optsErr)
-		return
+		return 0, 0, fmt.Sprintf("after the old stream closed, GetDevicePluginOptions failed: %v", s.optsErr)
 	}
 	s.openStream()
 	first, err := s.stream.first(ctx, r.cfg.Timeout)
 	if err != nil {
-		r.record(CheckReconnect, Fail, start, "the new ListAndWatch stream: %v", err)
-		return
+		return 0, 0, fmt.Sprintf("the new ListAndWatch stream: %v", err)
 	}
 	// Whatever the plugin does about the old stream, it does now: the
 	// new stream must live through the observation.
@@ -451,16 +501,17 @@ func (r *runner) checkReconnect(ctx context.Context) {
 	defer cancel()
 	if s.stream.waitFor(octx, func(_ []response, ended bool) bool { return ended }) {
 		_, _, err := s.stream.snapshot()
-		r.record(CheckReconnect, Fail, start, "the new ListAndWatch stream ended: %v%s", err, r.exitNote())
-		return
+		return 0, 0, fmt.Sprintf("the new ListAndWatch stream ended: %v", err)
+	}
+	if r.proc != nil && !r.proc.alive() {
+		return 0, 0, "the plugin is no longer running"
 	}
 	cctx, cancel2 := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel2()
 	if _, err := s.client.GetDevicePluginOptions(cctx, &pluginapi.Empty{}); err != nil {
-		r.record(CheckReconnect, Fail, start, "stopped serving after the reconnect: %v%s", err, r.exitNote())
-		return
+		return 0, 0, fmt.Sprintf("stopped serving after the reconnect: %v", err)
 	}
-	r.record(CheckReconnect, Pass, start, "the new stream got %d devices after %s and stayed open for %s", len(first.devices), first.at.Sub(s.stream.opened).Round(time.Millisecond), r.cfg.Observe)
+	return len(first.devices), first.at.Sub(s.stream.opened).Round(time.Millisecond), ""
 }
 
 // exitNote says how the started plugin exited, if it did.

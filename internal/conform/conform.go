@@ -38,6 +38,7 @@ const (
 // The check names, as --only and --skip take them.
 const (
 	CheckGetInfo            = "getinfo"
+	CheckDriverService      = "driver-service"
 	CheckNotify             = "notify"
 	CheckRegisterRequest    = "register-request"
 	CheckOptions            = "options"
@@ -84,6 +85,9 @@ var Catalogue = []Check{
 	{CheckGetInfo, "GetInfo: known type, a name valid for the type, supported versions, an endpoint that can be dialled",
 		"calls GetInfo with a 1 s timeout; an unknown type or a failed validation (DevicePlugin: versions include v1beta1 and the name is an extended resource name; CSIPlugin: a 1.x version; DRAPlugin: v1.DRAPlugin or v1beta1.DRAPlugin) is told to the plugin with NotifyRegistrationStatus(false) and retried with backoff up to 2m2s; an empty endpoint means the registration socket",
 		refOpGen + ":85-144, " + refDMHandler + ":61-75", false},
+	{CheckDriverService, "CSI: NodeGetInfo answers with a node ID; DRA: the endpoint serves the DRA service chosen from the versions",
+		"CSI: calls NodeGetInfo on the endpoint at registration and fails the registration (NotifyRegistrationStatus(false)) when it fails or names no node; DRA: connects to the endpoint and sends NodePrepareResources to the chosen service, which fails every pod of a driver that does not serve it",
+		"pkg/volume/csi/csi_plugin.go (RegisterPlugin), pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go", false},
 	{CheckNotify, "NotifyRegistrationStatus answers",
 		"tells the plugin the outcome with a 5 s timeout; when telling it success fails, it deregisters the plugin and retries",
 		refOpGen + ":171-189", false},
@@ -111,8 +115,8 @@ var Catalogue = []Check{
 	{CheckAllocate, "Allocate returns one container response per container request, for every healthy device",
 		"sends one ContainerAllocateRequest per container and uses ContainerResponses[0]; an empty response fails the pod's admission",
 		refDMManager + ":959-1068", false},
-	{CheckAllocateUnknown, "Allocate of a device the plugin does not have is an error",
-		"only asks for devices the plugin listed; a plugin that accepts any ID hides a caller's mistake (the upstream sample plugin refuses unknown IDs)",
+	{CheckAllocateUnknown, "Allocate of a device the plugin does not have is an error (a success warns)",
+		"only asks for devices the plugin listed, so it never sends an unknown ID; a plugin that accepts any ID only hides a caller's mistake (the upstream sample plugin refuses unknown IDs)",
 		"test/images/sample-device-plugin/sampledeviceplugin.go", false},
 	{CheckPreferred, "GetPreferredAllocation, when offered: a subset of the available devices, with the must-include ones, of the requested size",
 		"takes the answered IDs that are available, in order, and fills the rest itself; a bad answer is tolerated (a warn here), only a failed call fails the allocation",
@@ -174,8 +178,13 @@ type Report struct {
 	// PathDeviceSocket.
 	Path string `json:"registration_path"`
 	// Plugin names the plugin: its resource or driver name.
-	Plugin  string   `json:"plugin,omitempty"`
-	Results []Result `json:"results"`
+	Plugin string `json:"plugin,omitempty"`
+	// Resources are the resources whose device plugin checks ran, in the
+	// order they registered: a plugin that serves several registers each
+	// (on kubelet.sock or with a socket in plugins_registry), and the
+	// result of each device check names every one.
+	Resources []string `json:"resources,omitempty"`
+	Results   []Result `json:"results"`
 	// PluginOutput is the tail of the started plugin's output, when a
 	// check failed.
 	PluginOutput string `json:"plugin_output,omitempty"`

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,6 +67,13 @@ func run(t *testing.T, cfg conform.Config) *conform.Report {
 // directory and returns its socket.
 func startSocket(t *testing.T, opts testplugin.Options) string {
 	t.Helper()
+	return startPlugin(t, opts).Socket()
+}
+
+// startPlugin serves the test plugin in-process in a plugins_registry
+// directory.
+func startPlugin(t *testing.T, opts testplugin.Options) *testplugin.Plugin {
+	t.Helper()
 	dir := filepath.Join(testutil.TempDir(t), "plugins_registry")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
@@ -76,7 +84,7 @@ func startSocket(t *testing.T, opts testplugin.Options) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Stop)
-	return opts.Socket
+	return p
 }
 
 func wantStatuses(t *testing.T, rep *conform.Report, want map[string]conform.Status) {
@@ -108,13 +116,17 @@ func skipped(names ...string) map[string]conform.Status {
 
 var lifecycleChecks = []string{conform.CheckKubeletRestart, conform.CheckSocketRemoval, conform.CheckSIGTERM}
 
+// quickWait bounds a registration of the started test plugin, and the
+// wait for a socket it never re-creates: long enough on a busy machine.
+const quickWait = 5 * time.Second
+
 // The plugin without faults keeps every rule, through each registration
 // path: every check that applies passes.
 func TestCompliantPluginPasses(t *testing.T) {
 	t.Run("socket", func(t *testing.T) {
 		sock := startSocket(t, testplugin.Options{})
 		rep := run(t, conform.Config{Socket: sock, Observe: short})
-		wantStatuses(t, rep, skipped(append(lifecycleChecks, conform.CheckRegisterRequest)...))
+		wantStatuses(t, rep, skipped(append(lifecycleChecks, conform.CheckRegisterRequest, conform.CheckDriverService)...))
 		if rep.Path != conform.PathRegistry || rep.Plugin != testplugin.Resource {
 			t.Errorf("path %q plugin %q", rep.Path, rep.Plugin)
 		}
@@ -122,18 +134,18 @@ func TestCompliantPluginPasses(t *testing.T) {
 	t.Run("device plugin socket", func(t *testing.T) {
 		sock := startSocket(t, testplugin.Options{DevicePluginOnly: true})
 		rep := run(t, conform.Config{Socket: sock, Observe: short})
-		wantStatuses(t, rep, skipped(append(lifecycleChecks, conform.CheckRegisterRequest, conform.CheckGetInfo, conform.CheckNotify)...))
+		wantStatuses(t, rep, skipped(append(lifecycleChecks, conform.CheckRegisterRequest, conform.CheckGetInfo, conform.CheckDriverService, conform.CheckNotify)...))
 		if rep.Path != conform.PathDeviceSocket {
 			t.Errorf("path %q", rep.Path)
 		}
 	})
 	t.Run("plugins_registry", func(t *testing.T) {
-		rep := run(t, conform.Config{Command: pluginCommand(t, "registry"), Observe: short})
-		wantStatuses(t, rep, skipped(conform.CheckRegisterRequest))
+		rep := run(t, conform.Config{Command: pluginCommand(t, "registry"), Observe: short, RegisterWait: quickWait})
+		wantStatuses(t, rep, skipped(conform.CheckRegisterRequest, conform.CheckDriverService))
 	})
 	t.Run("kubelet.sock", func(t *testing.T) {
-		rep := run(t, conform.Config{Command: pluginCommand(t, "kubelet"), Observe: short})
-		wantStatuses(t, rep, skipped(conform.CheckGetInfo, conform.CheckNotify))
+		rep := run(t, conform.Config{Command: pluginCommand(t, "kubelet"), Observe: short, RegisterWait: quickWait})
+		wantStatuses(t, rep, skipped(conform.CheckGetInfo, conform.CheckDriverService, conform.CheckNotify))
 		if rep.Path != conform.PathKubeletSock {
 			t.Errorf("path %q", rep.Path)
 		}
@@ -148,6 +160,7 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 		check string
 		want  conform.Status
 		mode  string // "socket" (in-process), "registry" or "kubelet" (a process)
+		typ   string // the plugin type a socket's GetInfo answers (default DevicePlugin)
 		// waits: the check watches for the breach: the window is only an
 		// upper bound.
 		waits bool
@@ -172,13 +185,17 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 		{fault: testplugin.FaultBadTopology, check: conform.CheckTopology, want: conform.Fail, mode: "socket"},
 		{fault: testplugin.FaultFlap, check: conform.CheckHealthFlap, want: conform.Fail, mode: "socket", waits: true},
 		{fault: testplugin.FaultAllocateOneResponse, check: conform.CheckAllocate, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultAllocateUnknown, check: conform.CheckAllocateUnknown, want: conform.Fail, mode: "socket"},
+		{fault: testplugin.FaultAllocateUnknown, check: conform.CheckAllocateUnknown, want: conform.Warn, mode: "socket"},
 		{fault: testplugin.FaultPreferredForeign, check: conform.CheckPreferred, want: conform.Warn, mode: "socket"},
 		{fault: testplugin.FaultPreStartError, check: conform.CheckPreStart, want: conform.Fail, mode: "socket"},
 		{fault: testplugin.FaultAllocateNotConcurrent, check: conform.CheckConcurrentAllocate, want: conform.Fail, mode: "socket"},
 		{fault: testplugin.FaultSingleStream, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", quick: true},
 		{fault: testplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", waits: true, quick: true},
 		{fault: testplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", waits: true, quick: true},
+		{fault: testplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", waits: true, quick: true},
+		{fault: testplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", waits: true, quick: true},
+		{fault: testplugin.FaultNoDriverService, check: conform.CheckDriverService, want: conform.Fail, mode: "socket", typ: registerapi.CSIPlugin},
+		{fault: testplugin.FaultNoDriverService, check: conform.CheckDriverService, want: conform.Fail, mode: "socket", typ: registerapi.DRAPlugin},
 		{fault: testplugin.FaultNoReregister, check: conform.CheckKubeletRestart, want: conform.Fail, mode: "kubelet", quick: true},
 		{fault: testplugin.FaultExitOnSocketRemoval, check: conform.CheckSocketRemoval, want: conform.Fail, mode: "registry", waits: true},
 		{fault: testplugin.FaultExitOnSocketRemoval, check: conform.CheckSocketRemoval, want: conform.Fail, mode: "kubelet", waits: true},
@@ -188,7 +205,7 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 	covered := map[string]bool{}
 	for _, tt := range tests {
 		covered[tt.check] = true
-		t.Run(tt.mode+"/"+string(tt.fault), func(t *testing.T) {
+		t.Run(tt.mode+"/"+tt.typ+"/"+string(tt.fault), func(t *testing.T) {
 			cfg := conform.Config{Selection: conform.Selection{Only: []string{tt.check}}, Observe: short}
 			if tt.waits {
 				cfg.Observe = testutil.Deadline
@@ -199,7 +216,14 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 				cfg.Timeout, cfg.RegisterWait = 5*time.Second, 5*time.Second
 			}
 			if tt.mode == "socket" {
-				cfg.Socket = startSocket(t, testplugin.Options{Faults: []testplugin.Fault{tt.fault}})
+				opts := testplugin.Options{Faults: []testplugin.Fault{tt.fault}, Type: tt.typ}
+				switch tt.typ {
+				case registerapi.CSIPlugin:
+					opts.Versions = []string{"1.0.0"}
+				case registerapi.DRAPlugin:
+					opts.Versions = []string{"v1.DRAPlugin"}
+				}
+				cfg.Socket = startSocket(t, opts)
 			} else {
 				cfg.Command = pluginCommand(t, tt.mode, tt.fault)
 			}
@@ -228,32 +252,49 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 	}
 }
 
-// A registration socket of another type is checked with that type's rules;
-// the device plugin checks do not apply.
+// A registration socket of another type is checked with that type's rules
+// and the calls the kubelet's handler for it makes (driver-service); the
+// device plugin checks do not apply. Whenever a check fails the
+// registration, the plugin is told NotifyRegistrationStatus(false) with
+// the reason, as the kubelet tells it; otherwise registered=true.
 func TestRegistrationSocketOfOtherTypes(t *testing.T) {
 	tests := []struct {
+		name     string
 		typ      string
 		versions []string
-		want     conform.Status
+		faults   []testplugin.Fault
+		getinfo  conform.Status
+		service  conform.Status
+		reason   string // in the NotifyRegistrationStatus(false); "" for true
 	}{
-		{registerapi.CSIPlugin, []string{"1.0.0"}, conform.Pass},
-		{registerapi.CSIPlugin, []string{"2.0.0"}, conform.Fail},
-		{registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, conform.Pass},
-		{registerapi.DRAPlugin, []string{"v1alpha4.DRAPlugin"}, conform.Fail},
+		{"csi", registerapi.CSIPlugin, []string{"1.0.0"}, nil, conform.Pass, conform.Pass, ""},
+		{"csi version", registerapi.CSIPlugin, []string{"2.0.0"}, nil, conform.Fail, conform.Skip, "ValidatePlugin"},
+		{"csi endpoint", registerapi.CSIPlugin, []string{"1.0.0"}, []testplugin.Fault{testplugin.FaultInfoEndpoint}, conform.Fail, conform.Skip, "not an absolute path"},
+		{"csi no service", registerapi.CSIPlugin, []string{"1.0.0"}, []testplugin.Fault{testplugin.FaultNoDriverService}, conform.Pass, conform.Fail, "NodeGetInfo failed"},
+		{"dra", registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, nil, conform.Pass, conform.Pass, ""},
+		{"dra version", registerapi.DRAPlugin, []string{"v1alpha4.DRAPlugin"}, nil, conform.Fail, conform.Skip, "invalid supported gRPC versions"},
+		{"dra endpoint", registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, []testplugin.Fault{testplugin.FaultInfoEndpoint}, conform.Fail, conform.Skip, "not an absolute path"},
+		{"dra no service", registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, []testplugin.Fault{testplugin.FaultNoDriverService}, conform.Pass, conform.Fail, "Unimplemented"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.typ+"/"+strings.Join(tt.versions, ","), func(t *testing.T) {
-			sock := startSocket(t, testplugin.Options{Type: tt.typ, Versions: tt.versions})
-			rep := run(t, conform.Config{Socket: sock, Observe: short})
-			res, _ := rep.Result(conform.CheckGetInfo)
-			if res.Status != tt.want {
-				t.Fatalf("getinfo: %s (%s), want %s", res.Status, res.Detail, tt.want)
+		t.Run(tt.name, func(t *testing.T) {
+			p := startPlugin(t, testplugin.Options{Type: tt.typ, Versions: tt.versions, Faults: tt.faults})
+			rep := run(t, conform.Config{Socket: p.Socket(), Observe: short})
+			for check, want := range map[string]conform.Status{conform.CheckGetInfo: tt.getinfo, conform.CheckDriverService: tt.service, conform.CheckNotify: conform.Pass} {
+				if res, _ := rep.Result(check); res.Status != want {
+					t.Errorf("%s: %s (%s), want %s", check, res.Status, res.Detail, want)
+				}
 			}
 			if res, _ := rep.Result(conform.CheckAllocate); res.Status != conform.Skip || !strings.Contains(res.Detail, tt.typ) {
 				t.Errorf("allocate: %s (%s), want skip naming the type", res.Status, res.Detail)
 			}
-			if res, _ := rep.Result(conform.CheckNotify); res.Status != conform.Pass {
-				t.Errorf("notify: %s (%s)", res.Status, res.Detail)
+			st := p.Notified()
+			if len(st) != 1 {
+				t.Fatalf("the plugin was notified %d times, want once", len(st))
+			}
+			if st[0].GetPluginRegistered() != (tt.reason == "") || !strings.Contains(st[0].GetError(), tt.reason) {
+				t.Fatalf("NotifyRegistrationStatus(registered=%t, %q), want registered=%t with %q",
+					st[0].GetPluginRegistered(), st[0].GetError(), tt.reason == "", tt.reason)
 			}
 		})
 	}
@@ -321,5 +362,66 @@ func TestPluginThatNeverRegisters(t *testing.T) {
 	}
 	if !strings.Contains(rep.PluginOutput, "no-such-flag") {
 		t.Errorf("plugin output %q", rep.PluginOutput)
+	}
+}
+
+// A plugin whose first ListAndWatch update is empty, its devices following
+// (Intel's GPU plugin), is judged by the first update with devices: every
+// device check passes, none is skipped.
+func TestEmptyFirstUpdate(t *testing.T) {
+	sock := startSocket(t, testplugin.Options{EmptyFirst: true})
+	rep := run(t, conform.Config{Socket: sock, Observe: testutil.Deadline,
+		Selection: conform.Selection{Skip: []string{conform.CheckHealthFlap, conform.CheckReconnect}}})
+	for _, res := range rep.Results {
+		want := conform.Pass
+		if res.Name == conform.CheckRegisterRequest || res.Name == conform.CheckDriverService || res.Lifecycle {
+			want = conform.Skip
+		}
+		if res.Status != want {
+			t.Errorf("%s: %s (%s), want %s", res.Name, res.Status, res.Detail, want)
+		}
+	}
+	if res, _ := rep.Result(conform.CheckFirstResponse); !strings.Contains(res.Detail, "the first with devices") {
+		t.Errorf("listandwatch-first does not say which update was checked: %s", res.Detail)
+	}
+}
+
+// Every resource of a plugin that serves two is checked and named, through
+// either registration path: a rule broken by the second resource only
+// fails its check, naming that resource.
+func TestEveryResourceIsChecked(t *testing.T) {
+	second := testplugin.Resource + "2"
+	for _, mode := range []string{"kubelet", "registry"} {
+		t.Run(mode, func(t *testing.T) {
+			cmd := append(pluginCommand(t, mode, testplugin.FaultDuplicateIDs), "--resources", "2", "--fault-resource", "2")
+			rep := run(t, conform.Config{Command: cmd, Observe: short, RegisterWait: quickWait,
+				Selection: conform.Selection{Only: []string{conform.CheckOptions, conform.CheckDeviceIDs, conform.CheckAllocate, conform.CheckSIGTERM}}})
+			if got := slices.Sorted(slices.Values(rep.Resources)); strings.Join(got, ",") != testplugin.Resource+","+second {
+				t.Fatalf("resources checked: %q", rep.Resources)
+			}
+			want := map[string]conform.Status{conform.CheckOptions: conform.Pass, conform.CheckDeviceIDs: conform.Fail, conform.CheckAllocate: conform.Pass, conform.CheckSIGTERM: conform.Pass}
+			for _, res := range rep.Results {
+				if res.Status != want[res.Name] {
+					t.Errorf("%s: %s (%s), want %s", res.Name, res.Status, res.Detail, want[res.Name])
+				}
+				if res.Name != conform.CheckSIGTERM && (!strings.Contains(res.Detail, testplugin.Resource+": ") || !strings.Contains(res.Detail, second+": ")) {
+					t.Errorf("%s does not name both resources: %s", res.Name, res.Detail)
+				}
+			}
+			if res, _ := rep.Result(conform.CheckSIGTERM); !strings.Contains(res.Detail, "conform-test-2.sock") {
+				t.Errorf("sigterm does not look at the second resource's socket: %s", res.Detail)
+			}
+		})
+	}
+}
+
+// A plugin that re-creates its socket after --observe has passed is told
+// from one that does not: the wait for a re-creation is --register-wait.
+func TestSocketRecreatedAfterObserve(t *testing.T) {
+	cmd := append(pluginCommand(t, "registry"), "--recreate-after", "1s")
+	rep := run(t, conform.Config{Command: cmd, Observe: short, RegisterWait: testutil.Deadline,
+		Selection: conform.Selection{Only: []string{conform.CheckSocketRemoval}}})
+	if res := rep.Results[0]; res.Status != conform.Pass || !strings.Contains(res.Detail, "re-created") || strings.Contains(res.Detail, "did not re-create") {
+		t.Fatalf("socket-removal: %s (%s), want the re-creation seen", res.Status, res.Detail)
 	}
 }

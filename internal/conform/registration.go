@@ -40,6 +40,17 @@ func worst(fs []finding) Status {
 	return st
 }
 
+// failTexts joins the texts of the failing findings.
+func failTexts(fs []finding) string {
+	var out []string
+	for _, f := range fs {
+		if f.status == Fail {
+			out = append(out, f.text)
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
 func texts(fs []finding) string {
 	out := make([]string, len(fs))
 	for i, f := range fs {
@@ -80,13 +91,13 @@ func (r *runner) registerViaSocket(ctx context.Context, sock string, direct bool
 	if err != nil {
 		if direct && status.Code(err) == codes.Unimplemented {
 			r.path = PathDeviceSocket
-			r.skip("the socket serves no pluginregistration.Registration: a device plugin socket (it registers on kubelet.sock)", CheckGetInfo, CheckNotify)
+			r.skip("the socket serves no pluginregistration.Registration: a device plugin socket (it registers on kubelet.sock)", CheckGetInfo, CheckDriverService, CheckNotify)
 			r.connectDevice(ctx, sock)
 			return
 		}
 		r.path = PathRegistry
 		r.record(CheckGetInfo, Fail, start, "GetInfo at %s failed: %v", sock, err)
-		r.skip("GetInfo failed: the kubelet registers nothing and retries with backoff", CheckNotify)
+		r.skip("GetInfo failed: the kubelet registers nothing and retries with backoff", CheckDriverService, CheckNotify)
 		r.notDevice = "GetInfo failed: the kubelet never connects to the plugin"
 		return
 	}
@@ -109,15 +120,32 @@ func (r *runner) registerViaSocket(ctx context.Context, sock string, direct bool
 		r.record(CheckGetInfo, st, start, "%s: %s", summary, texts(fs))
 	}
 
-	// The handler's Register, then the notification of the outcome.
+	// The handler's Register, then the notification of the outcome: a
+	// failed check is a failed registration, told to the plugin.
 	var regErr error
 	if info.GetType() != registerapi.DevicePlugin {
 		r.notDevice = fmt.Sprintf("a %s, not a device plugin", bounds.Quote(info.GetType()))
 	}
+	isDriver := info.GetType() == registerapi.CSIPlugin || info.GetType() == registerapi.DRAPlugin
 	switch {
 	case validateErr != nil:
 		regErr = validateErr
-	case info.GetType() == registerapi.DevicePlugin && st != Fail:
+	case st == Fail:
+		regErr = fmt.Errorf("RegisterPlugin error -- plugin registration failed with err: %s", failTexts(fs))
+	}
+	switch {
+	case info.GetType() == registerapi.DevicePlugin:
+		r.skip("a device plugin: the kubelet's device plugin handler calls GetDevicePluginOptions (options)", CheckDriverService)
+	case !isDriver:
+		r.skip("no handler for the plugin's type", CheckDriverService)
+	case regErr != nil:
+		r.skip("getinfo failed: the kubelet calls no driver service", CheckDriverService)
+	default:
+		regErr = r.checkDriverService(ctx, info, endpoint)
+	}
+	switch {
+	case regErr != nil:
+	case info.GetType() == registerapi.DevicePlugin:
 		r.connectDevice(ctx, endpoint)
 		switch {
 		case r.sess == nil:

@@ -27,6 +27,9 @@ func WriteTable(w io.Writer, r *Report) error {
 		}
 		fmt.Fprintf(w, "registers through: %s%s\n", r.Path, plugin)
 	}
+	if len(r.Resources) > 0 {
+		fmt.Fprintf(w, "resources checked: %s\n", strings.Join(r.Resources, ", "))
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECK\tRESULT\tDETAIL")

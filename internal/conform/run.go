@@ -139,6 +139,9 @@ type runner struct {
 	ownRoot bool // root is conform's temporary directory
 	kubelet *kubelet
 	proc    *process
+
+	// others are the plugin's other resources (resources.go).
+	others []*runner
 }
 
 // Run checks the plugin Config names and returns the report. An error means
@@ -204,9 +207,10 @@ func (r *runner) finish() {
 			}
 			res = Result{Check: c, Status: Skip, Detail: reason}
 		}
-		r.report.Results = append(r.report.Results, res)
+		r.report.Results = append(r.report.Results, r.merged(c, res))
 	}
 	r.report.Path = r.path
+	r.report.Resources = r.resources()
 	if r.proc != nil && r.report.Failed() {
 		r.report.PluginOutput = r.proc.output()
 	}
@@ -214,6 +218,9 @@ func (r *runner) finish() {
 
 func (r *runner) closeAll() {
 	r.sess.close()
+	for _, o := range r.others {
+		o.sess.close()
+	}
 	if r.kubelet != nil {
 		r.kubelet.closeSessions(r.sess)
 		r.kubelet.stop()

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -21,12 +22,20 @@ import (
 // Main runs the plugin as a process until SIGTERM and returns its exit
 // code. Flags: --mode registry (a socket in plugins_registry, the default)
 // or kubelet (a socket in device-plugins, registered on kubelet.sock and
-// again whenever kubelet.sock is re-created), --faults a,b,... The root dir
-// is $NODEPLUG_ROOT_DIR.
+// again whenever kubelet.sock is re-created), --faults a,b,...,
+// --resources N (N resources, each with its own socket: Resource, then
+// Resource with 2, 3, ... appended; --fault-resource K gives the faults to
+// the K-th only), --empty-first (Options.EmptyFirst) and
+// --recreate-after D (a socket found removed is created again D later, and
+// registered again in kubelet mode). The root dir is $NODEPLUG_ROOT_DIR.
 func Main(args []string) int {
 	fs := flag.NewFlagSet("testplugin", flag.ContinueOnError)
 	mode := fs.String("mode", "registry", "registry or kubelet")
 	faults := fs.String("faults", "", "comma-separated faults")
+	resources := fs.Int("resources", 1, "how many resources to serve, each on its own socket")
+	emptyFirst := fs.Bool("empty-first", false, "send an empty device list first on every stream")
+	recreate := fs.Duration("recreate-after", 0, "create a removed socket again after this long (0: never)")
+	faultResource := fs.Int("fault-resource", 0, "give the faults only to this resource (1, 2, ...; 0: to all)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -35,74 +44,144 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "testplugin: NODEPLUG_ROOT_DIR is not set")
 		return 2
 	}
-	var opts Options
+	var faultList []Fault
 	for _, f := range strings.Split(*faults, ",") {
 		if f != "" {
-			opts.Faults = append(opts.Faults, Fault(f))
+			faultList = append(faultList, Fault(f))
 		}
 	}
 	dir := app.PluginsRegistryDir(root)
 	if *mode == "kubelet" {
 		dir = app.DevicePluginsDir(root)
 	}
-	opts.Socket = filepath.Join(dir, "conform-test.sock")
+	var ps []*procPlugin
+	for i := range max(*resources, 1) {
+		opts := Options{EmptyFirst: *emptyFirst, Resource: Resource, Socket: filepath.Join(dir, "conform-test.sock")}
+		if *faultResource == 0 || *faultResource == i+1 {
+			opts.Faults = faultList
+		}
+		if i > 0 {
+			opts.Resource = fmt.Sprintf("%s%d", Resource, i+1)
+			opts.Socket = filepath.Join(dir, fmt.Sprintf("conform-test-%d.sock", i+1))
+		}
+		ps = append(ps, &procPlugin{Plugin: New(opts)})
+	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM)
-	p := New(opts)
-	if err := p.Serve(); err != nil {
-		fmt.Fprintln(os.Stderr, "testplugin:", err)
-		return 1
-	}
-	fmt.Fprintln(os.Stderr, "testplugin: serving on", opts.Socket, "faults", opts.Faults)
 	kubeletSock := app.KubeletSocket(root)
-	var kubeletID unixsock.Identity
-	if *mode == "kubelet" {
-		kubeletID, _, _ = unixsock.Stat(kubeletSock)
-		if err := p.register(kubeletSock); err != nil {
-			fmt.Fprintln(os.Stderr, "testplugin: register:", err)
+	kubeletID, _, _ := unixsock.Stat(kubeletSock)
+	for _, p := range ps {
+		if err := p.Serve(); err != nil {
+			fmt.Fprintln(os.Stderr, "testplugin:", err)
+			return 1
+		}
+		fmt.Fprintln(os.Stderr, "testplugin: serving", p.resource(), "on", p.opts.Socket, "faults", p.opts.Faults)
+		if *mode == "kubelet" {
+			if err := p.register(kubeletSock); err != nil {
+				fmt.Fprintln(os.Stderr, "testplugin: register:", err)
+			}
 		}
 	}
+	stopped := stoppedAny(ps)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
 		case <-sigs:
-			if p.Has(FaultIgnoreSIGTERM) {
+			if ps[0].Has(FaultIgnoreSIGTERM) {
 				fmt.Fprintln(os.Stderr, "testplugin: ignoring SIGTERM")
 				continue
 			}
-			if p.Has(FaultKeepSocket) {
+			if ps[0].Has(FaultKeepSocket) {
 				return 0
 			}
-			p.Stop()
-			_ = os.Remove(opts.Socket)
+			for _, p := range ps {
+				p.Stop()
+				_ = os.Remove(p.opts.Socket)
+			}
 			return 0
-		case <-p.Stopped():
+		case <-stopped:
 			fmt.Fprintln(os.Stderr, "panic: send on closed channel")
 			return 2
 		case <-tick.C:
-			if p.Has(FaultExitOnSocketRemoval) && !unixsock.IsSocket(opts.Socket) {
-				fmt.Fprintln(os.Stderr, "panic: socket removed")
-				return 2
-			}
-			if *mode != "kubelet" || p.Has(FaultNoReregister) {
-				continue
-			}
+			kubeletNew := false
 			if id, _, err := unixsock.Stat(kubeletSock); err == nil && id != kubeletID {
-				kubeletID = id
-				if !unixsock.IsSocket(opts.Socket) {
-					p.Stop()
-					if err := p.Serve(); err != nil {
-						fmt.Fprintln(os.Stderr, "testplugin:", err)
-						return 1
-					}
-				}
-				if err := p.register(kubeletSock); err != nil {
-					fmt.Fprintln(os.Stderr, "testplugin: register again:", err)
+				kubeletID, kubeletNew = id, true
+			}
+			for _, p := range ps {
+				if code, exit := p.tick(*mode == "kubelet", kubeletSock, kubeletNew, *recreate); exit {
+					return code
 				}
 			}
 		}
 	}
+}
+
+// procPlugin is one resource of the plugin as a process.
+type procPlugin struct {
+	*Plugin
+	missingSince time.Time // when its socket was first seen removed
+}
+
+// tick looks at the plugin's socket and kubelet.sock: a removed socket is
+// a crash (FaultExitOnSocketRemoval) or created again after recreate; a
+// re-created kubelet.sock is registered with again (kubelet mode).
+func (p *procPlugin) tick(kubelet bool, kubeletSock string, kubeletNew bool, recreate time.Duration) (int, bool) {
+	present := unixsock.IsSocket(p.opts.Socket)
+	if p.Has(FaultExitOnSocketRemoval) && !present {
+		fmt.Fprintln(os.Stderr, "panic: socket removed")
+		return 2, true
+	}
+	if present {
+		p.missingSince = time.Time{}
+	} else if p.missingSince.IsZero() {
+		p.missingSince = time.Now()
+	}
+	again := false
+	if !present && recreate > 0 && time.Since(p.missingSince) >= recreate {
+		fmt.Fprintln(os.Stderr, "testplugin: creating", p.opts.Socket, "again")
+		again = true
+	}
+	if kubelet && kubeletNew && !p.Has(FaultNoReregister) {
+		again = again || !present
+		if !again {
+			if err := p.register(kubeletSock); err != nil {
+				fmt.Fprintln(os.Stderr, "testplugin: register again:", err)
+			}
+			return 0, false
+		}
+	}
+	if !again {
+		return 0, false
+	}
+	p.Stop()
+	if err := p.Serve(); err != nil {
+		fmt.Fprintln(os.Stderr, "testplugin:", err)
+		return 1, true
+	}
+	p.missingSince = time.Time{}
+	if kubelet && !p.Has(FaultNoReregister) {
+		if err := p.register(kubeletSock); err != nil {
+			fmt.Fprintln(os.Stderr, "testplugin: register again:", err)
+		}
+	}
+	return 0, false
+}
+
+// stoppedAny returns a channel closed when any of ps stopped itself.
+func stoppedAny(ps []*procPlugin) <-chan struct{} {
+	if len(ps) == 1 {
+		return ps[0].Stopped()
+	}
+	out := make(chan struct{})
+	var once sync.Once
+	for _, p := range ps {
+		go func() {
+			<-p.Stopped()
+			once.Do(func() { close(out) })
+		}()
+	}
+	return out
 }
 
 // register calls Register on kubelet.sock, breaking the request as its
@@ -114,7 +193,7 @@ func (p *Plugin) register(kubeletSock string) error {
 	}
 	defer conn.Close()
 	req := &pluginapi.RegisterRequest{
-		Version: pluginapi.Version, Endpoint: filepath.Base(p.opts.Socket), ResourceName: Resource, Options: p.options(),
+		Version: pluginapi.Version, Endpoint: filepath.Base(p.opts.Socket), ResourceName: p.resource(), Options: p.options(),
 	}
 	if p.Has(FaultRegisterVersion) {
 		req.Version = "v1alpha1"

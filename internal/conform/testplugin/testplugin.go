@@ -12,7 +12,9 @@ package testplugin
 
 import (
 	"context"
+
 	"fmt"
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"net"
 	"os"
 	"slices"
@@ -23,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
@@ -85,6 +88,13 @@ const (
 	FaultKeepSocket Fault = "keep-socket"
 	// As a process it ignores SIGTERM.
 	FaultIgnoreSIGTERM Fault = "ignore-sigterm"
+	// A CSIPlugin or DRAPlugin serves no CSI or DRA service on its
+	// endpoint.
+	FaultNoDriverService Fault = "no-driver-service"
+	// A second after a stream other than the first ends, the plugin stops
+	// serving (a plugin that survives one kubelet restart, not two); as a
+	// process it exits 2.
+	FaultStopAfterSecondStreamEnd Fault = "stop-after-second-stream-end"
 )
 
 // Faults lists every fault.
@@ -95,6 +105,7 @@ var Faults = []Fault{
 	FaultFlap, FaultAllocateOneResponse, FaultAllocateUnknown, FaultPreferredForeign,
 	FaultPreStartError, FaultAllocateNotConcurrent, FaultSingleStream, FaultStopOnStreamEnd,
 	FaultNoReregister, FaultExitOnSocketRemoval, FaultKeepSocket, FaultIgnoreSIGTERM,
+	FaultNoDriverService, FaultStopAfterSecondStreamEnd,
 }
 
 // Resource is the plugin's resource name.
@@ -112,6 +123,13 @@ type Options struct {
 	// DevicePluginOnly serves no pluginregistration.Registration: a
 	// device plugin socket of a plugin that registers on kubelet.sock.
 	DevicePluginOnly bool
+	// Resource is the resource it serves (default Resource).
+	Resource string
+	// EmptyFirst makes every ListAndWatch stream send an empty device
+	// list first and the devices 50 ms later, as plugins that scan their
+	// hardware after the stream opens do (Intel's GPU plugin). It breaks
+	// no rule.
+	EmptyFirst bool
 }
 
 // Plugin is the device plugin. It is safe for concurrent use.
@@ -129,6 +147,7 @@ type Plugin struct {
 	served   chan struct{}
 	stopped  chan struct{} // closed when the plugin stopped itself
 	stopOnce sync.Once
+	notified []*registerapi.RegistrationStatus
 }
 
 // Has reports whether the plugin has fault f.
@@ -141,6 +160,9 @@ func New(opts Options) *Plugin {
 
 // Start serves the plugin in-process on opts.Socket until Stop.
 func Start(opts Options) (*Plugin, error) {
+	if opts.Resource == "" {
+		opts.Resource = Resource
+	}
 	p := New(opts)
 	return p, p.Serve()
 }
@@ -157,6 +179,15 @@ func (p *Plugin) Serve() error {
 	pluginapi.RegisterDevicePluginServer(srv, p)
 	if !p.opts.DevicePluginOnly {
 		registerapi.RegisterRegistrationServer(srv, p)
+	}
+	if !p.Has(FaultNoDriverService) {
+		switch p.opts.Type {
+		case registerapi.CSIPlugin:
+			csi.RegisterIdentityServer(srv, driverServices{})
+			csi.RegisterNodeServer(srv, driverServices{})
+		case registerapi.DRAPlugin:
+			drav1.RegisterDRAPluginServer(srv, driverServices{})
+		}
 	}
 	served := make(chan struct{})
 	p.mu.Lock()
@@ -189,7 +220,7 @@ func (p *Plugin) Socket() string { return p.opts.Socket }
 
 // GetInfo implements pluginregistration.Registration.
 func (p *Plugin) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
-	info := &registerapi.PluginInfo{Type: registerapi.DevicePlugin, Name: Resource, SupportedVersions: []string{pluginapi.Version}}
+	info := &registerapi.PluginInfo{Type: registerapi.DevicePlugin, Name: p.resource(), SupportedVersions: []string{pluginapi.Version}}
 	if p.opts.Type != "" {
 		info.Type, info.SupportedVersions = p.opts.Type, p.opts.Versions
 	}
@@ -208,8 +239,27 @@ func (p *Plugin) GetInfo(context.Context, *registerapi.InfoRequest) (*registerap
 	return info, nil
 }
 
+// resource is the resource the plugin serves.
+func (p *Plugin) resource() string {
+	if p.opts.Resource == "" {
+		return Resource
+	}
+	return p.opts.Resource
+}
+
+// Notified returns the registration statuses the plugin was told, in
+// order.
+func (p *Plugin) Notified() []*registerapi.RegistrationStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.notified)
+}
+
 // NotifyRegistrationStatus implements pluginregistration.Registration.
-func (p *Plugin) NotifyRegistrationStatus(context.Context, *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+func (p *Plugin) NotifyRegistrationStatus(_ context.Context, st *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	p.mu.Lock()
+	p.notified = append(p.notified, st)
+	p.mu.Unlock()
 	if p.Has(FaultNotifyError) {
 		return nil, status.Error(codes.Internal, "notification refused")
 	}
@@ -269,9 +319,26 @@ func (p *Plugin) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[p
 			}
 		}()
 	}
+	if p.Has(FaultStopAfterSecondStreamEnd) && n > 1 {
+		defer func() {
+			if ctx.Err() != nil {
+				time.AfterFunc(time.Second, p.stopSelf)
+			}
+		}()
+	}
 	if p.Has(FaultNoFirstResponse) || (p.Has(FaultSingleStream) && n > 1) {
 		<-ctx.Done()
 		return nil
+	}
+	if p.opts.EmptyFirst {
+		if err := s.Send(&pluginapi.ListAndWatchResponse{}); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 	if err := s.Send(&pluginapi.ListAndWatchResponse{Devices: p.devices(false)}); err != nil {
 		return err
@@ -395,4 +462,28 @@ func (p *Plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 		return nil, status.Error(codes.Internal, "prestart failed")
 	}
 	return &pluginapi.PreStartContainerResponse{}, nil
+}
+
+// driverServices are the CSI (Identity, Node) and DRA (v1.DRAPlugin)
+// services of a plugin that registers as CSIPlugin or DRAPlugin: NodeGetInfo
+// names a node, and an empty prepare or unprepare succeeds.
+type driverServices struct {
+	csi.UnimplementedIdentityServer
+	csi.UnimplementedNodeServer
+	drav1.UnimplementedDRAPluginServer
+}
+
+// NodeGetInfo implements csi.NodeServer.
+func (driverServices) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{NodeId: "conform-node"}, nil
+}
+
+// NodePrepareResources implements drav1.DRAPluginServer.
+func (driverServices) NodePrepareResources(context.Context, *drav1.NodePrepareResourcesRequest) (*drav1.NodePrepareResourcesResponse, error) {
+	return &drav1.NodePrepareResourcesResponse{}, nil
+}
+
+// NodeUnprepareResources implements drav1.DRAPluginServer.
+func (driverServices) NodeUnprepareResources(context.Context, *drav1.NodeUnprepareResourcesRequest) (*drav1.NodeUnprepareResourcesResponse, error) {
+	return &drav1.NodeUnprepareResourcesResponse{}, nil
 }
