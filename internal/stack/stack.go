@@ -35,6 +35,7 @@ var Packages = map[string]string{
 	"nodeplug-sampleplugin":  "./cmd/nodeplug-sampleplugin",
 	"nodeplugctl":            "./cmd/nodeplugctl",
 	"nodeplug-bench":         "./cmd/nodeplug-bench",
+	"nodeplug-console":       "./cmd/nodeplug-console",
 }
 
 // ModuleRoot returns the directory of nodeplug's go.mod.
