@@ -12,6 +12,11 @@
 // server's interceptor maps to RESOURCE_EXHAUSTED; the client resubscribes.
 // A closed subscriber's queue is dropped at once and a drained queue is
 // freed, so the memory a burst took is given back.
+//
+// A hub does not know who subscribes. Slots keep the bounds by caller: how
+// many streams one caller may hold, and how many of the total are kept for
+// the services themselves; the API servers take a slot for every Watch
+// stream before it joins its hub (access.WatchBounds).
 package stream
 
 import (
