@@ -160,6 +160,9 @@ func (c *Confiner) open(path string) (int, string, Identity, error) {
 		if err != nil {
 			return -1, "", Identity{}, err
 		}
+		if testHookResolved != nil {
+			testHookResolved(resolved)
+		}
 		fd, err := openNoFollow(resolved)
 		if err == nil {
 			return identified(fd, resolved)
@@ -171,6 +174,10 @@ func (c *Confiner) open(path string) (int, string, Identity, error) {
 	}
 	return -1, "", Identity{}, fmt.Errorf("endpoint %s keeps changing while it is checked: %w: %w", bounds.Quote(path), changed, errdefs.ErrInvalidArgument)
 }
+
+// testHookResolved, when set (by tests only), runs between the check of a
+// path and its opening: where a rename would land in a window.
+var testHookResolved func(resolved string)
 
 // identified returns fd with the identity of its file.
 func identified(fd int, resolved string) (int, string, Identity, error) {

@@ -274,3 +274,128 @@ func boundNotListening(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzConfinerConnect: whatever path under the allowed directory Connect
+// is given — through symlink chains, directory symlinks in and out,
+// relative symlinks that climb out, a loop — it connects the socket inside
+// or nothing: never the socket outside, which is reachable by following
+// several of the links.
+func FuzzConfinerConnect(f *testing.F) {
+	dir, err := os.MkdirTemp("", "npfz")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = os.RemoveAll(dir) })
+	allowed, outside := filepath.Join(dir, "allowed"), filepath.Join(dir, "outside")
+	for _, d := range []string{filepath.Join(allowed, "sub"), outside} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			f.Fatal(err)
+		}
+	}
+	var listeners []net.Listener
+	for _, p := range []string{filepath.Join(allowed, "in.sock"), filepath.Join(outside, "victim.sock")} {
+		l, err := Listen(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		listeners = append(listeners, l)
+	}
+	f.Cleanup(func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+	})
+	links := map[string]string{
+		"allowed/sub/rel-in":  "../in.sock",
+		"allowed/sub/rel-out": "../../outside/victim.sock",
+		"allowed/lnk":         filepath.Join(outside, "victim.sock"),
+		"allowed/outdir":      outside,
+		"allowed/indir":       "sub",
+		"allowed/chain1":      "chain2",
+		"allowed/chain2":      "in.sock",
+		"allowed/chainout1":   "chainout2",
+		"allowed/chainout2":   filepath.Join(outside, "victim.sock"),
+		"allowed/loop":        "loop",
+		"outside/back":        filepath.Join(allowed, "in.sock"),
+		"outside/backdir":     allowed,
+	}
+	for name, target := range links {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			f.Fatal(err)
+		}
+	}
+	c, err := NewConfiner([]string{allowed})
+	if err != nil {
+		f.Fatal(err)
+	}
+	in, _, err := Stat(filepath.Join(allowed, "in.sock"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{
+		"in.sock", "sub/rel-in", "sub/rel-out", "lnk", "outdir/victim.sock", "outdir/back", "outdir/backdir/in.sock",
+		"indir/rel-in", "indir/rel-out", "chain1", "chainout1", "loop", "../outside/victim.sock", "sub/../in.sock", "", "a\x00b",
+	} {
+		f.Add(s)
+	}
+	for _, s := range []string{"in.sock", "sub/rel-in", "chain1", "outdir/back"} {
+		for swap := range uint8(3) {
+			f.Add(s + "\x00" + string(rune('0'+swap)))
+		}
+	}
+	f.Fuzz(func(t *testing.T, input string) {
+		rel, swap, _ := strings.Cut(input, "\x00")
+		if swap != "" {
+			undo := swapAfterCheck(t, swap[0]%3, filepath.Join(outside, "victim.sock"))
+			defer undo()
+		}
+		conn, id, err := c.Connect(allowed + "/" + rel)
+		if err != nil {
+			return
+		}
+		_ = conn.Close()
+		if id.Key() != in.Key() {
+			t.Fatalf("Connect(%q) connected %v, not the socket inside (%v)", rel, id.Key(), in.Key())
+		}
+	})
+}
+
+// swapAfterCheck makes the next Connect meet a swap right after its check,
+// in the window a two-step check and dial would leave: how 1 renames a
+// symlink to victim over the resolved socket, how 2 over its directory
+// (a symlink to victim's). how 0 changes nothing. The returned func puts
+// everything back.
+func swapAfterCheck(t *testing.T, how byte, victim string) (undo func()) {
+	var restore []func()
+	testHookResolved = func(resolved string) {
+		testHookResolved = nil
+		target, link := victim, resolved
+		switch how {
+		case 0:
+			return
+		case 2:
+			target, link = filepath.Dir(victim), filepath.Dir(resolved)
+		}
+		moved := link + ".moved"
+		if err := os.Rename(link, moved); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+		restore = append(restore, func() {
+			if err := os.Remove(link); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(moved, link); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	return func() {
+		testHookResolved = nil
+		for _, r := range restore {
+			r()
+		}
+	}
+}
