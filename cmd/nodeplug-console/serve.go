@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
@@ -20,6 +22,7 @@ import (
 	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/traces"
 	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/web"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
 )
 
 // Info is what the console leaves in its info file for nodeplugctl trace
@@ -52,6 +55,14 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, stdout io.Writer)
 		*d.dst = cc
 	}
 	st := state.New(conns, log)
+	// The console's own reads are not traced: its calls carry a trace
+	// context that says "not sampled", which the services' parent-based
+	// samplers follow, so the reader's polling and streams do not fill the
+	// trace views (and Jaeger) with traces of their own.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample()))
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(telemetry.Propagator)
+	defer func() { _ = tp.Shutdown(context.Background()) }()
 
 	var src traces.Sources
 	var otlpLis net.Listener

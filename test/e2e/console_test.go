@@ -169,7 +169,6 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("dev-0's label %q, want the text \"unhealthy\"", label)
 	}
 	b.checkNoReload("the health flip")
-	b.shot("console-resources.png")
 
 	// An allocation appears, with its devices and a trace link.
 	b.do("open allocations", chromedp.Navigate(info.URL+"/allocations"))
@@ -185,6 +184,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	b.wait("the allocation's trace link", row+` a[href^="/traces/"]`)
 	b.checkNoReload("the allocation")
 	b.shot("console-allocations.png")
+
+	// The resource's grid now shows all three states, each in words.
+	b.do("open resources again", chromedp.Navigate(info.URL+"/resources"))
+	b.wait("allocated devices in the grid", `li[data-resource="example.com/sample"][data-state="allocated"]`)
+	if n := b.eval(`String(document.querySelectorAll('li[data-resource="example.com/sample"] .dev-label').length)`); n != "4" {
+		t.Errorf("%s device cells with a text label, want 4", n)
+	}
+	b.shot("console-resources.png")
 
 	// The registration's trace: the plugin's trace link leads to a
 	// waterfall with spans of all three services.
@@ -221,6 +228,17 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Error("the previous selection's attributes are still shown")
 	}
 	b.shot("console-trace.png")
+
+	// The trace list has it too.
+	b.do("open traces", chromedp.Navigate(info.URL+"/traces"))
+	b.wait("the registration trace in the list", `#traces a[href="`+href+`"]`)
+	// The console's own reads (ListAllocations after each change, its
+	// Watch streams) leave no trace of their own: its calls say "not
+	// sampled".
+	if roots := b.eval(`Array.from(document.querySelectorAll('#traces tbody tr td:nth-child(2)')).map(td => td.textContent).join('\n')`); strings.Contains(roots, "ListAllocations") {
+		t.Errorf("the console's own ListAllocations calls made traces:\n%s", roots)
+	}
+	b.shot("console-traces.png")
 
 	// nodeplugctl trace reads the same trace from the console, finding it
 	// through the info file under the root dir.
@@ -335,12 +353,12 @@ func (b *browserTab) html() string {
 	return v
 }
 
-// shot saves a PNG of the whole page.
+// shot saves a PNG of the page's content.
 func (b *browserTab) shot(name string) {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, testutil.Deadline)
 	defer cancel()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	png, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.CSS("body")))
 	if err != nil {
 		b.t.Fatalf("screenshot %s: %v", name, err)
 	}

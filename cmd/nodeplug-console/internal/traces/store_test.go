@@ -37,7 +37,7 @@ func otlpSpan(t, s, parent int, name string, pad int) *tracepb.Span {
 
 func request(service string, spans ...*tracepb.Span) *coltracepb.ExportTraceServiceRequest {
 	return &coltracepb.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
-		Resource: &resourcepb.Resource{Attributes: []*commonpb.KeyValue{{Key: "service.name", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: service}}}}},
+		Resource:   &resourcepb.Resource{Attributes: []*commonpb.KeyValue{{Key: "service.name", Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: service}}}}},
 		ScopeSpans: []*tracepb.ScopeSpans{{Spans: spans}},
 	}}}
 }
