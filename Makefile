@@ -32,6 +32,9 @@ BINARIES := nodeplug-watcher:./services/watcher \
             nodeplug-bench:./cmd/nodeplug-bench \
             nodeplug-chaos:./cmd/nodeplug-chaos \
             nodeplug-console:./cmd/nodeplug-console
+# What make run starts, and nodeplugctl beside it: a first make run compiles
+# no more than these.
+RUN_BINARIES := $(filter nodeplug-watcher:% nodeplug-reconciler:% nodeplug-devicemanager:% nodeplugctl:% nodeplug-sampleplugin:% nodeplug-console:%,$(BINARIES))
 LDFLAGS  := -s -w -X github.com/nodeplug/nodeplug/pkg/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 45m
 
@@ -41,13 +44,11 @@ help: ## Show the targets.
 
 .PHONY: build
 build: ## Build every binary (static, CGO off) into bin/.
-	@mkdir -p bin
-	@for b in $(BINARIES); do \
-	  name=$${b%%:*}; pkg=$${b#*:}; \
-	  [ -d "$$pkg" ] || continue; \
-	  CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o bin/$$name $$pkg; \
-	  echo "built bin/$$name"; \
-	done
+	@scripts/build.sh '$(LDFLAGS)' $(BINARIES)
+
+.PHONY: build-run
+build-run: ## Build only what make run starts (no bench, chaos or grpcurl).
+	@scripts/build.sh '$(LDFLAGS)' $(RUN_BINARIES)
 
 .PHONY: test
 test: ## Run every test under the race detector, and the upstream-plugin module test/upstream (the compose test runs when a Docker engine answers).
@@ -125,8 +126,8 @@ jaeger: $(JAEGER) ## Build Jaeger (for the compose stack) and print its path.
 	@echo $(JAEGER)
 
 .PHONY: run
-run: build $(GRPCURL) ## Run the stack as local processes under .run/ (Ctrl-C stops it).
-	GRPCURL=$(GRPCURL) scripts/run.sh
+run: build-run ## Run the stack as local processes under .run/ (Ctrl-C, or SIGINT to make, stops it).
+	@NODEPLUG_RUN_MAKE_PID=$$PPID GRPCURL=$(GRPCURL) scripts/run.sh
 
 .PHONY: compose
 compose: ## Make sure a current 'docker compose' is available (builds the pinned Compose when not).
