@@ -30,6 +30,14 @@ FROM scratch AS nodeplugctl
 COPY bin/nodeplugctl /nodeplugctl
 ENTRYPOINT ["/nodeplugctl"]
 
+# The web console: loopback inside the container is not reachable through a
+# published port, so it listens on all interfaces there; compose publishes
+# it on the host's 127.0.0.1 only, and its Host check admits loopback names.
+FROM scratch AS console
+COPY bin/nodeplug-console /nodeplug-console
+ENV NODEPLUG_CONSOLE_LISTEN=0.0.0.0:8080
+ENTRYPOINT ["/nodeplug-console"]
+
 FROM scratch AS jaeger
 COPY bin/images/jaeger /jaeger
 ENTRYPOINT ["/jaeger"]

@@ -24,6 +24,7 @@ var composePorts = map[string]string{
 	"NODEPLUG_RECONCILER_METRICS_PORT":    "10452",
 	"NODEPLUG_DEVICEMANAGER_METRICS_PORT": "10453",
 	"NODEPLUG_JAEGER_PORT":                "17686",
+	"NODEPLUG_CONSOLE_PORT":               "18080",
 }
 
 const composeProject = "nodeplug-e2e"
