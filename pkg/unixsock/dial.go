@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -152,7 +153,8 @@ func (c *Confiner) open(path string) (int, string, Identity, error) {
 		if err != nil {
 			return -1, "", Identity{}, dialError(path, "open", err)
 		}
-		return identified(fd, path)
+		fd, resolved, id, _, err := identified(fd, path)
+		return fd, resolved, id, err
 	}
 	var changed error
 	for range 2 {
@@ -165,7 +167,14 @@ func (c *Confiner) open(path string) (int, string, Identity, error) {
 		}
 		fd, err := openNoFollow(resolved)
 		if err == nil {
-			return identified(fd, resolved)
+			var id Identity
+			var mode fs.FileMode
+			if fd, resolved, id, mode, err = identified(fd, resolved); err != nil || mode&fs.ModeSymlink == 0 {
+				return fd, resolved, id, err
+			}
+			// The last component is a symlink now.
+			_ = unix.Close(fd)
+			err = fmt.Errorf("%s: %w", resolved, errChanged)
 		}
 		if !errors.Is(err, errChanged) {
 			return -1, "", Identity{}, dialError(path, "open", err)
@@ -179,25 +188,53 @@ func (c *Confiner) open(path string) (int, string, Identity, error) {
 // path and its opening: where a rename would land in a window.
 var testHookResolved func(resolved string)
 
-// identified returns fd with the identity of its file.
-func identified(fd int, resolved string) (int, string, Identity, error) {
-	id, _, err := statx(fd, "", unix.AT_EMPTY_PATH)
+// identified returns fd with the identity and mode of its file.
+func identified(fd int, resolved string) (int, string, Identity, fs.FileMode, error) {
+	id, mode, err := statx(fd, "", unix.AT_EMPTY_PATH)
 	if err != nil {
 		_ = unix.Close(fd)
-		return -1, "", Identity{}, &fs.PathError{Op: "statx", Path: resolved, Err: err}
+		return -1, "", Identity{}, 0, &fs.PathError{Op: "statx", Path: resolved, Err: err}
 	}
-	return fd, resolved, id, nil
+	return fd, resolved, id, mode, nil
 }
 
 // errChanged: a component of a resolved path was a symlink (or no longer
 // a directory) when it was opened.
 var errChanged = errors.New("a component became a symlink")
 
+// noOpenat2 is set once openat2(2) turned out to be missing (an old
+// kernel, or a seccomp profile that refuses it).
+var noOpenat2 atomic.Bool
+
 // openNoFollow opens the clean absolute path resolved, which had no
-// symlink when it was resolved, one component at a time from "/" without
-// following any symlink (O_NOFOLLOW; O_DIRECTORY for all but the last
-// component). It fails with errChanged when it meets a symlink.
+// symlink when it was resolved, without following any symlink: with
+// openat2(RESOLVE_NO_SYMLINKS) in one call where the kernel has it, else
+// one component at a time from "/" (O_NOFOLLOW; O_DIRECTORY for all but
+// the last component). It fails with errChanged when it meets a symlink
+// on the way; a symlink as the last component is opened itself (O_PATH
+// with O_NOFOLLOW), and the caller refuses it.
 func openNoFollow(resolved string) (int, error) {
+	if !noOpenat2.Load() {
+		fd, err := unix.Openat2(unix.AT_FDCWD, resolved, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		switch {
+		case err == nil:
+			return fd, nil
+		case errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM):
+			noOpenat2.Store(true)
+		case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR):
+			return -1, fmt.Errorf("%s: %w", resolved, errChanged)
+		default:
+			return -1, err
+		}
+	}
+	return walkNoFollow(resolved)
+}
+
+// walkNoFollow is openNoFollow one component at a time.
+func walkNoFollow(resolved string) (int, error) {
 	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
@@ -221,17 +258,6 @@ func openNoFollow(resolved string) (int, error) {
 			return -1, err
 		}
 		fd = next
-		if last {
-			var st unix.Stat_t
-			if err := unix.Fstat(fd, &st); err != nil {
-				_ = unix.Close(fd)
-				return -1, err
-			}
-			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
-				_ = unix.Close(fd)
-				return -1, fmt.Errorf("%s: %w", resolved, errChanged)
-			}
-		}
 	}
 	return fd, nil
 }

@@ -58,7 +58,26 @@ func listenAt(t *testing.T, path string) net.Listener {
 // "..", a relative path; a file that is no socket is refused as the kernel
 // refuses it; the identity returned is the socket's; a socket whose path
 // is longer than sun_path holds is reached all the same.
-func TestConnectConfined(t *testing.T) {
+func TestConnectConfined(t *testing.T) { bothOpens(t, testConnectConfined) }
+
+// bothOpens runs test with openat2(2), and with the walk one component at a
+// time that stands in for it where the kernel lacks it.
+func bothOpens(t *testing.T, test func(t *testing.T)) {
+	for _, walk := range []bool{false, true} {
+		name := "openat2"
+		if walk {
+			name = "walk"
+		}
+		t.Run(name, func(t *testing.T) {
+			old := noOpenat2.Load()
+			noOpenat2.Store(walk)
+			t.Cleanup(func() { noOpenat2.Store(old) })
+			test(t)
+		})
+	}
+}
+
+func testConnectConfined(t *testing.T) {
 	allowed, outside := tempDir(t), tempDir(t)
 	c, err := NewConfiner([]string{allowed})
 	if err != nil {
@@ -145,7 +164,9 @@ func waitAccepts(t *testing.T, a *acceptCounter, n int64) {
 // pinned Dialer dial it over and over. The socket outside never receives a
 // connection, and a pinned dialer never connects to another socket than
 // the one it pinned.
-func TestConnectSwapRace(t *testing.T) {
+func TestConnectSwapRace(t *testing.T) { bothOpens(t, testConnectSwapRace) }
+
+func testConnectSwapRace(t *testing.T) {
 	for _, listening := range []bool{true, false} {
 		name := "listening"
 		if !listening {
@@ -345,6 +366,10 @@ func FuzzConfinerConnect(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, input string) {
 		rel, swap, _ := strings.Cut(input, "\x00")
+		// An odd length of rel takes the walk that stands in for openat2.
+		old := noOpenat2.Load()
+		noOpenat2.Store(len(rel)%2 == 1)
+		defer noOpenat2.Store(old)
 		if swap != "" {
 			undo := swapAfterCheck(t, swap[0]%3, filepath.Join(outside, "victim.sock"))
 			defer undo()
@@ -397,5 +422,43 @@ func swapAfterCheck(t *testing.T, how byte, victim string) (undo func()) {
 		for _, r := range restore {
 			r()
 		}
+	}
+}
+
+// BenchmarkConnectRefused is what one redial of a socket that refuses
+// costs (the bind→listen gap, a stale socket): unconfined (a nil Confiner:
+// open, statx, socket, connect) and confined (the check and the walk as
+// well), four directories deep.
+func BenchmarkConnectRefused(b *testing.B) {
+	dir, err := os.MkdirTemp("", "npb")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = os.RemoveAll(dir) })
+	deep := filepath.Join(dir, "a", "b", "c", "d")
+	if err := os.MkdirAll(deep, 0o750); err != nil {
+		b.Fatal(err)
+	}
+	path := filepath.Join(deep, "stale.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = unix.Close(fd) })
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: path}); err != nil {
+		b.Fatal(err)
+	}
+	c, err := NewConfiner([]string{dir})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for name, conf := range map[string]*Confiner{"unconfined": nil, "confined": c} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, _, err := conf.Connect(path); !errors.Is(err, syscall.ECONNREFUSED) {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
