@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -199,32 +200,7 @@ func TestReadersLeaveTheServicesWatchSlots(t *testing.T) {
 		return nil
 	})
 
-	// The bounds held, and the refusals said which.
-	for _, svc := range hogServices {
-		sum := 0
-		var perCaller, total bool
-		for _, h := range hogs {
-			_, most, refusals := h.stats(svc)
-			sum += most
-			if most > defaultPerCaller {
-				t.Errorf("uid %d held %d streams on the %s at once, more than its bound %d", h.uid, most, svc, defaultPerCaller)
-			}
-			for _, r := range refusals {
-				code, msg, _ := strings.Cut(r, " ")
-				if code != strconv.Itoa(int(codes.ResourceExhausted)) {
-					t.Errorf("uid %d's stream on the %s ended with code %s: %s", h.uid, svc, code, msg)
-				}
-				perCaller = perCaller || strings.Contains(msg, fmt.Sprintf("per-caller bound: uid %d holds %d watch streams, the limit per caller is %d", h.uid, defaultPerCaller, defaultPerCaller))
-				total = total || strings.Contains(msg, fmt.Sprintf("total bound: callers other than the services hold %d watch streams, the limit is %d (%d in total, 16 kept for the services)", defaultShared, defaultShared, defaultWatchStreams))
-			}
-		}
-		if n := held(hogs, svc); n > defaultShared {
-			t.Errorf("the readers hold %d streams on the %s, more than %d", n, svc, defaultShared)
-		}
-		if !perCaller || !total {
-			t.Errorf("on the %s, a refusal for the per-caller bound: %v, for the total bound: %v; want both, naming the numbers", svc, perCaller, total)
-		}
-	}
+	checkBounds(t, hogs)
 
 	// Killed readers give their slots back: the greedy reader's uid,
 	// started again alone, holds its 8 at once.
@@ -241,6 +217,39 @@ func TestReadersLeaveTheServicesWatchSlots(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// checkBounds checks what the readers saw on each service: none held more
+// than its per-caller bound at once, all of them not more than the shared
+// slots now, every refusal was RESOURCE_EXHAUSTED, and refusals named the
+// per-caller bound and the total bound, with the numbers.
+func checkBounds(t *testing.T, hogs []*hog) {
+	t.Helper()
+	for _, svc := range hogServices {
+		now := 0
+		var perCaller, total bool
+		for _, h := range hogs {
+			n, most, refusals := h.stats(svc)
+			now += n
+			if most > defaultPerCaller {
+				t.Errorf("uid %d held %d streams on the %s at once, more than its bound %d", h.uid, most, svc, defaultPerCaller)
+			}
+			for _, r := range refusals {
+				code, msg, _ := strings.Cut(r, " ")
+				if code != strconv.Itoa(int(codes.ResourceExhausted)) {
+					t.Errorf("uid %d's stream on the %s ended with code %s: %s", h.uid, svc, code, msg)
+				}
+				perCaller = perCaller || strings.Contains(msg, fmt.Sprintf("per-caller bound: uid %d holds %d watch streams, the limit per caller is %d", h.uid, defaultPerCaller, defaultPerCaller))
+				total = total || strings.Contains(msg, fmt.Sprintf("total bound: callers other than the services hold %d watch streams, the limit is %d (%d in total, 16 kept for the services)", defaultShared, defaultShared, defaultWatchStreams))
+			}
+		}
+		if now > defaultShared {
+			t.Errorf("the readers hold %d streams on the %s, more than %d", now, svc, defaultShared)
+		}
+		if !perCaller || !total {
+			t.Errorf("on the %s, a refusal for the per-caller bound: %v, for the total bound: %v; want both, naming the numbers", svc, perCaller, total)
+		}
+	}
 }
 
 // TestWatchHog is the body of the reader processes of
@@ -268,50 +277,6 @@ func TestWatchHog(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		// open opens one stream and returns a function that blocks until
-		// it ends, once it synced.
-		open := func(ctx context.Context) (wait func() error, err error) {
-			if svc == "watcher" {
-				ws, err := watcherv1.NewWatcherServiceClient(conn).WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
-				if err != nil {
-					return nil, err
-				}
-				for {
-					resp, err := ws.Recv()
-					if err != nil {
-						return nil, err
-					}
-					if resp.GetSynced() != nil {
-						return func() error {
-							for {
-								if _, err := ws.Recv(); err != nil {
-									return err
-								}
-							}
-						}, nil
-					}
-				}
-			}
-			ws, err := dmv1.NewDeviceManagerServiceClient(conn).WatchResources(ctx, &dmv1.WatchResourcesRequest{})
-			if err != nil {
-				return nil, err
-			}
-			for {
-				resp, err := ws.Recv()
-				if err != nil {
-					return nil, err
-				}
-				if resp.GetSynced() != nil {
-					return func() error {
-						for {
-							if _, err := ws.Recv(); err != nil {
-								return err
-							}
-						}
-					}, nil
-				}
-			}
-		}
 		var mu sync.Mutex
 		held, seen := 0, map[string]bool{}
 		change := func(d int) {
@@ -340,7 +305,7 @@ func TestWatchHog(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for ctx.Err() == nil {
-					wait, err := open(ctx)
+					wait, err := openWatch(ctx, conn, svc)
 					delay := 20 * time.Millisecond
 					if err == nil {
 						change(+1)
@@ -360,4 +325,39 @@ func TestWatchHog(t *testing.T) {
 		}
 	}
 	wg.Wait()
+}
+
+// openWatch opens the Watch stream of svc on conn and returns, once the
+// stream synced, a function that reads it until it ends.
+func openWatch(ctx context.Context, conn *grpc.ClientConn, svc string) (wait func() error, err error) {
+	var recv func() (synced bool, err error)
+	if svc == "watcher" {
+		ws, err := watcherv1.NewWatcherServiceClient(conn).WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{})
+		if err != nil {
+			return nil, err
+		}
+		recv = func() (bool, error) { r, err := ws.Recv(); return r.GetSynced() != nil, err }
+	} else {
+		ws, err := dmv1.NewDeviceManagerServiceClient(conn).WatchResources(ctx, &dmv1.WatchResourcesRequest{})
+		if err != nil {
+			return nil, err
+		}
+		recv = func() (bool, error) { r, err := ws.Recv(); return r.GetSynced() != nil, err }
+	}
+	for {
+		synced, err := recv()
+		if err != nil {
+			return nil, err
+		}
+		if synced {
+			break
+		}
+	}
+	return func() error {
+		for {
+			if _, err := recv(); err != nil {
+				return err
+			}
+		}
+	}, nil
 }
