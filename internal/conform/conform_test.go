@@ -167,6 +167,9 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 		// quick: the check waits out a timeout before it can fail; a
 		// short one keeps the test fast.
 		quick bool
+		// observe, when set, is the window: the breach shows only after
+		// a window of the plugin keeping the rule.
+		observe time.Duration
 	}
 	tests := []tc{
 		{fault: testplugin.FaultInfoType, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
@@ -192,8 +195,10 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 		{fault: testplugin.FaultSingleStream, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", quick: true},
 		{fault: testplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", waits: true, quick: true},
 		{fault: testplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", waits: true, quick: true},
-		{fault: testplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", waits: true, quick: true},
-		{fault: testplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", waits: true, quick: true},
+		// It dies a second after the first reconnect's stream ends: the
+		// first window passes in full, the second sees it die.
+		{fault: testplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", quick: true, observe: 4 * time.Second},
+		{fault: testplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", quick: true, observe: 4 * time.Second},
 		{fault: testplugin.FaultNoDriverService, check: conform.CheckDriverService, want: conform.Fail, mode: "socket", typ: registerapi.CSIPlugin},
 		{fault: testplugin.FaultNoDriverService, check: conform.CheckDriverService, want: conform.Fail, mode: "socket", typ: registerapi.DRAPlugin},
 		{fault: testplugin.FaultNoReregister, check: conform.CheckKubeletRestart, want: conform.Fail, mode: "kubelet", quick: true},
@@ -209,6 +214,9 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 			cfg := conform.Config{Selection: conform.Selection{Only: []string{tt.check}}, Observe: short}
 			if tt.waits {
 				cfg.Observe = testutil.Deadline
+			}
+			if tt.observe > 0 {
+				cfg.Observe = tt.observe
 			}
 			if tt.quick {
 				// Long enough for a compliant plugin on a busy machine;
