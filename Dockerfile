@@ -40,4 +40,6 @@ ENTRYPOINT ["/nodeplug-console"]
 
 FROM scratch AS jaeger
 COPY bin/images/jaeger /jaeger
+# For the healthcheck: `nodeplugctl healthcheck jaeger` (no shell, no curl).
+COPY bin/nodeplugctl /nodeplugctl
 ENTRYPOINT ["/jaeger"]

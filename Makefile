@@ -132,7 +132,7 @@ run: build-run ## Run the stack as local processes under .run/ (Ctrl-C, or SIGIN
 .PHONY: compose
 compose: ## Make sure a current 'docker compose' is available (builds the pinned Compose when not).
 	@if docker compose version >/dev/null 2>&1; then docker compose version; else \
-	  echo "docker compose not found: building Compose $(COMPOSE_VERSION) as a CLI plugin"; \
+	  echo "docker compose not found: building Compose $(COMPOSE_VERSION) and installing it as $(DOCKER_CONFIG)/cli-plugins/docker-compose"; \
 	  scripts/build-compose.sh $(COMPOSE_VERSION) "$(DOCKER_CONFIG)/cli-plugins/docker-compose"; fi
 
 .PHONY: images

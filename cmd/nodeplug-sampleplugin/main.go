@@ -18,6 +18,10 @@
 //     POST /health?device=<id>&healthy=<true|false> sets one device's health.
 //
 // It runs until SIGINT or SIGTERM and removes its socket on exit.
+//
+// With --healthcheck (and the flags it runs with) it checks a running
+// instance instead: its socket answers GetDevicePluginOptions, exit 0, or
+// exit 1 (the compose stack's healthcheck; the image has no shell).
 package main
 
 import (
@@ -43,6 +47,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -62,6 +67,7 @@ type config struct {
 	resource, mode, socketName, control string
 	devices                             int
 	preferred, prestart, cdi            bool
+	healthcheck                         bool
 }
 
 // run runs the plugin until ctx ends and returns the exit code. ready, when
@@ -80,6 +86,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(p *dev
 	fs.BoolVar(&c.prestart, "prestart", false, "require PreStartContainer calls")
 	fs.BoolVar(&c.cdi, "cdi", false, "return CDI device names in Allocate responses")
 	fs.StringVar(&c.control, "control-listen", "", "HTTP control address for health flips (GET /devices, POST /health?device=ID&healthy=BOOL); empty disables it")
+	fs.BoolVar(&c.healthcheck, "healthcheck", false, "check the running plugin these flags describe (its socket answers GetDevicePluginOptions) and exit 0, or 1")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -95,6 +102,13 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(p *dev
 		fmt.Fprintln(stderr, "nodeplug-sampleplugin:", err)
 		return 2
 	}
+	if c.healthcheck {
+		if err := healthcheck(ctx, c); err != nil {
+			fmt.Fprintln(stderr, "nodeplug-sampleplugin: not healthy:", err)
+			return 1
+		}
+		return 0
+	}
 	if err := serve(ctx, c, log, ready); err != nil {
 		log.Error("exiting", "error", err)
 		return 1
@@ -102,13 +116,14 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(p *dev
 	return 0
 }
 
-func serve(ctx context.Context, c config, log *slog.Logger, ready func(*deviceplugin.Plugin, string)) error {
+// socketPath is where the plugin's socket is, for its flags.
+func socketPath(c config) (string, error) {
 	if c.mode != modeRegistry && c.mode != modeKubelet {
-		return fmt.Errorf("--mode %q: want %s or %s", c.mode, modeRegistry, modeKubelet)
+		return "", fmt.Errorf("--mode %q: want %s or %s", c.mode, modeRegistry, modeKubelet)
 	}
 	root, err := filepath.Abs(c.RootDir)
 	if err != nil {
-		return err
+		return "", err
 	}
 	dir := app.PluginsRegistryDir(root)
 	if c.mode == modeKubelet {
@@ -119,10 +134,42 @@ func serve(ctx context.Context, c config, log *slog.Logger, ready func(*devicepl
 		name = strings.NewReplacer("/", "_", ".", "-").Replace(c.resource) + ".sock"
 	}
 	if strings.Contains(name, "/") {
-		return fmt.Errorf("--socket-name %q must be a file name", name)
+		return "", fmt.Errorf("--socket-name %q must be a file name", name)
+	}
+	return filepath.Join(dir, name), nil
+}
+
+// healthcheck asks the plugin on its socket for its options, within 3 s.
+func healthcheck(ctx context.Context, c config) error {
+	path, err := socketPath(c)
+	if err != nil {
+		return err
+	}
+	conn, err := rpcutil.DialPlugin(path)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := pluginapi.NewDevicePluginClient(conn).GetDevicePluginOptions(ctx, &pluginapi.Empty{}); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+func serve(ctx context.Context, c config, log *slog.Logger, ready func(*deviceplugin.Plugin, string)) error {
+	path, err := socketPath(c)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	root, err := filepath.Abs(c.RootDir)
+	if err != nil {
+		return err
 	}
 	p, err := deviceplugin.New(deviceplugin.Options{
-		Resource: c.resource, Devices: c.devices, SocketPath: filepath.Join(dir, name),
+		Resource: c.resource, Devices: c.devices, SocketPath: path,
 		Preferred: c.preferred, PreStartRequired: c.prestart, CDI: c.cdi, Log: log,
 	})
 	if err != nil {

@@ -211,3 +211,23 @@ func TestBadFlags(t *testing.T) {
 		t.Fatalf("NODEPLUG_SAMPLEPLUGIN_LOG_FORMAT=xml: exit %d, want 2", code)
 	}
 }
+
+// --healthcheck with the flags a plugin runs with checks that plugin's
+// socket: 0 while it serves, 1 when nothing serves there.
+func TestHealthcheck(t *testing.T) {
+	root := testutil.TempDir(t)
+	args := []string{"--root-dir", root, "--mode", "kubelet-sock", "--resource", "example.com/hc", "--socket-name", "hc.sock"}
+	check := func() int {
+		return run(context.Background(), append([]string{"--healthcheck"}, args...), io.Discard, nil)
+	}
+	if code := check(); code != 1 {
+		t.Fatalf("healthcheck with no plugin running: exit %d, want 1", code)
+	}
+	runPlugin(t, args...)
+	if code := check(); code != 0 {
+		t.Fatalf("healthcheck of the running plugin: exit %d, want 0", code)
+	}
+	if code := run(context.Background(), []string{"--healthcheck", "--root-dir", root, "--resource", "example.com/other"}, io.Discard, nil); code != 1 {
+		t.Fatalf("healthcheck of another plugin's socket: exit %d, want 1", code)
+	}
+}

@@ -107,6 +107,7 @@ func init() {
 		{"watch", "sockets|plugins|resources [-o text|json] [--no-allocations]", "follow live changes (Ctrl-C stops)", cmdWatch},
 		{"trace", "TRACE_ID", "draw a trace from Jaeger as a text waterfall", cmdTrace},
 		{"conform", conformArgs, "check a plugin against the kubelet's contract, playing the kubelet", cmdConform},
+		{"healthcheck", healthcheckArgs, "exit 0 when a service (gRPC health) or Jaeger (its query API) serves, else 1", cmdHealthcheck},
 		{"version", "", "print the version", cmdVersion},
 	}
 }

@@ -19,6 +19,8 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -926,5 +928,46 @@ func TestGlobalOutputFlag(t *testing.T) {
 		if code, _, errOut := runCLI(t, tc.args...); code != exitUsage || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%q: exit %d, stderr %q; want exit %d and %q", tc.args, code, errOut, exitUsage, tc.want)
 		}
+	}
+}
+
+// healthcheck exits 0 for a service whose gRPC health is SERVING and for a
+// Jaeger whose query API answers, 1 otherwise.
+func TestHealthcheck(t *testing.T) {
+	hs := health.NewServer()
+	path := serveFake(t, func(srv *grpc.Server) { healthpb.RegisterHealthServer(srv, hs) })
+	jaeger := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/services" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprint(w, `{"data":[],"total":0}`)
+	}))
+	defer jaeger.Close()
+	notJaeger := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "<html></html>") }))
+	defer notJaeger.Close()
+	missing := filepath.Join(testutil.TempDir(t), "none.sock")
+
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--devicemanager-addr", path, "healthcheck", "devicemanager"}, exitOK, ""},
+		{[]string{"--watcher-addr", missing, "healthcheck", "watcher"}, exitError, "cannot reach the watcher"},
+		{[]string{"--jaeger-url", jaeger.URL, "healthcheck", "jaeger"}, exitOK, ""},
+		{[]string{"--jaeger-url", notJaeger.URL, "healthcheck", "jaeger"}, exitError, "is --jaeger-url the query service?"},
+		{[]string{"--jaeger-url", "http://127.0.0.1:1", "healthcheck", "jaeger"}, exitError, "cannot reach Jaeger"},
+		{[]string{"healthcheck"}, exitUsage, "say what to check"},
+		{[]string{"healthcheck", "console"}, exitUsage, `cannot check "console"`},
+	} {
+		code, _, errOut := runCLI(t, tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want exit %d and %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	if code, _, errOut := runCLI(t, "--devicemanager-addr", path, "healthcheck", "devicemanager"); code != exitError || !strings.Contains(errOut, "NOT_SERVING") {
+		t.Errorf("a NOT_SERVING devicemanager: exit %d, stderr %q", code, errOut)
 	}
 }
