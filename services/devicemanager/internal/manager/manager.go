@@ -18,11 +18,12 @@
 // codes or of nodeplug's own API (package server converts).
 //
 // manager.go holds an endpoint's whole life under the manager's mutex —
-// register, identity conflicts, install, its ListAndWatch updates, stop and
-// deregister — and is a little over 500 lines because splitting that life
-// across files would separate the code from the locking it depends on. Views
-// (view.go), persistence (persist.go), start-up (startup.go) and the
-// background work (run.go) are apart.
+// register, install, its ListAndWatch updates, stop and deregister — and is
+// over 500 lines because splitting that life across files would separate
+// the code from the locking it depends on. An endpoint's identity (its
+// socket's device and inode), the index of live endpoints and the conflicts
+// it finds are in identity.go; views (view.go), persistence (persist.go),
+// start-up (startup.go) and the background work (run.go) are apart.
 package manager
 
 import (
@@ -224,9 +225,12 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	if _, err := m.resolveEndpoint(ctx, r.Endpoint); err != nil {
 		return err
 	}
+	// The socket there now, checked again: its identity is the endpoint's,
+	// and the only socket its connection will reach (see connect).
 	dialPath, id, err := m.confiner.Identify(r.Endpoint)
 	if err != nil {
-		return fmt.Errorf("endpoint %s: %w", bounds.Quote(r.Endpoint), err)
+		m.log.WarnContext(ctx, "device plugin registration refused", "resource", r.Resource, "endpoint", r.Endpoint, "error", err)
+		return err
 	}
 	if r.Generation == "" {
 		r.Generation = id.Generation()
@@ -410,109 +414,6 @@ func (m *Manager) installLocked(e *entry, now time.Time) *entry {
 	m.changedLocked(res)
 	m.changesLocked(now, 1)
 	return old
-}
-
-// EndpointConflictError refuses a registration that names an endpoint live
-// under another resource: one live endpoint serves one resource, or the
-// same devices would be allocatable twice. It wraps
-// errdefs.ErrAlreadyExists.
-type EndpointConflictError struct {
-	Endpoint  string // as registered
-	Resource  string // what the registration asked for
-	Other     string // the resource the endpoint serves
-	OtherPath string // the path it serves it on: Endpoint, or another path to its socket
-}
-
-func (e *EndpointConflictError) Error() string {
-	if e.OtherPath != "" && e.OtherPath != e.Endpoint {
-		return fmt.Sprintf("endpoint %s is the socket of endpoint %s, live under resource %s, so it cannot serve %s: one endpoint serves one resource",
-			e.Endpoint, e.OtherPath, e.Other, e.Resource)
-	}
-	return fmt.Sprintf("endpoint %s is live under resource %s, so it cannot serve %s: one endpoint serves one resource",
-		e.Endpoint, e.Other, e.Resource)
-}
-
-// Unwrap makes the error errdefs.ErrAlreadyExists.
-func (e *EndpointConflictError) Unwrap() error { return errdefs.ErrAlreadyExists }
-
-// KubeletMessage is the kubelet's error for a socket it already serves.
-func (e *EndpointConflictError) KubeletMessage() string {
-	return "device plugin already connected: " + e.Endpoint
-}
-
-// conflictLocked returns an *EndpointConflictError when the endpoint at
-// path, or any endpoint whose socket is key (another path to it: a hard
-// link, a symlink), is live (not closed) under a resource other than
-// resource.
-func (m *Manager) conflictLocked(resource, path string, key unixsock.Key) error {
-	for _, k := range liveKeys(path, key) {
-		for o := range m.live[k] {
-			if o.resource == resource || o.closed || m.resources[o.resource] == nil || m.resources[o.resource].endpoints[o.path] != o {
-				continue
-			}
-			if o.path == path || (!key.IsZero() && o.id.Key() == key) {
-				return &EndpointConflictError{Endpoint: path, Resource: resource, Other: o.resource, OtherPath: o.path}
-			}
-		}
-	}
-	return nil
-}
-
-// sameEndpointLocked returns the live endpoint of res at path, or else
-// the live endpoint of res on another path to the socket key, or nil.
-func (m *Manager) sameEndpointLocked(res *resource, path string, key unixsock.Key) *entry {
-	if e := res.endpoints[path]; e != nil && !e.closed {
-		return e
-	}
-	if key.IsZero() {
-		return nil
-	}
-	for o := range m.live[socketIndexKey(key)] {
-		if o.resource == res.name && !o.closed && res.endpoints[o.path] == o {
-			return o
-		}
-	}
-	return nil
-}
-
-// liveKeys are the keys of the index of live endpoints for an endpoint at
-// path whose socket is key.
-func liveKeys(path string, key unixsock.Key) []string {
-	if key.IsZero() {
-		return []string{path}
-	}
-	return []string{path, socketIndexKey(key)}
-}
-
-// socketIndexKey is the key of the index of live endpoints for the socket
-// key: never an absolute path, so it cannot meet one.
-func socketIndexKey(key unixsock.Key) string { return "socket " + key.String() }
-
-// indexLocked adds e, being installed, to the index of live endpoints.
-func (m *Manager) indexLocked(e *entry) {
-	for _, key := range liveKeys(e.path, e.id.Key()) {
-		if key == "" {
-			continue
-		}
-		set := m.live[key]
-		if set == nil {
-			set = map[*entry]struct{}{}
-			m.live[key] = set
-		}
-		set[e] = struct{}{}
-	}
-}
-
-// unindexLocked removes e, closed, from the index of live endpoints.
-func (m *Manager) unindexLocked(e *entry) {
-	for _, key := range liveKeys(e.path, e.id.Key()) {
-		if set := m.live[key]; set != nil {
-			delete(set, e)
-			if len(set) == 0 {
-				delete(m.live, key)
-			}
-		}
-	}
 }
 
 // streamItem is what an endpoint's stream delivered: a device list, or
