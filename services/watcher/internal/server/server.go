@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/services/watcher/internal/socketwatch"
 )
 
@@ -63,22 +64,31 @@ func (s *Server) WatchSocketEvents(_ *watcherv1.WatchSocketEventsRequest, stream
 // ListSockets implements watcherv1.WatcherServiceServer.
 func (s *Server) ListSockets(context.Context, *watcherv1.ListSocketsRequest) (*watcherv1.ListSocketsResponse, error) {
 	socks, rev := s.src.List()
+	return ListToProto(s.src.InstanceID(), socks, rev), nil
+}
+
+// ListToProto converts the socket set to its API form. A path that is not
+// valid UTF-8 is carried quoted in path and as it is in path_bytes
+// (bounds.PathText, bounds.PathBytes), so no file name fails the response.
+func ListToProto(instanceID string, socks []socketwatch.Socket, rev uint64) *watcherv1.ListSocketsResponse {
 	resp := &watcherv1.ListSocketsResponse{
-		InstanceId: s.src.InstanceID(),
+		InstanceId: instanceID,
 		Revision:   rev,
 		Sockets:    make([]*watcherv1.Socket, 0, len(socks)),
 	}
 	for _, sk := range socks {
 		resp.Sockets = append(resp.Sockets, &watcherv1.Socket{
-			Path:         sk.Path,
+			Path:         bounds.PathText(sk.Path),
+			PathBytes:    bounds.PathBytes(sk.Path),
 			Generation:   sk.Generation,
 			ObservedTime: timestamppb.New(sk.ObservedTime),
 		})
 	}
-	return resp, nil
+	return resp
 }
 
-// EventToProto converts a watcher event to its API form.
+// EventToProto converts a watcher event to its API form; its path as in
+// ListToProto.
 func EventToProto(ev socketwatch.Event) *watcherv1.SocketEvent {
 	typ := watcherv1.SocketEventType_SOCKET_EVENT_TYPE_UNSPECIFIED
 	switch ev.Type {
@@ -89,7 +99,8 @@ func EventToProto(ev socketwatch.Event) *watcherv1.SocketEvent {
 	}
 	return &watcherv1.SocketEvent{
 		Type:         typ,
-		Path:         ev.Path,
+		Path:         bounds.PathText(ev.Path),
+		PathBytes:    bounds.PathBytes(ev.Path),
 		Generation:   ev.Generation,
 		Revision:     ev.Revision,
 		ObservedTime: timestamppb.New(ev.ObservedTime),

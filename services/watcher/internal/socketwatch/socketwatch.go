@@ -58,6 +58,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
@@ -671,7 +672,7 @@ func (w *Watcher) applyLocked(changes []change, c cause) {
 				trace.WithSpanKind(trace.SpanKindProducer),
 				trace.WithTimestamp(now),
 				trace.WithAttributes(
-					attribute.String("socket.path", ch.path),
+					attribute.String("socket.path", bounds.PathText(ch.path)), // a span attribute must be UTF-8 to export
 					attribute.String("socket.generation", ch.gen),
 					attribute.Int64("revision", int64(ev.Revision)),
 					attribute.String("watcher.cause", c.String()),

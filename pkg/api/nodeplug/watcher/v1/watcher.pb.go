@@ -77,13 +77,19 @@ func (SocketEventType) EnumDescriptor() ([]byte, []int) {
 // Socket is one plugin registration socket.
 type Socket struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Absolute path of the socket as the watcher sees it.
+	// Absolute path of the socket as the watcher sees it. A file name may hold
+	// any bytes but a proto string only UTF-8: when the path is not valid
+	// UTF-8 (or starts with a double quote), this holds it quoted as Go's
+	// strconv.Quote does (starting with `"`, the bytes that are not UTF-8 as
+	// \xNN) and path_bytes holds the real path.
 	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// Opaque identity of the socket file: changes when the socket is recreated,
 	// survives chmod, chown and watcher restarts.
 	Generation string `protobuf:"bytes,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	// When the watcher first saw this generation of the socket.
-	ObservedTime  *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=observed_time,json=observedTime,proto3" json:"observed_time,omitempty"`
+	ObservedTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=observed_time,json=observedTime,proto3" json:"observed_time,omitempty"`
+	// The path's bytes, set only when path holds the quoted form.
+	PathBytes     []byte `protobuf:"bytes,4,opt,name=path_bytes,json=pathBytes,proto3" json:"path_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -139,13 +145,21 @@ func (x *Socket) GetObservedTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Socket) GetPathBytes() []byte {
+	if x != nil {
+		return x.PathBytes
+	}
+	return nil
+}
+
 // SocketEvent is one change to the socket set. A socket recreated at a
 // known path is reported as DELETED (old generation) then CREATED (new
 // generation), so the live events of one path always alternate.
 type SocketEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  SocketEventType        `protobuf:"varint,1,opt,name=type,proto3,enum=nodeplug.watcher.v1.SocketEventType" json:"type,omitempty"`
-	// Absolute path of the socket.
+	// Absolute path of the socket; quoted as in Socket.path when it is not
+	// valid UTF-8, with the real path in path_bytes.
 	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	// Generation of the socket (for DELETED: the generation that went away).
 	Generation string `protobuf:"bytes,3,opt,name=generation,proto3" json:"generation,omitempty"`
@@ -157,7 +171,9 @@ type SocketEvent struct {
 	Snapshot bool `protobuf:"varint,6,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	// W3C trace context (traceparent, tracestate) of the root span the watcher
 	// started for this event. Empty for snapshot events.
-	TraceContext  map[string]string `protobuf:"bytes,7,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TraceContext map[string]string `protobuf:"bytes,7,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The path's bytes, set only when path holds the quoted form.
+	PathBytes     []byte `protobuf:"bytes,8,opt,name=path_bytes,json=pathBytes,proto3" json:"path_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -237,6 +253,13 @@ func (x *SocketEvent) GetSnapshot() bool {
 func (x *SocketEvent) GetTraceContext() map[string]string {
 	if x != nil {
 		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *SocketEvent) GetPathBytes() []byte {
+	if x != nil {
+		return x.PathBytes
 	}
 	return nil
 }
@@ -524,13 +547,15 @@ var File_nodeplug_watcher_v1_watcher_proto protoreflect.FileDescriptor
 
 const file_nodeplug_watcher_v1_watcher_proto_rawDesc = "" +
 	"\n" +
-	"!nodeplug/watcher/v1/watcher.proto\x12\x13nodeplug.watcher.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"}\n" +
+	"!nodeplug/watcher/v1/watcher.proto\x12\x13nodeplug.watcher.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x01\n" +
 	"\x06Socket\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\tR\n" +
 	"generation\x12?\n" +
-	"\robserved_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fobservedTime\"\x8e\x03\n" +
+	"\robserved_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\fobservedTime\x12\x1d\n" +
+	"\n" +
+	"path_bytes\x18\x04 \x01(\fR\tpathBytes\"\xad\x03\n" +
 	"\vSocketEvent\x128\n" +
 	"\x04type\x18\x01 \x01(\x0e2$.nodeplug.watcher.v1.SocketEventTypeR\x04type\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1e\n" +
@@ -540,7 +565,9 @@ const file_nodeplug_watcher_v1_watcher_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\x12?\n" +
 	"\robserved_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\fobservedTime\x12\x1a\n" +
 	"\bsnapshot\x18\x06 \x01(\bR\bsnapshot\x12W\n" +
-	"\rtrace_context\x18\a \x03(\v22.nodeplug.watcher.v1.SocketEvent.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\rtrace_context\x18\a \x03(\v22.nodeplug.watcher.v1.SocketEvent.TraceContextEntryR\ftraceContext\x12\x1d\n" +
+	"\n" +
+	"path_bytes\x18\b \x01(\fR\tpathBytes\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"G\n" +
