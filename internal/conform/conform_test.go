@@ -210,7 +210,11 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 	covered := map[string]bool{}
 	for _, tt := range tests {
 		covered[tt.check] = true
-		t.Run(tt.mode+"/"+tt.typ+"/"+string(tt.fault), func(t *testing.T) {
+		typ := tt.typ
+		if typ == "" {
+			typ = registerapi.DevicePlugin
+		}
+		t.Run(tt.mode+"/"+typ+"/"+string(tt.fault), func(t *testing.T) {
 			cfg := conform.Config{Selection: conform.Selection{Only: []string{tt.check}}, Observe: short}
 			if tt.waits {
 				cfg.Observe = testutil.Deadline
