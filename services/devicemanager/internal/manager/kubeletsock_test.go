@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 // busySocket listens at path with a backlog of zero and fills it with
@@ -106,11 +109,12 @@ func TestOpenStopsWhenKubeletSockCannotBeJudged(t *testing.T) {
 // socket.
 func denyDials(t *testing.T) {
 	t.Helper()
-	orig := dialSocket
+	orig, origStale := dialSocket, dialStale
 	dialSocket = func(path string) (net.Conn, error) {
 		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: &net.UnixAddr{Name: path, Net: "unix"}, Err: os.NewSyscallError("connect", syscall.EACCES)}
 	}
-	t.Cleanup(func() { dialSocket = orig })
+	dialStale = func(_ *unixsock.Confiner, path string) (net.Conn, error) { return dialSocket(path) }
+	t.Cleanup(func() { dialSocket, dialStale = orig, origStale })
 }
 
 // TestStaleSocketsNotJudgedByEACCES: a plugin socket the devicemanager may
@@ -128,5 +132,51 @@ func TestStaleSocketsNotJudgedByEACCES(t *testing.T) {
 	defer func() { _ = m.Close() }()
 	if !exists(denied) {
 		t.Fatal("a socket that answered EACCES was removed as stale")
+	}
+}
+
+// TestStaleCheckNeverFollowsASwap (issue 25, N1): a socket in
+// device-plugins that a symlink to a socket outside replaces after the
+// directory was read, right before the stale check dials it, is not
+// followed: the socket outside receives no connection, and what is there
+// now is not removed as stale.
+func TestStaleCheckNeverFollowsASwap(t *testing.T) {
+	dir, outside := testutil.TempDir(t), testutil.TempDir(t)
+	victim, err := unixsock.Listen(filepath.Join(outside, "victim.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer victim.Close()
+	swapped := filepath.Join(dir, "swapped.sock")
+	testutil.StaleSocket(t, swapped)
+	orig := dialStale
+	var dialled error
+	dialStale = func(conf *unixsock.Confiner, path string) (net.Conn, error) {
+		if path != swapped {
+			return orig(conf, path)
+		}
+		tmp := filepath.Join(dir, ".swap")
+		if err := os.Symlink(victim.Addr().String(), tmp); err != nil {
+			return nil, err
+		}
+		if err := os.Rename(tmp, swapped); err != nil {
+			return nil, err
+		}
+		c, err := orig(conf, path)
+		if c != nil {
+			_ = c.Close()
+		}
+		dialled = err
+		return c, err
+	}
+	t.Cleanup(func() { dialStale = orig })
+	if err := removeStaleSockets(dir, nil, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(dialled, errdefs.ErrInvalidArgument) {
+		t.Fatalf("the stale check's dial after the swap: %v; want it refused", dialled)
+	}
+	if fi, err := os.Lstat(swapped); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("what replaced the socket was removed or changed: %v, %v", fi, err)
 	}
 }

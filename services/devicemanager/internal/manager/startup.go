@@ -123,6 +123,10 @@ func (m *Manager) recordedEndpointPaths() map[string]bool {
 // endpoint would be replaced rather than kept. That includes a recorded
 // endpoint whose redial did not finish in time on a busy machine.
 func removeStaleSockets(dir string, recorded map[string]bool, log *slog.Logger) error {
+	conf, err := unixsock.NewConfiner([]string{dir})
+	if err != nil {
+		return err
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -136,7 +140,7 @@ func removeStaleSockets(dir string, recorded map[string]bool, log *slog.Logger) 
 		if resolved, err := filepath.EvalSymlinks(p); err == nil && recorded[resolved] {
 			continue
 		}
-		if !refusesConnections(p) {
+		if !refusesConnections(conf, p) {
 			continue
 		}
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -148,11 +152,20 @@ func removeStaleSockets(dir string, recorded map[string]bool, log *slog.Logger) 
 	return errors.Join(errs...)
 }
 
+// dialStale connects to the socket at path as conf allows (its directory):
+// the socket connected is the one checked, so a symlink renamed over a
+// socket since its directory was read is not followed out of it. Tests
+// replace it, as dialSocket.
+var dialStale = func(conf *unixsock.Confiner, path string) (net.Conn, error) {
+	c, _, err := conf.Connect(path)
+	return c, err
+}
+
 // refusesConnections reports whether nothing listens on the socket at path.
 // A socket that accepts, or that cannot be judged (a full backlog, a
-// timeout, no permission), is not stale.
-func refusesConnections(path string) bool {
-	c, err := dialSocket(path)
+// timeout, no permission, not allowed by conf), is not stale.
+func refusesConnections(conf *unixsock.Confiner, path string) bool {
+	c, err := dialStale(conf, path)
 	if err == nil {
 		_ = c.Close()
 		return false
