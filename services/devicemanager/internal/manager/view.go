@@ -75,13 +75,13 @@ type device struct {
 
 // entry is one registered endpoint of a resource, guarded by Manager.mu.
 type entry struct {
-	resource   string
-	path       string // as registered (absolute)
-	dialPath   string // resolved inside the allowed directories
+	resource string
+	path     string // as registered (absolute)
+	dialPath string // resolved inside the allowed directories
 	// id is the socket's identity when it was checked; every dial of conn
 	// connects that socket only. Zero for an endpoint restored from the
 	// store and not redialled.
-	id unixsock.Identity
+	id         unixsock.Identity
 	socketPath string
 	generation string
 	regPath    RegistrationPath
