@@ -4,8 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
-	"os"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -125,20 +125,11 @@ func lookupGroup(flagName, g string) (int, error) {
 	return n, nil
 }
 
-// listenAPI creates the API socket: its directory 0750 and the socket 0660,
-// both of group gid (-1: the process's own group).
-func listenAPI(path string, gid int) (net.Listener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return nil, fmt.Errorf("create the API socket directory: %w", err)
-	}
-	if err := os.Chmod(dir, 0o750); err != nil {
-		return nil, fmt.Errorf("set the mode of %s: %w", dir, err)
-	}
-	if gid >= 0 {
-		if err := os.Lchown(dir, -1, gid); err != nil {
-			return nil, fmt.Errorf("set the group of %s to %d: %w", dir, gid, err)
-		}
+// listenAPI creates the API socket, 0660 of group gid (-1: the process's
+// own group), in its directory as apiDir makes it ready.
+func listenAPI(root, path string, gid int, log *slog.Logger) (net.Listener, error) {
+	if err := apiDir(root, path, gid, log); err != nil {
+		return nil, err
 	}
 	return unixsock.ListenMode(path, 0o660, gid)
 }

@@ -347,19 +347,22 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 		}
 	}()
 
-	if err := os.MkdirAll(cfg.RootDir, 0o750); err != nil {
-		return fmt.Errorf("create root dir: %w", err)
-	}
-	lock, err := lockfile.Acquire(filepath.Join(cfg.RootDir, name+".lock"))
-	if err != nil {
-		return fmt.Errorf("another %s runs with root dir %s: %w", name, cfg.RootDir, err)
-	}
-	defer func() { _ = lock.Release() }()
-
 	apiGID, err := lookupGroup("api-group", cfg.APIGroup)
 	if err != nil {
 		return err
 	}
+	if err := makeRootDir(cfg.RootDir, apiGID); err != nil {
+		return err
+	}
+	lock, err := lockfile.Acquire(filepath.Join(cfg.RootDir, name+".lock"))
+	if errors.Is(err, lockfile.ErrLocked) {
+		return fmt.Errorf("another %s runs with root dir %s: %w", name, cfg.RootDir, err)
+	}
+	if err != nil {
+		return fmt.Errorf("%s cannot take its lock in root dir %s: %w", name, cfg.RootDir, err)
+	}
+	defer func() { _ = lock.Release() }()
+
 	opGID, err := lookupGroup("operator-group", cfg.OperatorGroup)
 	if err != nil {
 		return err
@@ -380,7 +383,7 @@ func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err er
 		}
 		defer tcp.Close()
 	}
-	lis, err := listenAPI(cfg.APISocket, apiGID)
+	lis, err := listenAPI(cfg.RootDir, cfg.APISocket, apiGID, log)
 	if err != nil {
 		return fmt.Errorf("API socket %s: %w", cfg.APISocket, err)
 	}

@@ -36,7 +36,7 @@ func Acquire(path string) (*Lock, error) {
 		return nil, fmt.Errorf("lock file %s is a symbolic link, not followed: remove it", path)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open lock file %s: %w", path, err)
+		return nil, fmt.Errorf("open lock file: %w", err) // err names the path
 	}
 	fi, err := f.Stat()
 	if err != nil {
