@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
 
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/stream"
@@ -73,7 +75,15 @@ func NewDevicePlugin(client devicemanagerv1.DeviceManagerServiceClient, log *slo
 
 // Validate applies the kubelet's device plugin rules for plugins found in
 // plugins_registry, with its messages (kubeletrules.ValidatePluginWatcher).
-func (h *DevicePlugin) Validate(_ context.Context, name, _ string, versions []string) error {
+// An endpoint that is not valid UTF-8 (a registration socket with such a
+// name whose GetInfo left the endpoint empty) is refused: the
+// devicemanager's RegisterPlugin carries it in a proto string, and the
+// devicemanager dials the endpoint it is given.
+func (h *DevicePlugin) Validate(_ context.Context, name, endpoint string, versions []string) error {
+	if !utf8.ValidString(endpoint) {
+		return fmt.Errorf("device plugin endpoint %s is not valid UTF-8, which the devicemanager's API cannot carry; name a UTF-8 endpoint in GetInfo: %w",
+			bounds.Quote(endpoint), errdefs.ErrInvalidArgument)
+	}
 	return kubeletrules.ValidatePluginWatcher(name, versions)
 }
 
@@ -86,8 +96,11 @@ func (h *DevicePlugin) Register(ctx context.Context, p cache.Plugin) error {
 		ResourceName: p.Name,
 		Endpoint:     p.Endpoint,
 		Versions:     p.Versions,
-		SocketPath:   p.SocketPath,
-		Generation:   p.Generation,
+		// Quoted when not UTF-8 (bounds.PathText); ListResources and
+		// WatchResources give it back so, and endpoints and
+		// DeregisterOrphans decode it.
+		SocketPath: bounds.PathText(p.SocketPath),
+		Generation: p.Generation,
 	})
 	if err != nil {
 		werr := fmt.Errorf("devicemanager RegisterPlugin for resource %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
@@ -231,7 +244,7 @@ func (h *DevicePlugin) endpoints(r *devicemanagerv1.Resource) {
 		if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY {
 			continue
 		}
-		st := EndpointState{Resource: r.GetName(), Endpoint: e.GetEndpoint(), SocketPath: e.GetSocketPath(), Generation: e.GetGeneration()}
+		st := EndpointState{Resource: r.GetName(), Endpoint: e.GetEndpoint(), SocketPath: socketPath(e.GetSocketPath()), Generation: e.GetGeneration()}
 		switch e.GetState() {
 		case devicemanagerv1.EndpointState_ENDPOINT_STATE_LIVE, devicemanagerv1.EndpointState_ENDPOINT_STATE_CONNECTING:
 			st.Live = true
@@ -265,7 +278,7 @@ func (h *DevicePlugin) DeregisterOrphans(ctx context.Context, desired func(socke
 	var firstErr error
 	for _, r := range resp.GetResources() {
 		for _, e := range r.GetEndpoints() {
-			if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || desired(e.GetSocketPath(), e.GetGeneration()) {
+			if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY || desired(socketPath(e.GetSocketPath()), e.GetGeneration()) {
 				continue
 			}
 			resp, err := h.client.DeregisterPlugin(lctx, &devicemanagerv1.DeregisterPluginRequest{ResourceName: r.GetName(), Endpoint: e.GetEndpoint(), Generation: e.GetGeneration()})
@@ -285,4 +298,15 @@ func (h *DevicePlugin) DeregisterOrphans(ctx context.Context, desired func(socke
 		}
 	}
 	return n, firstErr
+}
+
+// socketPath is the registration socket path the devicemanager reports,
+// as Register sent it (bounds.PathText) decoded; a text that does not decode
+// is kept as it is, so it matches no desired socket.
+func socketPath(text string) string {
+	p, err := bounds.PathFromText(text)
+	if err != nil {
+		return text
+	}
+	return p
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
@@ -82,11 +83,13 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector: plugin_manager_total_plugins is
 // read from the DSW and ASW at scrape time, as the kubelet's collector does.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	// A label value must be UTF-8 (MustNewConstMetric panics otherwise):
+	// a socket path that is not is labelled quoted (bounds.PathText).
 	for _, s := range m.r.dsw.List() {
-		ch <- prometheus.MustNewConstMetric(m.totalDesc, prometheus.GaugeValue, 1, s.Path, "desired_state_of_world")
+		ch <- prometheus.MustNewConstMetric(m.totalDesc, prometheus.GaugeValue, 1, bounds.PathText(s.Path), "desired_state_of_world")
 	}
 	for _, p := range m.r.asw.List() {
-		ch <- prometheus.MustNewConstMetric(m.totalDesc, prometheus.GaugeValue, 1, p.SocketPath, "actual_state_of_world")
+		ch <- prometheus.MustNewConstMetric(m.totalDesc, prometheus.GaugeValue, 1, bounds.PathText(p.SocketPath), "actual_state_of_world")
 	}
 	counts := map[status.State]int{status.StatePending: 0, status.StateRegistered: 0, status.StateFailed: 0}
 	for _, s := range m.r.status.List() {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
@@ -476,7 +477,8 @@ func (r *Reconciler) notify(ctx context.Context, conn *pluginConn, told string, 
 		trace.SpanFromContext(ctx).SetAttributes(attribute.Bool("nodeplug.registered", registered))
 		req := &registerapi.RegistrationStatus{PluginRegistered: registered}
 		if !registered {
-			req.Error = told
+			// A proto string: the reason may echo a socket path that is not UTF-8.
+			req.Error = bounds.Text(told)
 		}
 		nctx, cancel := context.WithTimeout(ctx, r.opts.NotifyTimeout)
 		defer cancel()

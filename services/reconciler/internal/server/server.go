@@ -6,11 +6,13 @@ package server
 
 import (
 	"context"
+	"slices"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
@@ -33,17 +35,22 @@ func New(board *status.Board, drivers *handler.Drivers) *Server {
 // Register adds the service to srv.
 func (s *Server) Register(srv *grpc.Server) { reconcilerv1.RegisterReconcilerServiceServer(srv, s) }
 
-// PluginToProto converts a status.
+// PluginToProto converts a status. Every string in it came from outside (a
+// file name, a plugin's answer, an error that echoes them) and a proto
+// string must be UTF-8, or the whole List or Watch response fails: paths
+// are carried as bounds.PathText (the socket path's bytes in
+// socket_path_bytes too), other text as bounds.Text.
 func PluginToProto(p status.PluginStatus) *reconcilerv1.Plugin {
 	out := &reconcilerv1.Plugin{
-		SocketPath:        p.SocketPath,
+		SocketPath:        bounds.PathText(p.SocketPath),
+		SocketPathBytes:   bounds.PathBytes(p.SocketPath),
 		State:             stateToProto(p.State),
-		Name:              p.Name,
-		Type:              p.Type,
-		Endpoint:          p.Endpoint,
-		SupportedVersions: p.Versions,
-		Generation:        p.Generation,
-		LastError:         p.LastError,
+		Name:              bounds.Text(p.Name),
+		Type:              bounds.Text(p.Type),
+		Endpoint:          bounds.PathText(p.Endpoint),
+		SupportedVersions: texts(p.Versions),
+		Generation:        bounds.Text(p.Generation),
+		LastError:         bounds.Text(p.LastError),
 		LastTraceId:       p.LastTraceID,
 		Failures:          uint32(p.Failures),
 	}
@@ -54,6 +61,20 @@ func PluginToProto(p status.PluginStatus) *reconcilerv1.Plugin {
 		out.LastTransitionTime = timestamppb.New(p.LastTransition)
 	}
 	return out
+}
+
+// texts returns vs as bounds.Text, vs itself when all are UTF-8.
+func texts(vs []string) []string {
+	for i, v := range vs {
+		if bounds.Text(v) != v {
+			out := slices.Clone(vs)
+			for j := i; j < len(out); j++ {
+				out[j] = bounds.Text(out[j])
+			}
+			return out
+		}
+	}
+	return vs
 }
 
 func stateToProto(s status.State) reconcilerv1.PluginState {
@@ -108,8 +129,8 @@ func (s *Server) ListDrivers(context.Context, *reconcilerv1.ListDriversRequest) 
 	for _, d := range s.drivers.CSI() {
 		resp.CsiDrivers = append(resp.CsiDrivers, &reconcilerv1.CSIDriver{
 			Name:               d.Name,
-			Endpoint:           d.Endpoint,
-			SocketPath:         d.SocketPath,
+			Endpoint:           bounds.PathText(d.Endpoint),
+			SocketPath:         bounds.PathText(d.SocketPath),
 			SupportedVersions:  d.Versions,
 			HighestVersion:     d.HighestVersion,
 			NodeId:             d.NodeID,
@@ -122,8 +143,8 @@ func (s *Server) ListDrivers(context.Context, *reconcilerv1.ListDriversRequest) 
 	for _, d := range s.drivers.DRA() {
 		resp.DraDrivers = append(resp.DraDrivers, &reconcilerv1.DRADriver{
 			Name:              d.Name,
-			Endpoint:          d.Endpoint,
-			SocketPath:        d.SocketPath,
+			Endpoint:          bounds.PathText(d.Endpoint),
+			SocketPath:        bounds.PathText(d.SocketPath),
 			SupportedVersions: d.Versions,
 			RegisteredTime:    timestamppb.New(d.Registered),
 		})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 )
@@ -55,15 +56,23 @@ func (c *Client) Run(ctx context.Context) error {
 	return nil
 }
 
-func toSocket(ev *watcherv1.SocketEvent, live bool) cache.Socket {
-	s := cache.Socket{Path: ev.GetPath(), Generation: ev.GetGeneration()}
+// toSocket converts an event. The path is the real one: path_bytes when
+// set (a file name that is not UTF-8), else path unquoted when quoted
+// (bounds.PathFromWire). An event whose path does not decode is refused
+// alone, with the error.
+func toSocket(ev *watcherv1.SocketEvent, live bool) (cache.Socket, error) {
+	path, err := bounds.PathFromWire(ev.GetPath(), ev.GetPathBytes())
+	if err != nil {
+		return cache.Socket{}, fmt.Errorf("watcher event (revision %d): %w", ev.GetRevision(), err)
+	}
+	s := cache.Socket{Path: path, Generation: ev.GetGeneration()}
 	if t := ev.GetObservedTime(); t != nil {
 		s.Observed = t.AsTime()
 	}
 	if live {
 		s.TraceContext = ev.GetTraceContext()
 	}
-	return s
+	return s, nil
 }
 
 // follow reads one stream; synced reports whether it got past the snapshot.
@@ -94,28 +103,39 @@ func (c *Client) follow(ctx context.Context) (synced bool, err error) {
 			}
 		case *watcherv1.WatchSocketEventsResponse_Event:
 			ev := item.Event
+			s, err := toSocket(ev, synced)
+			if err != nil {
+				c.log.Error("ignoring a watcher event whose path does not decode", "watcher_instance", instance, "error", err)
+				continue
+			}
 			if !synced {
-				switch ev.GetType() {
-				case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED:
-					snapshot = append(snapshot, toSocket(ev, false))
-				case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED:
-					// Not expected in a snapshot; honour it anyway.
-					kept := snapshot[:0]
-					for _, s := range snapshot {
-						if s.Path != ev.GetPath() {
-							kept = append(kept, s)
-						}
-					}
-					snapshot = kept
-				}
+				snapshot = snapshotEvent(snapshot, ev.GetType(), s)
 				continue
 			}
 			switch ev.GetType() {
 			case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED:
-				c.sink.SocketCreated(toSocket(ev, true))
+				c.sink.SocketCreated(s)
 			case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED:
-				c.sink.SocketDeleted(ev.GetPath(), ev.GetGeneration(), ev.GetTraceContext())
+				c.sink.SocketDeleted(s.Path, s.Generation, ev.GetTraceContext())
 			}
 		}
 	}
+}
+
+// snapshotEvent applies one snapshot event to the snapshot read so far.
+func snapshotEvent(snapshot []cache.Socket, typ watcherv1.SocketEventType, s cache.Socket) []cache.Socket {
+	switch typ {
+	case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED:
+		return append(snapshot, s)
+	case watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED:
+		// Not expected in a snapshot; honour it anyway.
+		kept := snapshot[:0]
+		for _, k := range snapshot {
+			if k.Path != s.Path {
+				kept = append(kept, k)
+			}
+		}
+		return kept
+	}
+	return snapshot
 }

@@ -131,7 +131,11 @@ func (PluginChangeType) EnumDescriptor() ([]byte, []int) {
 // Plugin is one socket in plugins_registry and what became of it.
 type Plugin struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Absolute socket path; the key.
+	// Absolute socket path; the key. When the path is not valid UTF-8 (or
+	// starts with a double quote) it is quoted as Go's strconv.Quote does
+	// (starting with `"`) and socket_path_bytes holds the real path. The
+	// same quoting applies to every path in this API (endpoint, the drivers'
+	// socket_path and endpoint).
 	SocketPath string      `protobuf:"bytes,1,opt,name=socket_path,json=socketPath,proto3" json:"socket_path,omitempty"`
 	State      PluginState `protobuf:"varint,2,opt,name=state,proto3,enum=nodeplug.reconciler.v1.PluginState" json:"state,omitempty"`
 	// Name from GetInfo (resource name, CSI or DRA driver name).
@@ -152,9 +156,11 @@ type Plugin struct {
 	// When state last changed.
 	LastTransitionTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_transition_time,json=lastTransitionTime,proto3" json:"last_transition_time,omitempty"`
 	// Consecutive failed attempts.
-	Failures      uint32 `protobuf:"varint,12,opt,name=failures,proto3" json:"failures,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Failures uint32 `protobuf:"varint,12,opt,name=failures,proto3" json:"failures,omitempty"`
+	// The socket path's bytes, set only when socket_path holds the quoted form.
+	SocketPathBytes []byte `protobuf:"bytes,13,opt,name=socket_path_bytes,json=socketPathBytes,proto3" json:"socket_path_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Plugin) Reset() {
@@ -269,6 +275,13 @@ func (x *Plugin) GetFailures() uint32 {
 		return x.Failures
 	}
 	return 0
+}
+
+func (x *Plugin) GetSocketPathBytes() []byte {
+	if x != nil {
+		return x.SocketPathBytes
+	}
+	return nil
 }
 
 type ListPluginsRequest struct {
@@ -882,7 +895,7 @@ var File_nodeplug_reconciler_v1_reconciler_proto protoreflect.FileDescriptor
 
 const file_nodeplug_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\n" +
-	"'nodeplug/reconciler/v1/reconciler.proto\x12\x16nodeplug.reconciler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x03\n" +
+	"'nodeplug/reconciler/v1/reconciler.proto\x12\x16nodeplug.reconciler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x04\n" +
 	"\x06Plugin\x12\x1f\n" +
 	"\vsocket_path\x18\x01 \x01(\tR\n" +
 	"socketPath\x129\n" +
@@ -900,7 +913,8 @@ const file_nodeplug_reconciler_v1_reconciler_proto_rawDesc = "" +
 	"\rlast_trace_id\x18\n" +
 	" \x01(\tR\vlastTraceId\x12L\n" +
 	"\x14last_transition_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x12lastTransitionTime\x12\x1a\n" +
-	"\bfailures\x18\f \x01(\rR\bfailures\"\x14\n" +
+	"\bfailures\x18\f \x01(\rR\bfailures\x12*\n" +
+	"\x11socket_path_bytes\x18\r \x01(\fR\x0fsocketPathBytes\"\x14\n" +
 	"\x12ListPluginsRequest\"p\n" +
 	"\x13ListPluginsResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
