@@ -1,8 +1,8 @@
 // Command nodeplugctl is the command line for people over nodeplug's three
 // gRPC services: it lists plugins, drivers, resources and allocations,
-// allocates and releases devices, follows live changes, and draws a
-// registration's or an allocation's trace from Jaeger, and checks a plugin
-// against the kubelet's contract (conform).
+// allocates and releases devices, follows live changes, draws a
+// registration's or an allocation's trace (from nodeplug-console or
+// Jaeger), and checks a plugin against the kubelet's contract (conform).
 package main
 
 import (
@@ -71,7 +71,7 @@ func (g *globals) define(fs *flag.FlagSet, def globals) {
 	fs.StringVar(&g.tls.KeyFile, "tls-key-file", def.tls.KeyFile, "key of --tls-cert-file")
 	fs.StringVar(&g.tls.CAFile, "tls-ca-file", def.tls.CAFile, "CA certificate that signs the services' certificates")
 	fs.BoolVar(&g.tls.Insecure, "insecure-tcp", def.tls.Insecure, "dial host:port without TLS (tests only, loopback only)")
-	fs.StringVar(&g.jaegerURL, "jaeger-url", def.jaegerURL, "Jaeger query base URL")
+	fs.StringVar(&g.jaegerURL, "jaeger-url", def.jaegerURL, "Jaeger query base URL (trace reads nodeplug-console instead when it runs under --root-dir and this is not set)")
 	fs.DurationVar(&g.timeout, "timeout", def.timeout, "timeout of each call")
 }
 
@@ -105,7 +105,7 @@ func init() {
 		{"allocate", allocateArgs, "allocate devices to a container", cmdAllocate},
 		{"release", "--pod UID [--container NAME]", "free a pod's (or one container's) devices", cmdRelease},
 		{"watch", "sockets|plugins|resources [-o text|json] [--no-allocations]", "follow live changes (Ctrl-C stops)", cmdWatch},
-		{"trace", "TRACE_ID", "draw a trace from Jaeger as a text waterfall", cmdTrace},
+		{"trace", "[--source auto|console|jaeger] TRACE_ID", "draw a trace from the console (make run) or Jaeger (make up) as a text waterfall", cmdTrace},
 		{"conform", conformArgs, "check a plugin against the kubelet's contract, playing the kubelet", cmdConform},
 		{"healthcheck", healthcheckArgs, "exit 0 when a service (gRPC health) or Jaeger (its query API) serves, else 1", cmdHealthcheck},
 		{"version", "", "print the version", cmdVersion},
