@@ -41,6 +41,7 @@ func cmdConform(ctx context.Context, c *cli, args []string) error {
 	fs.Var(&env, "env", "KEY=VALUE added to the started plugin's environment (repeatable)")
 	fs.DurationVar(&cfg.RegisterWait, "register-wait", conform.DefaultRegisterWait, "how long the started plugin has to register, and to register again after kubelet.sock is re-created")
 	fs.DurationVar(&cfg.Observe, "observe", conform.DefaultObserve, "how long to watch for what must not happen (health flaps, a new stream ending, a crash after socket removal)")
+	fs.DurationVar(&cfg.RecreateWait, "recreate-wait", conform.DefaultRecreateWait, "how long socket-removal waits for the plugin to create its removed socket again")
 	fs.StringVar(&cfg.Root, "plugin-root", "", "with a command: serve kubelet.sock and plugins_registry under this dir instead of a temporary one (for plugins that hard-code /var/lib/kubelet; refused when a kubelet answers there)")
 	fs.BoolVar(&showOutput, "plugin-output", false, "copy the started plugin's output to stderr as it comes")
 	flagArgs, command := args, []string(nil)

@@ -409,8 +409,8 @@ func (r *runner) checkSocketRemoval(ctx context.Context) {
 	}
 	// A crash shows within --observe; a re-creation may take longer (a
 	// plugin that polls for its socket every few seconds), so it is
-	// waited for up to --register-wait, the bound of a registration.
-	wait := max(r.cfg.Observe, r.cfg.RegisterWait)
+	// waited for up to --recreate-wait.
+	wait := max(r.cfg.Observe, r.cfg.RecreateWait)
 	poll(ctx, wait, func() bool { return !r.proc.alive() || recreated() })
 	took := time.Since(start).Round(time.Millisecond)
 	if st, done := r.proc.exitState(); done {
@@ -433,5 +433,5 @@ func (r *runner) checkSocketRemoval(ctx context.Context) {
 	if r.path == PathKubeletSock {
 		what = "its open stream lives on, but nothing can connect to it until it creates the socket again or restarts"
 	}
-	r.record(CheckSocketRemoval, Pass, start, "kept running, and did not re-create %s within %s (--observe for a crash, --register-wait for a re-creation): %s", sock, wait, what)
+	r.record(CheckSocketRemoval, Pass, start, "kept running, and did not re-create %s within %s (--recreate-wait): %s", sock, wait, what)
 }

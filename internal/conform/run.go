@@ -38,6 +38,10 @@ const (
 	// not happen: a health flap, a new stream ending after a reconnect, a
 	// crash after the socket is removed.
 	DefaultObserve = 5 * time.Second
+	// DefaultRecreateWait is how long socket-removal waits for the plugin
+	// to create its removed socket again (a plugin that polls for it
+	// every few seconds re-creates it after --observe).
+	DefaultRecreateWait = 15 * time.Second
 )
 
 // Registration paths, as Report.Path names them.
@@ -82,6 +86,9 @@ type Config struct {
 	RegisterWait time.Duration
 	// Observe is how long conform watches for what must not happen.
 	Observe time.Duration
+	// RecreateWait is how long socket-removal waits for a re-created
+	// socket (at least Observe).
+	RecreateWait time.Duration
 
 	// PluginOutput, when set, receives the started plugin's output as it
 	// comes (the report keeps its tail either way).
@@ -112,6 +119,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Observe <= 0 {
 		c.Observe = DefaultObserve
+	}
+	if c.RecreateWait <= 0 {
+		c.RecreateWait = DefaultRecreateWait
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
