@@ -43,15 +43,18 @@ type consoleInfo struct {
 	URL, Token, OTLP string
 }
 
-// startConsole builds and starts nodeplug-console over root on free ports
-// and waits for its info file.
+// startConsole starts nodeplug-console over root on free ports (building
+// it when TestMain did not) and waits for its info file.
 func startConsole(t *testing.T, root string) consoleInfo {
 	t.Helper()
-	dir := testutil.TempDir(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-console"); err != nil {
-		t.Fatal(err)
+	dir := binDir
+	if _, err := os.Stat(filepath.Join(dir, "nodeplug-console")); err != nil {
+		dir = testutil.TempDir(t)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		if err := stack.Build(ctx, dir, "nodeplug-console"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	p, err := stack.Start(filepath.Join(dir, "nodeplug-console"),
 		[]string{"--root-dir", root, "--listen", "127.0.0.1:0", "--otlp-listen", "127.0.0.1:0"}, nil)

@@ -121,8 +121,14 @@ func (s *State) setStatus(svc, msg string) {
 	same := s.status[svc] == msg
 	s.mu.Unlock()
 	if !same {
+		s.log.Warn("stream to the "+svc+" is down; retrying", "reason", msg)
 		s.update(func() { s.status[svc] = msg })
 	}
+}
+
+// synced is logged once per (re)connection of a stream.
+func (s *State) synced(svc string, items int) {
+	s.log.Info("following the "+svc, "items", items)
 }
 
 // Run follows the three services until ctx ends, reconnecting after every

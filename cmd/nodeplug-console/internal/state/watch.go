@@ -33,6 +33,7 @@ func (s *State) watchSockets(ctx context.Context) error {
 		if resp.GetSynced() != nil {
 			synced = true
 			s.update(func() { s.sockets, s.status[Watcher] = snap, "" })
+			s.synced(Watcher, len(snap))
 			continue
 		}
 		ev := resp.GetEvent()
@@ -71,6 +72,7 @@ func (s *State) watchPlugins(ctx context.Context) error {
 		if resp.GetSynced() != nil {
 			synced = true
 			s.update(func() { s.plugins, s.status[Reconciler] = snap, "" })
+			s.synced(Reconciler, len(snap))
 			continue
 		}
 		ch := resp.GetChange()
@@ -109,6 +111,7 @@ func (s *State) watchResources(ctx context.Context) error {
 		if resp.GetSynced() != nil {
 			synced = true
 			s.update(func() { s.resources, s.status[DeviceManager] = snap, "" })
+			s.synced(DeviceManager, len(snap))
 			s.refreshAllocations()
 			continue
 		}
