@@ -693,6 +693,6 @@ func (w *Watcher) applyLocked(changes []change, c cause) {
 		if l.ev.Type == Deleted {
 			msg = "socket disappeared"
 		}
-		w.log.InfoContext(l.ctx, msg, "path", l.ev.Path, "generation", l.ev.Generation, "revision", l.ev.Revision, "cause", c.String())
+		w.log.InfoContext(l.ctx, msg, "path", bounds.PathText(l.ev.Path), "generation", l.ev.Generation, "revision", l.ev.Revision, "cause", c.String())
 	}
 }
