@@ -25,9 +25,15 @@ const (
 	KubeletSocketName = "kubelet.sock"
 
 	// CheckpointFileName is the file name, in the device-plugins directory,
-	// of the devicemanager's checkpoint. It is not the kubelet's
-	// kubelet_internal_checkpoint, so that neither reads the other's.
+	// of the devicemanager's checkpoint: its own format, the source of
+	// truth.
 	CheckpointFileName = "nodeplug_checkpoint"
+
+	// KubeletCheckpointFileName is the file name, in the device-plugins
+	// directory, of the kubelet's device manager checkpoint. The
+	// devicemanager keeps a mirror of its state there, in the kubelet's
+	// format, and imports a kubelet's allocations from it at a first start.
+	KubeletCheckpointFileName = "kubelet_internal_checkpoint"
 
 	// PodResourcesDirName is the directory beneath the root dir that holds
 	// the socket of the kubelet's pod resources API, as under a kubelet.

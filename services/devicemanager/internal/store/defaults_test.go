@@ -14,3 +14,11 @@ func TestFileNameIsTheDefault(t *testing.T) {
 		t.Fatalf("store.FileName = %q, app.CheckpointFileName = %q", store.FileName, app.CheckpointFileName)
 	}
 }
+
+// TestKubeletFileNameIsTheDefault: the mirror's name is the default defined
+// in pkg/app.
+func TestKubeletFileNameIsTheDefault(t *testing.T) {
+	if store.KubeletFileName != app.KubeletCheckpointFileName {
+		t.Fatalf("store.KubeletFileName = %q, app.KubeletCheckpointFileName = %q", store.KubeletFileName, app.KubeletCheckpointFileName)
+	}
+}

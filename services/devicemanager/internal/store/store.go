@@ -10,18 +10,21 @@
 // the cost of making a change durable does not grow with the state. The
 // snapshot is rewritten in the background once the journal has grown
 // past the snapshot's size, and the journal starts anew. Recovery reads
-// the snapshot, then the journal. The kubelet's
-// kubelet_internal_checkpoint is never touched.
+// the snapshot, then the journal. KubeletMirror wraps a Store to keep a
+// mirror of the state in the kubelet's own checkpoint format
+// (kubelet_internal_checkpoint, for the tools that read it), written in the
+// background, and to import a kubelet's allocations at a first start.
 //
 // The files: store.go (the Store interface, its changes and errors),
 // checkpoint.go (the state and the snapshot's format), record.go (the
-// journal's format) and journal.go (the Journal). journal.go is over 500
-// lines because loading, group commit and compaction share the Journal's
-// one lock and its state (the journal file and its valid length, the
-// tickets appended and made durable, the snapshot's size): a compaction
-// switches the file that appends and syncs write to, and Load recovers
-// from a compaction stopped at any of its steps, so the three are read
-// together.
+// journal's format), journal.go (the Journal), kubelet.go (the kubelet's
+// checkpoint format and checksum) and mirror.go (the KubeletMirror).
+// journal.go is over 500 lines because loading, group commit and
+// compaction share the Journal's one lock and its state (the journal file
+// and its valid length, the tickets appended and made durable, the
+// snapshot's size): a compaction switches the file that appends and syncs
+// write to, and Load recovers from a compaction stopped at any of its
+// steps, so the three are read together.
 package store
 
 import (
