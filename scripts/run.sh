@@ -4,7 +4,13 @@
 # Everything lives under .run/ in the checkout: the root dir (plugins_registry/,
 # device-plugins/), and one log per process in .run/logs/. No root privileges
 # and no /var/lib are needed. Ctrl-C (or SIGTERM) stops every process this
-# script started; each removes its own sockets.
+# script started; each removes its own sockets. Under make, SIGINT to make
+# alone stops it too (make does not pass it on: this script sees make take
+# it, in make's signal dispositions, NODEPLUG_RUN_MAKE_PID).
+#
+# The metrics addresses are the services' defaults unless
+# NODEPLUG_<SVC>_METRICS_LISTEN says otherwise (127.0.0.1:0 picks a free
+# port); the addresses bound are printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,15 +18,15 @@ BIN=${BIN:-$PWD/bin}
 RUN_DIR=${NODEPLUG_RUN_DIR:-$PWD/.run}
 ROOT=$RUN_DIR/root
 LOGS=$RUN_DIR/logs
-GRPCURL=${GRPCURL:-grpcurl}
+GRPCURL=${GRPCURL:-}
 mkdir -p "$ROOT" "$LOGS"
 export NODEPLUG_ROOT_DIR=$ROOT
 
 pids=()
 names=()
-stopping=0
+napper=
 cleanup() {
-  stopping=1
+  if [ -n "$napper" ]; then kill "$napper" 2>/dev/null || true; fi
   if [ ${#pids[@]} -gt 0 ]; then
     echo
     echo "stopping ${names[*]}"
@@ -32,8 +38,38 @@ cleanup() {
   if [ -n "$left" ]; then echo "warning: sockets left behind:"; echo "$left"; fi
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+# A stop asked for is a clean stop: exit 0, so that make prints no error.
+trap 'exit 0' INT TERM
+
+# make_interrupted reports whether the make that runs this script has taken
+# a SIGINT: make's handler resets SIGINT to its default disposition and waits
+# for its children, which it does not signal.
+make_pid=${NODEPLUG_RUN_MAKE_PID:-}
+catches_sigint() {
+  local mask
+  mask=$(sed -n 's/^SigCgt:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null) || return 1
+  [ -n "$mask" ] && (((16#$mask & 2) != 0))
+}
+if [ -n "$make_pid" ] && ! catches_sigint "$make_pid"; then
+  make_pid= # make ignores SIGINT (started in the background): nothing to watch
+fi
+make_interrupted() {
+  [ -n "$make_pid" ] && ! catches_sigint "$make_pid"
+}
+
+# nap sleeps for $1 seconds, a trapped signal cutting it short, and stops the
+# stack when make was interrupted.
+nap() {
+  if make_interrupted; then
+    echo
+    echo "make was interrupted"
+    exit 0
+  fi
+  sleep "$1" &
+  napper=$!
+  wait "$napper" || true
+  napper=
+}
 
 start() {
   local name=$1
@@ -52,9 +88,22 @@ wait_healthy() {
     if ((SECONDS > deadline)); then
       echo "$name is not healthy after 30s; see $LOGS/$name.log"; tail -20 "$LOGS/$name.log"; exit 1
     fi
-    sleep 0.2
+    nap 0.2
   done
   echo "  $name is serving"
+}
+
+# metrics_addr prints the metrics address a service logged, "off" when it
+# serves none.
+metrics_addr() {
+  local addr
+  addr=$(sed -n 's/.*msg="metrics listening" addr=\([^ ]*\).*/\1/p' "$LOGS/$1.log" | tail -1)
+  echo "${addr:-off}"
+}
+metrics_url() {
+  local addr
+  addr=$(metrics_addr "$1")
+  if [ "$addr" = off ]; then echo "off"; else echo "http://$addr/metrics"; fi
 }
 
 # wait_console waits for the console's info file, reads the page's URL and
@@ -71,7 +120,7 @@ wait_console() {
     if ((SECONDS > deadline)); then
       echo "nodeplug-console did not start within 30s; see $LOGS/nodeplug-console.log"; exit 1
     fi
-    sleep 0.2
+    nap 0.2
   done
   field() { sed -n 's/^ *"'"$1"'": "\(.*\)",*$/\1/p' "$file"; }
   console_url="$(field url)/?token=$(field token)"
@@ -106,9 +155,15 @@ until "$BIN/nodeplugctl" resources -o json 2>/dev/null | grep -q '"allocatable":
     echo; echo "the sample plugin did not register within 30s; logs are in $LOGS"; exit 1
   fi
   echo -n "."
-  sleep 0.3
+  nap 0.3
 done
 echo " done"
+
+if [ -n "$GRPCURL" ] && [ -x "$GRPCURL" ]; then
+  grpcurl_line="export GRPCURL=$GRPCURL"
+else
+  grpcurl_line='export GRPCURL=$(make -s grpcurl)   # builds grpcurl once (a few minutes cold) and prints its path'
+fi
 
 cat <<INFO
 
@@ -116,11 +171,11 @@ nodeplug is running (logs in $LOGS, root dir $ROOT).
 
   APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager}.sock
   podres    $ROOT/pod-resources/kubelet.sock (the kubelet's pod resources API, for monitoring agents)
-  metrics   http://127.0.0.1:9451/metrics  http://127.0.0.1:9452/metrics  http://127.0.0.1:9453/metrics
+  metrics   $(metrics_url nodeplug-watcher)  $(metrics_url nodeplug-reconciler)  $(metrics_url nodeplug-devicemanager)
   console   $console_url
   traces    exported to ${OTEL_EXPORTER_OTLP_ENDPOINT:-nowhere (the console runs without its receiver)}: open one from the console, or bin/nodeplugctl trace TRACE_ID
 
-Look inside, from another shell (nodeplugctl finds the sockets from the root dir):
+Look inside, from another shell in $PWD (nodeplugctl finds the sockets from the root dir):
   export NODEPLUG_ROOT_DIR=$ROOT
   bin/nodeplugctl plugins
   bin/nodeplugctl resources
@@ -128,24 +183,26 @@ Look inside, from another shell (nodeplugctl finds the sockets from the root dir
   bin/nodeplugctl allocations
   bin/nodeplugctl watch plugins
   bin/nodeplugctl trace TRACE_ID      # a trace ID from plugins or allocations, read from the console
-  $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/watcher.sock list
-  $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/reconciler.sock nodeplug.reconciler.v1.ReconcilerService/ListPlugins
-  $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/devicemanager.sock nodeplug.devicemanager.v1.DeviceManagerService/ListResources
-  $GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/pod-resources/kubelet.sock v1.PodResourcesLister/List
+  $grpcurl_line
+  \$GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/watcher.sock list
+  \$GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/reconciler.sock nodeplug.reconciler.v1.ReconcilerService/ListPlugins
+  \$GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/nodeplug/devicemanager.sock nodeplug.devicemanager.v1.DeviceManagerService/ListResources
+  \$GRPCURL -plaintext -unix \$NODEPLUG_ROOT_DIR/pod-resources/kubelet.sock v1.PodResourcesLister/List
 
 Press Ctrl-C to stop.
 INFO
 
-# Wait until a process exits (then report it) or Ctrl-C arrives.
-set +e
-wait -n "${pids[@]}"
-status=$?
-set -e
-if [ "$stopping" = 0 ]; then
+# Wait until a process exits (then report it), Ctrl-C or SIGTERM arrives, or
+# make is interrupted.
+while :; do
   for i in "${!pids[@]}"; do
     if ! kill -0 "${pids[$i]}" 2>/dev/null; then
-      echo "${names[$i]} exited with status $status; its log ends with:"; tail -20 "$LOGS/${names[$i]}.log"
+      status=0
+      wait "${pids[$i]}" || status=$?
+      echo "${names[$i]} exited with status $status; its log ends with:"
+      tail -20 "$LOGS/${names[$i]}.log"
+      exit 1
     fi
   done
-  exit 1
-fi
+  nap 0.5
+done
