@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -58,6 +59,8 @@ type State struct {
 	log     *slog.Logger
 	changed signal.Signal
 	allocs  chan struct{} // asks the allocation lister for a new list
+	// stopping is set once Run's context ends.
+	stopping atomic.Bool
 
 	mu        sync.Mutex
 	sockets   map[string]*wv1.SocketEvent
@@ -117,6 +120,9 @@ func (s *State) update(f func()) {
 }
 
 func (s *State) setStatus(svc, msg string) {
+	if s.stopping.Load() {
+		return // the streams end because the console stops
+	}
 	s.mu.Lock()
 	same := s.status[svc] == msg
 	s.mu.Unlock()
@@ -139,6 +145,7 @@ func (s *State) Run(ctx context.Context) error {
 		wg.Go(func() { s.retry(ctx, f) })
 	}
 	wg.Go(func() { s.listAllocations(ctx) })
+	context.AfterFunc(ctx, func() { s.stopping.Store(true) })
 	wg.Wait()
 	return nil
 }
