@@ -137,3 +137,31 @@ func TestNextFramePassesOverPadding(t *testing.T) {
 		t.Fatalf("a frame cut short found at %d", at)
 	}
 }
+
+// BenchmarkScanTornTail: reading a journal whose last record is torn, which
+// searches the rest of the file, padding and all, for a valid record: a
+// journal of the default size and one of the largest.
+func BenchmarkScanTornTail(b *testing.B) {
+	e, err := encodeBatch(&Batch{Allocations: []Allocation{alloc("pod", "example.com/z", "dev-0")}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, size := range []int64{preallocation(DefaultCompactAt, 0), maxPrealloc} {
+		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
+			j := appendFrame(nil, []byte(`{"journal":1}`))
+			for range 1000 {
+				j = appendFrame(j, e.payload)
+			}
+			torn := appendFrame(nil, e.payload)
+			clear(torn[frameHeader:])
+			j = append(j, torn...)
+			j = append(j, make([]byte, int(size)-len(j))...)
+			b.SetBytes(size)
+			for b.Loop() {
+				if _, _, torn, err := scanFrames(j); !torn || err != nil {
+					b.Fatalf("torn %v, %v", torn, err)
+				}
+			}
+		})
+	}
+}
