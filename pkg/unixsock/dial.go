@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,7 +146,8 @@ func (p *Pin) check(path string, id Identity) error {
 }
 
 // open resolves path (Resolve) and opens what is at the resolved path
-// without following any symlink (see Connect). It returns an O_PATH
+// without following any symlink (see Connect); a path with no symlink in
+// it is opened so at once. It returns an O_PATH
 // descriptor, which the caller closes, the resolved path and the identity
 // of the file opened.
 func (c *Confiner) open(path string) (int, string, Identity, error) {
@@ -156,6 +159,19 @@ func (c *Confiner) open(path string) (int, string, Identity, error) {
 		fd, resolved, id, _, err := identified(fd, path)
 		return fd, resolved, id, err
 	}
+	// A path with no symlink in it is inside by its name: one open that
+	// follows no symlink settles it, with no resolution first.
+	if clean := filepath.Clean(path); filepath.IsAbs(path) && !slices.Contains(strings.Split(path, "/"), "..") && c.Within(clean) {
+		if fd, err := openNoFollow(clean); err == nil {
+			fd, resolved, id, mode, err := identified(fd, clean)
+			if err != nil || mode&fs.ModeSymlink == 0 {
+				return fd, resolved, id, err
+			}
+			_ = unix.Close(fd) // a symlink: resolved below
+		}
+	}
+	// A symlink on the way, or nothing there: resolve, then open the
+	// resolved path the same way.
 	var changed error
 	for range 2 {
 		resolved, err := c.Resolve(path)
