@@ -33,8 +33,9 @@ func (k Key) IsZero() bool { return k == Key{} }
 // String renders k as "<dev>:<ino>" in hex, as Generation starts.
 func (k Key) String() string { return fmt.Sprintf("%x:%x", k.Dev, k.Ino) }
 
-// Identify checks path as Open does and returns the path it resolved to
-// and the identity of the file found there.
+// Identify checks path as Connect does, opens what is there without
+// connecting, and returns the path it resolved to and the identity of the
+// file found there. A nil Confiner confines nothing.
 func (c *Confiner) Identify(path string) (string, Identity, error) {
 	fd, resolved, id, err := c.open(path)
 	if err != nil {
@@ -48,12 +49,14 @@ func (c *Confiner) Identify(path string) (string, Identity, error) {
 // window between the two in which a rename could put another file there:
 //
 //  1. Resolve: path is absolute, has no ".." and resolves, symlinks
-//     followed, inside the allowed directories;
-//  2. the resolved path is opened one component at a time from "/"
-//     (O_PATH|O_NOFOLLOW) without following any symlink, so the file held
-//     is the one at the resolved path, whatever was renamed where since
-//     step 1 looked (a symlink found there now is looked at once more,
-//     from step 1, and then refused);
+//     followed, inside the allowed directories (a path with no symlink in
+//     it needs no resolution: it is inside by its name);
+//  2. the resolved path is opened (O_PATH) without following any symlink
+//     in any component — openat2(RESOLVE_NO_SYMLINKS), or one component
+//     at a time from "/" with O_NOFOLLOW where the kernel lacks it — so the
+//     file held is the one at the resolved path, whatever was renamed
+//     where since step 1 looked (a symlink found there now is looked at
+//     once more, from step 1, and then refused);
 //  3. a non-blocking socket connects through /proc/self/fd/N of that
 //     descriptor, which names that inode only (and is short, whatever the
 //     length of the path).
