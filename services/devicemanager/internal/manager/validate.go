@@ -2,6 +2,7 @@ package manager
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -59,7 +60,7 @@ func validateBounds(r Registration) error {
 	if err := socketPath("endpoint", r.Endpoint, false); err != nil {
 		return err
 	}
-	if err := socketPath("socket path", r.SocketPath, true); err != nil {
+	if err := registrationSocketPath(r.SocketPath); err != nil {
 		return err
 	}
 	if err := text("generation", r.Generation, maxGeneration); err != nil {
@@ -92,6 +93,26 @@ func socketPath(what, p string, optional bool) error {
 			what, bounds.Quote(p), len(p), unixsock.MaxPathLen, errdefs.ErrInvalidArgument)
 	}
 	return text(what, p, unixsock.MaxPathLen)
+}
+
+// registrationSocketPath checks a registration socket path. One that is not
+// UTF-8 comes quoted (bounds.PathText, by the reconciler): the path it names
+// is held to the bounds of a Unix socket path, the quoted form (at most four
+// bytes for each of the path's, and the quotes) to be printable.
+func registrationSocketPath(p string) error {
+	raw, err := bounds.PathFromText(p)
+	switch {
+	case err != nil:
+		return fmt.Errorf("socket path: %w", err)
+	case raw == p:
+		return socketPath("socket path", p, true)
+	case len(raw) > unixsock.MaxPathLen:
+		return fmt.Errorf("socket path %s is %d bytes, longer than the %d bytes a Unix socket path may have: %w",
+			bounds.Quote(p), len(raw), unixsock.MaxPathLen, errdefs.ErrInvalidArgument)
+	case strings.ContainsRune(raw, 0):
+		return fmt.Errorf("socket path %s contains a NUL byte: %w", bounds.Quote(p), errdefs.ErrInvalidArgument)
+	}
+	return text("socket path", p, 4*unixsock.MaxPathLen+2)
 }
 
 // text checks a value pkg/bounds has no rule for (paths, versions,

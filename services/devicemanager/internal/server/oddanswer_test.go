@@ -9,13 +9,16 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -106,5 +109,35 @@ func TestDeviceIDNotUTF8(t *testing.T) {
 	e.waitCounts("example.com/normal", 2, 2)
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod-1", "c", "example.com/normal", 1)); err != nil {
 		t.Fatalf("Allocate of the normal resource: %v", err)
+	}
+}
+
+// TestRegisterSocketPathNotUTF8: a registration socket path that is not
+// UTF-8 comes quoted (bounds.PathText), up to four times as long as the
+// path: it is held to the bounds of the path it names, so one of 107 bytes
+// registers, and ListResources gives it back as it came.
+func TestRegisterSocketPathNotUTF8(t *testing.T) {
+	e := newEnv(t, time.Minute)
+	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/p", Devices: 1}, false)
+	prefix := e.regDir + "/"
+	longest := prefix + strings.Repeat("\xff", unixsock.MaxPathLen-len(prefix)-len(".sock")) + ".sock"
+	if len(longest) != unixsock.MaxPathLen {
+		t.Fatalf("path of %d bytes", len(longest))
+	}
+	req := func(socketPath string) *dmv1.RegisterPluginRequest {
+		return &dmv1.RegisterPluginRequest{ResourceName: p.Resource(), Endpoint: p.SocketPath(), Versions: []string{pluginapi.Version},
+			SocketPath: socketPath, Generation: testutil.Generation(t, p.SocketPath())}
+	}
+	for _, bad := range []string{bounds.PathText(longest + "x"), bounds.PathText(prefix + "nul\x00\xff"), `"` + prefix + `unterminated`} {
+		if _, err := e.client.RegisterPlugin(ctxT(t), req(bad)); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("RegisterPlugin with socket path %q: %v, want INVALID_ARGUMENT", bad, err)
+		}
+	}
+	if _, err := e.client.RegisterPlugin(ctxT(t), req(bounds.PathText(longest))); err != nil {
+		t.Fatalf("RegisterPlugin with the %d-byte socket path %q (%d bytes quoted): %v", len(longest), longest, len(bounds.PathText(longest)), err)
+	}
+	r := e.waitCounts("example.com/p", 1, 1)
+	if eps := r.GetEndpoints(); len(eps) != 1 || eps[0].GetSocketPath() != bounds.PathText(longest) {
+		t.Fatalf("endpoints %v, want socket path %s", eps, bounds.PathText(longest))
 	}
 }
