@@ -1,6 +1,7 @@
 package traces
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 )
@@ -102,7 +104,7 @@ func (j *Jaeger) query(ctx context.Context, path string) (*Response, error) {
 		return nil, ErrNotFound
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("Jaeger at %s: %s", j.base, resp.Status)
+		return nil, fmt.Errorf("query to Jaeger at %s: %s", j.base, resp.Status)
 	}
 	var r Response
 	if err := json.Unmarshal(body, &r); err != nil {
@@ -189,10 +191,7 @@ func (s Sources) Changed() <-chan struct{} {
 	return ch
 }
 
+// sortSummaries orders traces newest first.
 func sortSummaries(s []Summary) {
-	for i := 1; i < len(s); i++ {
-		for k := i; k > 0 && s[k].StartTime > s[k-1].StartTime; k-- {
-			s[k], s[k-1] = s[k-1], s[k]
-		}
-	}
+	slices.SortStableFunc(s, func(a, b Summary) int { return cmp.Compare(b.StartTime, a.StartTime) })
 }
