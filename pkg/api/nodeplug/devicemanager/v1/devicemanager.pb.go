@@ -238,7 +238,10 @@ type RegisterPluginRequest struct {
 	Endpoint string `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	// Device plugin API versions the plugin supports (must contain v1beta1).
 	Versions []string `protobuf:"bytes,3,rep,name=versions,proto3" json:"versions,omitempty"`
-	// Absolute path of the registration socket in plugins_registry.
+	// Absolute path of the registration socket in plugins_registry; when it
+	// is not valid UTF-8 (or starts with a double quote), quoted as Go's
+	// strconv.Quote does (starting with `"`). The path it names is held to
+	// the bounds of a Unix socket path.
 	SocketPath string `protobuf:"bytes,4,opt,name=socket_path,json=socketPath,proto3" json:"socket_path,omitempty"`
 	// Generation of the registration socket.
 	Generation    string `protobuf:"bytes,5,opt,name=generation,proto3" json:"generation,omitempty"`
@@ -531,8 +534,8 @@ type Endpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Absolute path of the device plugin's socket.
 	Endpoint string `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	// Registration socket (plugins_registry path) or, for the legacy path, the
-	// endpoint itself.
+	// Registration socket (plugins_registry path, quoted as RegisterPlugin
+	// gave it) or, for the legacy path, the endpoint itself.
 	SocketPath string `protobuf:"bytes,2,opt,name=socket_path,json=socketPath,proto3" json:"socket_path,omitempty"`
 	// Generation from the watcher, or the socket file's identity for the
 	// legacy path.
