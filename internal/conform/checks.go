@@ -506,12 +506,17 @@ func (r *runner) reconnectOnce(ctx context.Context) (int, time.Duration, string)
 	if r.proc != nil && !r.proc.alive() {
 		return 0, 0, "the plugin is no longer running"
 	}
+	// Judged as the first stream: by the first response with devices.
+	got, _ := r.firstWithDevices(ctx, first)
+	if len(got.devices) == 0 && len(r.devices) > 0 {
+		return 0, 0, fmt.Sprintf("the new ListAndWatch stream listed no devices within %s (the first stream listed %d)", r.cfg.Observe, len(r.devices))
+	}
 	cctx, cancel2 := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel2()
 	if _, err := s.client.GetDevicePluginOptions(cctx, &pluginapi.Empty{}); err != nil {
 		return 0, 0, fmt.Sprintf("stopped serving after the reconnect: %v", err)
 	}
-	return len(first.devices), first.at.Sub(s.stream.opened).Round(time.Millisecond), ""
+	return len(got.devices), got.at.Sub(s.stream.opened).Round(time.Millisecond), ""
 }
 
 // exitNote says how the started plugin exited, if it did.

@@ -396,6 +396,16 @@ func TestEmptyFirstUpdate(t *testing.T) {
 	if res, _ := rep.Result(conform.CheckFirstResponse); !strings.Contains(res.Detail, "the first with devices") {
 		t.Errorf("listandwatch-first does not say which update was checked: %s", res.Detail)
 	}
+	// The streams of a reconnect and of a kubelet restart are judged the
+	// same way. The window only bounds the wait for the devices.
+	cmd := append(pluginCommand(t, "kubelet"), "--empty-first")
+	rep = run(t, conform.Config{Command: cmd, Observe: 2 * time.Second,
+		Selection: conform.Selection{Only: []string{conform.CheckReconnect, conform.CheckKubeletRestart}}})
+	for _, res := range rep.Results {
+		if res.Status != conform.Pass || !strings.Contains(res.Detail, "4 devices") || strings.Contains(res.Detail, "0 devices") {
+			t.Errorf("%s: %s (%s), want a pass on the 4 devices", res.Name, res.Status, res.Detail)
+		}
+	}
 }
 
 // Every resource of a plugin that serves two is checked and named, through

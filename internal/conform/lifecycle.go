@@ -347,7 +347,8 @@ func (r *runner) finishRestart(ctx context.Context, start time.Time, what string
 		r.record(CheckKubeletRestart, Fail, start, "%s, but ListAndWatch: %v", what, err)
 		return
 	}
-	r.record(CheckKubeletRestart, Pass, start, "%s; the new stream got %d devices", what, len(first.devices))
+	got, _ := r.firstWithDevices(ctx, first)
+	r.record(CheckKubeletRestart, Pass, start, "%s; the new stream got %d devices", what, len(got.devices))
 }
 
 // checkSIGTERM sends SIGTERM: the plugin must exit, and should remove its
