@@ -1,6 +1,7 @@
 // Package conform checks a plugin against the kubelet's contract, playing
-// the kubelet: it registers the plugin as the kubelet would (GetInfo and
-// NotifyRegistrationStatus for a plugins_registry socket, or
+// the kubelet: it registers the plugin as the kubelet would (GetInfo, the
+// calls of the handler for its type, and NotifyRegistrationStatus with the
+// outcome for a plugins_registry socket, or
 // v1beta1.Registration/Register on its own kubelet.sock), then calls the
 // device plugin API with the kubelet's rules and timeouts, and, when it
 // starts the plugin itself, takes it through a kubelet restart, the removal
