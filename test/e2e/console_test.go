@@ -93,6 +93,9 @@ func startConsole(t *testing.T, root string) consoleInfo {
 // trace reads the same trace from the console; a request without the
 // token, with a foreign Host header or of another method is refused.
 func TestConsoleInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("drives a browser against the whole stack")
+	}
 	browser := chromium()
 	if browser == "" {
 		t.Skip("no Chromium on PATH (Debian: apt-get install chromium; or set NODEPLUG_CHROMIUM): the console's browser test needs one")
