@@ -171,12 +171,17 @@ func marshalKubelet(resources []Resource, allocations []Allocation) ([]byte, err
 	for i := range resources {
 		r := &resources[i]
 		healthy := []string{}
-		nodes := make(map[string][]int64, len(r.Devices))
+		var nodes map[string][]int64 // only devices with a topology
 		for _, dev := range r.Devices {
 			if dev.Healthy {
 				healthy = append(healthy, dev.ID)
 			}
-			nodes[dev.ID] = dev.NUMANodes
+			if len(dev.NUMANodes) > 0 {
+				if nodes == nil {
+					nodes = map[string][]int64{}
+				}
+				nodes[dev.ID] = dev.NUMANodes
+			}
 		}
 		slices.Sort(healthy)
 		d.RegisteredDevices[r.Name] = healthy
