@@ -24,6 +24,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
@@ -69,7 +70,7 @@ func (w *fakeWatcher) WatchSocketEvents(_ *watcherv1.WatchSocketEventsRequest, s
 	var snap []*watcherv1.WatchSocketEventsResponse
 	for _, p := range slices.Sorted(maps.Keys(w.sockets)) {
 		snap = append(snap, &watcherv1.WatchSocketEventsResponse{InstanceId: id, Item: &watcherv1.WatchSocketEventsResponse_Event{Event: &watcherv1.SocketEvent{
-			Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED, Path: p, Generation: w.sockets[p], Revision: w.revision, Snapshot: true, ObservedTime: timestamppb.Now(),
+			Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED, Path: bounds.PathText(p), PathBytes: bounds.PathBytes(p), Generation: w.sockets[p], Revision: w.revision, Snapshot: true, ObservedTime: timestamppb.Now(),
 		}}})
 	}
 	snap = append(snap, &watcherv1.WatchSocketEventsResponse{InstanceId: id, Item: &watcherv1.WatchSocketEventsResponse_Synced{Synced: &watcherv1.Synced{Revision: w.revision, SocketCount: uint32(len(w.sockets))}}})
@@ -125,7 +126,7 @@ func (w *fakeWatcher) Created(t *testing.T, path string) string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.sockets[path] = gen
-	w.broadcastLocked(&watcherv1.SocketEvent{Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED, Path: path, Generation: gen, TraceContext: carrier})
+	w.broadcastLocked(&watcherv1.SocketEvent{Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_CREATED, Path: bounds.PathText(path), PathBytes: bounds.PathBytes(path), Generation: gen, TraceContext: carrier})
 	return traceID
 }
 
@@ -139,7 +140,7 @@ func (w *fakeWatcher) Deleted(path string) string {
 		return ""
 	}
 	delete(w.sockets, path)
-	w.broadcastLocked(&watcherv1.SocketEvent{Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED, Path: path, Generation: gen, TraceContext: carrier})
+	w.broadcastLocked(&watcherv1.SocketEvent{Type: watcherv1.SocketEventType_SOCKET_EVENT_TYPE_DELETED, Path: bounds.PathText(path), PathBytes: bounds.PathBytes(path), Generation: gen, TraceContext: carrier})
 	return traceID
 }
 
