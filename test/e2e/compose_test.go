@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,14 +19,35 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
-// Ports of the compose test's own stack, so it never collides with a
-// running `make run` or `make up` on the default ports.
+// Ports of the compose test's own stack, free loopback ports picked when it
+// starts (pickComposePorts), so it never collides with a running
+// `make run` or `make up`, or with another stack of its own.
 var composePorts = map[string]string{
-	"NODEPLUG_WATCHER_METRICS_PORT":       "10451",
-	"NODEPLUG_RECONCILER_METRICS_PORT":    "10452",
-	"NODEPLUG_DEVICEMANAGER_METRICS_PORT": "10453",
-	"NODEPLUG_JAEGER_PORT":                "17686",
-	"NODEPLUG_CONSOLE_PORT":               "18080",
+	"NODEPLUG_WATCHER_METRICS_PORT":       "",
+	"NODEPLUG_RECONCILER_METRICS_PORT":    "",
+	"NODEPLUG_DEVICEMANAGER_METRICS_PORT": "",
+	"NODEPLUG_JAEGER_PORT":                "",
+	"NODEPLUG_CONSOLE_PORT":               "",
+}
+
+// pickComposePorts fills composePorts with distinct free loopback ports
+// (held open together while they are picked, released for Docker to bind).
+func pickComposePorts(t *testing.T) {
+	t.Helper()
+	var held []net.Listener
+	defer func() {
+		for _, l := range held {
+			_ = l.Close()
+		}
+	}()
+	for k := range composePorts {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+		composePorts[k] = strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	}
 }
 
 const composeProject = "nodeplug-e2e"
@@ -45,6 +68,7 @@ func TestCompose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pickComposePorts(t)
 	env := append(os.Environ(), "COMPOSE_PROJECT="+composeProject)
 	for k, v := range composePorts {
 		env = append(env, k+"="+v)
