@@ -1,10 +1,16 @@
 package main
 
 import (
+	"context"
 	"net"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
@@ -84,5 +90,65 @@ func TestSocketNamesNotUTF8(t *testing.T) {
 		if strings.HasPrefix(call, "deregister "+endpoint) {
 			t.Fatalf("the odd plugin's registration was swept: %v", e.dm.Calls())
 		}
+	}
+}
+
+// rawInfoCodec encodes PluginInfo by hand, without the UTF-8 check of the
+// protobuf library, as a plugin built on another library may send it.
+type rawInfoCodec struct{}
+
+func (rawInfoCodec) Name() string { return "proto" }
+
+func (rawInfoCodec) Marshal(v any) ([]byte, error) {
+	info, ok := v.(*registerapi.PluginInfo)
+	if !ok {
+		return proto.Marshal(v.(proto.Message))
+	}
+	var b []byte
+	for i, s := range append([]string{info.GetType(), info.GetName(), info.GetEndpoint()}, info.GetSupportedVersions()...) {
+		b = protowire.AppendTag(b, protowire.Number(min(i+1, 4)), protowire.BytesType)
+		b = protowire.AppendString(b, s)
+	}
+	return b, nil
+}
+
+func (rawInfoCodec) Unmarshal(data []byte, v any) error {
+	return proto.Unmarshal(data, v.(proto.Message))
+}
+
+// oddInfo answers GetInfo with a name that is not UTF-8.
+type oddInfo struct {
+	registerapi.UnimplementedRegistrationServer
+}
+
+func (oddInfo) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return &registerapi.PluginInfo{Type: registerapi.DevicePlugin, Name: "example.com/odd\xff", SupportedVersions: []string{"v1beta1"}}, nil
+}
+
+// TestGetInfoAnswerNotUTF8: a plugin whose GetInfo answer is not UTF-8
+// fails alone, with an error that says so; a normal plugin registers and
+// ListPlugins answers.
+func TestGetInfoAnswerNotUTF8(t *testing.T) {
+	e := newEnv(t)
+	path := e.sock("oddinfo")
+	lis, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ForceServerCodec(rawInfoCodec{}))
+	registerapi.RegisterRegistrationServer(srv, oddInfo{})
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-served })
+	normal := e.plugin("normal", devicePlugin("example.com/normal"))
+	e.w.Created(t, path)
+	e.w.Created(t, normal.Path())
+	e.waitRegistered(normal.Path())
+	st := e.waitState(path, "failed", func(s status.PluginStatus) bool { return s.State == status.StateFailed })
+	if !strings.Contains(st.LastError, "GetInfo") || !strings.Contains(st.LastError, "invalid UTF-8") {
+		t.Errorf("failure of %s: %q, want it to name GetInfo and invalid UTF-8", path, st.LastError)
+	}
+	if _, err := serviceClient(t, e).ListPlugins(waitCtx(t), &reconcilerv1.ListPluginsRequest{}); err != nil {
+		t.Fatalf("ListPlugins: %v", err)
 	}
 }
