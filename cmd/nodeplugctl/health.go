@@ -69,7 +69,7 @@ func (c *cli) jaegerHealthy(ctx context.Context) error {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(strings.TrimSpace(string(body)), "{") {
-		return fmt.Errorf("Jaeger at %s: GET /api/services answered %s — is --jaeger-url the query service?", c.g.jaegerURL, resp.Status)
+		return fmt.Errorf("jaeger at %s: GET /api/services answered %s — is --jaeger-url the query service?", c.g.jaegerURL, resp.Status)
 	}
 	return nil
 }

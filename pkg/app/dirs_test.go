@@ -40,7 +40,8 @@ func start(t *testing.T, cfg Config) (func(), error) {
 		stop := sync.OnceFunc(func() {
 			cancel()
 			select {
-			case <-done:
+			case err := <-done:
+				t.Logf("Run stopped: %v", err)
 			case <-time.After(30 * time.Second):
 				t.Error("Run did not stop")
 			}

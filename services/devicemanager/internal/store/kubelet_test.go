@@ -150,7 +150,7 @@ func TestKubeletMirrorCoalesces(t *testing.T) {
 	var last Ticket
 	for i := range changes {
 		a := mirrorAlloc(t, fmt.Sprintf("pod-%04d", i), "example.com/r", "d0")
-		if last, err = k.Append(Batch{Allocations: []Allocation{a}}); err != nil {
+		if _, err = k.Append(Batch{Allocations: []Allocation{a}}); err != nil {
 			t.Fatal(err)
 		}
 	}
