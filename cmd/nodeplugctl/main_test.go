@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/nodeplug/nodeplug/internal/jaegertrace"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
@@ -675,27 +676,21 @@ func TestVersionAndHelp(t *testing.T) {
 }
 
 func TestWaterfallEdgeCases(t *testing.T) {
-	ref := func(id string) []struct {
-		RefType string `json:"refType"`
-		SpanID  string `json:"spanID"`
-	} {
-		return []struct {
-			RefType string `json:"refType"`
-			SpanID  string `json:"spanID"`
-		}{{"CHILD_OF", id}}
+	ref := func(id string) []jaegertrace.Reference {
+		return []jaegertrace.Reference{{RefType: "CHILD_OF", SpanID: id}}
 	}
 	for _, tc := range []struct {
 		name string
-		tr   jaegerTrace
+		tr   jaegertrace.Trace
 		want []string
 	}{
-		{"one span, unknown process", jaegerTrace{TraceID: "t1", Spans: []jaegerSpan{{SpanID: "a", OperationName: "only", StartTime: 5, Duration: 0, ProcessID: "p9"}}},
+		{"one span, unknown process", jaegertrace.Trace{TraceID: "t1", Spans: []jaegertrace.Span{{SpanID: "a", OperationName: "only", StartTime: 5, Duration: 0, ProcessID: "p9"}}},
 			[]string{"trace t1: 1 span, 1 service, 1µs", "?        only  +0µs   0µs       |█"}},
-		{"reference cycle", jaegerTrace{TraceID: "t2", Spans: []jaegerSpan{
+		{"reference cycle", jaegertrace.Trace{TraceID: "t2", Spans: []jaegertrace.Span{
 			{SpanID: "a", OperationName: "first", StartTime: 0, Duration: 10, References: ref("b")},
 			{SpanID: "b", OperationName: "second", StartTime: 5, Duration: 5, References: ref("a")},
 		}}, []string{"2 spans", "first", "  second"}},
-		{"parent outside the trace", jaegerTrace{TraceID: "t3", Spans: []jaegerSpan{
+		{"parent outside the trace", jaegertrace.Trace{TraceID: "t3", Spans: []jaegertrace.Span{
 			{SpanID: "a", OperationName: "orphan", StartTime: 0, Duration: 10, References: ref("zz")},
 		}}, []string{"?        orphan"}},
 	} {
@@ -711,7 +706,7 @@ func TestWaterfallEdgeCases(t *testing.T) {
 			}
 		})
 	}
-	if err := renderWaterfall(&bytes.Buffer{}, &jaegerTrace{TraceID: "t"}, 10); err == nil {
+	if err := renderWaterfall(&bytes.Buffer{}, &jaegertrace.Trace{TraceID: "t"}, 10); err == nil {
 		t.Fatal("a trace without spans rendered")
 	}
 }

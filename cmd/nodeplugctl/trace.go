@@ -10,64 +10,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"sort"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/nodeplug/nodeplug/internal/jaegertrace"
 	"github.com/nodeplug/nodeplug/pkg/app"
 )
-
-// The part of Jaeger's query API answer (GET /api/traces/<id>) the waterfall
-// needs. Times are microseconds.
-type jaegerResponse struct {
-	Data   []jaegerTrace `json:"data"`
-	Errors []struct {
-		Code int    `json:"code"`
-		Msg  string `json:"msg"`
-	} `json:"errors"`
-}
-
-type jaegerTrace struct {
-	TraceID   string                   `json:"traceID"`
-	Spans     []jaegerSpan             `json:"spans"`
-	Processes map[string]jaegerProcess `json:"processes"`
-}
-
-type jaegerProcess struct {
-	ServiceName string `json:"serviceName"`
-}
-
-type jaegerSpan struct {
-	SpanID        string `json:"spanID"`
-	OperationName string `json:"operationName"`
-	References    []struct {
-		RefType string `json:"refType"`
-		SpanID  string `json:"spanID"`
-	} `json:"references"`
-	StartTime int64  `json:"startTime"`
-	Duration  int64  `json:"duration"`
-	ProcessID string `json:"processID"`
-	Tags      []struct {
-		Key   string `json:"key"`
-		Value any    `json:"value"`
-	} `json:"tags"`
-}
-
-func (s *jaegerSpan) failed() bool {
-	for _, t := range s.Tags {
-		switch t.Key {
-		case "error":
-			if v, ok := t.Value.(bool); ok && v {
-				return true
-			}
-		case "otel.status_code":
-			if v, ok := t.Value.(string); ok && v == "ERROR" {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 func validTraceID(id string) bool {
 	if id == "" || len(id) > 32 {
@@ -167,7 +115,7 @@ func (s traceSource) hint() string {
 	return "is it running? (make up starts Jaeger; under make run the console holds the traces and nodeplugctl finds it through " + s.file + "; or set --jaeger-url)"
 }
 
-func (c *cli) fetchTrace(ctx context.Context, src traceSource, id string) (*jaegerTrace, error) {
+func (c *cli) fetchTrace(ctx context.Context, src traceSource, id string) (*jaegertrace.Trace, error) {
 	base := src.base
 	cctx, cancel := c.call(ctx)
 	defer cancel()
@@ -200,7 +148,7 @@ func (c *cli) fetchTrace(ctx context.Context, src traceSource, id string) (*jaeg
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("query to %s at %s: %s: %s", src.name, base, resp.Status, excerpt(body))
 	}
-	var jr jaegerResponse
+	var jr jaegertrace.Response
 	if err := json.Unmarshal(body, &jr); err != nil {
 		return nil, fmt.Errorf("what %s at %s sent is not a trace (%v): %s — is --jaeger-url the query service?", src.name, base, err, excerpt(body))
 	}
@@ -226,100 +174,33 @@ func excerpt(b []byte) string {
 // renderWaterfall draws one row per span, children below their parent and
 // indented, with its service, start offset from the trace's start, duration
 // and a bar placed on a common time axis of width characters.
-func renderWaterfall(w io.Writer, tr *jaegerTrace, width int) error {
+func renderWaterfall(w io.Writer, tr *jaegertrace.Trace, width int) error {
 	spans := tr.Spans
 	if len(spans) == 0 {
 		return fmt.Errorf("trace %s has no spans", tr.TraceID)
 	}
 	start, end := spans[0].StartTime, spans[0].StartTime+spans[0].Duration
-	byID := map[string]int{}
-	for i, s := range spans {
-		byID[s.SpanID] = i
+	services := map[string]bool{}
+	for i := range spans {
+		s := &spans[i]
 		start = min(start, s.StartTime)
 		end = max(end, s.StartTime+s.Duration)
+		services[tr.Service(s)] = true
 	}
 	total := max(end-start, 1)
-
-	children := map[int][]int{}
-	var roots []int
-	for i, s := range spans {
-		parent := -1
-		for _, r := range s.References {
-			if r.RefType != "CHILD_OF" && r.RefType != "FOLLOWS_FROM" {
-				continue
-			}
-			if p, ok := byID[r.SpanID]; ok && p != i {
-				parent = p
-				break
-			}
-		}
-		if parent < 0 {
-			roots = append(roots, i)
-		} else {
-			children[parent] = append(children[parent], i)
-		}
-	}
-	byStart := func(ids []int) {
-		sort.SliceStable(ids, func(a, b int) bool {
-			sa, sb := spans[ids[a]], spans[ids[b]]
-			if sa.StartTime != sb.StartTime {
-				return sa.StartTime < sb.StartTime
-			}
-			return sa.SpanID < sb.SpanID
-		})
-	}
-	byStart(roots)
-	type row struct{ span, depth int }
-	var rows []row
-	seen := map[int]bool{}
-	var walk func(i, depth int)
-	walk = func(i, depth int) {
-		if seen[i] {
-			return
-		}
-		seen[i] = true
-		rows = append(rows, row{i, depth})
-		kids := children[i]
-		byStart(kids)
-		for _, k := range kids {
-			walk(k, depth+1)
-		}
-	}
-	for _, r := range roots {
-		walk(r, 0)
-	}
-	// Spans caught in a reference cycle have no root; show them at the top
-	// level rather than not at all.
-	for i := range spans {
-		if !seen[i] {
-			walk(i, 0)
-		}
-	}
-
-	services := map[string]bool{}
-	for _, s := range spans {
-		services[serviceOf(tr, s)] = true
-	}
-	fmt.Fprintf(w, "trace %s: %s, %s, %s\n\n", tr.TraceID, plural(len(spans), "span"), plural(len(services), "service"), fmtMicros(total))
+	fmt.Fprintf(w, "trace %s: %s, %s, %s\n\n", tr.TraceID, plural(len(spans), "span"), plural(len(services), "service"), jaegertrace.FormatMicros(total))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tSPAN\tSTART\tDURATION\tTIMELINE")
-	for _, r := range rows {
-		s := spans[r.span]
-		name := strings.Repeat("  ", r.depth) + s.OperationName
-		if s.failed() {
+	for _, r := range tr.Waterfall() {
+		s := &spans[r.Index]
+		name := strings.Repeat("  ", r.Depth) + s.OperationName
+		if s.Failed() {
 			name += " (error)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t+%s\t%s\t%s\n", serviceOf(tr, s), name, fmtMicros(s.StartTime-start), fmtMicros(s.Duration),
+		fmt.Fprintf(tw, "%s\t%s\t+%s\t%s\t%s\n", tr.Service(s), name, jaegertrace.FormatMicros(s.StartTime-start), jaegertrace.FormatMicros(s.Duration),
 			bar(s.StartTime-start, s.Duration, total, width))
 	}
 	return tw.Flush()
-}
-
-func serviceOf(tr *jaegerTrace, s jaegerSpan) string {
-	if p, ok := tr.Processes[s.ProcessID]; ok && p.ServiceName != "" {
-		return p.ServiceName
-	}
-	return "?"
 }
 
 // bar places [offset, offset+dur) on a time axis of width characters that
@@ -331,18 +212,6 @@ func bar(offset, dur, total int64, width int) string {
 	from = min(from, width-1)
 	n = min(n, width-from)
 	return "|" + strings.Repeat(" ", from) + strings.Repeat("█", n) + strings.Repeat(" ", width-from-n) + "|"
-}
-
-// fmtMicros renders a duration given in microseconds.
-func fmtMicros(us int64) string {
-	switch {
-	case us < 1000:
-		return fmt.Sprintf("%dµs", us)
-	case us < 1_000_000:
-		return fmt.Sprintf("%.2fms", float64(us)/1e3)
-	default:
-		return fmt.Sprintf("%.3fs", float64(us)/1e6)
-	}
 }
 
 func plural(n int, word string) string {

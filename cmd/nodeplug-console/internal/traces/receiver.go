@@ -80,19 +80,19 @@ func fromOTLPSpan(sp *tracepb.Span) Span {
 		}
 	}
 	if k := sp.GetKind(); k != tracepb.Span_SPAN_KIND_UNSPECIFIED {
-		s.Tags = append(s.Tags, KeyValue{"span.kind", "string", strings.ToLower(strings.TrimPrefix(k.String(), "SPAN_KIND_"))})
+		s.Tags = append(s.Tags, tag("span.kind", "string", strings.ToLower(strings.TrimPrefix(k.String(), "SPAN_KIND_"))))
 	}
 	switch sp.GetStatus().GetCode() {
 	case tracepb.Status_STATUS_CODE_ERROR:
-		s.Tags = append(s.Tags, KeyValue{"otel.status_code", "string", "ERROR"}, KeyValue{"error", "bool", true})
+		s.Tags = append(s.Tags, tag("otel.status_code", "string", "ERROR"), tag("error", "bool", true))
 		if d := sp.GetStatus().GetMessage(); d != "" {
-			s.Tags = append(s.Tags, KeyValue{"otel.status_description", "string", d})
+			s.Tags = append(s.Tags, tag("otel.status_description", "string", d))
 		}
 	case tracepb.Status_STATUS_CODE_OK:
-		s.Tags = append(s.Tags, KeyValue{"otel.status_code", "string", "OK"})
+		s.Tags = append(s.Tags, tag("otel.status_code", "string", "OK"))
 	}
 	for _, ev := range sp.GetEvents() {
-		s.Tags = append(s.Tags, KeyValue{"event", "string", ev.GetName()})
+		s.Tags = append(s.Tags, tag("event", "string", ev.GetName()))
 	}
 	return s
 }
@@ -108,22 +108,27 @@ func attrs(kvs []*commonpb.KeyValue) []KeyValue {
 func value(key string, v *commonpb.AnyValue) KeyValue {
 	switch x := v.GetValue().(type) {
 	case *commonpb.AnyValue_StringValue:
-		return KeyValue{key, "string", x.StringValue}
+		return tag(key, "string", x.StringValue)
 	case *commonpb.AnyValue_BoolValue:
-		return KeyValue{key, "bool", x.BoolValue}
+		return tag(key, "bool", x.BoolValue)
 	case *commonpb.AnyValue_IntValue:
-		return KeyValue{key, "int64", x.IntValue}
+		return tag(key, "int64", x.IntValue)
 	case *commonpb.AnyValue_DoubleValue:
-		return KeyValue{key, "float64", x.DoubleValue}
+		return tag(key, "float64", x.DoubleValue)
 	case *commonpb.AnyValue_BytesValue:
-		return KeyValue{key, "binary", base64.StdEncoding.EncodeToString(x.BytesValue)}
+		return tag(key, "binary", base64.StdEncoding.EncodeToString(x.BytesValue))
 	case *commonpb.AnyValue_ArrayValue:
 		var parts []string
 		for _, e := range x.ArrayValue.GetValues() {
 			parts = append(parts, fmt.Sprint(value("", e).Value))
 		}
-		return KeyValue{key, "string", "[" + strings.Join(parts, ", ") + "]"}
+		return tag(key, "string", "["+strings.Join(parts, ", ")+"]")
 	default:
-		return KeyValue{key, "string", ""}
+		return tag(key, "string", "")
 	}
+}
+
+// tag is one attribute of Jaeger's shape.
+func tag(key, typ string, value any) KeyValue {
+	return KeyValue{Key: key, Type: typ, Value: value}
 }

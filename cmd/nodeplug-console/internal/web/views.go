@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/state"
 	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/traces"
+	"github.com/nodeplug/nodeplug/internal/jaegertrace"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 )
 
@@ -208,7 +209,7 @@ type traceRow struct {
 func traceRowOf(s traces.Summary) traceRow {
 	return traceRow{
 		TraceID: s.TraceID, Root: s.Root, Service: s.Service, Services: strings.Join(s.Services, ", "),
-		Start: time.UnixMicro(s.StartTime).UTC().Format("15:04:05.000"), Duration: fmtMicros(s.Duration), Spans: s.Spans, Failed: s.Failed,
+		Start: time.UnixMicro(s.StartTime).UTC().Format("15:04:05.000"), Duration: jaegertrace.FormatMicros(s.Duration), Spans: s.Spans, Failed: s.Failed,
 	}
 }
 
@@ -239,17 +240,17 @@ func waterfallOf(t *traces.Trace) waterfall {
 		return wf
 	}
 	sum := traces.Summarize(t)
-	wf.Services, wf.ServiceNames, wf.Duration = len(sum.Services), strings.Join(sum.Services, ", "), fmtMicros(sum.Duration)
+	wf.Services, wf.ServiceNames, wf.Duration = len(sum.Services), strings.Join(sum.Services, ", "), jaegertrace.FormatMicros(sum.Duration)
 	svcIndex := map[string]int{}
 	for i, s := range sum.Services {
 		svcIndex[s] = i % 6
 	}
 	total := float64(max(sum.Duration, 1))
-	for _, o := range order(t) {
-		s := &t.Spans[o.index]
+	for _, o := range t.Waterfall() {
+		s := &t.Spans[o.Index]
 		r := spanRow{
-			ID: s.SpanID, Parent: s.Parent(), Service: t.Service(s), Name: s.OperationName, Depth: min(o.depth, 12),
-			Start: "+" + fmtMicros(s.StartTime-sum.StartTime), Duration: fmtMicros(s.Duration), Failed: s.Failed(),
+			ID: s.SpanID, Parent: s.Parent(), Service: t.Service(s), Name: s.OperationName, Depth: min(o.Depth, 12),
+			Start: "+" + jaegertrace.FormatMicros(s.StartTime-sum.StartTime), Duration: jaegertrace.FormatMicros(s.Duration), Failed: s.Failed(),
 		}
 		r.ServiceIndex = svcIndex[r.Service]
 		r.X = math.Round(float64(s.StartTime-sum.StartTime)/total*10000) / 10
@@ -271,46 +272,6 @@ func waterfallOf(t *traces.Trace) waterfall {
 	return wf
 }
 
-type placed struct{ index, depth int }
-
-// order lists spans parent first, children below in start order; spans
-// whose parent is not in the trace are roots.
-func order(t *traces.Trace) []placed {
-	byID := map[string]int{}
-	for i := range t.Spans {
-		byID[t.Spans[i].SpanID] = i
-	}
-	children := map[int][]int{}
-	var roots []int
-	for i := range t.Spans {
-		if p, ok := byID[t.Spans[i].Parent()]; ok && p != i {
-			children[p] = append(children[p], i)
-		} else {
-			roots = append(roots, i)
-		}
-	}
-	var out []placed
-	seen := map[int]bool{}
-	var walk func(i, depth int)
-	walk = func(i, depth int) {
-		if seen[i] {
-			return
-		}
-		seen[i] = true
-		out = append(out, placed{i, depth})
-		for _, c := range children[i] {
-			walk(c, depth+1)
-		}
-	}
-	for _, r := range roots {
-		walk(r, 0)
-	}
-	for i := range t.Spans { // caught in a reference cycle
-		walk(i, 0)
-	}
-	return out
-}
-
 func since(ts *timestamppb.Timestamp, now time.Time) (rfc3339, age string) {
 	if ts == nil || !ts.IsValid() || ts.AsTime().IsZero() {
 		return "", ""
@@ -330,17 +291,6 @@ func fmtAge(d time.Duration) string {
 		return fmt.Sprintf("%dh%dm", s/3600, s%3600/60)
 	default:
 		return fmt.Sprintf("%dd%dh", s/86400, s%86400/3600)
-	}
-}
-
-func fmtMicros(us int64) string {
-	switch {
-	case us < 1000:
-		return fmt.Sprintf("%dµs", us)
-	case us < 1_000_000:
-		return fmt.Sprintf("%.2fms", float64(us)/1e3)
-	default:
-		return fmt.Sprintf("%.3fs", float64(us)/1e6)
 	}
 }
 
