@@ -199,6 +199,16 @@ while :; do
     if ! kill -0 "${pids[$i]}" 2>/dev/null; then
       status=0
       wait "${pids[$i]}" || status=$?
+      # Ctrl-C reaches the whole process group: a process that stopped
+      # cleanly (status 0, or by SIGINT or SIGTERM) may have done so before
+      # this script's own trap ran. That is a stop, not a failure.
+      case $status in
+      0 | 130 | 143)
+        echo
+        echo "${names[$i]} stopped (status $status): stopping the rest"
+        exit 0
+        ;;
+      esac
       echo "${names[$i]} exited with status $status; its log ends with:"
       tail -20 "$LOGS/${names[$i]}.log"
       exit 1

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -267,6 +268,77 @@ func TestMakeRun(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("make run output:\n%s", out.String())
+	}
+}
+
+// TestMakeRunCtrlC: Ctrl-C in a terminal sends SIGINT to make's whole
+// process group — make, run.sh and every process of the stack at once. The
+// stack stops, and neither make nor run.sh prints an error line, whichever
+// process notices first. The same holds when make was started with SIGINT
+// ignored (in the background of a script, then interrupted by its process
+// group): run.sh cannot take the signal then, while the services still do.
+func TestMakeRunCtrlC(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs the stack")
+	}
+	root, err := stack.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		start string
+	}{
+		{"from a terminal", "exec make run"},
+		{"SIGINT ignored", "trap '' INT; exec make run"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runDir := testutil.TempDir(t)
+			var out syncBuffer
+			mk := exec.Command("sh", "-c", tc.start)
+			mk.Dir = root
+			mk.Env = append(append(os.Environ(), "NODEPLUG_RUN_DIR="+runDir), freePorts()...)
+			mk.Stdout, mk.Stderr = &out, &out
+			mk.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := mk.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- mk.Wait() }()
+			defer func() { _ = syscall.Kill(-mk.Process.Pid, syscall.SIGKILL) }()
+			deadline := time.After(10 * time.Minute) // a cold build included
+			for !strings.Contains(out.String(), "Press Ctrl-C to stop.") {
+				select {
+				case err := <-done:
+					t.Fatalf("make run exited early (%v):\n%s", err, out.String())
+				case <-deadline:
+					t.Fatalf("make run did not get ready:\n%s", out.String())
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+
+			if err := syscall.Kill(-mk.Process.Pid, syscall.SIGINT); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				// A make that took the SIGINT dies of it once its child is
+				// done, as a program interrupted from a terminal should;
+				// anything else is a failure.
+				var exit *exec.ExitError
+				if err != nil && !(errors.As(err, &exit) && exit.Sys().(syscall.WaitStatus).Signal() == syscall.SIGINT) {
+					t.Errorf("make run ended with %v after Ctrl-C, want success or SIGINT", err)
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatalf("make run did not stop after Ctrl-C:\n%s", out.String())
+			}
+			if strings.Contains(out.String(), "make: ***") || strings.Contains(out.String(), "exited with status") {
+				t.Errorf("an error line on a clean stop:\n%s", out.String())
+			}
+			if left := processesWithRoot(filepath.Join(runDir, "root")); len(left) > 0 {
+				t.Errorf("processes left behind: %v", left)
+			}
+		})
 	}
 }
 
