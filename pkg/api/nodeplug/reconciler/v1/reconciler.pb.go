@@ -654,7 +654,9 @@ type CSIDriver struct {
 	NodeId             string            `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	AccessibleTopology map[string]string `protobuf:"bytes,7,rep,name=accessible_topology,json=accessibleTopology,proto3" json:"accessible_topology,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	MaxVolumesPerNode  int64             `protobuf:"varint,8,opt,name=max_volumes_per_node,json=maxVolumesPerNode,proto3" json:"max_volumes_per_node,omitempty"`
-	// From GetPluginInfo.
+	// Always empty: registration calls only NodeGetInfo, as the kubelet does,
+	// and no longer Identity/GetPluginInfo. Kept so that clients built against
+	// earlier versions still decode the message.
 	VendorVersion  string                 `protobuf:"bytes,9,opt,name=vendor_version,json=vendorVersion,proto3" json:"vendor_version,omitempty"`
 	RegisteredTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=registered_time,json=registeredTime,proto3" json:"registered_time,omitempty"`
 	unknownFields  protoimpl.UnknownFields
