@@ -326,7 +326,8 @@ func TestMakeRunCtrlC(t *testing.T) {
 				// done, as a program interrupted from a terminal should;
 				// anything else is a failure.
 				var exit *exec.ExitError
-				if err != nil && !(errors.As(err, &exit) && exit.Sys().(syscall.WaitStatus).Signal() == syscall.SIGINT) {
+				diedOfSIGINT := errors.As(err, &exit) && exit.Sys().(syscall.WaitStatus).Signal() == syscall.SIGINT
+				if err != nil && !diedOfSIGINT {
 					t.Errorf("make run ended with %v after Ctrl-C, want success or SIGINT", err)
 				}
 			case <-time.After(60 * time.Second):
