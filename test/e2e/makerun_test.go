@@ -134,28 +134,9 @@ func TestMakeRun(t *testing.T) {
 	mk := exec.Command("make", "run")
 	mk.Dir = root
 	mk.Env = append(append(os.Environ(), "NODEPLUG_RUN_DIR="+runDir), freePorts()...)
-	mk.Stdout = &out
-	mk.Stderr = &out
-	mk.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := mk.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- mk.Wait() }()
-	defer func() {
-		_ = syscall.Kill(-mk.Process.Pid, syscall.SIGKILL)
-	}()
-
-	deadline := time.After(10 * time.Minute)
-	for !strings.Contains(out.String(), "Press Ctrl-C to stop.") {
-		select {
-		case err := <-done:
-			t.Fatalf("make run exited early (%v):\n%s", err, out.String())
-		case <-deadline:
-			t.Fatalf("make run did not get ready:\n%s", out.String())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a cold build included
+	defer cancel()
+	done := startUntilReady(ctx, t, "make run", mk, &out)
 	// It built what it runs, with progress, and nothing else.
 	for _, want := range []string{"building nodeplug-watcher", "compiled ", "built bin/nodeplug-watcher", "built bin/nodeplugctl"} {
 		if !strings.Contains(out.String(), want) {
@@ -298,24 +279,9 @@ func TestMakeRunCtrlC(t *testing.T) {
 			mk := exec.Command("sh", "-c", tc.start)
 			mk.Dir = root
 			mk.Env = append(append(os.Environ(), "NODEPLUG_RUN_DIR="+runDir), freePorts()...)
-			mk.Stdout, mk.Stderr = &out, &out
-			mk.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			if err := mk.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- mk.Wait() }()
-			defer func() { _ = syscall.Kill(-mk.Process.Pid, syscall.SIGKILL) }()
-			deadline := time.After(10 * time.Minute) // a cold build included
-			for !strings.Contains(out.String(), "Press Ctrl-C to stop.") {
-				select {
-				case err := <-done:
-					t.Fatalf("make run exited early (%v):\n%s", err, out.String())
-				case <-deadline:
-					t.Fatalf("make run did not get ready:\n%s", out.String())
-				case <-time.After(200 * time.Millisecond):
-				}
-			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute) // a cold build included
+			defer cancel()
+			done := startUntilReady(ctx, t, "make run", mk, &out)
 
 			if err := syscall.Kill(-mk.Process.Pid, syscall.SIGINT); err != nil {
 				t.Fatal(err)
@@ -341,6 +307,32 @@ func TestMakeRunCtrlC(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startUntilReady starts cmd (a make run or run.sh) in a process group of
+// its own with its output in out, kills that group when the test ends, and
+// waits until the stack says it is ready or ctx ends. It returns the channel
+// cmd's exit arrives on.
+func startUntilReady(ctx context.Context, t *testing.T, what string, cmd *exec.Cmd, out *syncBuffer) <-chan error {
+	t.Helper()
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	for !strings.Contains(out.String(), "Press Ctrl-C to stop.") {
+		select {
+		case err := <-done:
+			t.Fatalf("%s exited early (%v):\n%s", what, err, out.String())
+		case <-ctx.Done():
+			t.Fatalf("%s did not get ready:\n%s", what, out.String())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return done
 }
 
 // processesWithRoot lists the PIDs whose environment has NODEPLUG_ROOT_DIR=root.
@@ -422,23 +414,7 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 	cmd := asNobody(ctx, filepath.Join(root, "scripts", "run.sh"))
 	cmd.Dir = root
 	cmd.Env = append(append(os.Environ(), "HOME="+runDir, "NODEPLUG_RUN_DIR="+runDir, "BIN="+binDir), freePorts()...)
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }()
-	for !strings.Contains(out.String(), "Press Ctrl-C to stop.") {
-		select {
-		case err := <-done:
-			t.Fatalf("run.sh as nobody exited early (%v):\n%s", err, out.String())
-		case <-ctx.Done():
-			t.Fatalf("run.sh as nobody did not get ready:\n%s", out.String())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	done := startUntilReady(ctx, t, "run.sh as nobody", cmd, &out)
 	checkMetricsLine(t, out.String())
 	// Every process of the stack runs as nobody.
 	pids := processesWithRoot(filepath.Join(runDir, "root"))
