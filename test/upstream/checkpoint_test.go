@@ -67,9 +67,13 @@ func TestKubeletReadsTheMirror(t *testing.T) {
 	sick := topoDevice("m-4", 1)
 	sick.Health = pluginapi.Unhealthy
 	d.topoStub("mirrored", res, []*pluginapi.Device{topoDevice("m-1", 0), topoDevice("m-2", 0, 1), topoDevice("m-3"), sick})
-	for pod, n := range map[string]int64{"pod-1": 2, "pod-2": 1} {
-		if _, err := allocate(t, d, pod, res, n); err != nil {
-			t.Fatalf("Allocate %s: %v", pod, err)
+	// In this order: the expectations below depend on it.
+	for _, a := range []struct {
+		pod string
+		n   int64
+	}{{"pod-1", 2}, {"pod-2", 1}} {
+		if _, err := allocate(t, d, a.pod, res, a.n); err != nil {
+			t.Fatalf("Allocate %s: %v", a.pod, err)
 		}
 	}
 	var entries map[string]checkpoint.PodDevicesEntry
