@@ -5,8 +5,9 @@
 // messages (plugin authors match them against the kubelet's documentation
 // and logs).
 //
-// The errors here are plain errors, as the kubelet's are; callers that need a
-// gRPC code wrap them.
+// The rule errors here are plain errors, as the kubelet's are; callers that
+// need a gRPC code wrap them, in an *Error (error.go) when nodeplug's detail
+// differs from the kubelet's words.
 package kubeletrules
 
 import (
