@@ -35,6 +35,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 )
@@ -154,7 +155,7 @@ func Connect(ctx context.Context, resource, path string, dial func(context.Conte
 	}
 	conn, err := rpcutil.DialPlugin(path, grpc.WithConnectParams(gapConnectParams), grpc.WithContextDialer(dial))
 	if err != nil {
-		return fail(&KubeletError{Kubelet: "failed to dial device plugin: " + err.Error(), Kind: errdefs.ErrUnavailable})
+		return fail(kubeletrules.New("failed to dial device plugin: "+err.Error(), "", errdefs.ErrUnavailable))
 	}
 	waitConnected(cctx, conn, RefusedRetry)
 	client := pluginapi.NewDevicePluginClient(conn)
@@ -166,11 +167,9 @@ func Connect(ctx context.Context, resource, path string, dial func(context.Conte
 		ospan.SetStatus(codes.Error, err.Error())
 		ospan.End()
 		_ = conn.Close()
-		return fail(&KubeletError{
-			Kubelet: "failed to get device plugin options: " + err.Error(),
-			Detail:  fmt.Sprintf("failed to get device plugin options for %s at %s: %s", resource, path, status.Convert(err).Message()),
-			Kind:    kind(err),
-		})
+		return fail(kubeletrules.New("failed to get device plugin options: "+err.Error(),
+			fmt.Sprintf("failed to get device plugin options for %s at %s: %s", resource, path, status.Convert(err).Message()),
+			kind(err)))
 	}
 	ospan.End()
 	// The stream outlives ctx (a request's): it keeps only its trace.

@@ -2,7 +2,6 @@ package endpoint
 
 import (
 	"context"
-	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 )
 
 // onePlugin is the least device plugin: no options, one device.
@@ -110,8 +110,7 @@ func TestConnectRefusedFails(t *testing.T) {
 	t.Cleanup(srv.Stop)
 	_ = boundSocket(t, path, srv) // never listens
 	_, err := Connect(ctxT(t), "example.com/dead", path, dialer(path))
-	var kerr *KubeletError
-	if err == nil || !errors.As(err, &kerr) || kerr.KubeletMessage() == "" {
+	if msg, ok := kubeletrules.Message(err); err == nil || !ok || msg == "" {
 		t.Fatalf("Connect to a socket nothing listens on: %v", err)
 	}
 }

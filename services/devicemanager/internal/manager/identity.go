@@ -10,13 +10,16 @@ import (
 	"fmt"
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
 // EndpointConflictError refuses a registration that names an endpoint live
 // under another resource: one live endpoint serves one resource, or the
 // same devices would be allocatable twice. It wraps
-// errdefs.ErrAlreadyExists.
+// errdefs.ErrAlreadyExists. conflictLocked returns it inside a
+// kubeletrules.Error with the kubelet's words for a socket it already
+// serves.
 type EndpointConflictError struct {
 	Endpoint  string // as registered
 	Resource  string // what the registration asked for
@@ -36,12 +39,7 @@ func (e *EndpointConflictError) Error() string {
 // Unwrap makes the error errdefs.ErrAlreadyExists.
 func (e *EndpointConflictError) Unwrap() error { return errdefs.ErrAlreadyExists }
 
-// KubeletMessage is the kubelet's error for a socket it already serves.
-func (e *EndpointConflictError) KubeletMessage() string {
-	return "device plugin already connected: " + e.Endpoint
-}
-
-// conflictLocked returns an *EndpointConflictError when the endpoint at
+// conflictLocked returns an *EndpointConflictError (in a kubeletrules.Error) when the endpoint at
 // path, or any endpoint whose socket is key (another path to it: a hard
 // link, a symlink), is live (not closed) under a resource other than
 // resource.
@@ -52,7 +50,8 @@ func (m *Manager) conflictLocked(resource, path string, key unixsock.Key) error 
 				continue
 			}
 			if o.path == path || (!key.IsZero() && o.id.Key() == key) {
-				return &EndpointConflictError{Endpoint: path, Resource: resource, Other: o.resource, OtherPath: o.path}
+				return kubeletrules.Wrap("device plugin already connected: "+path,
+					&EndpointConflictError{Endpoint: path, Resource: resource, Other: o.resource, OtherPath: o.path})
 			}
 		}
 	}

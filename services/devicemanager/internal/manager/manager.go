@@ -41,6 +41,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/memory"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
@@ -328,11 +329,9 @@ func (m *Manager) resolveEndpoint(ctx context.Context, path string) (string, err
 	case ctx.Err() != nil:
 		return "", fmt.Errorf("waiting for endpoint %s to appear: %w", bounds.Quote(path), ctx.Err())
 	}
-	return "", &endpoint.KubeletError{
-		Kubelet: "failed to dial device plugin: " + context.DeadlineExceeded.Error(),
-		Detail:  fmt.Sprintf("failed to dial device plugin: endpoint %s did not appear within %v", bounds.Quote(path), m.endpointWait),
-		Kind:    errdefs.ErrUnavailable,
-	}
+	return "", kubeletrules.New("failed to dial device plugin: "+context.DeadlineExceeded.Error(),
+		fmt.Sprintf("failed to dial device plugin: endpoint %s did not appear within %v", bounds.Quote(path), m.endpointWait),
+		errdefs.ErrUnavailable)
 }
 
 // connect opens e's connection (see endpoint.Connect). Every dial of it,

@@ -10,7 +10,6 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
 )
 
 // Limits of a registration beyond pkg/bounds' names.
@@ -45,7 +44,7 @@ func ValidateRegistration(r Registration) error {
 		err = kubeletrules.ValidatePluginWatcher(r.Resource, r.Versions)
 	}
 	if err != nil {
-		return &endpoint.KubeletError{Kubelet: err.Error(), Kind: errdefs.ErrInvalidArgument}
+		return kubeletrules.New(err.Error(), "", errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

@@ -16,15 +16,15 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 )
 
 // kubeletMessage returns the kubelet's message a RegisterPlugin error
 // carries, "" when it carries none.
 func kubeletMessage(err error) string {
 	for _, d := range status.Convert(err).Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == KubeletMessageDomain && info.GetReason() == KubeletMessageReason {
-			return info.GetMetadata()[KubeletMessageKey]
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == kubeletrules.ErrorInfoDomain && info.GetReason() == kubeletrules.ErrorInfoReason {
+			return info.GetMetadata()[kubeletrules.ErrorInfoKey]
 		}
 	}
 	return ""
@@ -77,9 +77,8 @@ func TestRegisterPluginKubeletMessage(t *testing.T) {
 // replaced: the detail travels as a marshaled google.rpc.Status, which one
 // invalid string would fail as a whole.
 func TestKubeletMessageNotUTF8(t *testing.T) {
-	err := withKubeletMessage(fmt.Errorf("device plugin example.com/odd: %w", &endpoint.KubeletError{
-		Kubelet: "failed to get device plugin options: bad\xff\xfe answer", Kind: errdefs.ErrInternal,
-	}))
+	err := kubeletrules.Status(fmt.Errorf("device plugin example.com/odd: %w",
+		kubeletrules.New("failed to get device plugin options: bad\xff\xfe answer", "", errdefs.ErrInternal)))
 	if got, want := kubeletMessage(err), "failed to get device plugin options: bad\uFFFD answer"; got != want {
 		t.Fatalf("kubelet message = %q, want %q (error %v)", got, want, err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
 
@@ -50,8 +51,9 @@ func NewRegistration(m Registrar, dir string, log *slog.Logger) *Registration {
 //
 // Errors toward the plugin are the kubelet's: plain errors (gRPC code
 // Unknown, as every error of the kubelet's Register) with the kubelet's
-// words where it has any (see toPlugin). nodeplug's own RegisterPlugin keeps
-// its codes and detail.
+// words where it has any, else nodeplug's without its errdefs sentinel
+// (kubeletrules.Told). nodeplug's own RegisterPlugin keeps its codes and
+// detail.
 func (r *Registration) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	name := "legacy Register"
 	if bounds.Name("resource name", req.GetResourceName()) == nil {
@@ -65,36 +67,9 @@ func (r *Registration) Register(ctx context.Context, req *pluginapi.RegisterRequ
 	}
 	if err != nil {
 		r.log.WarnContext(ctx, "legacy Register failed", "resource", bounds.Quote(req.GetResourceName()), "endpoint", bounds.Quote(req.GetEndpoint()), "error", err)
-		return nil, toPlugin(err)
+		return nil, errors.New(kubeletrules.Told(err))
 	}
 	return &pluginapi.Empty{}, nil
-}
-
-// kubeletWorded is an error that knows the kubelet's message for itself.
-type kubeletWorded interface{ KubeletMessage() string }
-
-// sentinels are the errdefs sentinels whose text an error toward a plugin
-// leaves out.
-var sentinels = []error{
-	errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrFailedPrecondition,
-	errdefs.ErrUnavailable, errdefs.ErrResourceExhausted, errdefs.ErrInternal, errdefs.ErrDeadlineExceeded,
-}
-
-// toPlugin turns err into what the kubelet's Register would return: a plain
-// error (code Unknown), with the kubelet's message where err has one, else
-// nodeplug's message without the name of its errdefs sentinel.
-func toPlugin(err error) error {
-	var kw kubeletWorded
-	if errors.As(err, &kw) {
-		return errors.New(kw.KubeletMessage())
-	}
-	msg := err.Error()
-	for _, s := range sentinels {
-		if errors.Is(err, s) {
-			msg = strings.TrimSuffix(msg, ": "+s.Error())
-		}
-	}
-	return errors.New(msg)
 }
 
 // legacyRegistration is the registration a legacy Register asks for: its

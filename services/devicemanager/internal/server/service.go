@@ -14,15 +14,11 @@ package server
 
 import (
 	"context"
-	"errors"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/status"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/bounds"
-	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
@@ -63,40 +59,12 @@ func NewService(m Backend) *Service {
 // RegisterPlugin implements DeviceManagerService.
 func (s *Service) RegisterPlugin(ctx context.Context, req *dmv1.RegisterPluginRequest) (*dmv1.RegisterPluginResponse, error) {
 	if err := s.m.Register(ctx, registrationFromAPI(req)); err != nil {
-		return nil, withKubeletMessage(err)
+		// The kubelet's words, when the error has them, travel as an
+		// ErrorInfo detail (kubeletrules.Status) for the reconciler to tell
+		// the plugin.
+		return nil, kubeletrules.Status(err)
 	}
 	return &dmv1.RegisterPluginResponse{InstanceId: s.m.InstanceID()}, nil
-}
-
-// What a RegisterPlugin failure carries for the caller to tell the plugin in
-// the kubelet's words: an ErrorInfo detail of this domain and reason whose
-// metadata KubeletMessageKey is the kubelet's error (the kubelet's
-// NotifyRegistrationStatus says "RegisterPlugin error -- plugin
-// registration failed with err: " and that message).
-const (
-	KubeletMessageDomain = "nodeplug.devicemanager.v1"
-	KubeletMessageReason = "KUBELET_MESSAGE"
-	KubeletMessageKey    = "message"
-)
-
-// withKubeletMessage returns err as a status of its code and message, with
-// the kubelet's message for it as a detail when it has one (see
-// KubeletMessageReason); other errors are returned unchanged.
-func withKubeletMessage(err error) error {
-	var kw kubeletWorded
-	if !errors.As(err, &kw) {
-		return err
-	}
-	// The details travel as a marshaled google.rpc.Status, whose strings
-	// must be UTF-8: a message echoing a plugin's bytes would lose them.
-	st, derr := status.New(errdefs.Code(err), bounds.Text(err.Error())).WithDetails(&errdetails.ErrorInfo{
-		Domain: KubeletMessageDomain, Reason: KubeletMessageReason,
-		Metadata: map[string]string{KubeletMessageKey: bounds.Text(kw.KubeletMessage())},
-	})
-	if derr != nil {
-		return err
-	}
-	return st.Err()
 }
 
 // DeregisterPlugin implements DeviceManagerService.
