@@ -47,6 +47,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
@@ -125,9 +126,9 @@ func socketPath(c config) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	dir := app.PluginsRegistryDir(root)
+	dir := layout.PluginsRegistryDir(root)
 	if c.mode == modeKubelet {
-		dir = app.DevicePluginsDir(root)
+		dir = layout.DevicePluginsDir(root)
 	}
 	name := c.socketName
 	if name == "" {
@@ -210,7 +211,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, ready func(*devicepl
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 
-	kubeletSock := app.KubeletSocket(root)
+	kubeletSock := layout.KubeletSocket(root)
 	var registerc <-chan error
 	register := func() {
 		errc := make(chan error, 1)

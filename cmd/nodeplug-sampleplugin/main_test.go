@@ -18,8 +18,8 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -78,7 +78,7 @@ func TestPluginsRegistryModeAndHealthControl(t *testing.T) {
 	root := testutil.TempDir(t)
 	t.Setenv("NODEPLUG_ROOT_DIR", root)
 	s := runPlugin(t, "--resource", "example.com/gpu", "--devices", "3", "--control-listen", "127.0.0.1:0", "--preferred")
-	sock := filepath.Join(app.PluginsRegistryDir(root), "example-com_gpu.sock")
+	sock := filepath.Join(layout.PluginsRegistryDir(root), "example-com_gpu.sock")
 	if s.p.SocketPath() != sock || !unixsock.IsSocket(sock) {
 		t.Fatalf("socket %s", s.p.SocketPath())
 	}
@@ -164,8 +164,8 @@ func startKubelet(t *testing.T, path string, got chan *pluginapi.RegisterRequest
 
 func TestKubeletSockModeReRegisters(t *testing.T) {
 	root := testutil.TempDir(t)
-	dpDir := app.DevicePluginsDir(root)
-	kubeletSock := app.KubeletSocket(root)
+	dpDir := layout.DevicePluginsDir(root)
+	kubeletSock := layout.KubeletSocket(root)
 	got := make(chan *pluginapi.RegisterRequest, 10)
 	k := startKubelet(t, kubeletSock, got)
 	s := runPlugin(t, "--root-dir", root, "--mode", "kubelet-sock", "--resource", "example.com/legacy", "--devices", "2", "--socket-name", "legacy.sock")

@@ -11,7 +11,7 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 func (r *runner) allocation(ctx context.Context) ([]AllocationResult, error) {
@@ -257,11 +257,11 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	}
 
 	// The longer loop, following the files.
-	dir := app.DevicePluginsDir(r.root)
+	dir := layout.DevicePluginsDir(r.root)
 	seen := map[string]bool{}
 	var maxJournal int64
 	sample := func() int64 {
-		js, _ := filepath.Glob(filepath.Join(dir, "nodeplug_checkpoint.journal.*"))
+		js, _ := filepath.Glob(filepath.Join(dir, layout.CheckpointFileName+layout.CheckpointJournalInfix+"*"))
 		var total int64
 		for _, j := range js {
 			if fi, err := os.Stat(j); err == nil {
@@ -286,7 +286,7 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	out.Loop.MaxJournalBytes = max(maxJournal, out.Loop.FinalJournalBytes)
 	out.Loop.Journals = len(seen)
 	sampleMu.Unlock()
-	if fi, err := os.Stat(filepath.Join(dir, app.CheckpointFileName)); err == nil {
+	if fi, err := os.Stat(filepath.Join(dir, layout.CheckpointFileName)); err == nil {
 		out.Loop.SnapshotBytes = fi.Size()
 	}
 	r.logf("  allocate p99 %.3f ms over the floor's; %d plugins: %.0f pairs/s, p99 %.2f× the 8-device one; loop of %d pairs: journal ≤ %d bytes (%d files seen), snapshot %d bytes",

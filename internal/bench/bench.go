@@ -21,6 +21,7 @@ import (
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
 
@@ -398,7 +399,7 @@ func (r *runner) quiesce(ctx context.Context) error {
 }
 
 func (r *runner) socket(prefix string) string {
-	return filepath.Join(app.PluginsRegistryDir(r.root), fmt.Sprintf("%s-%d.sock", prefix, r.seq.Add(1)))
+	return filepath.Join(layout.PluginsRegistryDir(r.root), fmt.Sprintf("%s-%d.sock", prefix, r.seq.Add(1)))
 }
 
 // devicePlugin is a device plugin that records when its socket appeared.

@@ -17,8 +17,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
 
@@ -337,7 +337,7 @@ type fleetPlugin struct {
 func (r *runner) round(ctx context.Context, kind string, n int, dir string, settle func() error) (RoundFigures, error) {
 	nodeplug := dir == ""
 	if nodeplug {
-		dir = app.PluginsRegistryDir(r.root)
+		dir = layout.PluginsRegistryDir(r.root)
 	}
 	staging := filepath.Join(r.root, fmt.Sprintf("staging-r%d", r.seq.Add(1)))
 	if err := os.MkdirAll(staging, 0o750); err != nil {

@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // overwriteFloorBytes is the size of the overwrite floor's file: as large
@@ -47,7 +47,7 @@ type floors struct {
 // every few seconds), so the floor's p99 over a tenth of a second is not
 // comparable with Allocate's over five.
 func (r *runner) fsyncFloors(n int, d time.Duration) (floors, error) {
-	dir := app.DevicePluginsDir(r.root)
+	dir := layout.DevicePluginsDir(r.root)
 	var files []*os.File
 	defer func() {
 		for _, f := range files {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"os/user"
-	"path/filepath"
 	"strconv"
 
 	"google.golang.org/grpc"
@@ -17,17 +16,6 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
-
-// APIDirName is the directory beneath the root dir that holds the
-// services' API sockets.
-const APIDirName = "nodeplug"
-
-// APISocket returns <root>/nodeplug/<service>.sock, the default API socket
-// of a service ("watcher", "reconciler", "devicemanager") and the default
-// address its clients dial.
-func APISocket(root, service string) string {
-	return filepath.Join(root, APIDirName, service+".sock")
-}
 
 // errListenGone is what --listen and NODEPLUG_<SVC>_LISTEN now answer.
 var errListenGone = errors.New("--listen is gone: the API is served on a Unix socket, --api-socket " +

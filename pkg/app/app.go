@@ -8,8 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -18,24 +16,18 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/nodeplug/nodeplug/pkg/access"
-	"github.com/nodeplug/nodeplug/pkg/lockfile"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
-
-// DefaultRootDir is the kubelet's root directory.
-const DefaultRootDir = "/var/lib/kubelet"
 
 // Config holds what every service binary is configured with.
 type Config struct {
@@ -66,10 +58,10 @@ type Config struct {
 }
 
 // PluginsDir is <root>/plugins_registry.
-func (c *Config) PluginsDir() string { return PluginsRegistryDir(c.RootDir) }
+func (c *Config) PluginsDir() string { return layout.PluginsRegistryDir(c.RootDir) }
 
 // DevicePluginsDir is <root>/device-plugins.
-func (c *Config) DevicePluginsDir() string { return DevicePluginsDir(c.RootDir) }
+func (c *Config) DevicePluginsDir() string { return layout.DevicePluginsDir(c.RootDir) }
 
 // Service describes one binary: its name, default addresses, extra flags and
 // what it runs.
@@ -210,7 +202,7 @@ func gcPercent(svc Service, getenv func(string) string) (int, bool) {
 }
 
 func commonFlags(svc Service, fs *Flags, cfg *Config) *bool {
-	fs.StringVar(&cfg.RootDir, "root-dir", DefaultRootDir, "root directory: plugins_registry/, device-plugins/ and nodeplug/ (the API sockets) are beneath it")
+	fs.StringVar(&cfg.RootDir, "root-dir", layout.DefaultRootDir, "root directory: plugins_registry/, device-plugins/ and nodeplug/ (the API sockets) are beneath it")
 	fs.StringVar(&cfg.APISocket, "api-socket", "", "the API's Unix socket (default <root-dir>/nodeplug/"+svc.Binary+".sock)")
 	fs.StringVar(&cfg.APIGroup, "api-group", "", "group (name or GID) of the API socket and its directory; members may read (default: the process's group)")
 	fs.StringVar(&cfg.OperatorGroup, "operator-group", "", "group (name or GID) whose members may Allocate and Release")
@@ -259,7 +251,7 @@ func parse(svc Service, args []string) (Config, int, bool) {
 	}
 	cfg.RootDir = abs
 	if cfg.APISocket == "" {
-		cfg.APISocket = APISocket(abs, svc.Binary)
+		cfg.APISocket = layout.APISocket(abs, svc.Binary)
 	}
 	if err := cfg.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "nodeplug-"+svc.Binary+":", err)
@@ -278,7 +270,7 @@ func parse(svc Service, args []string) (Config, int, bool) {
 
 func healthcheck(svc Service, args []string) int {
 	fs := NewFlags(svc.Binary)
-	root := fs.String("root-dir", DefaultRootDir, "root directory")
+	root := fs.String("root-dir", layout.DefaultRootDir, "root directory")
 	sock := fs.String("api-socket", "", "API socket of the instance to check (default <root-dir>/nodeplug/"+svc.Binary+".sock)")
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
@@ -287,7 +279,7 @@ func healthcheck(svc Service, args []string) int {
 	}
 	addr := *sock
 	if addr == "" {
-		addr = APISocket(*root, svc.Binary)
+		addr = layout.APISocket(*root, svc.Binary)
 	}
 	conn, err := rpcutil.DialPeer(addr)
 	if err != nil {
@@ -330,154 +322,4 @@ func (c *Config) validate() error {
 // path, or host:port over mutual TLS with this service's TLS flags).
 func (c *Config) DialPeer(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error) {
 	return c.TLS.Dial(addr, opts...)
-}
-
-// Run runs svc with cfg until ctx ends or a background task fails.
-func Run(ctx context.Context, svc Service, cfg Config, log *slog.Logger) (err error) {
-	name := "nodeplug-" + svc.Binary
-	shutdownTracing, err := telemetry.Setup(ctx, name, version.Version)
-	if err != nil {
-		return fmt.Errorf("tracing setup: %w", err)
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if e := shutdownTracing(sctx); e != nil {
-			log.Warn("flushing traces", "error", e)
-		}
-	}()
-
-	apiGID, err := lookupGroup("api-group", cfg.APIGroup)
-	if err != nil {
-		return err
-	}
-	if err := makeRootDir(cfg.RootDir, apiGID); err != nil {
-		return err
-	}
-	lock, err := lockfile.Acquire(filepath.Join(cfg.RootDir, name+".lock"))
-	if errors.Is(err, lockfile.ErrLocked) {
-		return fmt.Errorf("another %s runs with root dir %s: %w", name, cfg.RootDir, err)
-	}
-	if err != nil {
-		return fmt.Errorf("%s cannot take its lock in root dir %s: %w", name, cfg.RootDir, err)
-	}
-	defer func() { _ = lock.Release() }()
-
-	opGID, err := lookupGroup("operator-group", cfg.OperatorGroup)
-	if err != nil {
-		return err
-	}
-	creds := &access.Credentials{Unix: access.UnixPolicy{OwnUID: uint32(os.Getuid())}}
-	if opGID >= 0 {
-		creds.Unix.OperatorGIDs = []uint32{uint32(opGID)}
-	}
-	var tcp net.Listener
-	if cfg.ListenTCP != "" {
-		if cfg.TLS.Insecure {
-			log.Warn("serving the API on TCP WITHOUT TLS (--insecure-tcp): every caller there may call everything; for tests only", "addr", cfg.ListenTCP)
-		} else if creds.TLS, err = cfg.TLS.serverTLS(); err != nil {
-			return err
-		}
-		if tcp, err = net.Listen("tcp", cfg.ListenTCP); err != nil {
-			return fmt.Errorf("gRPC listen on %s: %w", cfg.ListenTCP, err)
-		}
-		defer tcp.Close()
-	}
-	lis, err := listenAPI(cfg.RootDir, cfg.APISocket, apiGID, log)
-	if err != nil {
-		return fmt.Errorf("API socket %s: %w", cfg.APISocket, err)
-	}
-	defer lis.Close()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	// The metrics listener is bound before Setup, so that a failure here
-	// leaves nothing behind (Setup may create sockets).
-	var mlis net.Listener
-	if cfg.MetricsListen != "" {
-		if mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
-			return fmt.Errorf("metrics listen on %s: %w", cfg.MetricsListen, err)
-		}
-		defer mlis.Close()
-	}
-
-	guard := access.NewGuard(log, reg)
-	if cfg.TLS.Insecure {
-		guard.AllowUnidentified()
-	}
-	serverOpts := []grpc.ServerOption{grpc.Creds(creds),
-		grpc.ChainUnaryInterceptor(guard.Unary),
-		grpc.ChainStreamInterceptor(guard.Stream, access.NewWatchBounds(cfg.Watch, reg).Stream)}
-	if svc.HandlerPool > 0 {
-		serverOpts = append(serverOpts, grpc.NumStreamWorkers(uint32(svc.HandlerPool)))
-	}
-	server, healthSrv := rpcutil.NewServer(log, serverOpts...)
-	healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g, gctx := errgroup.WithContext(sctx)
-	rt := &Runtime{Config: cfg, Log: log, Metrics: reg, Server: server, Health: healthSrv, Addr: lis.Addr(), group: g, ctx: gctx}
-	if tcp != nil {
-		rt.TCPAddr = tcp.Addr()
-	}
-	if err := svc.Setup(gctx, rt); err != nil {
-		// Stop what Setup started (its background work, the sockets it
-		// serves, which are removed) before reporting the failure.
-		cancel()
-		_ = g.Wait()
-		return err
-	}
-	if !rt.deferred {
-		healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	}
-	if svc.Settle != nil {
-		rt.Go(func(ctx context.Context) error {
-			settleLoop(ctx, *svc.Settle, log, reg)
-			return nil
-		})
-	}
-
-	if mlis != nil {
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		if cfg.Pprof {
-			mux.HandleFunc("/debug/pprof/", pprof.Index)
-			mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-			mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		}
-		metricsSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		log.Info("metrics listening", "addr", mlis.Addr().String(), "url", "http://"+mlis.Addr().String()+"/metrics")
-		g.Go(func() error {
-			if err := metricsSrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("metrics server: %w", err)
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = metricsSrv.Shutdown(sctx)
-			return nil
-		})
-	}
-	log.Info("gRPC listening", "service", name, "addr", lis.Addr().String(), "root_dir", cfg.RootDir, "version", version.Version)
-	rt.serve(lis, server, func() {
-		log.Info("shutting down")
-		healthSrv.Shutdown()
-	})
-	if tcp != nil {
-		log.Info("gRPC listening on TCP", "service", name, "tcp_addr", tcp.Addr().String(), "mutual_tls", !cfg.TLS.Insecure)
-		// The same server: stopping it (above) stops both listeners.
-		rt.group.Go(func() error {
-			if err := server.Serve(tcp); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-				return fmt.Errorf("gRPC server on %s: %w", tcp.Addr(), err)
-			}
-			return nil
-		})
-	}
-	err = g.Wait()
-	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
-		err = nil
-	}
-	return err
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // The directories a service needs: its root dir and its API socket's
@@ -106,7 +108,7 @@ func makeDir(dir string, mode fs.FileMode, gid int) (bool, error) {
 func apiDir(root, path string, gid int, log *slog.Logger) error {
 	dir := filepath.Clean(filepath.Dir(path))
 	noLink := func() error {
-		if dir != filepath.Clean(filepath.Join(root, APIDirName)) {
+		if dir != filepath.Clean(layout.APIDir(root)) {
 			return nil
 		}
 		if fi, err := os.Lstat(dir); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
@@ -131,7 +133,7 @@ func apiDir(root, path string, gid int, log *slog.Logger) error {
 		return err
 	}
 	if fi.Mode().Perm()&0o002 != 0 {
-		return fmt.Errorf("the API socket directory %s is writable by every user (%v): anyone could put another socket in the API's place; choose a directory only the service's user may write to, such as the default <root-dir>/%s", dir, fi.Mode(), APIDirName)
+		return fmt.Errorf("the API socket directory %s is writable by every user (%v): anyone could put another socket in the API's place; choose a directory only the service's user may write to, such as the default <root-dir>/%s", dir, fi.Mode(), layout.APIDirName)
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && gid >= 0 && int(st.Gid) != gid {
 		log.Warn("the API socket directory was there already and is left as it is: members of --api-group may not reach the socket unless the directory lets them",

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/lockfile"
 )
 
@@ -74,13 +75,13 @@ func TestAPIDirSymlinkRefused(t *testing.T) {
 	if err := os.Chmod(target, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(target, filepath.Join(root, APIDirName)); err != nil {
+	if err := os.Symlink(target, layout.APIDir(root)); err != nil {
 		t.Fatal(err)
 	}
 	stop, err := start(t, Config{RootDir: root, APISocket: APISocket(root, "test")})
 	stop()
 	if err == nil || !strings.Contains(err.Error(), "symbolic link") {
-		t.Fatalf("start with a link at %s: %v; want it refused as a symbolic link", filepath.Join(root, APIDirName), err)
+		t.Fatalf("start with a link at %s: %v; want it refused as a symbolic link", layout.APIDir(root), err)
 	}
 	if mode, _ := modeAndGroup(t, target); mode != 0o755 {
 		t.Errorf("the link's target is now %v, want 0755 as it was", mode)
@@ -140,7 +141,7 @@ func TestExistingAPIDirLeftAlone(t *testing.T) {
 	if _, err := start(t, Config{Binary: "other", RootDir: root2, APISocket: APISocket(root2, "other"), APIGroup: group}); err != nil {
 		t.Fatal(err)
 	}
-	if mode, g := modeAndGroup(t, filepath.Join(root2, APIDirName)); mode != 0o750 || g != uint32(gid) {
+	if mode, g := modeAndGroup(t, layout.APIDir(root2)); mode != 0o750 || g != uint32(gid) {
 		t.Errorf("the API socket directory the service created is %v of group %d, want 0750 of %d", mode, g, gid)
 	}
 }
@@ -197,7 +198,7 @@ func TestLockRefusalNamesTheReason(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := testutil.TempDir(t)
-			if err := tc.plant(filepath.Join(root, "nodeplug-test.lock")); err != nil {
+			if err := tc.plant(layout.LockFile(root, "test")); err != nil {
 				t.Fatal(err)
 			}
 			stop, err := start(t, Config{RootDir: root, APISocket: APISocket(root, "test")})
@@ -209,7 +210,7 @@ func TestLockRefusalNamesTheReason(t *testing.T) {
 	}
 	t.Run("held", func(t *testing.T) {
 		root := testutil.TempDir(t)
-		l, err := lockfile.Acquire(filepath.Join(root, "nodeplug-test.lock"))
+		l, err := lockfile.Acquire(layout.LockFile(root, "test"))
 		if err != nil {
 			t.Fatal(err)
 		}

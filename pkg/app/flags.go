@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 )
 
@@ -57,7 +58,7 @@ func (l *listValue) Set(s string) error { *l = append(*l, s); return nil }
 // Common holds the flags that every nodeplug binary takes, services and
 // tools alike.
 type Common struct {
-	RootDir     string // --root-dir (NODEPLUG_ROOT_DIR), default DefaultRootDir
+	RootDir     string // --root-dir (NODEPLUG_ROOT_DIR), default layout.DefaultRootDir
 	LogLevel    string // --log-level: debug, info, warn or error
 	LogFormat   string // --log-format: text or json
 	ShowVersion bool   // --version: print the version and exit
@@ -68,7 +69,7 @@ type Common struct {
 // where their values land once f is parsed.
 func (f *Flags) AddCommon() *Common {
 	c := &Common{}
-	f.StringVar(&c.RootDir, "root-dir", DefaultRootDir, "root directory: "+PluginsRegistryDirName+"/ and "+DevicePluginsDirName+"/ are beneath it")
+	f.StringVar(&c.RootDir, "root-dir", layout.DefaultRootDir, "root directory: "+layout.PluginsRegistryDirName+"/ and "+layout.DevicePluginsDirName+"/ are beneath it")
 	f.StringVar(&c.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&c.LogFormat, "log-format", "text", "log format: text or json")
 	f.AddVersion(&c.ShowVersion)

@@ -17,7 +17,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
@@ -165,7 +165,7 @@ func TestPluginRegisterOnKubeletSock(t *testing.T) {
 	kubelet := &fakeKubelet{got: make(chan *pluginapi.RegisterRequest, 1)}
 	ks, _ := rpcutil.NewServer(discardLogger())
 	pluginapi.RegisterRegistrationServer(ks, kubelet)
-	lis, err := unixsock.Listen(filepath.Join(dir, app.KubeletSocketName))
+	lis, err := unixsock.Listen(filepath.Join(dir, layout.KubeletSocketName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestPluginRegisterOnKubeletSock(t *testing.T) {
 	defer ks.Stop()
 
 	p := startPlugin(t, Options{Resource: "example.com/dev", Devices: 1, SocketPath: filepath.Join(dir, "dp.sock")})
-	if err := p.Register(context.Background(), filepath.Join(dir, app.KubeletSocketName)); err != nil {
+	if err := p.Register(context.Background(), filepath.Join(dir, layout.KubeletSocketName)); err != nil {
 		t.Fatal(err)
 	}
 	r := <-kubelet.got

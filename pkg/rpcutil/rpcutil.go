@@ -40,9 +40,21 @@ import (
 
 // NewServer returns a gRPC server with the OTel stats handler (health checks
 // filtered out), slog logging, error-to-status mapping and panic recovery,
-// plus the health and reflection services. Callers register their services
-// and then mark health SERVING.
+// plus the health and reflection services, and the default pool of handler
+// goroutines (see NewServerPool). Callers register their services and then
+// mark health SERVING.
 func NewServer(log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
+	return NewServerPool(log, 0, opts...)
+}
+
+// NewServerPool is NewServer with a pool of at least workers handler
+// goroutines. The pool is kept between calls: a new goroutine per call grows
+// its stack again through every deep call path (tracing, logging,
+// protobuf). When every worker is busy gRPC starts a goroutine for the
+// call, so a server that takes many calls at once sizes its pool to them.
+// A workers below the default (4 per CPU) keeps the default. This is the
+// one place nodeplug sizes a server's pool.
+func NewServerPool(log *slog.Logger, workers int, opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
 	logger := InterceptorLogger(log)
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
@@ -53,12 +65,7 @@ func NewServer(log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *heal
 		return status.Error(codes.Internal, "internal error")
 	})}
 	base := []grpc.ServerOption{
-		// A pool of handler goroutines, kept between calls: a new goroutine
-		// per call grows its stack again through every deep call path
-		// (tracing, logging, protobuf), which cost about 6 % of the
-		// devicemanager's CPU under an Allocate load. When every worker is
-		// busy gRPC starts a goroutine as before.
-		grpc.NumStreamWorkers(streamWorkers()),
+		grpc.NumStreamWorkers(streamWorkers(workers)),
 		grpc.StatsHandler(telemetry.ServerHandler(otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
 		grpc.ChainUnaryInterceptor(
 			logging.UnaryServerInterceptor(logger, logOpts...),
@@ -78,10 +85,11 @@ func NewServer(log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *heal
 	return s, h
 }
 
-// streamWorkers is the size of NewServer's handler pool by default; a
-// server that takes many calls at once passes a larger
-// grpc.NumStreamWorkers after it (the later option wins).
-func streamWorkers() uint32 { return uint32(4 * runtime.GOMAXPROCS(0)) }
+// streamWorkers is the size of a server's handler pool: 4 per CPU, or
+// workers when that is larger.
+func streamWorkers(workers int) uint32 {
+	return uint32(max(workers, 4*runtime.GOMAXPROCS(0)))
+}
 
 // serverCodeToLevel logs successful and expected calls at debug, so routine
 // traffic does not flood the log.
