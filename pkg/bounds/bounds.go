@@ -68,6 +68,11 @@ func check(what, s string, max int, optional bool) error {
 	return nil
 }
 
+// CheckText checks a free text that may be empty (a message, a topology
+// attribute, an annotation): at most max bytes, valid UTF-8 and printable.
+// what names it in the error.
+func CheckText(what, s string, max int) error { return check(what, s, max, true) }
+
 // Name checks a resource, driver or plugin name; what names it in the
 // error ("resource name", …).
 func Name(what, s string) error { return check(what, s, MaxName, false) }

@@ -38,6 +38,12 @@ func TestChecks(t *testing.T) {
 		{"pod namespace alone", PodIdentity("ns", ""), false},
 		{"pod name alone", PodIdentity("", "web-0"), false},
 		{"huge pod name", PodIdentity("ns", long), false},
+		{"empty text", CheckText("health message", "", 16), true},
+		{"text of 16", CheckText("health message", strings.Repeat("t", 16), 16), true},
+		{"text of 17", CheckText("health message", strings.Repeat("t", 17), 16), false},
+		{"text with tab", CheckText("health message", "a\tb", 16), false},
+		{"text not UTF-8", CheckText("health message", "\xff", 16), false},
+		{"huge text", CheckText("health message", long, 1024), false},
 	} {
 		if (tc.err == nil) != tc.ok {
 			t.Errorf("%s: %v, want ok=%v", tc.name, tc.err, tc.ok)
