@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -26,6 +25,7 @@ import (
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 )
@@ -361,7 +361,7 @@ func (c *fakeCSI) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.No
 func tempRoot(t *testing.T) (root, plugins string) {
 	t.Helper()
 	root = testutil.TempDir(t)
-	plugins = filepath.Join(root, "plugins_registry")
+	plugins = layout.PluginsRegistryDir(root)
 	if err := os.MkdirAll(plugins, 0o750); err != nil {
 		t.Fatal(err)
 	}

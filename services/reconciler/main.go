@@ -22,6 +22,7 @@ import (
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
@@ -53,10 +54,10 @@ func main() {
 		},
 		Setup: func(_ context.Context, rt *app.Runtime) error {
 			if cfg.WatcherAddr == "" {
-				cfg.WatcherAddr = app.APISocket(rt.Config.RootDir, "watcher")
+				cfg.WatcherAddr = layout.APISocket(rt.Config.RootDir, "watcher")
 			}
 			if cfg.DeviceManagerAddr == "" {
-				cfg.DeviceManagerAddr = app.APISocket(rt.Config.RootDir, "devicemanager")
+				cfg.DeviceManagerAddr = layout.APISocket(rt.Config.RootDir, "devicemanager")
 			}
 			cfg.Dial = rt.Config.DialPeer
 			cfg.AllowedDirs = rt.Config.AllowedDirs
@@ -103,7 +104,7 @@ type service struct {
 	status  *status.Board          // what the API publishes
 	loop    *reconciler.Reconciler // the control loop
 	drivers *handler.Drivers       // CSI and DRA drivers
-	devices *handler.DevicePlugin  // the devicemanager's handler
+	dm      *handler.DeviceManager // the devicemanager, as its handlers see it
 	watch   *watchclient.Client    // feeds the loop from the watcher
 	api     *server.Server         // the gRPC adapter
 
@@ -139,13 +140,13 @@ func newService(cfg config) (*service, error) {
 		drivers: handler.NewDrivers(),
 		conns:   []*grpc.ClientConn{wconn, dconn},
 	}
-	// A restarted devicemanager lost its endpoints: register every device
-	// plugin with it again.
-	s.devices = handler.NewDevicePlugin(devicemanagerv1.NewDeviceManagerServiceClient(dconn), cfg.Log.With("handler", handler.TypeDevicePlugin),
-		func(_, _ string) { s.loop.Reregister(handler.TypeDevicePlugin) })
+	// A restarted devicemanager lost its endpoints and DRA drivers:
+	// register every device plugin and DRA driver with it again.
+	s.dm = handler.NewDeviceManager(devicemanagerv1.NewDeviceManagerServiceClient(dconn), cfg.Log.With("peer", "devicemanager"),
+		func(_, _ string) { s.loop.Reregister(handler.TypeDevicePlugin, handler.TypeDRAPlugin) })
 	// What ListResources says of an endpoint, ListPlugins says of its
 	// registration (DESIGN "Reconciler ↔ devicemanager").
-	s.devices.OnEndpoint(func(e handler.EndpointState) {
+	s.dm.OnEndpoint(func(e handler.EndpointState) {
 		switch {
 		case e.Stopped:
 			s.status.EndpointStopped(e.SocketPath, e.Generation, endpointStoppedNote(e))
@@ -155,7 +156,7 @@ func newService(cfg config) (*service, error) {
 	})
 	s.loop = reconciler.New(reconciler.Options{
 		Handlers: map[string]cache.Handler{
-			handler.TypeDevicePlugin: s.devices,
+			handler.TypeDevicePlugin: handler.NewDevicePlugin(s.dm),
 			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers, confiner),
 			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers),
 		},
@@ -181,7 +182,7 @@ func (s *service) run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.loop.Run(gctx) })
 	g.Go(func() error { return s.watch.Run(gctx) })
-	g.Go(func() error { return s.devices.Run(gctx) })
+	g.Go(func() error { return s.dm.Run(gctx) })
 	err := g.Wait()
 	if errors.Is(err, context.Canceled) {
 		return nil

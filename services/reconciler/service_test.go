@@ -26,6 +26,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
@@ -65,13 +66,13 @@ func TestRegistrationAndDeregistration(t *testing.T) {
 			name: "DRAPlugin",
 			info: draPlugin("dra.example.com"),
 			registered: func(t *testing.T, e *env, path string) {
-				d := e.s.drivers.DRA()
+				d := e.s.drivers.List(handler.TypeDRAPlugin)
 				if len(d) != 1 || d[0].Name != "dra.example.com" || d[0].Endpoint != path || d[0].SocketPath != path {
 					t.Fatalf("DRA drivers = %+v", d)
 				}
 			},
 			gone: func(t *testing.T, e *env, path string) {
-				if d := e.s.drivers.DRA(); len(d) != 0 {
+				if d := e.s.drivers.List(handler.TypeDRAPlugin); len(d) != 0 {
 					t.Fatalf("DRA drivers after removal = %+v", d)
 				}
 			},
@@ -81,14 +82,14 @@ func TestRegistrationAndDeregistration(t *testing.T) {
 			info: testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"0.3.0", "1.0.0", "1.2.0"}},
 			opts: []testplugin.Options{csiOptions("csi.example.com")},
 			registered: func(t *testing.T, e *env, path string) {
-				d := e.s.drivers.CSI()
-				if len(d) != 1 || d[0].Name != "csi.example.com" || d[0].NodeID != "node-1" || d[0].MaxVolumesPerNode != 16 ||
-					d[0].AccessibleTopology["topology.example.com/zone"] != "a" || d[0].HighestVersion != "1.2.0" || d[0].VendorVersion != "" {
+				d := e.s.drivers.List(handler.TypeCSIPlugin)
+				if len(d) != 1 || d[0].Name != "csi.example.com" || d[0].CSI.NodeID != "node-1" || d[0].CSI.MaxVolumesPerNode != 16 ||
+					d[0].CSI.AccessibleTopology["topology.example.com/zone"] != "a" || d[0].CSI.HighestVersion != "1.2.0" || d[0].CSI.VendorVersion != "" {
 					t.Fatalf("CSI drivers = %+v", d)
 				}
 			},
 			gone: func(t *testing.T, e *env, path string) {
-				if d := e.s.drivers.CSI(); len(d) != 0 {
+				if d := e.s.drivers.List(handler.TypeCSIPlugin); len(d) != 0 {
 					t.Fatalf("CSI drivers after removal = %+v", d)
 				}
 			},
@@ -769,8 +770,8 @@ func TestWatcherRestartCausesNoDeregistration(t *testing.T) {
 	if _, ok := e.dm.Endpoints()[b.Path()]; ok {
 		t.Fatal("vanished socket b is still registered downstream")
 	}
-	if len(e.s.drivers.DRA()) != 2 {
-		t.Fatalf("DRA drivers = %+v", e.s.drivers.DRA())
+	if len(e.s.drivers.List(handler.TypeDRAPlugin)) != 2 {
+		t.Fatalf("DRA drivers = %+v", e.s.drivers.List(handler.TypeDRAPlugin))
 	}
 }
 
@@ -815,7 +816,7 @@ func TestReconcilerRestart(t *testing.T) {
 	if len(eps) != 1 || eps[a.Path()].generation != genA {
 		t.Fatalf("devicemanager endpoints = %+v, want only %s with generation %s", eps, a.Path(), genA)
 	}
-	if dra, csiDrivers := e.s.drivers.DRA(), e.s.drivers.CSI(); len(dra) != 1 || dra[0].SocketPath != c.Path() || len(csiDrivers) != 1 || csiDrivers[0].NodeID != "node-1" {
+	if dra, csiDrivers := e.s.drivers.List(handler.TypeDRAPlugin), e.s.drivers.List(handler.TypeCSIPlugin); len(dra) != 1 || dra[0].SocketPath != c.Path() || len(csiDrivers) != 1 || csiDrivers[0].CSI.NodeID != "node-1" {
 		t.Fatalf("drivers after restart: DRA %+v, CSI %+v", dra, csiDrivers)
 	}
 	var sawDeregB bool
@@ -843,7 +844,7 @@ func TestDeviceManagerRestartReregisters(t *testing.T) {
 		e.waitRegistered(p.Path())
 	}
 	want := e.dm.Endpoints()
-	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.dm.Instance() != "" })
 	e.dm.Restart()
 	testutil.WaitFor(t, "endpoints registered again", func() bool {
 		got := e.dm.Endpoints()
@@ -868,7 +869,7 @@ func TestRemovedSocketCancelsItsRegistrationAgain(t *testing.T) {
 	gen := testutil.Generation(t, a.Path())
 	e.w.Created(t, a.Path())
 	e.waitRegistered(a.Path())
-	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.dm.Instance() != "" })
 	e.dm.Hold(a.Path())
 	e.dm.Restart()
 	testutil.WaitFor(t, "RegisterPlugin again under way", func() bool {
@@ -892,7 +893,7 @@ func TestRemovedSocketCancelsItsRegistrationAgain(t *testing.T) {
 // clock does not move here).
 func TestDeviceManagerRestartRetriesFailedRegistrations(t *testing.T) {
 	e := newEnv(t)
-	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.devices.Instance() != "" })
+	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.dm.Instance() != "" })
 	e.dm.SetRegisterError(grpcstatus.Error(codes.Unavailable, "devicemanager is shutting down"))
 	a := e.plugin("a", devicePlugin("example.com/a"))
 	e.w.Created(t, a.Path())
@@ -932,7 +933,7 @@ func TestManyPlugins(t *testing.T) {
 	if got := len(e.dm.Endpoints()); got != n/2 {
 		t.Fatalf("devicemanager endpoints = %d, want %d", got, n/2)
 	}
-	if got := len(e.s.drivers.DRA()); got != n/2 {
+	if got := len(e.s.drivers.List(handler.TypeDRAPlugin)); got != n/2 {
 		t.Fatalf("DRA drivers = %d, want %d", got, n/2)
 	}
 	for _, p := range plugins {
@@ -943,7 +944,7 @@ func TestManyPlugins(t *testing.T) {
 		e.w.Deleted(p.Path())
 	}
 	testutil.WaitFor(t, "all deregistered", func() bool {
-		return e.s.loop.ASW().Len() == 0 && len(e.s.status.List()) == 0 && len(e.dm.Endpoints()) == 0 && len(e.s.drivers.DRA()) == 0
+		return e.s.loop.ASW().Len() == 0 && len(e.s.status.List()) == 0 && len(e.dm.Endpoints()) == 0 && len(e.s.drivers.List(handler.TypeDRAPlugin)) == 0
 	})
 	for _, s := range e.s.status.List() {
 		t.Errorf("left: %+v", s)
@@ -1062,8 +1063,8 @@ func TestEndpointConfinement(t *testing.T) {
 	if got.Registered || !strings.Contains(got.Error, "outside the allowed directories") {
 		t.Fatalf("symlinked parent escape: %+v", got)
 	}
-	if n := outsideCSI.calls.Load(); n != 0 || len(e.s.drivers.CSI()) != 0 {
-		t.Fatalf("the CSI driver outside got %d calls; drivers %+v", n, e.s.drivers.CSI())
+	if n := outsideCSI.calls.Load(); n != 0 || len(e.s.drivers.List(handler.TypeCSIPlugin)) != 0 {
+		t.Fatalf("the CSI driver outside got %d calls; drivers %+v", n, e.s.drivers.List(handler.TypeCSIPlugin))
 	}
 
 	later := filepath.Join(e.root, "later", "dra.sock")
@@ -1111,7 +1112,7 @@ func TestOversizedGetInfoAnswers(t *testing.T) {
 			if n := proto.Size(list); len(list.GetPlugins()) != 1 || n > short {
 				t.Fatalf("ListPlugins: %d plugins in %d bytes", len(list.GetPlugins()), n)
 			}
-			if n := len(e.dm.Calls()) + len(e.s.drivers.DRA()); n != 0 {
+			if n := len(e.dm.Calls()) + len(e.s.drivers.List(handler.TypeDRAPlugin)); n != 0 {
 				t.Fatalf("the refused plugin reached a handler (%d)", n)
 			}
 		})

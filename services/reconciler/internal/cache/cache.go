@@ -75,6 +75,39 @@ type OrphanDeregisterer interface {
 	DeregisterOrphans(ctx context.Context, desired func(socketPath, generation string) bool) (int, error)
 }
 
+// The optional capabilities below are how a handler tells the generic
+// register loop what it needs beyond cache.Handler; the loop asks for them
+// with a type assertion and knows no plugin type by name. A new plugin type
+// implements those that apply to it and nothing in the loop changes.
+
+// EndpointWaiter is implemented by handlers whose plugins' endpoints are
+// dialled downstream and may appear after the registration socket, as a
+// device plugin's may (the kubelet waits for it, up to its dial timeout).
+// Before the handler's Register, the reconciler waits for such an endpoint
+// that does not exist yet but may appear inside the allowed directories,
+// holding no worker, for at most its Options.EndpointWait.
+type EndpointWaiter interface {
+	// EndpointMissing returns the error the registration fails with when
+	// the endpoint did not appear within waited; it carries what the
+	// kubelet tells the plugin (kubeletrules.Error).
+	EndpointMissing(endpoint string, waited time.Duration) error
+}
+
+// EndpointKeyed is implemented by handlers whose downstream keys a
+// registration by what the plugin named (its name and endpoint) rather
+// than by its registration socket, as the devicemanager keys device plugin
+// endpoints and DRA driver instances. When a socket is recreated, the
+// registration of its new generation replaces the old one downstream only
+// when Replaces says so; otherwise the reconciler deregisters the old one
+// once the new one is registered. A handler without it keys by socket
+// path: the new generation always replaces the old.
+type EndpointKeyed interface {
+	// Replaces reports whether registering p downstream replaces old, the
+	// registration of an earlier generation of p's socket with the same
+	// handler.
+	Replaces(old, p Plugin) bool
+}
+
 // DesiredStateOfWorld is the set of sockets that exist.
 type DesiredStateOfWorld interface {
 	// AddOrUpdate records a socket. It reports whether the entry changed

@@ -79,12 +79,12 @@ func (h *CSI) Validate(_ context.Context, name, endpoint string, versions []stri
 	if err != nil {
 		return err
 	}
-	for _, d := range h.drivers.CSI() {
+	for _, d := range h.drivers.List(TypeCSIPlugin) {
 		if d.Name != name || d.Endpoint == endpoint {
 			continue
 		}
-		if old, err := utilversion.ParseGeneric(d.HighestVersion); err == nil && !old.LessThan(v) {
-			return errors.New(csiLog("ValidatePlugin failed for CSI driver %q: another driver with the same name is already registered with a higher supported version: %q", name, d.HighestVersion))
+		if old, err := utilversion.ParseGeneric(d.CSI.HighestVersion); err == nil && !old.LessThan(v) {
+			return errors.New(csiLog("ValidatePlugin failed for CSI driver %q: another driver with the same name is already registered with a higher supported version: %q", name, d.CSI.HighestVersion))
 		}
 	}
 	return nil
@@ -123,16 +123,20 @@ func (h *CSI) Register(ctx context.Context, p cache.Plugin) error {
 	if ni.GetNodeId() == "" {
 		return fmt.Errorf("CSI driver %q at %s: NodeGetInfo returned an empty node id: %w", p.Name, path, errdefs.ErrInvalidArgument)
 	}
-	h.drivers.putCSI(CSIDriver{
-		Name:               p.Name,
-		Endpoint:           p.Endpoint,
-		SocketPath:         p.SocketPath,
-		Versions:           slices.Clone(p.Versions),
-		HighestVersion:     v.String(),
-		NodeID:             ni.GetNodeId(),
-		AccessibleTopology: maps.Clone(ni.GetAccessibleTopology().GetSegments()),
-		MaxVolumesPerNode:  ni.GetMaxVolumesPerNode(),
-		Registered:         h.now(),
+	h.drivers.put(Driver{
+		Type:       TypeCSIPlugin,
+		Name:       p.Name,
+		Endpoint:   p.Endpoint,
+		SocketPath: p.SocketPath,
+		Generation: p.Generation,
+		Versions:   slices.Clone(p.Versions),
+		Registered: h.now(),
+		CSI: &CSINode{
+			HighestVersion:     v.String(),
+			NodeID:             ni.GetNodeId(),
+			AccessibleTopology: maps.Clone(ni.GetAccessibleTopology().GetSegments()),
+			MaxVolumesPerNode:  ni.GetMaxVolumesPerNode(),
+		},
 	})
 	return nil
 }
@@ -152,6 +156,6 @@ func waitReady(ctx context.Context, conn *grpc.ClientConn, d time.Duration) {
 
 // Deregister drops the record.
 func (h *CSI) Deregister(_ context.Context, p cache.Plugin) error {
-	h.drivers.deleteCSI(p.SocketPath)
+	h.drivers.remove(TypeCSIPlugin, p.SocketPath, p.Generation)
 	return nil
 }

@@ -125,7 +125,7 @@ func TestCSIConfinesTheEndpointWhenItDials(t *testing.T) {
 		if err := h.Register(context.Background(), cache.Plugin{Name: "csi-in.example.com", Endpoint: endpoint, SocketPath: "/r.sock", Versions: []string{"1.0.0"}}); err != nil {
 			t.Fatalf("Register = %v", err)
 		}
-		if d := drivers.CSI(); len(d) != 1 || d[0].Endpoint != endpoint || d[0].NodeID != "node-1" || inside.calls.Load() != 1 {
+		if d := drivers.List(TypeCSIPlugin); len(d) != 1 || d[0].Endpoint != endpoint || d[0].CSI.NodeID != "node-1" || inside.calls.Load() != 1 {
 			t.Fatalf("drivers %+v after %d calls", d, inside.calls.Load())
 		}
 	})
@@ -165,7 +165,7 @@ func TestCSICallsOnlyNodeGetInfo(t *testing.T) {
 	if n, info := srv.calls.Load(), srv.infoCalls.Load(); n != 1 || info != 0 {
 		t.Fatalf("%d calls, %d of them GetPluginInfo; want NodeGetInfo only", n, info)
 	}
-	if d := drivers.CSI(); len(d) != 1 || d[0].NodeID != "node-1" {
+	if d := drivers.List(TypeCSIPlugin); len(d) != 1 || d[0].CSI.NodeID != "node-1" {
 		t.Fatalf("drivers %+v", d)
 	}
 }
@@ -204,7 +204,7 @@ func TestCSIDialsTheEndpointByItsBytes(t *testing.T) {
 			if n := inside.calls.Load(); n != 1 {
 				t.Fatalf("the socket named %q got %d calls, want 1 (NodeGetInfo)", name, n)
 			}
-			if d := drivers.CSI(); len(d) != 1 || d[0].Endpoint != endpoint {
+			if d := drivers.List(TypeCSIPlugin); len(d) != 1 || d[0].Endpoint != endpoint {
 				t.Fatalf("drivers %+v", d)
 			}
 		})

@@ -36,10 +36,12 @@ func (h *DRA) Validate(_ context.Context, name, endpoint string, versions []stri
 
 // Register records the driver.
 func (h *DRA) Register(_ context.Context, p cache.Plugin) error {
-	h.drivers.putDRA(DRADriver{
+	h.drivers.put(Driver{
+		Type:       TypeDRAPlugin,
 		Name:       p.Name,
 		Endpoint:   p.Endpoint,
 		SocketPath: p.SocketPath,
+		Generation: p.Generation,
 		Versions:   slices.Clone(p.Versions),
 		Registered: h.now(),
 	})
@@ -48,6 +50,6 @@ func (h *DRA) Register(_ context.Context, p cache.Plugin) error {
 
 // Deregister drops the record.
 func (h *DRA) Deregister(_ context.Context, p cache.Plugin) error {
-	h.drivers.deleteDRA(p.SocketPath)
+	h.drivers.remove(TypeDRAPlugin, p.SocketPath, p.Generation)
 	return nil
 }

@@ -1,6 +1,8 @@
 // Package handler holds the reconciler's plugin handlers, one per plugin
-// type: DevicePlugin (relayed to the devicemanager), CSIPlugin and DRAPlugin
-// (recorded in a Drivers registry). Each implements cache.Handler.
+// type: DevicePlugin (relayed to the devicemanager), DRAPlugin (relayed to
+// the devicemanager and recorded in a Drivers registry) and CSIPlugin
+// (recorded in the Drivers registry). Each implements cache.Handler and the
+// optional capabilities of package cache that apply to it.
 package handler
 
 import (
@@ -18,12 +20,22 @@ const (
 	TypeDRAPlugin    = "DRAPlugin"
 )
 
-// CSIDriver is a registered CSI node plugin.
-type CSIDriver struct {
-	Name               string
-	Endpoint           string
-	SocketPath         string
-	Versions           []string
+// Driver is a registered CSI node plugin or DRA kubelet plugin.
+type Driver struct {
+	// Type is TypeCSIPlugin or TypeDRAPlugin.
+	Type       string
+	Name       string
+	Endpoint   string
+	SocketPath string
+	Generation string
+	Versions   []string
+	Registered time.Time
+	// CSI is what a CSI driver's NodeGetInfo said; nil for a DRA driver.
+	CSI *CSINode
+}
+
+// CSINode is a CSI driver's node information, as the kubelet records it.
+type CSINode struct {
 	HighestVersion     string
 	NodeID             string
 	AccessibleTopology map[string]string
@@ -31,74 +43,51 @@ type CSIDriver struct {
 	// VendorVersion is empty: the kubelet, and nodeplug with it, calls no
 	// GetPluginInfo.
 	VendorVersion string
-	Registered    time.Time
-}
-
-// DRADriver is a registered DRA kubelet plugin.
-type DRADriver struct {
-	Name       string
-	Endpoint   string
-	SocketPath string
-	Versions   []string
-	Registered time.Time
 }
 
 // Drivers holds the CSI and DRA driver records, keyed by registration
 // socket path. They live in memory only: after a restart the reconciler
 // rebuilds them by registering the plugins again. Safe for concurrent use.
 type Drivers struct {
-	mu  sync.RWMutex
-	csi map[string]CSIDriver
-	dra map[string]DRADriver
+	mu      sync.RWMutex
+	drivers map[string]Driver
 }
 
 // NewDrivers returns an empty registry.
 func NewDrivers() *Drivers {
-	return &Drivers{csi: map[string]CSIDriver{}, dra: map[string]DRADriver{}}
+	return &Drivers{drivers: map[string]Driver{}}
 }
 
-// CSI returns the CSI drivers sorted by name, then socket path.
-func (d *Drivers) CSI() []CSIDriver {
+// List returns the drivers of type typ sorted by name, then socket path.
+func (d *Drivers) List(typ string) []Driver {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	out := slices.Collect(maps.Values(d.csi))
-	slices.SortFunc(out, func(a, b CSIDriver) int {
+	var out []Driver
+	for r := range maps.Values(d.drivers) {
+		if r.Type == typ {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b Driver) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.SocketPath, b.SocketPath))
 	})
 	return out
 }
 
-// DRA returns the DRA drivers sorted by name, then socket path.
-func (d *Drivers) DRA() []DRADriver {
-	d.mu.RLock()
-	defer d.mu.RUnlock()
-	out := slices.Collect(maps.Values(d.dra))
-	slices.SortFunc(out, func(a, b DRADriver) int {
-		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.SocketPath, b.SocketPath))
-	})
-	return out
-}
-
-func (d *Drivers) putCSI(r CSIDriver) {
+// put records r in place of any record of its socket path.
+func (d *Drivers) put(r Driver) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.csi[r.SocketPath] = r
+	d.drivers[r.SocketPath] = r
 }
 
-func (d *Drivers) deleteCSI(socketPath string) {
+// remove drops the record of socketPath when it is of type typ and
+// generation: a newer generation, or a plugin of another type, registered
+// at the same socket meanwhile, stays.
+func (d *Drivers) remove(typ, socketPath, generation string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	delete(d.csi, socketPath)
-}
-
-func (d *Drivers) putDRA(r DRADriver) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.dra[r.SocketPath] = r
-}
-
-func (d *Drivers) deleteDRA(socketPath string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.dra, socketPath)
+	if r, ok := d.drivers[socketPath]; ok && r.Type == typ && r.Generation == generation {
+		delete(d.drivers, socketPath)
+	}
 }

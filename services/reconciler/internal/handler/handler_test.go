@@ -12,7 +12,7 @@ import (
 // The device plugin handler accepts exactly the kubelet's extended
 // resource names.
 func TestDevicePluginResourceNames(t *testing.T) {
-	dp := NewDevicePlugin(nil, nil, nil)
+	dp := NewDevicePlugin(nil)
 	for name, want := range map[string]bool{
 		"example.com/gpu":                        true,
 		"nvidia.com/gpu":                         true,
@@ -38,7 +38,7 @@ func TestDevicePluginResourceNames(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	drivers := NewDrivers()
-	dp := NewDevicePlugin(nil, nil, nil)
+	dp := NewDevicePlugin(nil)
 	csiH := NewCSI(drivers, nil)
 	dra := NewDRA(drivers)
 	for _, tc := range []struct {
@@ -79,7 +79,7 @@ func TestValidate(t *testing.T) {
 func TestCSIRefusesLowerVersionOfRegisteredDriver(t *testing.T) {
 	drivers := NewDrivers()
 	h := NewCSI(drivers, nil)
-	drivers.putCSI(CSIDriver{Name: "csi.example.com", Endpoint: "/a.sock", SocketPath: "/a.sock", HighestVersion: "1.2.0"})
+	drivers.put(Driver{Type: TypeCSIPlugin, Name: "csi.example.com", Endpoint: "/a.sock", SocketPath: "/a.sock", CSI: &CSINode{HighestVersion: "1.2.0"}})
 	if err := h.Validate(context.Background(), "csi.example.com", "/b.sock", []string{"1.1.0"}); err == nil || !strings.Contains(err.Error(), "higher supported version") {
 		t.Fatalf("Validate = %v", err)
 	}

@@ -14,17 +14,23 @@
 // never reads its decisions back from it.
 //
 // The files: reconciler.go (the loop and its inputs), register.go (the
-// kubelet's register sequence, step by step), dial.go (dialling a
-// registration socket across the bind→listen gap, and failing fast on a
-// stale one), operations.go (unregister and register again), orphans.go
-// (downstream registrations whose sockets are gone), trace.go (spans),
-// metrics.go.
+// kubelet's register sequence, step by step, and the refusals in the
+// kubelet's words), pluginconn.go (the plugin's side of it: GetInfo and
+// NotifyRegistrationStatus), dial.go (dialling a registration socket
+// across the bind→listen gap, and failing fast on a stale one),
+// operations.go (unregister and register again), orphans.go (downstream
+// registrations whose sockets are gone), trace.go (spans), metrics.go.
+//
+// The loop knows no plugin type by name: what a type needs beyond
+// cache.Handler it says through the optional interfaces of package cache
+// (cache.EndpointWaiter, cache.EndpointKeyed, cache.OrphanDeregisterer).
 package reconciler
 
 import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -244,22 +250,22 @@ func (r *Reconciler) SocketDeleted(path, generation string, traceContext map[str
 	r.wakePath(path)
 }
 
-// Reregister asks for every registered plugin of type typ to be registered
-// with its handler again (its downstream restarted and lost them), and for
-// the downstream registrations whose sockets are gone to be deregistered.
-// Registrations in backoff are retried at once: those that failed while
-// the downstream was down need not wait out their backoff.
-func (r *Reconciler) Reregister(typ string) {
+// Reregister asks for every registered plugin of the types given to be
+// registered with its handler again (their downstream restarted and lost
+// them), and for the downstream registrations whose sockets are gone to be
+// deregistered. Registrations in backoff are retried at once: those that
+// failed while the downstream was down need not wait out their backoff.
+func (r *Reconciler) Reregister(types ...string) {
 	r.mu.Lock()
 	for _, p := range r.asw.List() {
-		if p.Type == typ {
+		if slices.Contains(types, p.Type) {
 			r.reregister[p.SocketPath] = true
 		}
 	}
 	r.orphans.due = true
 	r.mu.Unlock()
 	if retried := r.exec.RetryNow(); len(retried) > 0 {
-		r.log.Info("retrying failed registrations at once: the downstream restarted", "type", typ, "sockets", len(retried))
+		r.log.Info("retrying failed registrations at once: the downstream restarted", "types", types, "sockets", len(retried))
 	}
 	r.Wake()
 }

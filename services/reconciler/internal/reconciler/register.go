@@ -4,35 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
-	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
-	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
-	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/confine"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 )
-
-// connectParams make gRPC's own reconnection quick; the refused
-// connections of the bind→listen gap are retried by dialListening.
-var connectParams = grpc.ConnectParams{
-	Backoff: backoff.Config{
-		BaseDelay:  2 * time.Millisecond,
-		Multiplier: 2,
-		Jitter:     0.2,
-		MaxDelay:   50 * time.Millisecond,
-	},
-	MinConnectTimeout: time.Second,
-}
 
 // register is one attempt at the kubelet's register sequence for the socket
 // d (pluginmanager operationexecutor, GenerateRegisterPluginFunc), one
@@ -44,8 +26,9 @@ var connectParams = grpc.ConnectParams{
 //     fails validation;
 //  2. pickHandler: the handler of the plugin's type;
 //  3. validate: the endpoint's confinement, then the handler's Validate;
-//     then, for a device plugin whose endpoint does not exist yet, a wait
-//     for it without a worker (waitEndpoint);
+//     then, when the handler waits for its endpoints (cache.EndpointWaiter)
+//     and this one does not exist yet, a wait for it without a worker
+//     (waitEndpoint);
 //  4. addToASW: into the actual state before the handler's Register, so
 //     that a socket removed meanwhile is processed as an unregistration;
 //  5. handlerRegister: the handler's Register (out of the ASW again when it
@@ -53,8 +36,10 @@ var connectParams = grpc.ConnectParams{
 //  6. notifyRegistered: NotifyRegistrationStatus(true) (both undone when it
 //     fails).
 //
-// A failure in steps 2 to 5 is told to the plugin (refuse); a failed GetInfo
-// is not. beginRegister and endRegister put the attempt's span, status,
+// A failure in steps 2 to 5 is told to the plugin (refuse), in the
+// kubelet's words (a kubeletrules.Error); a failed GetInfo is not. The
+// handler's optional capabilities (package cache) are all this function
+// and its steps know of plugin types. beginRegister and endRegister put the attempt's span, status,
 // metrics and log around the steps. An error makes the executor back off.
 func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.Attempt) (err error) {
 	ctx, span := r.beginRegister(ctx, d, a)
@@ -86,7 +71,7 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 		// Nothing the plugin said is recorded or echoed beyond its bounds.
 		p = clipped(p)
 		r.identified(span, p)
-		return r.refuse(ctx, conn, p, refused("RegisterPlugin error -- plugin validation failed with err: "+plain(err), fmt.Errorf("plugin validation failed: %w", err)))
+		return r.refuse(ctx, conn, p, validationFailed(err))
 	}
 	r.identified(span, p)
 	var prev *cache.Plugin
@@ -108,19 +93,17 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 }
 
 // replacedElsewhere reports whether registering p left old's registration
-// in place downstream: its handler changed, or (for device plugins, which
-// the devicemanager keys by endpoint and resource) its name or endpoint did.
-// CSI and DRA records are keyed by socket path, so p replaced old's.
+// in place downstream: its handler changed, or its handler keys
+// registrations by what the plugin named (cache.EndpointKeyed) and p's
+// does not replace old's. Other handlers key by socket path, so p replaced
+// old's.
 func replacedElsewhere(old, p cache.Plugin) bool {
 	if old.Handler != p.Handler {
 		return true
 	}
-	return p.Type == handlerTypeDevicePlugin && (old.Name != p.Name || old.Endpoint != p.Endpoint)
+	k, ok := p.Handler.(cache.EndpointKeyed)
+	return ok && !k.Replaces(old, p)
 }
-
-// handlerTypeDevicePlugin is the plugin type whose registrations live in
-// the devicemanager, keyed by endpoint.
-const handlerTypeDevicePlugin = "DevicePlugin"
 
 // dropPrevious forgets old, the registration of an earlier generation of
 // its socket, after the attempt to register the new generation failed:
@@ -208,91 +191,6 @@ func (r *Reconciler) endRegister(ctx context.Context, span trace.Span, d cache.S
 	r.log.InfoContext(ctx, "plugin registered", "socket_path", d.Path, "generation", d.Generation, "type", typ, "duration", took)
 }
 
-// pluginConn is the connection to a plugin's registration socket for one
-// attempt.
-type pluginConn struct {
-	path   string
-	conn   *grpc.ClientConn
-	client registerapi.RegistrationClient
-}
-
-func (c *pluginConn) close() { _ = c.conn.Close() }
-
-// getInfo (step 1) dials the plugin and calls GetInfo within the GetInfo
-// budget (Options.GetInfoTimeout on the reconciler's clock). A refused
-// connection is redialled within milliseconds for Options.RefusedWindow
-// (dialListening), so a socket reported at bind() before listen() is not a
-// failure, and a stale one fails fast; a retry, which comes a backoff
-// later, connects once. That first connect holds no worker
-// (Attempt.Waiting): the stale sockets being retried never keep a healthy
-// plugin's registration waiting for one (DESIGN "Stale sockets"). The
-// plugin's endpoint defaults to its socket.
-func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket, a executor.Attempt) (cache.Plugin, *pluginConn, error) {
-	var info *registerapi.PluginInfo
-	c := &pluginConn{path: d.Path}
-	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) error {
-		// Only a first attempt can meet the bind→listen gap: a retry
-		// comes at least a backoff later, so one refused connect fails it.
-		window := r.opts.RefusedWindow
-		if a.Failures > 0 {
-			window = 0
-		}
-		dial := dialListening(r.opts.Confiner, d.Path, window)
-		// Connect once first, without a worker: a socket that only
-		// refuses (stale) fails here, within the refused window. The
-		// connection made is the one gRPC uses first.
-		var first net.Conn
-		err := a.Waiting(ctx, func(ctx context.Context) (err error) {
-			first, err = dial(ctx, d.Path)
-			return err
-		})
-		if err != nil {
-			if first != nil {
-				_ = first.Close()
-			}
-			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, errdefs.FromGRPC(err))
-		}
-		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams), grpc.WithContextDialer(handOver(first, dial)))
-		if err != nil {
-			_ = first.Close()
-			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, err)
-		}
-		c.client = registerapi.NewRegistrationClient(c.conn)
-		// The budget runs on the reconciler's clock, as its backoff does.
-		gctx, cancel := r.clock.WithTimeout(ctx, r.opts.GetInfoTimeout)
-		defer cancel()
-		// WaitForReady: the plugin listens (it accepted above), so a
-		// handshake slowed by a busy machine, or a transport that had to
-		// reconnect, is waited for within the budget rather than failed.
-		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
-		if err != nil {
-			c.close()
-			if errors.Is(context.Cause(gctx), context.DeadlineExceeded) && ctx.Err() == nil {
-				err = fmt.Errorf("no answer within %s: %w", r.opts.GetInfoTimeout, errdefs.ErrDeadlineExceeded)
-			} else {
-				err = errdefs.FromGRPC(err)
-			}
-			return fmt.Errorf("RegisterPlugin error -- failed to get plugin info using RPC GetInfo at socket %s, err: %w", d.Path, err)
-		}
-		return nil
-	})
-	if err != nil {
-		return cache.Plugin{}, nil, err
-	}
-	p := cache.Plugin{
-		SocketPath: d.Path,
-		Generation: d.Generation,
-		Type:       info.GetType(),
-		Name:       info.GetName(),
-		Endpoint:   info.GetEndpoint(),
-		Versions:   info.GetSupportedVersions(),
-	}
-	if p.Endpoint == "" {
-		p.Endpoint = d.Path
-	}
-	return p, c, nil
-}
-
 // identified records what GetInfo said, on the span and in the status.
 func (r *Reconciler) identified(span trace.Span, p cache.Plugin) {
 	span.SetAttributes(attribute.String("nodeplug.plugin.type", p.Type), attribute.String("nodeplug.plugin.name", p.Name), attribute.String("nodeplug.plugin.endpoint", p.Endpoint))
@@ -304,7 +202,7 @@ func (r *Reconciler) pickHandler(typ, socketPath string) (cache.Handler, error) 
 	h := r.handlers[typ]
 	if h == nil {
 		msg := fmt.Sprintf("no handler registered for plugin type: %s", typ)
-		return nil, refused(fmt.Sprintf("RegisterPlugin error -- %s at socket %s", msg, socketPath), errors.New(msg))
+		return nil, kubeletrules.Wrap(fmt.Sprintf("RegisterPlugin error -- %s at socket %s", msg, socketPath), errors.New(msg))
 	}
 	return h, nil
 }
@@ -318,7 +216,7 @@ func (r *Reconciler) validate(ctx context.Context, p cache.Plugin) error {
 		return p.Handler.Validate(ctx, p.Name, p.Endpoint, p.Versions)
 	})
 	if err != nil {
-		return refused("RegisterPlugin error -- plugin validation failed with err: "+plain(err), fmt.Errorf("plugin validation failed: %w", err))
+		return validationFailed(err)
 	}
 	return nil
 }
@@ -331,20 +229,22 @@ func (r *Reconciler) checkEndpoint(endpoint string) error {
 	return confine.Check(r.opts.Confiner, endpoint)
 }
 
-// waitEndpoint waits, holding no worker (Attempt.Waiting), for a device
-// plugin's endpoint that does not exist yet but may appear inside the
-// allowed directories, as the kubelet waits for it, for at most
-// Options.EndpointWait. The devicemanager would wait too, while this
-// attempt held its worker; waiting here keeps the worker free for other
-// sockets (DESIGN "Dialling a new socket") and ends with the attempt when
-// its socket goes. An endpoint that does not appear fails the registration
-// with the kubelet's words.
+// waitEndpoint waits, holding no worker (Attempt.Waiting), for an endpoint
+// that does not exist yet but may appear inside the allowed directories,
+// when p's handler waits for its endpoints (cache.EndpointWaiter: a device
+// plugin's, as the kubelet waits for it), for at most
+// Options.EndpointWait. The handler's downstream would wait too, while
+// this attempt held its worker; waiting here keeps the worker free for
+// other sockets (DESIGN "Dialling a new socket") and ends with the attempt
+// when its socket goes. An endpoint that does not appear fails the
+// registration with the handler's EndpointMissing.
 func (r *Reconciler) waitEndpoint(ctx context.Context, a executor.Attempt, p cache.Plugin) error {
+	w, waits := p.Handler.(cache.EndpointWaiter)
 	c := r.opts.Confiner
-	if p.Type != handlerTypeDevicePlugin || c == nil || !confine.MayAppear(c, p.Endpoint) {
+	if !waits || c == nil || !confine.MayAppear(c, p.Endpoint) {
 		return nil
 	}
-	r.log.InfoContext(ctx, "device plugin endpoint does not exist yet; waiting for it", "socket_path", p.SocketPath, "endpoint", p.Endpoint, "wait", r.opts.EndpointWait)
+	r.log.InfoContext(ctx, "plugin endpoint does not exist yet; waiting for it", "socket_path", p.SocketPath, "type", p.Type, "endpoint", p.Endpoint, "wait", r.opts.EndpointWait)
 	err := a.Waiting(ctx, func(ctx context.Context) error {
 		wctx, cancel := context.WithTimeout(ctx, r.opts.EndpointWait)
 		defer cancel()
@@ -357,17 +257,16 @@ func (r *Reconciler) waitEndpoint(ctx context.Context, a executor.Attempt, p cac
 	case ctx.Err() != nil:
 		return err
 	case errors.Is(err, errdefs.ErrUnavailable):
-		return refused("RegisterPlugin error -- plugin registration failed with err: failed to dial device plugin: "+context.DeadlineExceeded.Error(),
-			fmt.Errorf("plugin registration failed: device plugin endpoint %s did not appear within %v: %w", p.Endpoint, r.opts.EndpointWait, errdefs.ErrUnavailable))
+		return registrationFailed(w.EndpointMissing(p.Endpoint, r.opts.EndpointWait))
 	}
-	return refused("RegisterPlugin error -- plugin validation failed with err: "+plain(err), fmt.Errorf("plugin validation failed: %w", err))
+	return validationFailed(err)
 }
 
 // addToASW (step 4) records the plugin as registered.
 func (r *Reconciler) addToASW(p cache.Plugin) error {
 	if err := r.asw.Add(p); err != nil {
 		err = fmt.Errorf("recording the plugin failed: %w", err)
-		return refused("RegisterPlugin error -- "+err.Error(), err)
+		return kubeletrules.Wrap("RegisterPlugin error -- "+err.Error(), err)
 	}
 	return nil
 }
@@ -395,12 +294,7 @@ func (r *Reconciler) handlerRegister(ctx context.Context, p cache.Plugin, prev *
 			// registrations whose sockets are gone.
 			r.orphansLater()
 		}
-		msg := plain(err)
-		var kw interface{ KubeletMessage() string }
-		if errors.As(err, &kw) {
-			msg = kw.KubeletMessage()
-		}
-		return prevGone, refused("RegisterPlugin error -- plugin registration failed with err: "+msg, fmt.Errorf("plugin registration failed: %w", err))
+		return prevGone, registrationFailed(err)
 	}
 	return prevGone, nil
 }
@@ -424,71 +318,28 @@ func (r *Reconciler) notifyRegistered(ctx context.Context, conn *pluginConn, p c
 }
 
 // refuse tells the plugin why it was not registered, in the kubelet's
-// words (refusedError.kubelet; the cause's own text when it has none), and
-// returns the refusal with nodeplug's detail (the plugin, the socket, the
-// failed step and its cause) for ListPlugins and the logs, and the
-// notification's failure, if any.
+// words (kubeletrules.Told), and returns the refusal with nodeplug's
+// detail (the plugin, the socket, the failed step and its cause) for
+// ListPlugins and the logs, and the notification's failure, if any.
 func (r *Reconciler) refuse(ctx context.Context, conn *pluginConn, p cache.Plugin, cause error) error {
-	told := cause.Error()
-	var re *refusedError
-	if errors.As(cause, &re) {
-		told = re.kubelet
-	}
-	return r.notify(ctx, conn, told, refusal(p, cause))
+	return r.notify(ctx, conn, kubeletrules.Told(cause), refusal(p, cause))
 }
 
-// refusedError is a failed step's error with what the kubelet tells the
-// plugin for it (pkg/kubelet/pluginmanager/operationexecutor).
-type refusedError struct {
-	kubelet string
-	err     error
+// validationFailed is a failed validation (steps 1 and 3) as the kubelet
+// tells it to the plugin, with nodeplug's detail.
+func validationFailed(err error) error {
+	return kubeletrules.Wrap("RegisterPlugin error -- plugin validation failed with err: "+kubeletrules.Told(err), fmt.Errorf("plugin validation failed: %w", err))
 }
 
-func refused(kubelet string, err error) error { return &refusedError{kubelet: kubelet, err: err} }
-
-func (e *refusedError) Error() string { return e.err.Error() }
-func (e *refusedError) Unwrap() error { return e.err }
-
-// plain is err's text without the trailing ": <kind>" of the errdefs
-// sentinel it wraps: the kubelet's messages have no such suffix.
-func plain(err error) string {
-	msg := err.Error()
-	for _, kind := range []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrFailedPrecondition,
-		errdefs.ErrUnavailable, errdefs.ErrResourceExhausted, errdefs.ErrInternal, errdefs.ErrDeadlineExceeded} {
-		if suffix := ": " + kind.Error(); errors.Is(err, kind) && strings.HasSuffix(msg, suffix) {
-			return strings.TrimSuffix(msg, suffix)
-		}
-	}
-	return msg
+// registrationFailed is a failed handler registration (step 5) as the
+// kubelet tells it to the plugin: the handler's kubelet words when its
+// error carries them (a kubeletrules.Error), with nodeplug's detail.
+func registrationFailed(err error) error {
+	return kubeletrules.Wrap("RegisterPlugin error -- plugin registration failed with err: "+kubeletrules.Told(err), fmt.Errorf("plugin registration failed: %w", err))
 }
 
 // refusal is the detailed reason a plugin was not registered, as
 // nodeplug's own API reports it.
 func refusal(p cache.Plugin, cause error) error {
 	return fmt.Errorf("RegisterPlugin error -- plugin %q (type %q) at socket %s: %w", p.Name, p.Type, p.SocketPath, cause)
-}
-
-// notify sends NotifyRegistrationStatus: registered when refusal is nil,
-// else not registered with told as the reason. It returns refusal, the
-// RPC's failure, or both.
-func (r *Reconciler) notify(ctx context.Context, conn *pluginConn, told string, refusal error) error {
-	return step(ctx, "reconciler.NotifyRegistrationStatus", func(ctx context.Context) error {
-		registered := refusal == nil
-		trace.SpanFromContext(ctx).SetAttributes(attribute.Bool("nodeplug.registered", registered))
-		req := &registerapi.RegistrationStatus{PluginRegistered: registered}
-		if !registered {
-			// A proto string: the reason may echo a socket path that is not UTF-8.
-			req.Error = bounds.Text(told)
-		}
-		nctx, cancel := context.WithTimeout(ctx, r.opts.NotifyTimeout)
-		defer cancel()
-		_, err := conn.client.NotifyRegistrationStatus(nctx, req)
-		switch {
-		case err != nil && !registered:
-			return fmt.Errorf("%w; and telling the plugin failed: %w", refusal, errdefs.FromGRPC(err))
-		case err != nil:
-			return fmt.Errorf("failed to send registration status at socket %s: %w", conn.path, errdefs.FromGRPC(err))
-		}
-		return refusal
-	})
 }

@@ -126,21 +126,21 @@ func (s *Server) WatchPlugins(_ *reconcilerv1.WatchPluginsRequest, srv grpc.Serv
 // ListDrivers returns the CSI and DRA drivers.
 func (s *Server) ListDrivers(context.Context, *reconcilerv1.ListDriversRequest) (*reconcilerv1.ListDriversResponse, error) {
 	resp := &reconcilerv1.ListDriversResponse{}
-	for _, d := range s.drivers.CSI() {
+	for _, d := range s.drivers.List(handler.TypeCSIPlugin) {
 		resp.CsiDrivers = append(resp.CsiDrivers, &reconcilerv1.CSIDriver{
 			Name:               d.Name,
 			Endpoint:           bounds.PathText(d.Endpoint),
 			SocketPath:         bounds.PathText(d.SocketPath),
 			SupportedVersions:  d.Versions,
-			HighestVersion:     d.HighestVersion,
-			NodeId:             d.NodeID,
-			AccessibleTopology: d.AccessibleTopology,
-			MaxVolumesPerNode:  d.MaxVolumesPerNode,
-			VendorVersion:      d.VendorVersion,
+			HighestVersion:     d.CSI.HighestVersion,
+			NodeId:             d.CSI.NodeID,
+			AccessibleTopology: d.CSI.AccessibleTopology,
+			MaxVolumesPerNode:  d.CSI.MaxVolumesPerNode,
+			VendorVersion:      d.CSI.VendorVersion,
 			RegisteredTime:     timestamppb.New(d.Registered),
 		})
 	}
-	for _, d := range s.drivers.DRA() {
+	for _, d := range s.drivers.List(handler.TypeDRAPlugin) {
 		resp.DraDrivers = append(resp.DraDrivers, &reconcilerv1.DRADriver{
 			Name:              d.Name,
 			Endpoint:          bounds.PathText(d.Endpoint),

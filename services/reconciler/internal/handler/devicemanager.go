@@ -1,0 +1,159 @@
+package handler
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
+	"github.com/nodeplug/nodeplug/pkg/stream"
+)
+
+// DeviceManagerTimeout bounds each call to the devicemanager. RegisterPlugin
+// returns only after the devicemanager dialled the plugin and called
+// GetDevicePluginOptions, so it is generous.
+const DeviceManagerTimeout = 30 * time.Second
+
+// DeviceManager is the devicemanager as the handlers that relay to it (the
+// DevicePlugin and DRA handlers) see it: its API and the instance ID it
+// follows, from every response and from WatchResources (see Run). When the
+// instance ID changes the devicemanager restarted and lost what it was
+// told: onRestart is called so that every plugin of those handlers is
+// registered with it again.
+type DeviceManager struct {
+	client devicemanagerv1.DeviceManagerServiceClient
+	log    *slog.Logger
+
+	mu         sync.Mutex
+	instance   string
+	onRestart  func(old, new string)
+	onEndpoint func(EndpointState)
+}
+
+// NewDeviceManager returns the devicemanager reached through client.
+// onRestart (may be nil) is called, outside any lock, when the
+// devicemanager's instance ID changes from one known value to another.
+func NewDeviceManager(client devicemanagerv1.DeviceManagerServiceClient, log *slog.Logger, onRestart func(old, new string)) *DeviceManager {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &DeviceManager{client: client, log: log, onRestart: onRestart}
+}
+
+// EndpointState is what the devicemanager reports about one endpoint it got
+// through plugins_registry.
+type EndpointState struct {
+	Resource, Endpoint, SocketPath, Generation string
+	// Live: its ListAndWatch stream is open (or being opened). Stopped:
+	// the stream ended, at StoppedTime.
+	Live, Stopped bool
+	StoppedTime   time.Time
+}
+
+// OnEndpoint sets f to be called, from Run, with the state of every
+// plugins_registry endpoint in each resource change the devicemanager
+// reports. Call it before Run.
+func (m *DeviceManager) OnEndpoint(f func(EndpointState)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.onEndpoint = f
+}
+
+// Instance returns the last devicemanager instance ID seen ("" before the
+// first).
+func (m *DeviceManager) Instance() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.instance
+}
+
+// Observe records an instance ID seen from the devicemanager.
+func (m *DeviceManager) Observe(id string) {
+	if id == "" {
+		return
+	}
+	m.mu.Lock()
+	old := m.instance
+	m.instance = id
+	m.mu.Unlock()
+	if old != "" && old != id {
+		m.log.Info("devicemanager restarted; registering its plugins again", "old_instance", old, "instance", id)
+		if m.onRestart != nil {
+			m.onRestart(old, id)
+		}
+	}
+}
+
+// Run follows the devicemanager's WatchResources stream until ctx ends,
+// resubscribing with backoff, and observes the instance ID of every
+// message, so a devicemanager restart is noticed even when no registration
+// is in flight.
+func (m *DeviceManager) Run(ctx context.Context) error {
+	// A restarted devicemanager is noticed within a quarter second: the
+	// registrations it lost are made again from then on.
+	stream.Resubscribe(ctx, 20*time.Millisecond, 250*time.Millisecond, m.watch, func(err error, delay time.Duration) {
+		m.log.Debug("devicemanager watch ended; resubscribing", "error", err, "in", delay)
+	})
+	return nil
+}
+
+func (m *DeviceManager) watch(ctx context.Context) (synced bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Only the endpoints and the instance ID matter here: no device IDs,
+	// and no item for each Allocate and Release.
+	st, err := m.client.WatchResources(ctx, &devicemanagerv1.WatchResourcesRequest{OmitDeviceIds: true, OmitAllocationChanges: true})
+	if err != nil {
+		return false, err
+	}
+	for {
+		msg, err := st.Recv()
+		if err != nil {
+			return synced, err
+		}
+		m.Observe(msg.GetInstanceId())
+		if msg.GetSynced() != nil {
+			synced = true
+		}
+		m.endpoints(msg.GetChange().GetResource())
+	}
+}
+
+// endpoints reports the state of r's plugins_registry endpoints.
+func (m *DeviceManager) endpoints(r *devicemanagerv1.Resource) {
+	m.mu.Lock()
+	f := m.onEndpoint
+	m.mu.Unlock()
+	if f == nil || r == nil {
+		return
+	}
+	for _, e := range r.GetEndpoints() {
+		if e.GetRegistrationPath() != devicemanagerv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY {
+			continue
+		}
+		st := EndpointState{Resource: r.GetName(), Endpoint: e.GetEndpoint(), SocketPath: socketPath(e.GetSocketPath()), Generation: e.GetGeneration()}
+		switch e.GetState() {
+		case devicemanagerv1.EndpointState_ENDPOINT_STATE_LIVE, devicemanagerv1.EndpointState_ENDPOINT_STATE_CONNECTING:
+			st.Live = true
+		case devicemanagerv1.EndpointState_ENDPOINT_STATE_STOPPED:
+			st.Stopped = true
+			if t := e.GetStoppedTime(); t != nil {
+				st.StoppedTime = t.AsTime()
+			}
+		}
+		f(st)
+	}
+}
+
+// socketPath is the registration socket path the devicemanager reports,
+// as Register sent it (bounds.PathText) decoded; a text that does not decode
+// is kept as it is, so it matches no desired socket.
+func socketPath(text string) string {
+	p, err := bounds.PathFromText(text)
+	if err != nil {
+		return text
+	}
+	return p
+}
