@@ -85,11 +85,12 @@ check-generate: generate ## Fail when the committed generated code is stale.
 	@echo "generated code is current"
 
 .PHONY: lint
-lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml), buf lint, buf format, buf breaking against the previous commit.
+lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml: import rules, funlen), file lengths (internal/filelen), buf lint, buf format, buf breaking against the previous commit.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^pkg/api/')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	$(GOLANGCI_LINT) run ./...
+	go run ./internal/filelen -max 600 services pkg
 	go -C test/upstream vet ./...
 	cd test/upstream && $(GOLANGCI_LINT) run --config ../../.golangci.yml ./...
 	$(BUF) lint
