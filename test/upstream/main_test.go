@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -38,6 +39,13 @@ func run(m *testing.M) int {
 	defer cancel()
 	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"); err != nil {
 		fmt.Fprintln(os.Stderr, "build the services:", err)
+		return 1
+	}
+	// The DRA driver is a program of this module (cmd/dradriver).
+	build := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(dir, "dradriver"), "./cmd/dradriver")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the DRA driver: %v\n%s", err, out)
 		return 1
 	}
 	binDir = dir
