@@ -376,15 +376,19 @@ type DRADriverInstance struct {
 	ConnectionState string `protobuf:"bytes,10,opt,name=connection_state,json=connectionState,proto3" json:"connection_state,omitempty"`
 	// The instance that serves the driver's calls: the newest connected one.
 	Serving bool `protobuf:"varint,11,opt,name=serving,proto3" json:"serving,omitempty"`
-	// Whether the driver offers v1alpha1.DRAResourceHealth.
+	// Whether the driver offers a DRAResourceHealth service the devicemanager
+	// supports (v1.DRAResourceHealth or v1alpha1.DRAResourceHealth).
 	HealthService  bool                   `protobuf:"varint,12,opt,name=health_service,json=healthService,proto3" json:"health_service,omitempty"`
 	RegisteredTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=registered_time,json=registeredTime,proto3" json:"registered_time,omitempty"`
 	// When connection_state last changed.
 	StateChangeTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=state_change_time,json=stateChangeTime,proto3" json:"state_change_time,omitempty"`
 	// The last connection error, if any.
-	LastError     string `protobuf:"bytes,15,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastError string `protobuf:"bytes,15,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// The DRAResourceHealth service chosen, the first offered of
+	// v1.DRAResourceHealth and v1alpha1.DRAResourceHealth; empty when none is.
+	HealthServiceName string `protobuf:"bytes,16,opt,name=health_service_name,json=healthServiceName,proto3" json:"health_service_name,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *DRADriverInstance) Reset() {
@@ -518,6 +522,13 @@ func (x *DRADriverInstance) GetStateChangeTime() *timestamppb.Timestamp {
 func (x *DRADriverInstance) GetLastError() string {
 	if x != nil {
 		return x.LastError
+	}
+	return ""
+}
+
+func (x *DRADriverInstance) GetHealthServiceName() string {
+	if x != nil {
+		return x.HealthServiceName
 	}
 	return ""
 }
@@ -1243,7 +1254,7 @@ const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
 	"\x1bDeregisterDRADriverResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x18\n" +
-	"\aremoved\x18\x02 \x01(\bR\aremoved\"\xdf\x04\n" +
+	"\aremoved\x18\x02 \x01(\bR\aremoved\"\x8f\x05\n" +
 	"\x11DRADriverInstance\x12\x1f\n" +
 	"\vdriver_name\x18\x01 \x01(\tR\n" +
 	"driverName\x12\x1a\n" +
@@ -1265,7 +1276,8 @@ const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
 	"\x0fregistered_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0eregisteredTime\x12F\n" +
 	"\x11state_change_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\x0fstateChangeTime\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x0f \x01(\tR\tlastError\"\xb7\x01\n" +
+	"last_error\x18\x0f \x01(\tR\tlastError\x12.\n" +
+	"\x13health_service_name\x18\x10 \x01(\tR\x11healthServiceName\"\xb7\x01\n" +
 	"\tDRADriver\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12J\n" +
 	"\tinstances\x18\x02 \x03(\v2,.nodeplug.devicemanager.v1.DRADriverInstanceR\tinstances\x12J\n" +
