@@ -177,7 +177,7 @@ func TestSlotLimitsDefaults(t *testing.T) {
 	if got := (SlotLimits{Total: 4, Reserved: 9}).WithDefaults(); got.Reserved != 3 || got.Shared() != 1 {
 		t.Errorf("reserving more than the total gives %+v, want 3 kept and 1 shared", got)
 	}
-	if DefaultSlotLimits.Total != DefaultLimits.Subscribers {
-		t.Errorf("the slots' total %d is not a hub's %d", DefaultSlotLimits.Total, DefaultLimits.Subscribers)
+	if DefaultSlotLimits.Total != DefaultSubscribers {
+		t.Errorf("the slots' total %d is not a hub's %d", DefaultSlotLimits.Total, DefaultSubscribers)
 	}
 }

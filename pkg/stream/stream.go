@@ -78,14 +78,6 @@ type Limits struct {
 	Bytes int64
 }
 
-// DefaultLimits are the bounds a zero Limits takes.
-var DefaultLimits = Limits{
-	Subscribers:     DefaultSubscribers,
-	Items:           DefaultBuffer,
-	SubscriberBytes: DefaultSubscriberBytes,
-	Bytes:           DefaultBytes,
-}
-
 func (l Limits) withDefaults() Limits {
 	if l.Subscribers <= 0 {
 		l.Subscribers = DefaultSubscribers

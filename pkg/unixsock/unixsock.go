@@ -117,9 +117,6 @@ func NewConfiner(dirs []string) (*Confiner, error) {
 	return c, nil
 }
 
-// Dirs returns the allowed directories.
-func (c *Confiner) Dirs() []string { return append([]string(nil), c.dirs...) }
-
 // Within reports whether the cleaned absolute path p lies inside an allowed
 // directory (without touching the filesystem).
 func (c *Confiner) Within(p string) bool {

@@ -45,7 +45,7 @@ type config struct {
 	AllowedDirs []string
 	// WatchLimits bound the WatchSocketEvents streams: at most 64 open,
 	// each at most 4096 events or 4 MiB behind, 32 MiB held by all of them
-	// together (stream.DefaultLimits, for zero fields); past them,
+	// together (the stream package's defaults, for zero fields); past them,
 	// RESOURCE_EXHAUSTED.
 	WatchLimits stream.Limits
 	Log         *slog.Logger

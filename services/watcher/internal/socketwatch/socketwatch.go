@@ -154,7 +154,7 @@ type Options struct {
 	TracerProvider trace.TracerProvider
 	// Limits bound the subscriptions (WatchSocketEvents streams): how many
 	// may be open, how far one may fall behind, and the bytes all of them
-	// hold together. Zero fields take stream.DefaultLimits.
+	// hold together. Zero fields take the stream package's defaults (stream.DefaultSubscribers, …).
 	Limits stream.Limits
 
 	// Test seams. dropEvent, when it returns true, makes the watcher act as
