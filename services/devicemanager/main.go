@@ -17,6 +17,7 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/podresources"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
@@ -26,14 +27,20 @@ import (
 func main() {
 	var grace time.Duration
 	var opts store.Options
+	var kube kubeaccess.Options
 	os.Exit(app.Main(app.Service{
 		Binary: "devicemanager", DefaultMetrics: app.DefaultDeviceManagerMetricsAddr,
 		Flags: func(fs *app.Flags) {
 			fs.DurationVar(&grace, "grace-period", manager.DefaultGracePeriod, "how long a resource with no live endpoint keeps its capacity")
 			fs.Int64Var(&opts.CompactAt, "checkpoint-compact-bytes", store.DefaultCompactAt,
 				"journal size past which the checkpoint snapshot is rewritten in the background (or past the snapshot's size, if larger)")
+			fs.StringVar(&kube.Kubeconfig, "kubeconfig", "",
+				"kubeconfig of the API server holding ResourceSlices, ResourceClaims and DeviceClasses (a cluster's); empty: serve the node-local resource API")
+			fs.StringVar(&kube.Listen, "resource-api-listen", kubeaccess.DefaultListen,
+				"loopback address of the node-local resource API (HTTPS; not served with --kubeconfig)")
+			fs.StringVar(&kube.NodeName, "node-name", "", "the Node this devicemanager serves (default: the host name)")
 		},
-		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace, opts) },
+		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace, opts, kube) },
 		// Half the collections of Go's default: in a burst of registrations
 		// the devicemanager's live heap is a few MiB while it allocates
 		// about 90 KB per plugin, so at GOGC=100 it collected every few MiB
@@ -55,7 +62,7 @@ func main() {
 // resources socket (rate-limited as the kubelet's). The manager
 // runs until the service stops, then flushes its state; it never
 // deregisters plugins or releases allocations.
-func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options) error {
+func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options, kube kubeaccess.Options) error {
 	dir := rt.Config.DevicePluginsDir()
 	opts.Log = rt.Log
 	m, err := manager.Open(ctx, manager.Config{
@@ -80,7 +87,31 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	}, pr.RateLimit(podresources.DefaultQPS, podresources.DefaultBurst)); err != nil {
 		return err
 	}
+	kubeAPI, err := openKubeAPI(rt, kube)
+	if err != nil {
+		return err
+	}
+	_ = kubeAPI // the DRA driver connections take kubeAPI.Client and kubeAPI.NodeName
 	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "pod_resources_sock", podSock,
 		"instance_id", m.InstanceID(), "grace_period", m.GracePeriod())
 	return nil
+}
+
+// openKubeAPI opens the Kubernetes API the DRA parts use: the cluster's
+// (--kubeconfig) or the node-local resource API, served until the service
+// stops.
+func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, error) {
+	kube.RootDir, kube.Log, kube.Registerer = rt.Config.RootDir, rt.Log, rt.Metrics
+	a, err := kubeaccess.Open(kube)
+	if err != nil {
+		return nil, err
+	}
+	rt.Go(a.Serve)
+	if a.Local != nil {
+		rt.Log.Info("serving the node-local resource API", "addr", a.Addr, "node", a.NodeName,
+			"kubeconfig", kubeaccess.KubeconfigPath(kube.RootDir, kubeaccess.Driver))
+	} else {
+		rt.Log.Info("using the Kubernetes API of the kubeconfig", "server", a.Config.Host, "node", a.NodeName)
+	}
+	return a, nil
 }

@@ -66,10 +66,10 @@ var (
 		fields: func(o runtime.Object) fields.Set {
 			s := o.(*resourcev1.ResourceSlice)
 			return fields.Set{
-				"metadata.name":                           s.Name,
-				resourcev1.ResourceSliceSelectorDriver:    s.Spec.Driver,
-				resourcev1.ResourceSliceSelectorNodeName:  nodeNameOf(s),
-				resourcev1.ResourceSliceSelectorPoolName:  s.Spec.Pool.Name,
+				"metadata.name":                          s.Name,
+				resourcev1.ResourceSliceSelectorDriver:   s.Spec.Driver,
+				resourcev1.ResourceSliceSelectorNodeName: nodeNameOf(s),
+				resourcev1.ResourceSliceSelectorPoolName: s.Spec.Pool.Name,
 			}
 		},
 		validate: validateSlice,
