@@ -256,18 +256,6 @@ func (p *Plugin) SetHealth(id string, healthy bool) error {
 	return fmt.Errorf("deviceplugin: no device %q", id)
 }
 
-// SetDeviceIDs replaces the device list (all healthy) and pushes it.
-func (p *Plugin) SetDeviceIDs(ids []string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	ids = slices.Sorted(slices.Values(ids))
-	p.devices = p.devices[:0]
-	for _, id := range ids {
-		p.devices = append(p.devices, &pluginapi.Device{ID: id, Health: pluginapi.Healthy})
-	}
-	p.notifyLocked()
-}
-
 // Devices returns a copy of the current device list.
 func (p *Plugin) Devices() []*pluginapi.Device {
 	p.mu.Lock()

@@ -55,7 +55,7 @@ func NewServer(log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *heal
 // A workers below the default (4 per CPU) keeps the default. This is the
 // one place nodeplug sizes a server's pool.
 func NewServerPool(log *slog.Logger, workers int, opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
-	logger := InterceptorLogger(log)
+	logger := interceptorLogger(log)
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithLevels(serverCodeToLevel),
@@ -113,8 +113,8 @@ func streamErrors(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handl
 	return errdefs.ToGRPC(handler(srv, ss))
 }
 
-// InterceptorLogger adapts slog to the go-grpc-middleware logger.
-func InterceptorLogger(l *slog.Logger) logging.Logger {
+// interceptorLogger adapts slog to the go-grpc-middleware logger.
+func interceptorLogger(l *slog.Logger) logging.Logger {
 	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		l.Log(ctx, slog.Level(lvl), msg, fields...)
 	})

@@ -28,14 +28,14 @@ func NewLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("log format %q: want text or json", format)
 	}
-	return slog.New(TraceHandler{h}), nil
+	return slog.New(traceHandler{h}), nil
 }
 
-// TraceHandler adds trace_id and span_id from the record's context.
-type TraceHandler struct{ slog.Handler }
+// traceHandler adds trace_id and span_id from the record's context.
+type traceHandler struct{ slog.Handler }
 
 // Handle implements slog.Handler.
-func (h TraceHandler) Handle(ctx context.Context, r slog.Record) error {
+func (h traceHandler) Handle(ctx context.Context, r slog.Record) error {
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		r.AddAttrs(slog.String("trace_id", sc.TraceID().String()), slog.String("span_id", sc.SpanID().String()))
 	}
@@ -43,11 +43,11 @@ func (h TraceHandler) Handle(ctx context.Context, r slog.Record) error {
 }
 
 // WithAttrs implements slog.Handler.
-func (h TraceHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return TraceHandler{h.Handler.WithAttrs(attrs)}
+func (h traceHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return traceHandler{h.Handler.WithAttrs(attrs)}
 }
 
 // WithGroup implements slog.Handler.
-func (h TraceHandler) WithGroup(name string) slog.Handler {
-	return TraceHandler{h.Handler.WithGroup(name)}
+func (h traceHandler) WithGroup(name string) slog.Handler {
+	return traceHandler{h.Handler.WithGroup(name)}
 }

@@ -58,7 +58,7 @@ func Setup(ctx context.Context, service, version string) (shutdown func(context.
 		return nil, err
 	}
 	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
-	if ExportConfigured() {
+	if exportConfigured() {
 		exp, err := newExporter(ctx)
 		if err != nil {
 			return nil, err
@@ -77,8 +77,8 @@ func Setup(ctx context.Context, service, version string) (shutdown func(context.
 	return tp.Shutdown, nil
 }
 
-// ExportConfigured reports whether an OTLP endpoint is set.
-func ExportConfigured() bool {
+// exportConfigured reports whether an OTLP endpoint is set.
+func exportConfigured() bool {
 	return os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 }
 
