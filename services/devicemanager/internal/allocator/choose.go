@@ -1,16 +1,11 @@
 package allocator
 
 import (
-	"context"
 	"fmt"
 	"slices"
-	"time"
-
-	"google.golang.org/protobuf/proto"
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
 )
 
 // maxResources bounds the resources of one request.
@@ -67,84 +62,71 @@ func ValidateRequest(req *Request) error {
 	return nil
 }
 
-// choose picks and reserves devices for one resource.
-func (l *Ledger) choose(ctx context.Context, k key, rr ResourceRequest) (*pick, error) {
-	count := int(rr.Count)
-	must := rr.MustInclude
-	for attempt := 1; ; attempt++ {
-		plugin, healthy, err := l.res.Candidates(k.resource)
-		if err != nil {
-			return nil, err
-		}
-		l.mu.Lock()
-		owners := l.owners[k.resource]
-		isFree := func(id string) bool {
-			_, taken := owners[id]
-			return !taken
-		}
-		for _, id := range must {
-			if _, healthy := slices.BinarySearch(healthy, id); !healthy || !isFree(id) {
-				l.mu.Unlock()
-				return nil, fmt.Errorf("must-include device %q of %s is not healthy and free: %w", id, k.resource, errdefs.ErrFailedPrecondition)
-			}
-		}
-		if !plugin.Options().PreferredAllocation {
-			// The lowest free IDs: the walk stops once it has count, so
-			// its cost follows the allocations, not the devices.
-			ids := slices.Clone(must)
-			for _, id := range healthy {
-				if len(ids) >= count {
-					break
-				}
-				if isFree(id) && !slices.Contains(must, id) {
-					ids = append(ids, id)
-				}
-			}
-			if len(ids) < count {
-				free := countFree(healthy, isFree)
-				l.mu.Unlock()
-				return nil, unavailable(k.resource, count, free)
-			}
-			slices.Sort(ids)
-			l.reserveLocked(k, ids)
-			l.mu.Unlock()
-			return &pick{key: k, ids: ids, plugin: plugin}, nil
-		}
-		// The plugin chooses among every free device.
-		var free []string
-		for _, id := range healthy {
-			if isFree(id) {
-				free = append(free, id)
-			}
-		}
-		if len(free) < count {
-			l.mu.Unlock()
-			return nil, unavailable(k.resource, count, len(free))
-		}
-		l.mu.Unlock()
+// Snapshot is what a choice of devices is made from: one resource's
+// healthy devices and which of them are taken (allocated, or reserved by
+// an Allocate in flight), at one moment. The state core takes it under
+// its lock and keeps the lock while Lowest or Offer read it.
+type Snapshot struct {
+	Resource string
+	// Healthy is sorted; it may be shared, and nobody may change it.
+	Healthy []string
+	// Taken reports whether a device is allocated or reserved.
+	Taken func(id string) bool
+}
 
-		ids, err := l.preferred(ctx, plugin, free, must, count)
-		if err != nil {
-			return nil, err
-		}
-		health := l.res.Health(k.resource, ids)
-		l.mu.Lock()
-		ok := !slices.Contains(health, false)
-		for _, id := range ids {
-			if _, taken := l.owners[k.resource][id]; taken {
-				ok = false
-			}
-		}
-		if ok {
-			l.reserveLocked(k, ids)
-			l.mu.Unlock()
-			return &pick{key: k, ids: ids, plugin: plugin}, nil
-		}
-		l.mu.Unlock()
-		if attempt == maxPickAttempts {
-			return nil, fmt.Errorf("devices of %s preferred by its plugin were taken concurrently %d times: %w", k.resource, attempt, errdefs.ErrFailedPrecondition)
+func (s Snapshot) free(id string) bool { return !s.Taken(id) }
+
+// checkMust fails when a must-include device of rr is not healthy and free.
+func (s Snapshot) checkMust(rr ResourceRequest) error {
+	for _, id := range rr.MustInclude {
+		if _, healthy := slices.BinarySearch(s.Healthy, id); !healthy || !s.free(id) {
+			return fmt.Errorf("must-include device %q of %s is not healthy and free: %w", id, s.Resource, errdefs.ErrFailedPrecondition)
 		}
 	}
+	return nil
+}
+
+// Lowest chooses rr's devices by default: the must-include ones and the
+// lowest free healthy IDs, sorted. The walk stops once it has the count,
+// so its cost follows the allocations, not the devices.
+func Lowest(s Snapshot, rr ResourceRequest) ([]string, error) {
+	if err := s.checkMust(rr); err != nil {
+		return nil, err
+	}
+	count, must := int(rr.Count), rr.MustInclude
+	ids := slices.Clone(must)
+	for _, id := range s.Healthy {
+		if len(ids) >= count {
+			break
+		}
+		if s.free(id) && !slices.Contains(must, id) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) < count {
+		return nil, unavailable(s.Resource, count, countFree(s.Healthy, s.free))
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// Offer returns the free healthy devices, sorted, that a plugin offering
+// GetPreferredAllocation chooses among for rr; MergePreferred then makes
+// the choice of its answer.
+func Offer(s Snapshot, rr ResourceRequest) ([]string, error) {
+	if err := s.checkMust(rr); err != nil {
+		return nil, err
+	}
+	var free []string
+	for _, id := range s.Healthy {
+		if s.free(id) {
+			free = append(free, id)
+		}
+	}
+	if len(free) < int(rr.Count) {
+		return nil, unavailable(s.Resource, int(rr.Count), len(free))
+	}
+	return free, nil
 }
 
 // unavailable is the kubelet's error for a request of count devices of
@@ -164,30 +146,16 @@ func countFree(ids []string, isFree func(string) bool) int {
 	return n
 }
 
-// preferred asks the plugin for its choice and treats the answer as the
-// kubelet does (devicesToAllocate): the must-include devices first, then the
-// answered IDs that are available, in the plugin's order, up to count, then
-// the lowest free IDs in sorted order. An answer that is short, empty, too
-// long, repeats an ID, names a device that was not offered or leaves out a
-// must-include one is not an error: it is logged at warn, naming the
-// plugin. Only a failed call fails the allocation. avail is sorted.
-func (l *Ledger) preferred(ctx context.Context, plugin endpoint.Plugin, avail, must []string, count int) ([]string, error) {
-	answer, err := plugin.GetPreferredAllocation(ctx, avail, must, count)
-	if err != nil {
-		return nil, err
-	}
-	ids, problems := mergePreferred(answer, avail, must, count)
-	if len(problems) > 0 {
-		l.log.WarnContext(ctx, "device plugin's preferred allocation not used as answered; the rest chosen by default",
-			"plugin", plugin.String(), "answer", bounds.Quote(fmt.Sprint(answer)), "problems", problems, "devices", ids)
-	}
-	return ids, nil
-}
-
-// mergePreferred builds the choice of count devices from a preferred answer
-// (see preferred), sorted, and says what was wrong with the answer. avail is
-// sorted; must is a subset of it; count ≤ len(avail).
-func mergePreferred(answer, avail, must []string, count int) ([]string, []string) {
+// MergePreferred builds the choice of count devices from a plugin's
+// GetPreferredAllocation answer as the kubelet does (devicesToAllocate):
+// the must-include devices first, then the answered IDs that are available,
+// in the plugin's order, up to count, then the lowest free IDs in sorted
+// order. It returns the choice, sorted, and what was wrong with the answer:
+// an answer that is short, empty, too long, repeats an ID, names a device
+// that was not offered or leaves out a must-include one is not an error
+// (the caller logs it, naming the plugin). avail is sorted (Offer); must is
+// a subset of it; count ≤ len(avail).
+func MergePreferred(answer, avail, must []string, count int) ([]string, []string) {
 	var problems []string
 	ids := make([]string, 0, count)
 	chosen := make(map[string]bool, count)
@@ -246,23 +214,4 @@ func mergePreferred(answer, avail, must []string, count int) ([]string, []string
 	}
 	slices.Sort(ids)
 	return ids, problems
-}
-
-// callPlugin runs Allocate, then PreStartContainer when required.
-func (l *Ledger) callPlugin(ctx context.Context, p *pick) error {
-	start := time.Now()
-	resp, err := p.plugin.Allocate(ctx, p.ids)
-	l.metrics.allocDuration.WithLabelValues(p.key.resource).Observe(time.Since(start).Seconds())
-	if err != nil {
-		return err
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp)
-	if err != nil {
-		return fmt.Errorf("device plugin %s: encode allocation response: %v: %w", p.plugin, err, errdefs.ErrInternal)
-	}
-	p.resp, p.respBytes = resp, b
-	if p.plugin.Options().PreStartRequired {
-		return p.plugin.PreStartContainer(ctx, p.ids)
-	}
-	return nil
 }

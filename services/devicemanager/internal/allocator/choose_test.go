@@ -1,8 +1,12 @@
 package allocator
 
 import (
+	"errors"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
 )
 
 // The kubelet's devicesToAllocate: must-include first, then the answered
@@ -32,7 +36,7 @@ func TestMergePreferred(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, problems := mergePreferred(tc.answer, avail, tc.must, tc.count)
+			got, problems := MergePreferred(tc.answer, avail, tc.must, tc.count)
 			if !slices.Equal(got, tc.want) {
 				t.Fatalf("devices = %v, want %v", got, tc.want)
 			}
@@ -40,5 +44,36 @@ func TestMergePreferred(t *testing.T) {
 				t.Fatalf("problems = %q, want some: %v", problems, tc.problems)
 			}
 		})
+	}
+}
+
+// Lowest and Offer choose from the snapshot alone: taken and unhealthy
+// devices are never chosen, must-include ones must be healthy and free, and
+// too few free devices give the kubelet's error with the free count.
+func TestLowestAndOffer(t *testing.T) {
+	taken := map[string]bool{"b": true}
+	snap := Snapshot{Resource: "example.com/r", Healthy: []string{"a", "b", "c", "d"}, Taken: func(id string) bool { return taken[id] }}
+	ids, err := Lowest(snap, ResourceRequest{Name: "example.com/r", Count: 2, MustInclude: []string{"d"}})
+	if err != nil || !slices.Equal(ids, []string{"a", "d"}) {
+		t.Fatalf("Lowest = %v, %v; want [a d]", ids, err)
+	}
+	free, err := Offer(snap, ResourceRequest{Name: "example.com/r", Count: 3})
+	if err != nil || !slices.Equal(free, []string{"a", "c", "d"}) {
+		t.Fatalf("Offer = %v, %v; want [a c d]", free, err)
+	}
+	for _, rr := range []ResourceRequest{
+		{Name: "example.com/r", Count: 4},
+		{Name: "example.com/r", Count: 1, MustInclude: []string{"b"}},
+		{Name: "example.com/r", Count: 1, MustInclude: []string{"zz"}},
+	} {
+		if _, err := Lowest(snap, rr); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Errorf("Lowest(%+v) = %v, want a failed precondition", rr, err)
+		}
+		if _, err := Offer(snap, rr); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Errorf("Offer(%+v) = %v, want a failed precondition", rr, err)
+		}
+	}
+	if _, err := Lowest(snap, ResourceRequest{Name: "example.com/r", Count: 4}); err == nil || !strings.Contains(err.Error(), "Requested: 4, Available: 3") {
+		t.Fatalf("Lowest over the free count: %v", err)
 	}
 }

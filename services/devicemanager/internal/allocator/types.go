@@ -1,3 +1,10 @@
+// Package allocator chooses devices for containers: it checks the shape of
+// a request (ValidateRequest) and, from a Snapshot of one resource it is
+// given, computes a choice and returns it (Lowest; Offer and MergePreferred
+// for a plugin's preferred allocation). It holds no state and calls
+// nothing: the devicemanager's state core (package manager) takes the
+// snapshot, reserves the choice, calls the plugin and records the
+// allocation.
 package allocator
 
 import (

@@ -24,12 +24,12 @@ type ResourceDevices struct {
 // with each device's health and topology. A resource within its grace
 // period lists its devices unhealthy. It is the read view the pod
 // resources API answers from; the slices are the caller's.
-func (m *Manager) ListDevices() []ResourceDevices {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]ResourceDevices, 0, len(m.resources))
-	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
-		res := m.resources[name]
+func (c *core) ListDevices() []ResourceDevices {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]ResourceDevices, 0, len(c.resources))
+	for _, name := range slices.Sorted(maps.Keys(c.resources)) {
+		res := c.resources[name]
 		rd := ResourceDevices{Name: name, Devices: make([]DeviceInfo, 0, len(res.devices))}
 		for _, id := range res.sortedIDs() {
 			d := res.devices[id]

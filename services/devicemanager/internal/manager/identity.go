@@ -4,7 +4,7 @@ package manager
 // (DESIGN "Identity"). The index of live endpoints finds them by both, so
 // that a registration naming another path to a live endpoint's socket (a
 // hard link, an allowed symlink) meets that endpoint. Everything here runs
-// under the manager's mutex.
+// under the state core's mutex.
 
 import (
 	"fmt"
@@ -43,10 +43,10 @@ func (e *EndpointConflictError) Unwrap() error { return errdefs.ErrAlreadyExists
 // path, or any endpoint whose socket is key (another path to it: a hard
 // link, a symlink), is live (not closed) under a resource other than
 // resource.
-func (m *Manager) conflictLocked(resource, path string, key unixsock.Key) error {
+func (c *core) conflictLocked(resource, path string, key unixsock.Key) error {
 	for _, k := range liveKeys(path, key) {
-		for o := range m.live[k] {
-			if o.resource == resource || o.closed || m.resources[o.resource] == nil || m.resources[o.resource].endpoints[o.path] != o {
+		for o := range c.live[k] {
+			if o.resource == resource || o.closed || c.resources[o.resource] == nil || c.resources[o.resource].endpoints[o.path] != o {
 				continue
 			}
 			if o.path == path || (!key.IsZero() && o.id.Key() == key) {
@@ -60,14 +60,14 @@ func (m *Manager) conflictLocked(resource, path string, key unixsock.Key) error 
 
 // sameEndpointLocked returns the live endpoint of res at path, or else
 // the live endpoint of res on another path to the socket key, or nil.
-func (m *Manager) sameEndpointLocked(res *resource, path string, key unixsock.Key) *entry {
+func (c *core) sameEndpointLocked(res *resource, path string, key unixsock.Key) *entry {
 	if e := res.endpoints[path]; e != nil && !e.closed {
 		return e
 	}
 	if key.IsZero() {
 		return nil
 	}
-	for o := range m.live[socketIndexKey(key)] {
+	for o := range c.live[socketIndexKey(key)] {
 		if o.resource == res.name && !o.closed && res.endpoints[o.path] == o {
 			return o
 		}
@@ -89,27 +89,27 @@ func liveKeys(path string, key unixsock.Key) []string {
 func socketIndexKey(key unixsock.Key) string { return "socket " + key.String() }
 
 // indexLocked adds e, being installed, to the index of live endpoints.
-func (m *Manager) indexLocked(e *entry) {
+func (c *core) indexLocked(e *entry) {
 	for _, key := range liveKeys(e.path, e.id.Key()) {
 		if key == "" {
 			continue
 		}
-		set := m.live[key]
+		set := c.live[key]
 		if set == nil {
 			set = map[*entry]struct{}{}
-			m.live[key] = set
+			c.live[key] = set
 		}
 		set[e] = struct{}{}
 	}
 }
 
 // unindexLocked removes e, closed, from the index of live endpoints.
-func (m *Manager) unindexLocked(e *entry) {
+func (c *core) unindexLocked(e *entry) {
 	for _, key := range liveKeys(e.path, e.id.Key()) {
-		if set := m.live[key]; set != nil {
+		if set := c.live[key]; set != nil {
 			delete(set, e)
 			if len(set) == 0 {
-				delete(m.live, key)
+				delete(c.live, key)
 			}
 		}
 	}

@@ -1,29 +1,34 @@
 // Package manager is the devicemanager's core. It ties together the
-// connections to device plugins (package endpoint), the allocations
-// (package allocator) and the saved state (package store), and owns what
-// lies between them: the endpoints of each resource and which one is
-// primary, the per-resource device sets (the latest ListAndWatch update of
-// any live endpoint, last writer wins), the grace period of resources with
-// no live endpoint, and the Watch hub that publishes every change.
+// connections to device plugins (package endpoint), the choice of devices
+// (package allocator) and the saved state (package store).
+//
+// One state core (core.go, type core) owns everything they share: the
+// resources (their endpoints and which one is primary, the device sets —
+// the latest ListAndWatch update of any live endpoint, last writer wins —
+// and the grace period of resources with no live endpoint), the
+// allocations and the reservations of the Allocate calls in flight
+// (ledger.go), the Watch hub that publishes every change, and the staging
+// of all of it to the store, as typed journal records (journalKey). Every
+// change is one method of the core under its mutex: core_endpoints.go for
+// the endpoints, core_alloc.go for the allocations. The rest are the
+// core's clients and do the I/O with no lock of the core held: the endpoint
+// life (manager.go: register, dial, streams, deregister, close; identity.go
+// for an endpoint's socket identity; persist.go for restore and redial),
+// the allocation flow (allocate.go: the allocator's choice from a snapshot
+// the core gives it, the plugin calls, rollback), start-up (startup.go)
+// and the background work (run.go: grace periods, gathered writes, the
+// memory give-back). A second kind of state (prepared DRA claims) is a new
+// record kind of the same core, not a second hub.
 //
 // Concurrency and ordering: every method of Manager is safe for concurrent
-// use. One mutex guards the resources and their endpoints; registrations
-// and deregistrations of one endpoint path run one at a time. Locks are
-// taken in this order only: an endpoint path's or a container's lock, the
-// write lock of the store, the manager's mutex, the allocator's mutex.
-// Changes reach Watch subscribers in the order they happen, each with a
-// revision one higher than the last.
+// use. Registrations and deregistrations of one endpoint path run one at a
+// time, and Allocate calls of one container. Locks are taken in this order
+// only: an endpoint path's or a container's lock, the write lock of the
+// store (core.saveMu), the core's mutex. Changes reach Watch subscribers
+// in the order they happen, each with a revision one higher than the last.
 //
 // Errors wrap errdefs sentinels; the package knows nothing of gRPC status
 // codes or of nodeplug's own API (package server converts).
-//
-// manager.go holds an endpoint's whole life under the manager's mutex —
-// register, install, its ListAndWatch updates, stop and deregister — and is
-// over 500 lines because splitting that life across files would separate
-// the code from the locking it depends on. An endpoint's identity (its
-// socket's device and inode), the index of live endpoints and the conflicts
-// it finds are in identity.go; views (view.go), persistence (persist.go),
-// start-up (startup.go) and the background work (run.go) are apart.
 package manager
 
 import (
@@ -46,7 +51,6 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/keylock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
@@ -90,39 +94,21 @@ type Config struct {
 	GiveBack GiveBack
 }
 
-// Manager is the device manager.
+// Manager is the device manager: the state core (core.go), which it
+// embeds for its read views (ListResources, Watch, ListDevices,
+// ListAllocations), and its two clients: the endpoint life (this file:
+// register, connect, the streams, deregister, close) and the allocation
+// flow (allocate.go).
 type Manager struct {
-	log   *slog.Logger
-	grace time.Duration
+	*core
+
 	// endpointWait: how long a registration waits for its endpoint file.
 	endpointWait time.Duration
 	confiner     *unixsock.Confiner
-	store        store.Store
 	instanceID   string
-	metrics      *metrics
-	hub          *stream.Hub[Change]
-	alloc        *allocator.Ledger
 
-	regLocks keylock.Mutex // per endpoint path
-
-	saveMu sync.Mutex // orders staging and appending to the store
-
-	mu        sync.Mutex
-	resources map[string]*resource
-	// live indexes the endpoints not closed by their path and by the
-	// socket they resolve to, so that a registration's identity check
-	// (conflictLocked) looks at those alone, not at every endpoint: a
-	// burst of N registrations costs O(N), not O(N²).
-	live     map[string]map[*entry]struct{}
-	dirty    map[string]bool // resources changed since they were last staged
-	seq      uint64
-	revision uint64
-	closing  bool
-	burst    *burst        // endpoint changes since memory was last given back
-	wake     chan struct{} // a grace period started, or a burst: Run recomputes its timer
-	flush    chan struct{} // asks Run to write the state soon
-
-	wg sync.WaitGroup // stream goroutines and connection closes
+	regLocks   keylock.Mutex // per endpoint path
+	containers keylock.Mutex // per pod and container (allocate.go)
 
 	// freeMemory collects garbage and returns memory to the OS; it returns
 	// the memory held before and after (memory.Release).
@@ -162,24 +148,13 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("create %s: %w", cfg.DevicePluginsDir, err)
 	}
 	m := &Manager{
-		log:          cfg.Log,
-		grace:        cfg.GracePeriod,
+		core:         newCore(cfg),
 		endpointWait: cfg.EndpointWait,
 		confiner:     conf,
-		store:        cfg.Store,
 		instanceID:   uuid.NewString(),
-		metrics:      newMetrics(cfg.Registerer),
-		hub:          stream.NewBoundedHub(cfg.WatchLimits, Change.size),
-		resources:    map[string]*resource{},
-		live:         map[string]map[*entry]struct{}{},
-		dirty:        map[string]bool{},
-		burst:        newBurst(cfg.GiveBack),
 		freeMemory:   memory.Release,
-		wake:         make(chan struct{}, 1),
-		flush:        make(chan struct{}, 1),
 		updates:      make(chan streamItem),
 	}
-	m.alloc = allocator.New(allocator.Config{Resources: m, Persist: m.persist, Log: cfg.Log, Registerer: cfg.Registerer})
 	actx, cancel := context.WithCancel(context.Background())
 	m.stopApplying = cancel
 	m.applying.Add(1)
@@ -242,31 +217,24 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	unlock := m.regLocks.Lock(r.Endpoint)
 	defer unlock()
 
-	m.mu.Lock()
-	if m.closing {
-		m.mu.Unlock()
-		return errShuttingDown
-	}
-	if err := m.conflictLocked(r.Resource, r.Endpoint, id.Key()); err != nil {
-		m.mu.Unlock()
+	live, err := m.admit(r, id.Key())
+	switch {
+	case errors.Is(err, errShuttingDown):
+		return err
+	case err != nil:
 		m.log.WarnContext(ctx, "device plugin registration refused", "resource", r.Resource, "endpoint", r.Endpoint, "dial_path", dialPath, "error", err)
 		return err
-	}
-	if res := m.resources[r.Resource]; res != nil {
-		if e := m.sameEndpointLocked(res, r.Endpoint, id.Key()); e != nil && e.generation == r.Generation {
-			m.mu.Unlock()
-			m.log.DebugContext(ctx, "endpoint already connected with this generation", "resource", r.Resource, "endpoint", r.Endpoint, "connected_as", e.path, "generation", r.Generation)
-			// Already live, but perhaps not yet on disk: the attempt
-			// that installed it may have failed to save it (this is
-			// its retry), or may still be saving it.
-			if err := m.saved(ctx); err != nil {
-				return err
-			}
-			m.metrics.registrations.WithLabelValues(r.Resource).Inc()
-			return nil
+	case live != nil:
+		m.log.DebugContext(ctx, "endpoint already connected with this generation", "resource", r.Resource, "endpoint", r.Endpoint, "connected_as", live.path, "generation", r.Generation)
+		// Already live, but perhaps not yet on disk: the attempt that
+		// installed it may have failed to save it (this is its retry),
+		// or may still be saving it.
+		if err := m.saved(ctx); err != nil {
+			return err
 		}
+		m.metrics.registrations.WithLabelValues(r.Resource).Inc()
+		return nil
 	}
-	m.mu.Unlock()
 
 	e := &entry{
 		resource: r.Resource, path: r.Endpoint, dialPath: dialPath, id: id, socketPath: r.SocketPath,
@@ -347,72 +315,14 @@ func (m *Manager) connect(ctx context.Context, e *entry) error {
 }
 
 // install makes e, connected, the primary endpoint of its resource (see
-// installLocked), closes the endpoint it replaces and starts receiving its
-// stream. It fails once the manager closes, and when e's socket became
-// live under another resource while e was connecting (another path to
-// it); e's connection is then closed.
+// core.install) and starts receiving its stream.
 func (m *Manager) install(e *entry) (*entry, error) {
-	m.mu.Lock()
-	if m.closing {
-		m.mu.Unlock()
-		e.conn.Close(errShuttingDown)
-		return nil, errShuttingDown
-	}
-	if err := m.conflictLocked(e.resource, e.path, e.id.Key()); err != nil {
-		m.mu.Unlock()
-		e.conn.Close(err)
+	old, err := m.core.install(e)
+	if err != nil {
 		return nil, err
-	}
-	old := m.installLocked(e, time.Now())
-	m.wg.Add(1) // under the lock: Close sets closing before it waits
-	m.mu.Unlock()
-	if old != nil {
-		old.conn.Close(errors.New("replaced before its first update"))
 	}
 	go m.run(e)
 	return old, nil
-}
-
-// installLocked makes e the primary endpoint of its resource and returns
-// the live endpoint it replaces, if any (marked closed): the one on the
-// same path, or else the one on another path to the same socket.
-func (m *Manager) installLocked(e *entry, now time.Time) *entry {
-	res := m.resources[e.resource]
-	if res == nil {
-		res = &resource{name: e.resource, devices: map[string]*device{}, endpoints: map[string]*entry{}}
-		m.resources[e.resource] = res
-	}
-	old := res.endpoints[e.path]
-	if old == nil || old.closed {
-		old = nil // none, or already handled
-		if o := m.sameEndpointLocked(res, e.path, e.id.Key()); o != nil {
-			old = o
-			delete(res.endpoints, o.path)
-		}
-	}
-	if old != nil {
-		old.closed = true
-		m.unindexLocked(old)
-	}
-	m.indexLocked(e)
-	m.seq++
-	e.seq = m.seq
-	if e.registered.IsZero() {
-		e.registered = now
-	}
-	e.state = StateConnecting
-	res.endpoints[e.path] = e
-	// Stopped endpoints are only kept while nothing is live.
-	for p, o := range res.endpoints {
-		if o != e && o.state == StateStopped {
-			delete(res.endpoints, p)
-		}
-	}
-	res.primary = e
-	res.stoppedAt = time.Time{}
-	m.changedLocked(res)
-	m.changesLocked(now, 1)
-	return old
 }
 
 // streamItem is what an endpoint's stream delivered: a device list, or
@@ -451,7 +361,7 @@ func (m *Manager) applyUpdates(ctx context.Context) {
 			return
 		case it := <-m.updates:
 			if it.ended {
-				m.streamEnded(it.e, it.err)
+				m.endStream(it.e, it.err)
 			} else {
 				m.update(it.e, it.devs)
 			}
@@ -463,25 +373,7 @@ func (m *Manager) applyUpdates(ctx context.Context) {
 // writer wins). Devices whose IDs break the bounds (bounds.DeviceID) are
 // dropped, with a warning.
 func (m *Manager) update(e *entry, devs []endpoint.Device) {
-	devs = m.validDevices(e, devs)
-	m.mu.Lock()
-	if e.closed || m.closing {
-		m.mu.Unlock()
-		return
-	}
-	res := m.resources[e.resource]
-	first := e.state == StateConnecting
-	e.state = StateLive
-	res.devices = make(map[string]*device, len(devs))
-	res.devicesChanged()
-	for _, d := range devs {
-		res.devices[d.ID] = &device{id: d.ID, healthy: d.Healthy, numa: d.NUMANodes}
-	}
-	m.changedLocked(res)
-	healthy, total := res.healthyCount(), len(res.devices)
-	m.mu.Unlock()
-	m.log.Debug("device update", "resource", e.resource, "endpoint", e.path, "devices", total, "healthy", healthy, "first", first)
-	m.persistSoon()
+	m.applyDevices(e, m.validDevices(e, devs))
 }
 
 // validDevices returns the devices of devs whose IDs are within the bounds,
@@ -507,66 +399,6 @@ func (m *Manager) validDevices(e *entry, devs []endpoint.Device) []endpoint.Devi
 	return out
 }
 
-func (m *Manager) streamEnded(e *entry, err error) {
-	m.mu.Lock()
-	if e.closed || m.closing {
-		m.mu.Unlock()
-		return
-	}
-	m.log.Warn("ListAndWatch ended unexpectedly", "resource", e.resource, "endpoint", e.path, "error", err)
-	m.stopLocked(e, time.Now(), err)
-	m.mu.Unlock()
-	m.persistSoon()
-}
-
-// stopLocked handles the end of e: with other endpoints still there a
-// survivor becomes primary; as the last one it stays, stopped, with every
-// device unhealthy (capacity kept) until the grace period ends.
-func (m *Manager) stopLocked(e *entry, now time.Time, why error) {
-	e.closed = true
-	m.unindexLocked(e)
-	if conn := e.conn; conn != nil {
-		m.wg.Add(1)
-		go func() { defer m.wg.Done(); conn.Close(why) }()
-	}
-	e.state = StateStopped
-	e.stopped = now
-	m.changesLocked(now, 1)
-	res := m.resources[e.resource]
-	if res == nil || res.endpoints[e.path] != e {
-		return
-	}
-	var survivor *entry
-	for _, o := range res.endpoints {
-		if o != e && !o.closed && (survivor == nil || o.seq > survivor.seq) {
-			survivor = o
-		}
-	}
-	if survivor != nil {
-		delete(res.endpoints, e.path)
-		if res.primary == e || res.primary == nil || res.primary.closed {
-			res.primary = survivor
-			m.log.Info("endpoint promoted to primary", "resource", res.name, "endpoint", survivor.path)
-		}
-	} else {
-		for p, o := range res.endpoints {
-			if o != e {
-				delete(res.endpoints, p)
-			}
-		}
-		res.primary = e
-		for _, d := range res.devices {
-			d.healthy = false
-		}
-		res.devicesChanged()
-		res.stoppedAt = now
-		m.log.Warn("resource has no live endpoint; devices unhealthy until the grace period ends",
-			"resource", res.name, "grace_deadline", now.Add(m.grace))
-		m.poke()
-	}
-	m.changedLocked(res)
-}
-
 // Deregister removes the endpoint of resource at path if its generation
 // (or, for a legacy registration, its socket identity) is generation. It
 // reports whether an endpoint was removed. Every argument is required: an
@@ -586,22 +418,10 @@ func (m *Manager) Deregister(ctx context.Context, resourceName, path, generation
 	}
 	unlock := m.regLocks.Lock(path)
 	defer unlock()
-	m.mu.Lock()
-	if m.closing {
-		m.mu.Unlock()
-		return false, errShuttingDown
+	e, err := m.deregister(resourceName, path, generation)
+	if err != nil || e == nil {
+		return false, err
 	}
-	res := m.resources[resourceName]
-	var e *entry
-	if res != nil {
-		e = res.endpoints[path]
-	}
-	if e == nil || e.closed || e.generation != generation {
-		m.mu.Unlock()
-		return false, nil
-	}
-	m.stopLocked(e, time.Now(), errors.New("deregistered"))
-	m.mu.Unlock()
 	m.log.InfoContext(ctx, "device plugin endpoint deregistered", "resource", resourceName, "endpoint", path, "generation", e.generation)
 	m.persistSoon()
 	return true, nil
@@ -611,21 +431,10 @@ func (m *Manager) Deregister(ctx context.Context, resourceName, path, generation
 // ends the Watch streams, and makes the state durable a last time. Run
 // calls it when its context ends.
 func (m *Manager) Close() error {
-	m.mu.Lock()
-	if m.closing {
-		m.mu.Unlock()
+	conns, first := m.shutdown()
+	if !first {
 		return nil
 	}
-	m.closing = true
-	var conns []*endpoint.Conn
-	for _, res := range m.resources {
-		for _, e := range res.endpoints {
-			if e.conn != nil && !e.closed {
-				conns = append(conns, e.conn)
-			}
-		}
-	}
-	m.mu.Unlock()
 	for _, c := range conns {
 		c.Close(errShuttingDown)
 	}

@@ -97,11 +97,11 @@ func checkKubeletSocket(dir string) error {
 
 // recordedEndpointPaths returns the paths, as registered and as resolved,
 // of every endpoint the manager knows, live or not.
-func (m *Manager) recordedEndpointPaths() map[string]bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (c *core) recordedEndpointPaths() map[string]bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	out := map[string]bool{}
-	for _, res := range m.resources {
+	for _, res := range c.resources {
 		for _, e := range res.endpoints {
 			out[e.path] = true
 			if e.dialPath != "" {

@@ -182,7 +182,7 @@ func TestOpenImportsKubeletAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = m.Close() }()
-	got := m.alloc.List("")
+	got := m.ListAllocations("")
 	if len(got) != 1 || got[0].PodUID != "pod-1" || !reflect.DeepEqual(got[0].DeviceIDs, []string{"d0", "d1"}) {
 		t.Fatalf("allocations after the import: %+v", got)
 	}
@@ -221,7 +221,7 @@ func TestOpenMovesAsideUnreadableKubeletCheckpoint(t *testing.T) {
 	if n := strings.Count(logs.String(), "CHECKPOINT UNUSABLE"); n != 1 || !strings.Contains(logs.String(), aside[0]) {
 		t.Fatalf("%d loud lines, want one naming %s:\n%s", n, aside[0], logs.String())
 	}
-	if len(m.alloc.List("")) != 0 {
+	if len(m.ListAllocations("")) != 0 {
 		t.Fatal("allocations from an unreadable file")
 	}
 }

@@ -2,16 +2,13 @@ package manager
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"time"
 
-	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/endpoint"
 )
 
@@ -101,34 +98,34 @@ type entry struct {
 
 // changedLocked records a change of res: it is staged for the store, and
 // published.
-func (m *Manager) changedLocked(res *resource) {
-	m.dirty[res.name] = true
-	m.publishViewLocked(res)
+func (c *core) changedLocked(res *resource) {
+	c.markLocked(resourceRecord(res.name))
+	c.publishViewLocked(res)
 }
 
 // publishViewLocked updates the metrics of res and publishes its view.
-func (m *Manager) publishViewLocked(res *resource) {
-	v := m.viewLocked(res)
-	m.metrics.devices.WithLabelValues(res.name, "healthy").Set(float64(len(v.Healthy)))
-	m.metrics.devices.WithLabelValues(res.name, "unhealthy").Set(float64(len(v.Unhealthy)))
-	m.publishLocked(Change{Resource: v})
+func (c *core) publishViewLocked(res *resource) {
+	v := c.viewLocked(res)
+	c.metrics.devices.WithLabelValues(res.name, "healthy").Set(float64(len(v.Healthy)))
+	c.metrics.devices.WithLabelValues(res.name, "unhealthy").Set(float64(len(v.Unhealthy)))
+	c.publishLocked(Change{Resource: v})
 }
 
 // publishLocked publishes c at the next revision.
-func (m *Manager) publishLocked(c Change) {
-	m.revision++
-	c.Revision = m.revision
-	m.hub.Publish(c)
+func (c *core) publishLocked(ch Change) {
+	c.revision++
+	ch.Revision = c.revision
+	c.hub.Publish(ch)
 }
 
-func (m *Manager) viewLocked(res *resource) ResourceInfo {
+func (c *core) viewLocked(res *resource) ResourceInfo {
 	v := ResourceInfo{Name: res.name, Capacity: int64(len(res.devices))}
 	lists := res.deviceLists()
 	v.Healthy, v.Unhealthy = lists.healthy, lists.unhealthy
 	v.Allocatable = int64(len(v.Healthy))
 	// Free counts from the allocations, not the devices: its cost follows
 	// the allocations of this resource, whatever the number of devices.
-	taken := m.alloc.Taken(res.name)
+	taken := c.ledger.takenIDs(res.name)
 	v.Free = v.Allocatable
 	for _, id := range taken {
 		if d := res.devices[id]; d != nil && d.healthy {
@@ -145,7 +142,7 @@ func (m *Manager) viewLocked(res *resource) ResourceInfo {
 		})
 	}
 	if !res.stoppedAt.IsZero() {
-		v.GraceDeadline = res.stoppedAt.Add(m.grace)
+		v.GraceDeadline = res.stoppedAt.Add(c.grace)
 	}
 	return v
 }
@@ -156,12 +153,12 @@ func (r *resource) sortedEndpoints() []*entry {
 }
 
 // ListResources returns every resource, sorted by name.
-func (m *Manager) ListResources() []ResourceInfo {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (c *core) ListResources() []ResourceInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var out []ResourceInfo
-	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
-		out = append(out, m.viewLocked(m.resources[name]))
+	for _, name := range slices.Sorted(maps.Keys(c.resources)) {
+		out = append(out, c.viewLocked(c.resources[name]))
 	}
 	return out
 }
@@ -173,100 +170,28 @@ func (m *Manager) ListResources() []ResourceInfo {
 // stream.ErrTooManySubscribers (and errdefs.ErrResourceExhausted) when
 // Config.WatchLimits leave no room; a subscriber past them later ends with
 // stream.ErrSlow or stream.ErrOverBudget.
-func (m *Manager) Watch(opts WatchOptions) (uint64, *stream.Subscription[Change], error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	snapshot := make([]Change, 0, len(m.resources))
-	for _, name := range slices.Sorted(maps.Keys(m.resources)) {
-		c := Change{Resource: m.viewLocked(m.resources[name]), Revision: m.revision}
+func (c *core) Watch(opts WatchOptions) (uint64, *stream.Subscription[Change], error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	snapshot := make([]Change, 0, len(c.resources))
+	for _, name := range slices.Sorted(maps.Keys(c.resources)) {
+		ch := Change{Resource: c.viewLocked(c.resources[name]), Revision: c.revision}
 		if opts.OmitDeviceIDs {
-			c = c.WithoutDeviceIDs()
+			ch = ch.WithoutDeviceIDs()
 		}
-		snapshot = append(snapshot, c)
+		snapshot = append(snapshot, ch)
 	}
 	var keep func(Change) bool
 	if opts.OmitAllocationChanges {
-		keep = func(c Change) bool { return !c.AllocationsOnly }
+		keep = func(ch Change) bool { return !ch.AllocationsOnly }
 	}
-	sub, err := m.hub.JoinWhere(snapshot, keep)
+	sub, err := c.hub.JoinWhere(snapshot, keep)
 	if err != nil {
 		return 0, nil, fmt.Errorf("watch the resources: %w", err)
 	}
-	return m.revision, sub, nil
+	return c.revision, sub, nil
 }
 
 // WatchStats returns how many Watch subscribers are open, the bytes of
 // changes they hold and how many were closed for a bound.
-func (m *Manager) WatchStats() stream.Stats { return m.hub.Stats() }
-
-// The manager is the allocator's view of the device sets.
-var _ allocator.Resources = (*Manager)(nil)
-
-// Candidates implements allocator.Resources: the primary endpoint of
-// resource and its healthy devices (the cached list, shared).
-func (m *Manager) Candidates(name string) (endpoint.Plugin, []string, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	res := m.resources[name]
-	if res == nil {
-		return nil, nil, fmt.Errorf("cannot allocate unregistered device %s: %w", name, errdefs.ErrNotFound)
-	}
-	healthy := res.deviceLists().healthy
-	if e := res.primary; e == nil || e.closed || len(healthy) == 0 {
-		return nil, nil, fmt.Errorf("no healthy devices present; cannot allocate unhealthy devices %s: %w", name, errdefs.ErrFailedPrecondition)
-	}
-	return res.primary.conn, healthy, nil
-}
-
-// Health implements allocator.Resources.
-func (m *Manager) Health(name string, ids []string) []bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	res := m.resources[name]
-	out := make([]bool, len(ids))
-	for i, id := range ids {
-		out[i] = res != nil && res.devices[id] != nil && res.devices[id].healthy
-	}
-	return out
-}
-
-// Known implements allocator.Resources.
-func (m *Manager) Known(name string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.resources[name] != nil
-}
-
-// AllocationsChanged implements allocator.Resources: the views of those
-// resources (free and allocated devices) are published again, when a
-// subscriber takes such changes. Nothing else changed: the device metrics
-// stay, and nothing is staged for the store (the allocator saves its own).
-func (m *Manager) AllocationsChanged(names []string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.hub.Wanted(Change{AllocationsOnly: true}) {
-		return
-	}
-	for _, name := range names {
-		if res := m.resources[name]; res != nil {
-			m.publishLocked(Change{AllocationsOnly: true, Resource: m.viewLocked(res)})
-		}
-	}
-}
-
-// Allocate gives devices to one container (see allocator.Allocator).
-func (m *Manager) Allocate(ctx context.Context, req *allocator.Request) ([]allocator.ResourceAllocation, error) {
-	return m.alloc.Allocate(ctx, req)
-}
-
-// Release frees the devices of a pod, or of one of its containers (see
-// allocator.Allocator).
-func (m *Manager) Release(ctx context.Context, pod, container string) (int64, error) {
-	return m.alloc.Release(ctx, pod, container)
-}
-
-// ListAllocations returns every allocation, or those of one pod (see
-// allocator.Allocator).
-func (m *Manager) ListAllocations(pod string) []allocator.Allocation {
-	return m.alloc.List(pod)
-}
+func (c *core) WatchStats() stream.Stats { return c.hub.Stats() }
