@@ -31,7 +31,7 @@ if [ "${SHORT:-}" = 1 ]; then
   # The packages whose tests start processes, sockets and servers: where
   # timing assumptions would show.
   run go test -race -count=3 -timeout "$TIMEOUT" \
-    ./services/... ./pkg/access/... ./pkg/app/... ./pkg/deviceplugin/... ./cmd/... \
+    ./services/... ./pkg/access/... ./pkg/app/... ./internal/sampleplugin/... ./cmd/... \
     ./internal/conform/... ./internal/chaos/...
   # test/upstream is a module of its own: ./... above does not reach it.
   run go -C test/upstream test -race -count=3 -timeout "$TIMEOUT" ./...

@@ -45,8 +45,8 @@ import (
 	"github.com/fsnotify/fsnotify"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/pkg/app"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/version"
@@ -74,7 +74,7 @@ type config struct {
 // run runs the plugin until ctx ends and returns the exit code. ready, when
 // set, receives the control address ("" without --control-listen) once the
 // plugin serves.
-func run(ctx context.Context, args []string, stderr io.Writer, ready func(p *deviceplugin.Plugin, control string)) int {
+func run(ctx context.Context, args []string, stderr io.Writer, ready func(p *sampleplugin.Plugin, control string)) int {
 	var c config
 	fs := app.NewFlags("sampleplugin")
 	fs.SetOutput(stderr)
@@ -159,7 +159,7 @@ func healthcheck(ctx context.Context, c config) error {
 	return nil
 }
 
-func serve(ctx context.Context, c config, log *slog.Logger, ready func(*deviceplugin.Plugin, string)) error {
+func serve(ctx context.Context, c config, log *slog.Logger, ready func(*sampleplugin.Plugin, string)) error {
 	path, err := socketPath(c)
 	if err != nil {
 		return err
@@ -169,7 +169,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, ready func(*devicepl
 	if err != nil {
 		return err
 	}
-	p, err := deviceplugin.New(deviceplugin.Options{
+	p, err := sampleplugin.New(sampleplugin.Options{
 		Resource: c.resource, Devices: c.devices, SocketPath: path,
 		Preferred: c.preferred, PreStartRequired: c.prestart, CDI: c.cdi, Log: log,
 	})
@@ -263,7 +263,7 @@ func serve(ctx context.Context, c config, log *slog.Logger, ready func(*devicepl
 
 // registerWithRetry registers on kubelet.sock, retrying briefly: kubelet.sock
 // may exist before it accepts connections.
-func registerWithRetry(ctx context.Context, p *deviceplugin.Plugin, kubeletSock string, log *slog.Logger) error {
+func registerWithRetry(ctx context.Context, p *sampleplugin.Plugin, kubeletSock string, log *slog.Logger) error {
 	var err error
 	for delay := 50 * time.Millisecond; delay < 5*time.Second; delay *= 2 {
 		if _, serr := os.Stat(kubeletSock); serr == nil {
@@ -285,7 +285,7 @@ func registerWithRetry(ctx context.Context, p *deviceplugin.Plugin, kubeletSock 
 
 // flip marks the first healthy device unhealthy, or (toHealthy) the first
 // unhealthy device healthy.
-func flip(p *deviceplugin.Plugin, toHealthy bool, log *slog.Logger) {
+func flip(p *sampleplugin.Plugin, toHealthy bool, log *slog.Logger) {
 	for _, d := range p.Devices() {
 		if (d.Health == pluginapi.Healthy) != toHealthy {
 			if err := p.SetHealth(d.ID, toHealthy); err == nil {
@@ -297,7 +297,7 @@ func flip(p *deviceplugin.Plugin, toHealthy bool, log *slog.Logger) {
 	log.Info("no device to flip", "to_healthy", toHealthy)
 }
 
-func controlHandler(p *deviceplugin.Plugin) http.Handler {
+func controlHandler(p *sampleplugin.Plugin) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /devices", func(w http.ResponseWriter, _ *http.Request) {
 		type dev struct {

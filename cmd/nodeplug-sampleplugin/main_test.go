@@ -17,8 +17,8 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
@@ -27,7 +27,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 type started struct {
-	p       *deviceplugin.Plugin
+	p       *sampleplugin.Plugin
 	control string
 }
 
@@ -38,7 +38,7 @@ func runPlugin(t *testing.T, args ...string) started {
 	readyc := make(chan started, 1)
 	done := make(chan int)
 	go func() {
-		done <- run(ctx, args, io.Discard, func(p *deviceplugin.Plugin, control string) { readyc <- started{p, control} })
+		done <- run(ctx, args, io.Discard, func(p *sampleplugin.Plugin, control string) { readyc <- started{p, control} })
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -57,7 +57,7 @@ func runPlugin(t *testing.T, args ...string) started {
 	return started{}
 }
 
-func waitHealthy(t *testing.T, p *deviceplugin.Plugin, want int) {
+func waitHealthy(t *testing.T, p *sampleplugin.Plugin, want int) {
 	t.Helper()
 	testutil.Eventually(t, fmt.Sprintf("%d healthy devices", want), func() error {
 		n := 0

@@ -16,11 +16,11 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/stack"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
@@ -404,7 +404,7 @@ func (r *runner) socket(prefix string) string {
 
 // devicePlugin is a device plugin that records when its socket appeared.
 type devicePlugin struct {
-	*deviceplugin.Plugin
+	*sampleplugin.Plugin
 	final   string // its path in plugins_registry
 	started time.Time
 }
@@ -422,7 +422,7 @@ func (r *runner) newStagedDevicePlugin(resource string, devices int, staging str
 	if staging != "" {
 		listen = filepath.Join(staging, filepath.Base(dp.final))
 	}
-	p, err := deviceplugin.New(deviceplugin.Options{
+	p, err := sampleplugin.New(sampleplugin.Options{
 		Resource: resource, SocketPath: listen, Endpoint: dp.final, Devices: devices,
 	})
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
@@ -355,7 +355,7 @@ func (r *runner) round(ctx context.Context, kind string, n int, dir string, sett
 		fp := &fleetPlugin{staged: filepath.Join(staging, name), final: filepath.Join(dir, name)}
 		switch kind {
 		case KindDevicePlugin:
-			p, err := deviceplugin.New(deviceplugin.Options{Resource: fmt.Sprintf("floor.example.com/%s", name[:len(name)-5]), SocketPath: fp.staged, Endpoint: fp.final, Devices: 1})
+			p, err := sampleplugin.New(sampleplugin.Options{Resource: fmt.Sprintf("floor.example.com/%s", name[:len(name)-5]), SocketPath: fp.staged, Endpoint: fp.final, Devices: 1})
 			if err != nil {
 				return RoundFigures{}, err
 			}

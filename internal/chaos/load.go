@@ -9,15 +9,15 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
 // plugin is one device plugin the harness runs.
 type plugin struct {
-	*deviceplugin.Plugin
+	*sampleplugin.Plugin
 	resource   string
 	socket     string
 	registry   bool // plugins_registry; else kubelet.sock
@@ -41,7 +41,7 @@ func (h *harness) newPlugin(registry, stable bool) (*plugin, error) {
 	} else {
 		p.socket = filepath.Join(app.DevicePluginsDir(h.root), fmt.Sprintf("dp-%d.sock", n))
 	}
-	dp, err := deviceplugin.New(deviceplugin.Options{Resource: p.resource, SocketPath: p.socket, Devices: h.cfg.Devices})
+	dp, err := sampleplugin.New(sampleplugin.Options{Resource: p.resource, SocketPath: p.socket, Devices: h.cfg.Devices})
 	if err != nil {
 		return nil, err
 	}

@@ -12,11 +12,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -113,10 +113,10 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	bin := filepath.Join(buildBinaries(t, "nodeplug-devicemanager"), "nodeplug-devicemanager")
 	root := testutil.TempDir(t)
 	dpDir := filepath.Join(root, "device-plugins")
-	reg := plugintest.Start(t, deviceplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true,
+	reg := plugintest.Start(t, sampleplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true,
 		SocketPath: filepath.Join(root, "plugins_registry", "reg.sock")})
 	first := startProc(t, bin, root)
-	legacy := plugintest.Start(t, deviceplugin.Options{Resource: "example.com/legacy", Devices: 2, SocketPath: filepath.Join(dpDir, "legacy.sock")})
+	legacy := plugintest.Start(t, sampleplugin.Options{Resource: "example.com/legacy", Devices: 2, SocketPath: filepath.Join(dpDir, "legacy.sock")})
 
 	if _, err := first.client.RegisterPlugin(ctxT(t), &dmv1.RegisterPluginRequest{
 		ResourceName: reg.Resource(), Endpoint: reg.SocketPath(), Versions: []string{pluginapi.Version},
@@ -173,8 +173,8 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 	if !proto.Equal(before, after) {
 		t.Fatalf("allocations differ after SIGKILL:\n%v\n%v", before, after)
 	}
-	calls := reg.CallCount(deviceplugin.MethodAllocate) + legacy.CallCount(deviceplugin.MethodAllocate)
-	prestarts := reg.CallCount(deviceplugin.MethodPreStartContainer)
+	calls := reg.CallCount(sampleplugin.MethodAllocate) + legacy.CallCount(sampleplugin.MethodAllocate)
+	prestarts := reg.CallCount(sampleplugin.MethodPreStartContainer)
 	for i, r := range reqs {
 		a, err := second.client.Allocate(ctxT(t), r)
 		if err != nil {
@@ -184,10 +184,10 @@ func TestSIGKILLKeepsAllocationsAndRedials(t *testing.T) {
 			t.Fatalf("restored answer %d differs:\n%v\n%v", i, a, answers[i])
 		}
 	}
-	if n := reg.CallCount(deviceplugin.MethodAllocate) + legacy.CallCount(deviceplugin.MethodAllocate); n != calls {
+	if n := reg.CallCount(sampleplugin.MethodAllocate) + legacy.CallCount(sampleplugin.MethodAllocate); n != calls {
 		t.Fatalf("restored allocations called the plugins again (%d → %d)", calls, n)
 	}
-	if reg.CallCount(deviceplugin.MethodPreStartContainer) != prestarts {
+	if reg.CallCount(sampleplugin.MethodPreStartContainer) != prestarts {
 		t.Fatal("a restored allocation ran PreStartContainer again")
 	}
 	if r := waitLive(t, second.client, "example.com/legacy", 2); r.GetFree() != 0 {

@@ -13,13 +13,13 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -128,13 +128,13 @@ func (e *env) waitLive() {
 // plugin starts a device plugin. In plugins_registry mode its socket is in
 // plugins_registry; in legacy mode it is in device-plugins and the plugin
 // calls Register on kubelet.sock.
-func (e *env) plugin(name, resource string, devices int, legacy bool) *deviceplugin.Plugin {
+func (e *env) plugin(name, resource string, devices int, legacy bool) *sampleplugin.Plugin {
 	e.t.Helper()
 	dir := app.PluginsRegistryDir(e.root)
 	if legacy {
 		dir = app.DevicePluginsDir(e.root)
 	}
-	p := plugintest.Start(e.t, deviceplugin.Options{Resource: resource, SocketPath: filepath.Join(dir, name+".sock"), Devices: devices})
+	p := plugintest.Start(e.t, sampleplugin.Options{Resource: resource, SocketPath: filepath.Join(dir, name+".sock"), Devices: devices})
 	if legacy {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

@@ -11,12 +11,12 @@ import (
 
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -106,7 +106,7 @@ func TestDevicePluginSocketNamesEndToEnd(t *testing.T) {
 	}
 	for i, name := range []string{"d%41.sock", "a#b.sock", "q?x=1.sock", "x%2Fy.sock", "sp ace.sock", long} {
 		res := fmt.Sprintf("example.com/odd%d", i)
-		p := plugintest.Start(t, deviceplugin.Options{Resource: res, SocketPath: filepath.Join(registry, name), Devices: 2})
+		p := plugintest.Start(t, sampleplugin.Options{Resource: res, SocketPath: filepath.Join(registry, name), Devices: 2})
 		e.waitAllocatable(res, 2)
 		r := e.resource(res)
 		if eps := r.GetEndpoints(); len(eps) != 1 || eps[0].GetEndpoint() != p.SocketPath() || eps[0].GetSocketPath() != p.SocketPath() {
@@ -125,7 +125,7 @@ func TestDevicePluginSocketNamesEndToEnd(t *testing.T) {
 	// The victim, outside the root, where "<device-plugins>/../../<name>"
 	// leads, and a symlink to it in device-plugins.
 	victimName := fmt.Sprintf("npdpvictim%d.sock", time.Now().UnixNano())
-	victim, err := deviceplugin.New(deviceplugin.Options{Resource: "example.com/victim", SocketPath: filepath.Join(filepath.Dir(e.root), victimName), Devices: 2})
+	victim, err := sampleplugin.New(sampleplugin.Options{Resource: "example.com/victim", SocketPath: filepath.Join(filepath.Dir(e.root), victimName), Devices: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestDevicePluginSocketNamesEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		res := fmt.Sprintf("example.com/escape%d", i)
-		p := plugintest.Start(t, deviceplugin.Options{Resource: res, SocketPath: filepath.Join(registry, fmt.Sprintf("escape%d.sock", i)), Endpoint: endpoint, Devices: 2})
+		p := plugintest.Start(t, sampleplugin.Options{Resource: res, SocketPath: filepath.Join(registry, fmt.Sprintf("escape%d.sock", i)), Endpoint: endpoint, Devices: 2})
 		ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
 		st, err := p.WaitStatus(ctx, nil)
 		cancel()

@@ -14,13 +14,13 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
@@ -72,7 +72,7 @@ func TestSocketNamesThatAreNotUTF8(t *testing.T) {
 	if err := os.Symlink(oddReg, oddEndpoint); err != nil {
 		t.Fatal(err)
 	}
-	oddDP := plugintest.Start(t, deviceplugin.Options{Resource: "example.com/oddreg", SocketPath: oddReg, Endpoint: oddEndpoint, Devices: 2})
+	oddDP := plugintest.Start(t, sampleplugin.Options{Resource: "example.com/oddreg", SocketPath: oddReg, Endpoint: oddEndpoint, Devices: 2})
 	// A device plugin whose endpoint is its odd registration socket.
 	self := filepath.Join(registry, "self\xc3(.sock")
 	selfPlugin, err := testplugin.Start(self, testplugin.Info{Type: registerapi.DevicePlugin, Name: "example.com/self", Versions: []string{pluginapi.Version}})

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
 const (
@@ -62,7 +62,7 @@ func TestRegistrationIsOneTrace(t *testing.T) {
 		{"example.com/traced", false},
 		{"example.com/retried", true},
 	} {
-		p, err := deviceplugin.New(deviceplugin.Options{Resource: tc.resource, Devices: 2,
+		p, err := sampleplugin.New(sampleplugin.Options{Resource: tc.resource, Devices: 2,
 			SocketPath: filepath.Join(app.PluginsRegistryDir(e.root), strings.ReplaceAll(tc.resource, "/", "_")+".sock")})
 		if err != nil {
 			t.Fatal(err)

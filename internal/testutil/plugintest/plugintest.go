@@ -1,4 +1,4 @@
-// Package plugintest starts the example device plugin (pkg/deviceplugin) in
+// Package plugintest starts the example device plugin (internal/sampleplugin) in
 // tests, stopped when the test ends. It is a package of its own so that
 // testutil does not depend on the plugin library, whose own tests use
 // testutil.
@@ -7,14 +7,14 @@ package plugintest
 import (
 	"testing"
 
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 )
 
 // Start creates a device plugin with opts, starts it and stops it when t
 // ends. It fails t when the plugin cannot start.
-func Start(t testing.TB, opts deviceplugin.Options) *deviceplugin.Plugin {
+func Start(t testing.TB, opts sampleplugin.Options) *sampleplugin.Plugin {
 	t.Helper()
-	p, err := deviceplugin.New(opts)
+	p, err := sampleplugin.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -28,7 +28,7 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
-func startPlugin(t *testing.T, opts deviceplugin.Options) *deviceplugin.Plugin {
+func startPlugin(t *testing.T, opts sampleplugin.Options) *sampleplugin.Plugin {
 	t.Helper()
 	opts.SocketPath = filepath.Join(testutil.TempDir(t), "p.sock")
 	return plugintest.Start(t, opts)
@@ -40,7 +40,7 @@ func dialer(path string) func(context.Context, string) (net.Conn, error) {
 	return (*unixsock.Confiner)(nil).Dialer(path, nil)
 }
 
-func connect(t *testing.T, p *deviceplugin.Plugin) *Conn {
+func connect(t *testing.T, p *sampleplugin.Plugin) *Conn {
 	t.Helper()
 	c, err := Connect(ctxT(t), p.Resource(), p.SocketPath(), dialer(p.SocketPath()))
 	if err != nil {
@@ -53,7 +53,7 @@ func connect(t *testing.T, p *deviceplugin.Plugin) *Conn {
 // TestRunDeliversUpdatesInOrder: the first device list and each later
 // change reach update, in order, with health and topology; Close ends Run.
 func TestRunDeliversUpdatesInOrder(t *testing.T) {
-	p := startPlugin(t, deviceplugin.Options{Resource: "example.com/e", Devices: 2, PreStartRequired: true})
+	p := startPlugin(t, sampleplugin.Options{Resource: "example.com/e", Devices: 2, PreStartRequired: true})
 	c := connect(t, p)
 	if c.Options() != (Options{PreStartRequired: true}) {
 		t.Fatalf("options = %+v", c.Options())
@@ -84,7 +84,7 @@ func TestRunDeliversUpdatesInOrder(t *testing.T) {
 }
 
 func TestRunReportsStreamEnd(t *testing.T) {
-	p := startPlugin(t, deviceplugin.Options{Resource: "example.com/e", Devices: 1})
+	p := startPlugin(t, sampleplugin.Options{Resource: "example.com/e", Devices: 1})
 	c := connect(t, p)
 	first := make(chan struct{})
 	ended := make(chan error, 1)
@@ -106,7 +106,7 @@ func TestRunReportsStreamEnd(t *testing.T) {
 }
 
 func TestCalls(t *testing.T) {
-	p := startPlugin(t, deviceplugin.Options{Resource: "example.com/e", Devices: 4, Preferred: true, PreStartRequired: true})
+	p := startPlugin(t, sampleplugin.Options{Resource: "example.com/e", Devices: 4, Preferred: true, PreStartRequired: true})
 	c := connect(t, p)
 	pref, err := c.GetPreferredAllocation(ctxT(t), []string{"dev-0", "dev-1", "dev-2"}, []string{"dev-0"}, 2)
 	if err != nil || !slices.Equal(pref, []string{"dev-0", "dev-2"}) {
@@ -116,7 +116,7 @@ func TestCalls(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if calls := p.Calls(); calls[len(calls)-1].Method != deviceplugin.MethodAllocate || resp.GetEnvs()["NODEPLUG_DEVICES"] != "dev-0,dev-2" || len(resp.GetMounts()) != 2 {
+	if calls := p.Calls(); calls[len(calls)-1].Method != sampleplugin.MethodAllocate || resp.GetEnvs()["NODEPLUG_DEVICES"] != "dev-0,dev-2" || len(resp.GetMounts()) != 2 {
 		t.Fatalf("Allocate answered %v", resp)
 	}
 	if err := c.PreStartContainer(ctxT(t), []string{"dev-0"}); err != nil {
@@ -129,11 +129,11 @@ func TestCalls(t *testing.T) {
 		kind   error
 		call   func() error
 	}{
-		{deviceplugin.MethodAllocate, status.Error(codes.Internal, "says no"), errdefs.ErrInternal,
+		{sampleplugin.MethodAllocate, status.Error(codes.Internal, "says no"), errdefs.ErrInternal,
 			func() error { _, err := c.Allocate(ctxT(t), []string{"dev-1"}); return err }},
-		{deviceplugin.MethodPreStartContainer, status.Error(codes.Unavailable, "says no"), errdefs.ErrUnavailable,
+		{sampleplugin.MethodPreStartContainer, status.Error(codes.Unavailable, "says no"), errdefs.ErrUnavailable,
 			func() error { return c.PreStartContainer(ctxT(t), []string{"dev-1"}) }},
-		{deviceplugin.MethodGetPreferredAllocation, status.Error(codes.InvalidArgument, "says no"), errdefs.ErrInternal,
+		{sampleplugin.MethodGetPreferredAllocation, status.Error(codes.InvalidArgument, "says no"), errdefs.ErrInternal,
 			func() error { _, err := c.GetPreferredAllocation(ctxT(t), []string{"dev-1"}, nil, 1); return err }},
 	}
 	for _, tc := range tests {
@@ -150,13 +150,13 @@ func TestCalls(t *testing.T) {
 }
 
 func TestConnectFailures(t *testing.T) {
-	p := startPlugin(t, deviceplugin.Options{Resource: "example.com/e", Devices: 1})
-	p.SetFailure(deviceplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
+	p := startPlugin(t, sampleplugin.Options{Resource: "example.com/e", Devices: 1})
+	p.SetFailure(sampleplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
 	_, err := Connect(ctxT(t), p.Resource(), p.SocketPath(), dialer(p.SocketPath()))
 	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "failed to get device plugin options for example.com/e at "+p.SocketPath()+": not ready") {
 		t.Fatalf("options failure: %v", err)
 	}
-	p.SetFailure(deviceplugin.MethodGetDevicePluginOptions, nil)
+	p.SetFailure(sampleplugin.MethodGetDevicePluginOptions, nil)
 	p.Stop()
 	_, err = Connect(ctxT(t), p.Resource(), p.SocketPath(), dialer(p.SocketPath()))
 	if !errors.Is(err, errdefs.ErrUnavailable) {

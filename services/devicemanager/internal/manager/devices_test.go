@@ -7,8 +7,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
@@ -24,7 +24,7 @@ func TestListDevices(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = m.Close() })
 	const res = "example.com/numa"
-	p, err := deviceplugin.New(deviceplugin.Options{
+	p, err := sampleplugin.New(sampleplugin.Options{
 		Resource: res, DeviceIDs: []string{"b", "a", "c"}, NUMANodes: map[string][]int64{"a": {1}, "c": {0, 1}},
 		SocketPath: filepath.Join(root, "plugins_registry", "p.sock"),
 	})

@@ -8,9 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
 // TestBurstGivesBackOnceSettled drives the give-back's state with a
@@ -111,9 +111,9 @@ func TestGiveBackAfterArrivalsAndDepartures(t *testing.T) {
 		}
 	}
 
-	var ps []*deviceplugin.Plugin
+	var ps []*sampleplugin.Plugin
 	for i := range plugins {
-		p := plugintest.Start(t, deviceplugin.Options{
+		p := plugintest.Start(t, sampleplugin.Options{
 			Resource: fmt.Sprintf("example.com/gb%d", i), Devices: 1,
 			SocketPath: filepath.Join(root, "plugins_registry", fmt.Sprintf("p%d.sock", i)),
 		})

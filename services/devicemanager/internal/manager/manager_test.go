@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
@@ -52,7 +52,7 @@ func running(t *testing.T, root string, cfg Config) *Manager {
 
 // registered returns a manager under a new root with one plugin of devices
 // devices registered through plugins_registry and its first update in.
-func registered(t *testing.T, resource string, devices int) (*Manager, *deviceplugin.Plugin, string) {
+func registered(t *testing.T, resource string, devices int) (*Manager, *sampleplugin.Plugin, string) {
 	t.Helper()
 	root := testutil.TempDir(t)
 	dpDir := filepath.Join(root, "device-plugins")
@@ -61,7 +61,7 @@ func registered(t *testing.T, resource string, devices int) (*Manager, *devicepl
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	p := plugintest.Start(t, deviceplugin.Options{Resource: resource, Devices: devices, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
+	p := plugintest.Start(t, sampleplugin.Options{Resource: resource, Devices: devices, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
 	if err := m.Register(ctxT(t), Registration{Resource: resource, Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,8 +88,8 @@ func TestAllocationNotSavedIsRolledBack(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "allocation not saved") {
 		t.Fatalf("Allocate with a broken store: %v", err)
 	}
-	if p.CallCount(deviceplugin.MethodAllocate) != 1 {
-		t.Fatalf("the plugin was called %d times, want 1", p.CallCount(deviceplugin.MethodAllocate))
+	if p.CallCount(sampleplugin.MethodAllocate) != 1 {
+		t.Fatalf("the plugin was called %d times, want 1", p.CallCount(sampleplugin.MethodAllocate))
 	}
 	if l := m.ListAllocations(""); len(l) != 0 {
 		t.Fatalf("allocations after the failure: %+v", l)
@@ -123,7 +123,7 @@ func TestRegistrationNotSavedFails(t *testing.T) {
 	if err := os.RemoveAll(dpDir); err != nil { // the checkpoint cannot be written
 		t.Fatal(err)
 	}
-	p := plugintest.Start(t, deviceplugin.Options{Resource: res, Devices: 2, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
+	p := plugintest.Start(t, sampleplugin.Options{Resource: res, Devices: 2, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
 	reg := Registration{Resource: res, Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry}
 	err := m.Register(ctxT(t), reg)
 	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "registration not saved") {

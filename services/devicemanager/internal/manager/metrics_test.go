@@ -8,9 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
 // TestRemovedResourceLeavesNoSeries: once a resource is removed (its grace
@@ -40,7 +40,7 @@ func TestRemovedResourceLeavesNoSeries(t *testing.T) {
 		}
 		return n
 	}
-	p := plugintest.Start(t, deviceplugin.Options{Resource: res, Devices: 1, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
+	p := plugintest.Start(t, sampleplugin.Options{Resource: res, Devices: 1, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
 	if err := m.Register(ctxT(t), Registration{Resource: res, Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry}); err != nil {
 		t.Fatal(err)
 	}

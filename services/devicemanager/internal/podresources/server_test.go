@@ -18,9 +18,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
@@ -78,10 +78,10 @@ func newEnv(t *testing.T) *env {
 
 // plugin starts a device plugin and registers it as the reconciler would,
 // then waits for its devices.
-func (e *env) plugin(resource string, ids []string, numa map[string][]int64) *deviceplugin.Plugin {
+func (e *env) plugin(resource string, ids []string, numa map[string][]int64) *sampleplugin.Plugin {
 	e.t.Helper()
 	sock := filepath.Join(e.root, "plugins_registry", strings.ReplaceAll(resource, "/", "_")+".sock")
-	p := plugintest.Start(e.t, deviceplugin.Options{Resource: resource, DeviceIDs: ids, NUMANodes: numa, SocketPath: sock})
+	p := plugintest.Start(e.t, sampleplugin.Options{Resource: resource, DeviceIDs: ids, NUMANodes: numa, SocketPath: sock})
 	if err := e.m.Register(ctxT(e.t), manager.Registration{
 		Resource: resource, Endpoint: sock, Versions: []string{"v1beta1"}, SocketPath: sock, Generation: "g1", Path: manager.PathPluginsRegistry,
 	}); err != nil {

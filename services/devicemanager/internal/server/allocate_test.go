@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
 func allocReq(pod, container, resource string, count int64, must ...string) *dmv1.AllocateRequest {
@@ -24,7 +24,7 @@ func allocReq(pod, container, resource string, count int64, must ...string) *dmv
 
 func TestAllocateValidation(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/v", Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/v", Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/v", 2, 2)
 	tests := []struct {
@@ -53,7 +53,7 @@ func TestAllocateValidation(t *testing.T) {
 			}
 		})
 	}
-	if n := p.CallCount(deviceplugin.MethodAllocate); n != 0 {
+	if n := p.CallCount(sampleplugin.MethodAllocate); n != 0 {
 		t.Fatalf("plugin Allocate called %d times for rejected requests", n)
 	}
 	if r := e.resource("example.com/v"); r.GetFree() != 2 {
@@ -64,7 +64,7 @@ func TestAllocateValidation(t *testing.T) {
 func TestAllocateLowestIDsIdempotentAndRelease(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/a"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 4}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 4}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, 4, 4)
 
@@ -92,7 +92,7 @@ func TestAllocateLowestIDsIdempotentAndRelease(t *testing.T) {
 	if !proto.Equal(first, again) {
 		t.Fatalf("repeated Allocate answered differently:\n%v\n%v", first, again)
 	}
-	if n := p.CallCount(deviceplugin.MethodAllocate); n != 1 {
+	if n := p.CallCount(sampleplugin.MethodAllocate); n != 1 {
 		t.Fatalf("plugin Allocate called %d times, want 1", n)
 	}
 	_, err = e.client.Allocate(ctxT(t), allocReq("pod1", "c1", res, 3))
@@ -141,7 +141,7 @@ func TestAllocateLowestIDsIdempotentAndRelease(t *testing.T) {
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod1", "c1", res, 2)); err != nil {
 		t.Fatal(err)
 	}
-	if n := p.CallCount(deviceplugin.MethodAllocate); n != 3 {
+	if n := p.CallCount(sampleplugin.MethodAllocate); n != 3 {
 		t.Fatalf("plugin Allocate called %d times, want 3", n)
 	}
 }
@@ -149,7 +149,7 @@ func TestAllocateLowestIDsIdempotentAndRelease(t *testing.T) {
 func TestAllocatePreferredPreStartCDI(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/pref"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 4, Preferred: true, PreStartRequired: true, CDI: true}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 4, Preferred: true, PreStartRequired: true, CDI: true}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, 4, 4)
 
@@ -162,7 +162,7 @@ func TestAllocatePreferredPreStartCDI(t *testing.T) {
 		t.Fatalf("devices = %v, want the plugin's preference (dev-0 and the highest)", a.GetDeviceIds())
 	}
 	calls := p.Calls()
-	i := slices.IndexFunc(calls, func(c deviceplugin.Call) bool { return c.Method == deviceplugin.MethodGetPreferredAllocation })
+	i := slices.IndexFunc(calls, func(c sampleplugin.Call) bool { return c.Method == sampleplugin.MethodGetPreferredAllocation })
 	if i < 0 || !slices.Equal(calls[i].DeviceIDs, []string{"dev-0", "dev-1", "dev-2", "dev-3"}) ||
 		!slices.Equal(calls[i].MustInclude, []string{"dev-0"}) || calls[i].Size != 2 {
 		t.Fatalf("GetPreferredAllocation call = %+v", calls)
@@ -174,14 +174,14 @@ func TestAllocatePreferredPreStartCDI(t *testing.T) {
 	if !slices.Equal(cdi, []string{"example.com/pref=dev-0", "example.com/pref=dev-3"}) {
 		t.Fatalf("CDI devices = %v", cdi)
 	}
-	pre := slices.IndexFunc(calls, func(c deviceplugin.Call) bool { return c.Method == deviceplugin.MethodPreStartContainer })
+	pre := slices.IndexFunc(calls, func(c sampleplugin.Call) bool { return c.Method == sampleplugin.MethodPreStartContainer })
 	if pre < 0 || !slices.Equal(calls[pre].DeviceIDs, []string{"dev-0", "dev-3"}) {
 		t.Fatalf("PreStartContainer call = %+v", calls)
 	}
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", res, 2, "dev-0")); err != nil {
 		t.Fatal(err)
 	}
-	if n := p.CallCount(deviceplugin.MethodPreStartContainer); n != 1 {
+	if n := p.CallCount(sampleplugin.MethodPreStartContainer); n != 1 {
 		t.Fatalf("PreStartContainer called %d times, want 1", n)
 	}
 }
@@ -209,7 +209,7 @@ func TestAllocatePreferredAnswerAsKubelet(t *testing.T) {
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			res := fmt.Sprintf("example.com/pref%d", i)
-			p := e.plugin(fmt.Sprintf("pref%d", i), deviceplugin.Options{Resource: res, DeviceIDs: avail, Preferred: true}, false)
+			p := e.plugin(fmt.Sprintf("pref%d", i), sampleplugin.Options{Resource: res, DeviceIDs: avail, Preferred: true}, false)
 			e.mustRegister(p)
 			e.waitCounts(res, 4, 4)
 			p.SetPreference(tc.answer)
@@ -221,7 +221,7 @@ func TestAllocatePreferredAnswerAsKubelet(t *testing.T) {
 				t.Fatalf("devices = %v, want %v", got, tc.want)
 			}
 			calls := p.Calls()
-			j := slices.IndexFunc(calls, func(c deviceplugin.Call) bool { return c.Method == deviceplugin.MethodAllocate })
+			j := slices.IndexFunc(calls, func(c sampleplugin.Call) bool { return c.Method == sampleplugin.MethodAllocate })
 			if j < 0 || !slices.Equal(calls[j].DeviceIDs, tc.want) {
 				t.Fatalf("plugin Allocate call = %+v, want %v", calls, tc.want)
 			}
@@ -234,15 +234,15 @@ func TestAllocatePreferredAnswerAsKubelet(t *testing.T) {
 	}
 	t.Run("failed call", func(t *testing.T) {
 		const res = "example.com/preffail"
-		p := e.plugin("preffail", deviceplugin.Options{Resource: res, DeviceIDs: avail, Preferred: true}, false)
+		p := e.plugin("preffail", sampleplugin.Options{Resource: res, DeviceIDs: avail, Preferred: true}, false)
 		e.mustRegister(p)
 		e.waitCounts(res, 4, 4)
-		p.SetFailure(deviceplugin.MethodGetPreferredAllocation, status.Error(codes.Unavailable, "plugin says no"))
+		p.SetFailure(sampleplugin.MethodGetPreferredAllocation, status.Error(codes.Unavailable, "plugin says no"))
 		_, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", res, 2))
 		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "GetPreferredAllocation rpc failed with err: plugin says no") {
 			t.Fatalf("err = %v, want Unavailable with the plugin's message", err)
 		}
-		if r := e.resource(res); r.GetFree() != 4 || p.CallCount(deviceplugin.MethodAllocate) != 0 {
+		if r := e.resource(res); r.GetFree() != 4 || p.CallCount(sampleplugin.MethodAllocate) != 0 {
 			t.Fatalf("a failed GetPreferredAllocation left state: %v", r)
 		}
 	})
@@ -250,8 +250,8 @@ func TestAllocatePreferredAnswerAsKubelet(t *testing.T) {
 
 func TestAllocatePluginErrorRollsBack(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p1 := e.plugin("p1", deviceplugin.Options{Resource: "example.com/ok", Devices: 2}, false)
-	p2 := e.plugin("p2", deviceplugin.Options{Resource: "example.com/fail", Devices: 2, PreStartRequired: true}, false)
+	p1 := e.plugin("p1", sampleplugin.Options{Resource: "example.com/ok", Devices: 2}, false)
+	p2 := e.plugin("p2", sampleplugin.Options{Resource: "example.com/fail", Devices: 2, PreStartRequired: true}, false)
 	e.mustRegister(p1)
 	e.mustRegister(p2)
 	e.waitCounts("example.com/ok", 2, 2)
@@ -264,8 +264,8 @@ func TestAllocatePluginErrorRollsBack(t *testing.T) {
 		code   codes.Code
 		msg    string
 	}{
-		{deviceplugin.MethodAllocate, codes.Internal, "Allocate rpc failed with err: plugin says no"},
-		{deviceplugin.MethodPreStartContainer, codes.Unavailable, "PreStartContainer rpc failed with err: plugin says no"},
+		{sampleplugin.MethodAllocate, codes.Internal, "Allocate rpc failed with err: plugin says no"},
+		{sampleplugin.MethodPreStartContainer, codes.Unavailable, "PreStartContainer rpc failed with err: plugin says no"},
 	} {
 		t.Run(tc.method, func(t *testing.T) {
 			p2.SetFailure(tc.method, status.Error(tc.code, "plugin says no"))
@@ -294,7 +294,7 @@ func TestAllocateConcurrentNeverDoubleAllocates(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/many"
 	const devices, calls = 64, 1000
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: devices}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: devices}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, devices, devices)
 
@@ -332,7 +332,7 @@ func TestAllocateConcurrentNeverDoubleAllocates(t *testing.T) {
 	if len(owner) != devices {
 		t.Fatalf("%d devices allocated, want %d", len(owner), devices)
 	}
-	if n := p.CallCount(deviceplugin.MethodAllocate); n != devices {
+	if n := p.CallCount(sampleplugin.MethodAllocate); n != devices {
 		t.Fatalf("plugin Allocate called %d times, want %d (one per allocation)", n, devices)
 	}
 	list, err := e.client.ListAllocations(ctxT(t), &dmv1.ListAllocationsRequest{})

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
 // BenchmarkAllocateRelease measures one Allocate (device choice, plugin call
@@ -20,7 +20,7 @@ func BenchmarkAllocateRelease(b *testing.B) {
 
 func benchAllocateRelease(b *testing.B, devices int) {
 	e := newBenchEnv(b)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/bench", Devices: devices}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/bench", Devices: devices}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/bench", int64(devices), int64(devices))
 	b.ResetTimer()
@@ -39,7 +39,7 @@ func benchAllocateRelease(b *testing.B, devices int) {
 // GetDevicePluginOptions, ListAndWatch opened) until its first update.
 func BenchmarkRegister(b *testing.B) {
 	e := newBenchEnv(b)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/bench", Devices: 4}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/bench", Devices: 4}, false)
 	b.ResetTimer()
 	for i := range b.N {
 		if _, err := e.client.RegisterPlugin(b.Context(), &dmv1.RegisterPluginRequest{

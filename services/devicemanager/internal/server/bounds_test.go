@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -27,7 +27,7 @@ const maxErr = 4*bounds.MaxEcho + 300
 // short error; no plugin is called.
 func TestBoundsOnEveryRequest(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/b", Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/b", Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/b", 2, 2)
 	huge := strings.Repeat("x", 100<<10)
@@ -116,12 +116,12 @@ func TestBoundsOnEveryRequest(t *testing.T) {
 			}
 		})
 	}
-	for _, m := range []string{deviceplugin.MethodAllocate, deviceplugin.MethodGetPreferredAllocation} {
+	for _, m := range []string{sampleplugin.MethodAllocate, sampleplugin.MethodGetPreferredAllocation} {
 		if n := p.CallCount(m); n != 0 {
 			t.Errorf("%s called %d times", m, n)
 		}
 	}
-	if n := p.CallCount(deviceplugin.MethodListAndWatch); n != 1 {
+	if n := p.CallCount(sampleplugin.MethodListAndWatch); n != 1 {
 		t.Errorf("ListAndWatch opened %d times", n)
 	}
 	if r := e.waitCounts("example.com/b", 2, 2); r.GetFree() != 2 || len(r.GetEndpoints()) != 1 {
@@ -136,7 +136,7 @@ func TestInvalidDeviceIDsDropped(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	good := []string{"dev-0", strings.Repeat("d", bounds.MaxDeviceID)}
 	bad := []string{strings.Repeat("d", bounds.MaxDeviceID+1), "dev\n1", "dev\x002"}
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/ids", DeviceIDs: append(append([]string(nil), good...), bad...)}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/ids", DeviceIDs: append(append([]string(nil), good...), bad...)}, false)
 	e.mustRegister(p)
 	r := e.waitCounts("example.com/ids", 2, 2)
 	for _, id := range r.GetHealthyDeviceIds() {
@@ -150,7 +150,7 @@ func TestInvalidDeviceIDsDropped(t *testing.T) {
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/ids", 2)); err != nil {
 		t.Fatal(err)
 	}
-	if calls := p.Calls(); calls[len(calls)-1].Method != deviceplugin.MethodAllocate || len(calls[len(calls)-1].DeviceIDs) != 2 {
+	if calls := p.Calls(); calls[len(calls)-1].Method != sampleplugin.MethodAllocate || len(calls[len(calls)-1].DeviceIDs) != 2 {
 		t.Fatalf("plugin calls: %v", calls)
 	}
 }
@@ -161,7 +161,7 @@ func TestInvalidDeviceIDsDropped(t *testing.T) {
 // series behind; the registered resource has its series.
 func TestMetricLabelsOnlyForRegisteredResources(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/known", Devices: 1}, true)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/known", Devices: 1}, true)
 	if err := p.Register(ctxT(t), e.kubeletSock()); err != nil {
 		t.Fatal(err)
 	}
@@ -186,8 +186,8 @@ func TestMetricLabelsOnlyForRegisteredResources(t *testing.T) {
 			t.Fatalf("RegisterPlugin %v succeeded", req)
 		}
 	}
-	dead := e.plugin("dead", deviceplugin.Options{Resource: "example.com/unknown-dead", Devices: 1}, false)
-	dead.SetFailure(deviceplugin.MethodGetDevicePluginOptions, status.Error(codes.Unavailable, "not yet"))
+	dead := e.plugin("dead", sampleplugin.Options{Resource: "example.com/unknown-dead", Devices: 1}, false)
+	dead.SetFailure(sampleplugin.MethodGetDevicePluginOptions, status.Error(codes.Unavailable, "not yet"))
 	if _, err := e.register(dead); err == nil {
 		t.Fatal("a plugin that fails GetDevicePluginOptions registered")
 	}

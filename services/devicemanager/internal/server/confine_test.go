@@ -15,10 +15,10 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -34,13 +34,13 @@ func encodeAll(s string) string {
 
 // outsidePlugin starts a plugin whose socket is outside the env's root: no
 // registration may ever reach it.
-func outsidePlugin(t *testing.T, resource string) *deviceplugin.Plugin {
+func outsidePlugin(t *testing.T, resource string) *sampleplugin.Plugin {
 	t.Helper()
-	p := plugintest.Start(t, deviceplugin.Options{Resource: resource, Devices: 2, SocketPath: filepath.Join(testutil.TempDir(t), "victim.sock"), Log: testLogger(t)})
+	p := plugintest.Start(t, sampleplugin.Options{Resource: resource, Devices: 2, SocketPath: filepath.Join(testutil.TempDir(t), "victim.sock"), Log: testLogger(t)})
 	return p
 }
 
-func untouched(t *testing.T, ps ...*deviceplugin.Plugin) {
+func untouched(t *testing.T, ps ...*sampleplugin.Plugin) {
 	t.Helper()
 	for _, p := range ps {
 		if calls := p.Calls(); len(calls) != 0 {
@@ -142,10 +142,10 @@ func TestEscapesRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		before := victim.CallCount(deviceplugin.MethodGetDevicePluginOptions)
+		before := victim.CallCount(sampleplugin.MethodGetDevicePluginOptions)
 		_, err = pluginapi.NewDevicePluginClient(c).GetDevicePluginOptions(ctxT(t), &pluginapi.Empty{})
 		_ = c.Close()
-		if err != nil || victim.CallCount(deviceplugin.MethodGetDevicePluginOptions) != before+1 {
+		if err != nil || victim.CallCount(sampleplugin.MethodGetDevicePluginOptions) != before+1 {
 			t.Errorf("control: %q dialled as a URL did not reach the victim (%v): the test proves nothing for it", path, err)
 		}
 	}
@@ -169,12 +169,12 @@ func TestOddNamesRegisterUnderTheirRealPath(t *testing.T) {
 		if legacy {
 			dir = e.dpDir
 		}
-		var quiet []*deviceplugin.Plugin
+		var quiet []*sampleplugin.Plugin
 		for _, name := range decoys {
 			if name == "../x.sock" && !legacy {
 				continue // regDir/../x.sock is the legacy case's root/x.sock
 			}
-			p := plugintest.Start(t, deviceplugin.Options{Resource: "example.com/decoy", Devices: 1, SocketPath: filepath.Join(dir, name), Log: testLogger(t)})
+			p := plugintest.Start(t, sampleplugin.Options{Resource: "example.com/decoy", Devices: 1, SocketPath: filepath.Join(dir, name), Log: testLogger(t)})
 			quiet = append(quiet, p)
 		}
 		for j, name := range odd {
@@ -182,7 +182,7 @@ func TestOddNamesRegisterUnderTheirRealPath(t *testing.T) {
 				continue // the long name is for plugins_registry's path
 			}
 			res := "example.com/odd-" + string(rune('a'+i*10+j))
-			p := plugintest.Start(t, deviceplugin.Options{Resource: res, Devices: 2, SocketPath: filepath.Join(dir, name), Log: testLogger(t)})
+			p := plugintest.Start(t, sampleplugin.Options{Resource: res, Devices: 2, SocketPath: filepath.Join(dir, name), Log: testLogger(t)})
 			var err error
 			if legacy {
 				err = p.Register(ctxT(t), e.kubeletSock())

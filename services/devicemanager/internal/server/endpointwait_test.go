@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
@@ -26,9 +26,9 @@ const lateStart = 2 * time.Second
 
 // newLatePlugin returns a device plugin whose endpoint will be at path; it
 // is not started.
-func newLatePlugin(t *testing.T, resource, path string) *deviceplugin.Plugin {
+func newLatePlugin(t *testing.T, resource, path string) *sampleplugin.Plugin {
 	t.Helper()
-	p, err := deviceplugin.New(deviceplugin.Options{Resource: resource, Devices: 2, SocketPath: path, Log: testLogger(t)})
+	p, err := sampleplugin.New(sampleplugin.Options{Resource: resource, Devices: 2, SocketPath: path, Log: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestEndpointAppearsAfterRegistration(t *testing.T) {
 			})
 
 			// Another plugin registers while this one waits.
-			other := e.plugin("other-"+strings.ToLower(how), deviceplugin.Options{Resource: "example.com/other-" + strings.ToLower(how), Devices: 1}, false)
+			other := e.plugin("other-"+strings.ToLower(how), sampleplugin.Options{Resource: "example.com/other-" + strings.ToLower(how), Devices: 1}, false)
 			e.mustRegister(other)
 			e.waitCounts(other.Resource(), 1, 1)
 			select {

@@ -20,10 +20,10 @@ import (
 	"google.golang.org/grpc"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
@@ -235,7 +235,7 @@ func ctxT(t testing.TB) context.Context {
 
 // plugin starts a device plugin with its socket in plugins_registry, or in
 // device-plugins when legacy is set.
-func (e *env) plugin(name string, opts deviceplugin.Options, legacy bool) *deviceplugin.Plugin {
+func (e *env) plugin(name string, opts sampleplugin.Options, legacy bool) *sampleplugin.Plugin {
 	e.t.Helper()
 	dir := e.regDir
 	if legacy {
@@ -250,14 +250,14 @@ func (e *env) plugin(name string, opts deviceplugin.Options, legacy bool) *devic
 }
 
 // register registers p through RegisterPlugin, as the reconciler does.
-func (e *env) register(p *deviceplugin.Plugin) (*dmv1.RegisterPluginResponse, error) {
+func (e *env) register(p *sampleplugin.Plugin) (*dmv1.RegisterPluginResponse, error) {
 	return e.client.RegisterPlugin(ctxT(e.t), &dmv1.RegisterPluginRequest{
 		ResourceName: p.Resource(), Endpoint: p.SocketPath(), Versions: []string{pluginapi.Version},
 		SocketPath: p.SocketPath(), Generation: testutil.Generation(e.t, p.SocketPath()),
 	})
 }
 
-func (e *env) mustRegister(p *deviceplugin.Plugin) {
+func (e *env) mustRegister(p *sampleplugin.Plugin) {
 	e.t.Helper()
 	if _, err := e.register(p); err != nil {
 		e.t.Fatalf("RegisterPlugin %s: %v", p.SocketPath(), err)
@@ -303,7 +303,7 @@ func (e *env) waitCounts(name string, allocatable, capacity int64) *dmv1.Resourc
 }
 
 // waitCalls waits until p saw n calls of method.
-func waitCalls(t *testing.T, p *deviceplugin.Plugin, method string, n int) {
+func waitCalls(t *testing.T, p *sampleplugin.Plugin, method string, n int) {
 	t.Helper()
 	testutil.WaitFor(t, fmt.Sprintf("%d %s calls", n, method), func() bool { return p.CallCount(method) >= n })
 }

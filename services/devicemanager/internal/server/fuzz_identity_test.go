@@ -9,7 +9,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
@@ -24,7 +24,7 @@ func FuzzEndpointIdentity(f *testing.F) {
 	e := newEnv(f, time.Minute)
 	var names []string
 	for _, n := range []string{"a", "b"} {
-		p := e.plugin(n, deviceplugin.Options{Resource: "example.com/" + n, Devices: 2}, true)
+		p := e.plugin(n, sampleplugin.Options{Resource: "example.com/" + n, Devices: 2}, true)
 		names = append(names, p.SocketPath())
 		for _, alias := range []string{n + "-hl.sock", n + "-hl2.sock"} {
 			hl := filepath.Join(e.dpDir, alias)

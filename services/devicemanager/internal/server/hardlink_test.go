@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -28,12 +28,12 @@ import (
 // endpoint, no second stream.
 func TestHardLinkIsTheSameEndpoint(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	legacy := e.plugin("victim", deviceplugin.Options{Resource: "example.com/victim", Devices: 4}, true)
+	legacy := e.plugin("victim", sampleplugin.Options{Resource: "example.com/victim", Devices: 4}, true)
 	if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
 		t.Fatal(err)
 	}
 	e.waitCounts("example.com/victim", 4, 4)
-	reg := e.plugin("reg", deviceplugin.Options{Resource: "example.com/reg", Devices: 2}, false)
+	reg := e.plugin("reg", sampleplugin.Options{Resource: "example.com/reg", Devices: 2}, false)
 	e.mustRegister(reg)
 	e.waitCounts("example.com/reg", 2, 2)
 	link := func(target, name string) string {
@@ -82,12 +82,12 @@ func TestHardLinkIsTheSameEndpoint(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("RegisterPlugin of a hard link under its own resource: %v", err)
 	}
-	for _, p := range []*deviceplugin.Plugin{legacy, reg} {
+	for _, p := range []*sampleplugin.Plugin{legacy, reg} {
 		r := e.waitCounts(p.Resource(), int64(len(p.Devices())), int64(len(p.Devices())))
 		if eps := r.GetEndpoints(); len(eps) != 1 || eps[0].GetEndpoint() != p.SocketPath() {
 			t.Errorf("%s: endpoints %v, want only %s", p.Resource(), eps, p.SocketPath())
 		}
-		for _, m := range []string{deviceplugin.MethodGetDevicePluginOptions, deviceplugin.MethodListAndWatch} {
+		for _, m := range []string{sampleplugin.MethodGetDevicePluginOptions, sampleplugin.MethodListAndWatch} {
 			if n := p.CallCount(m); n != 1 {
 				t.Errorf("%s: %d %s calls, want 1", p.Resource(), n, m)
 			}

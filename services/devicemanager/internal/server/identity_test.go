@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
@@ -28,10 +28,10 @@ import (
 // longer live, its path may serve another resource.
 func TestOneEndpointOneResource(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/first", Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/first", Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/first", 2, 2)
-	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 1}, true)
+	legacy := e.plugin("legacy", sampleplugin.Options{Resource: "example.com/legacy", Devices: 1}, true)
 	if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
 		t.Fatal(err)
 	}
@@ -74,8 +74,8 @@ func TestOneEndpointOneResource(t *testing.T) {
 	if r := e.resource("example.com/second"); r != nil {
 		t.Fatalf("the second resource exists: %v", r)
 	}
-	for _, pl := range []*deviceplugin.Plugin{p, legacy} {
-		if n := pl.CallCount(deviceplugin.MethodGetDevicePluginOptions); n != 1 {
+	for _, pl := range []*sampleplugin.Plugin{p, legacy} {
+		if n := pl.CallCount(sampleplugin.MethodGetDevicePluginOptions); n != 1 {
 			t.Errorf("%s was dialled %d times, want once", pl.Resource(), n)
 		}
 	}
@@ -86,7 +86,7 @@ func TestOneEndpointOneResource(t *testing.T) {
 
 	// The reconciler registering again after its restart: a no-op.
 	e.mustRegister(p)
-	if n := p.CallCount(deviceplugin.MethodListAndWatch); n != 1 {
+	if n := p.CallCount(sampleplugin.MethodListAndWatch); n != 1 {
 		t.Fatalf("re-registration opened another stream (%d)", n)
 	}
 
@@ -95,7 +95,7 @@ func TestOneEndpointOneResource(t *testing.T) {
 	e.waitResource("example.com/first", "its endpoint stopped", func(r *dmv1.Resource) bool {
 		return r != nil && r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_STOPPED
 	})
-	next, err := deviceplugin.New(deviceplugin.Options{Resource: "example.com/second", Devices: 3, SocketPath: p.SocketPath(), Log: testLogger(t)})
+	next, err := sampleplugin.New(sampleplugin.Options{Resource: "example.com/second", Devices: 3, SocketPath: p.SocketPath(), Log: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

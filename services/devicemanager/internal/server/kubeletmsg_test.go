@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 )
@@ -35,9 +35,9 @@ func kubeletMessage(err error) string {
 // the reconciler to tell the plugin (NotifyRegistrationStatus).
 func TestRegisterPluginKubeletMessage(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	failing := e.plugin("failing", deviceplugin.Options{Resource: "example.com/failing", Devices: 1}, false)
-	failing.SetFailure(deviceplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
-	live := e.plugin("live", deviceplugin.Options{Resource: "example.com/live", Devices: 1}, false)
+	failing := e.plugin("failing", sampleplugin.Options{Resource: "example.com/failing", Devices: 1}, false)
+	failing.SetFailure(sampleplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
+	live := e.plugin("live", sampleplugin.Options{Resource: "example.com/live", Devices: 1}, false)
 	e.mustRegister(live)
 	missing := filepath.Join(e.regDir, "missing.sock")
 	for _, tc := range []struct {

@@ -10,9 +10,9 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
 // spansOf returns the ended spans of trace id.
@@ -77,7 +77,7 @@ func TestTracing(t *testing.T) {
 	tracer := otel.Tracer("test")
 
 	// RegisterPlugin continues the caller's trace.
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/traced", Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/traced", Devices: 2}, false)
 	ctx, root := tracer.Start(ctxT(t), "reconciler register")
 	id := root.SpanContext().TraceID().String()
 	if _, err := e.client.RegisterPlugin(ctx, &dmv1.RegisterPluginRequest{
@@ -102,7 +102,7 @@ func TestTracing(t *testing.T) {
 	}
 
 	// A legacy Register starts its own trace.
-	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/traced-legacy", Devices: 1}, true)
+	legacy := e.plugin("legacy", sampleplugin.Options{Resource: "example.com/traced-legacy", Devices: 1}, true)
 	lctx, lroot := tracer.Start(ctxT(t), "plugin")
 	if err := legacy.Register(lctx, e.kubeletSock()); err != nil {
 		t.Fatal(err)
@@ -148,11 +148,11 @@ func metricValue(t *testing.T, e *env, name string, labels map[string]string) fl
 func TestMetrics(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/metered"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 3}, true)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 3}, true)
 	if err := p.Register(ctxT(t), e.kubeletSock()); err != nil {
 		t.Fatal(err)
 	}
-	p2 := e.plugin("p2", deviceplugin.Options{Resource: res, Devices: 3}, false)
+	p2 := e.plugin("p2", sampleplugin.Options{Resource: res, Devices: 3}, false)
 	e.mustRegister(p2)
 	e.waitCounts(res, 3, 3)
 	if err := p2.SetHealth("dev-0", false); err != nil {

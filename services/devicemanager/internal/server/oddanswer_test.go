@@ -16,10 +16,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
@@ -76,7 +76,7 @@ func (oddPlugin) ListAndWatch(_ *pluginapi.Empty, s grpc.ServerStreamingServer[p
 // are untouched.
 func TestDeviceIDNotUTF8(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	normal := e.plugin("normal", deviceplugin.Options{Resource: "example.com/normal", Devices: 2}, false)
+	normal := e.plugin("normal", sampleplugin.Options{Resource: "example.com/normal", Devices: 2}, false)
 	e.mustRegister(normal)
 
 	path := filepath.Join(e.regDir, "odd.sock")
@@ -118,7 +118,7 @@ func TestDeviceIDNotUTF8(t *testing.T) {
 // registers, and ListResources gives it back as it came.
 func TestRegisterSocketPathNotUTF8(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/p", Devices: 1}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/p", Devices: 1}, false)
 	prefix := e.regDir + "/"
 	longest := prefix + strings.Repeat("\xff", unixsock.MaxPathLen-len(prefix)-len(".sock")) + ".sock"
 	if len(longest) != unixsock.MaxPathLen {

@@ -10,8 +10,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 )
 
 func namedReq(pod, namespace, name, container, resource string, count int64) *dmv1.AllocateRequest {
@@ -26,7 +26,7 @@ func namedReq(pod, namespace, name, container, resource string, count int64) *dm
 func TestAllocatePodIdentity(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/id"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 8}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 8}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, 8, 8)
 
@@ -50,7 +50,7 @@ func TestAllocatePodIdentity(t *testing.T) {
 	if err != nil || !proto.Equal(again, first) {
 		t.Fatalf("repeat: %v, %v", again, err)
 	}
-	calls := p.CallCount(deviceplugin.MethodAllocate)
+	calls := p.CallCount(sampleplugin.MethodAllocate)
 	for _, tc := range []struct{ name, ns, pod, container string }{
 		{"other name, saved container", "default", "web-1", "c1"},
 		{"other namespace, new container", "prod", "web-0", "c3"},
@@ -61,7 +61,7 @@ func TestAllocatePodIdentity(t *testing.T) {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 	}
-	if n := p.CallCount(deviceplugin.MethodAllocate); n != calls {
+	if n := p.CallCount(sampleplugin.MethodAllocate); n != calls {
 		t.Fatalf("refused requests called the plugin %d times", n-calls)
 	}
 	// A pod known only by its UID keeps that: naming it later is refused.
@@ -120,7 +120,7 @@ func TestAllocatePodIdentity(t *testing.T) {
 func TestAllocatePodIdentityValidation(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/idv"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, 2, 2)
 	for _, tc := range []struct{ name, ns, pod, msg string }{
@@ -141,7 +141,7 @@ func TestAllocatePodIdentityValidation(t *testing.T) {
 	if _, err := e.client.Allocate(ctxT(t), namedReq("pod", strings.Repeat("n", 253), strings.Repeat("w", 253), "c", res, 1)); err != nil {
 		t.Fatalf("253-byte namespace and name: %v", err)
 	}
-	if n := p.CallCount(deviceplugin.MethodAllocate); n != 1 {
+	if n := p.CallCount(sampleplugin.MethodAllocate); n != 1 {
 		t.Fatalf("plugin Allocate called %d times, want 1", n)
 	}
 }
@@ -151,7 +151,7 @@ func TestAllocatePodIdentityValidation(t *testing.T) {
 func TestAllocatePodIdentityConcurrent(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/idc"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 16}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 16}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, 16, 16)
 	var wg sync.WaitGroup

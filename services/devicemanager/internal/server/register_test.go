@@ -13,15 +13,15 @@ import (
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
 func TestRegisterBothPaths(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	reg := e.plugin("reg", deviceplugin.Options{Resource: "example.com/reg", Devices: 4}, false)
+	reg := e.plugin("reg", sampleplugin.Options{Resource: "example.com/reg", Devices: 4}, false)
 	resp, err := e.register(reg)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +40,7 @@ func TestRegisterBothPaths(t *testing.T) {
 		t.Fatalf("endpoint = %v", ep)
 	}
 
-	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 2}, true)
+	legacy := e.plugin("legacy", sampleplugin.Options{Resource: "example.com/legacy", Devices: 2}, true)
 	if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
 		t.Fatal(err)
 	}
@@ -54,9 +54,9 @@ func TestRegisterBothPaths(t *testing.T) {
 
 func TestRegisterRejects(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	good := e.plugin("good", deviceplugin.Options{Resource: "example.com/good", Devices: 1}, false)
+	good := e.plugin("good", sampleplugin.Options{Resource: "example.com/good", Devices: 1}, false)
 	outsideDir := testutil.TempDir(t)
-	outside, err := deviceplugin.New(deviceplugin.Options{Resource: "example.com/out", Devices: 1, SocketPath: filepath.Join(outsideDir, "out.sock")})
+	outside, err := sampleplugin.New(sampleplugin.Options{Resource: "example.com/out", Devices: 1, SocketPath: filepath.Join(outsideDir, "out.sock")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestRegisterRejects(t *testing.T) {
 			}
 		})
 	}
-	if outside.CallCount(deviceplugin.MethodGetDevicePluginOptions) != 0 {
+	if outside.CallCount(sampleplugin.MethodGetDevicePluginOptions) != 0 {
 		t.Fatal("a plugin outside the allowed directories was dialled")
 	}
 
@@ -109,7 +109,7 @@ func TestRegisterRejects(t *testing.T) {
 	}
 	defer func() { _ = conn.Close() }()
 	kc := pluginapi.NewRegistrationClient(conn)
-	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 1}, true)
+	legacy := e.plugin("legacy", sampleplugin.Options{Resource: "example.com/legacy", Devices: 1}, true)
 	ltests := []struct {
 		name string
 		req  *pluginapi.RegisterRequest
@@ -135,7 +135,7 @@ func TestRegisterRejects(t *testing.T) {
 			}
 		})
 	}
-	if legacy.CallCount(deviceplugin.MethodGetDevicePluginOptions) != 0 {
+	if legacy.CallCount(sampleplugin.MethodGetDevicePluginOptions) != 0 {
 		t.Fatal("a rejected legacy plugin was dialled")
 	}
 	resp, err := e.client.ListResources(ctxT(t), &dmv1.ListResourcesRequest{})
@@ -146,22 +146,22 @@ func TestRegisterRejects(t *testing.T) {
 
 func TestGetDevicePluginOptionsFailure(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/opts", Devices: 2}, false)
-	p.SetFailure(deviceplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/opts", Devices: 2}, false)
+	p.SetFailure(sampleplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
 	_, err := e.register(p)
 	if c := status.Code(err); (c != codes.Internal && c != codes.Unavailable) || !strings.Contains(err.Error(), "failed to get device plugin options") {
 		t.Fatalf("err = %v", err)
 	}
-	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/opts-legacy", Devices: 2}, true)
-	legacy.SetFailure(deviceplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
+	legacy := e.plugin("legacy", sampleplugin.Options{Resource: "example.com/opts-legacy", Devices: 2}, true)
+	legacy.SetFailure(sampleplugin.MethodGetDevicePluginOptions, status.Error(codes.Internal, "not ready"))
 	if err := legacy.Register(ctxT(t), e.kubeletSock()); err == nil || !strings.Contains(err.Error(), "failed to get device plugin options") {
 		t.Fatalf("legacy err = %v", err)
 	}
-	for _, pl := range []*deviceplugin.Plugin{p, legacy} {
-		if n := pl.CallCount(deviceplugin.MethodGetDevicePluginOptions); n != 1 {
+	for _, pl := range []*sampleplugin.Plugin{p, legacy} {
+		if n := pl.CallCount(sampleplugin.MethodGetDevicePluginOptions); n != 1 {
 			t.Errorf("%s: GetDevicePluginOptions called %d times, want 1", pl.Resource(), n)
 		}
-		if n := pl.CallCount(deviceplugin.MethodListAndWatch); n != 0 {
+		if n := pl.CallCount(sampleplugin.MethodListAndWatch); n != 0 {
 			t.Errorf("%s: ListAndWatch called %d times, want 0", pl.Resource(), n)
 		}
 		if r := e.resource(pl.Resource()); r != nil {
@@ -172,7 +172,7 @@ func TestGetDevicePluginOptionsFailure(t *testing.T) {
 
 func TestAllocatableFollowsHealth(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/health", Devices: 4}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/health", Devices: 4}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/health", 4, 4)
 	steps := []struct {
@@ -251,8 +251,8 @@ func counts(cs []*dmv1.ResourceChange) []string {
 func TestListAndWatchFails(t *testing.T) {
 	t.Run("at once", func(t *testing.T) {
 		e := newEnv(t, 300*time.Millisecond)
-		p := e.plugin("p", deviceplugin.Options{Resource: "example.com/law", Devices: 2}, false)
-		p.SetFailure(deviceplugin.MethodListAndWatch, status.Error(codes.Internal, "broken"))
+		p := e.plugin("p", sampleplugin.Options{Resource: "example.com/law", Devices: 2}, false)
+		p.SetFailure(sampleplugin.MethodListAndWatch, status.Error(codes.Internal, "broken"))
 		wait := watchUntilRemoved(t, e, "example.com/law")
 		e.mustRegister(p)
 		got := wait()
@@ -262,13 +262,13 @@ func TestListAndWatchFails(t *testing.T) {
 		if st := got[len(got)-2].GetResource().GetEndpoints()[0].GetState(); st != dmv1.EndpointState_ENDPOINT_STATE_STOPPED {
 			t.Fatalf("endpoint state before removal %v", st)
 		}
-		if p.CallCount(deviceplugin.MethodListAndWatch) != 1 || p.CallCount(deviceplugin.MethodGetDevicePluginOptions) != 1 {
+		if p.CallCount(sampleplugin.MethodListAndWatch) != 1 || p.CallCount(sampleplugin.MethodGetDevicePluginOptions) != 1 {
 			t.Fatalf("calls = %v; ListAndWatch must not be retried", p.Calls())
 		}
 	})
 	t.Run("after devices", func(t *testing.T) {
 		e := newEnv(t, 300*time.Millisecond)
-		p := e.plugin("p", deviceplugin.Options{Resource: "example.com/law", Devices: 2}, false)
+		p := e.plugin("p", sampleplugin.Options{Resource: "example.com/law", Devices: 2}, false)
 		wait := watchUntilRemoved(t, e, "example.com/law")
 		e.mustRegister(p)
 		e.waitCounts("example.com/law", 2, 2)
@@ -280,15 +280,15 @@ func TestListAndWatchFails(t *testing.T) {
 		if got[len(got)-2].GetResource().GetGraceDeadline() == nil {
 			t.Fatal("no grace deadline on a stopped resource")
 		}
-		if p.CallCount(deviceplugin.MethodListAndWatch) != 1 {
-			t.Fatalf("ListAndWatch called %d times; it must not be retried", p.CallCount(deviceplugin.MethodListAndWatch))
+		if p.CallCount(sampleplugin.MethodListAndWatch) != 1 {
+			t.Fatalf("ListAndWatch called %d times; it must not be retried", p.CallCount(sampleplugin.MethodListAndWatch))
 		}
 	})
 }
 
 func TestPluginStoppedKeepsCapacityForGrace(t *testing.T) {
 	e := newEnv(t, 300*time.Millisecond)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/stop", Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/stop", Devices: 2}, false)
 	wait := watchUntilRemoved(t, e, "example.com/stop")
 	e.mustRegister(p)
 	e.waitCounts("example.com/stop", 2, 2)
@@ -366,12 +366,12 @@ func watchAllocatable(t *testing.T, e *env, resource string) (values func() []in
 func TestRollingUpgradeNoDip(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/roll"
-	p1 := e.plugin("p1", deviceplugin.Options{Resource: res, Devices: 4}, false)
+	p1 := e.plugin("p1", sampleplugin.Options{Resource: res, Devices: 4}, false)
 	e.mustRegister(p1)
 	e.waitCounts(res, 4, 4)
 
 	values, _ := watchAllocatable(t, e, res)
-	p2 := e.plugin("p2", deviceplugin.Options{Resource: res, Devices: 4}, false)
+	p2 := e.plugin("p2", sampleplugin.Options{Resource: res, Devices: 4}, false)
 	e.mustRegister(p2)
 	r := e.waitResource(res, "two endpoints, p2 primary", func(r *dmv1.Resource) bool {
 		return len(r.GetEndpoints()) == 2 && r.GetEndpoints()[1].GetPrimary() && r.GetEndpoints()[1].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE
@@ -402,14 +402,14 @@ func TestRollingUpgradeNoDip(t *testing.T) {
 func TestReRegistration(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/rereg"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 3}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 3}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, 3, 3)
 	values, _ := watchAllocatable(t, e, res)
 
 	// Same generation: a no-op.
 	e.mustRegister(p)
-	if n := p.CallCount(deviceplugin.MethodListAndWatch); n != 1 {
+	if n := p.CallCount(sampleplugin.MethodListAndWatch); n != 1 {
 		t.Fatalf("same-generation re-registration opened another stream (%d)", n)
 	}
 	if r := e.resource(res); len(r.GetEndpoints()) != 1 {
@@ -423,7 +423,7 @@ func TestReRegistration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitCalls(t, p, deviceplugin.MethodListAndWatch, 2)
+	waitCalls(t, p, sampleplugin.MethodListAndWatch, 2)
 	r := e.waitResource(res, "the new generation live", func(r *dmv1.Resource) bool {
 		return len(r.GetEndpoints()) == 1 && r.GetEndpoints()[0].GetGeneration() == "other-generation" &&
 			r.GetEndpoints()[0].GetState() == dmv1.EndpointState_ENDPOINT_STATE_LIVE
@@ -439,14 +439,14 @@ func TestReRegistration(t *testing.T) {
 	}
 
 	// The legacy path: a second Register with the same socket is a no-op.
-	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/rereg-legacy", Devices: 2}, true)
+	legacy := e.plugin("legacy", sampleplugin.Options{Resource: "example.com/rereg-legacy", Devices: 2}, true)
 	for range 2 {
 		if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	e.waitCounts("example.com/rereg-legacy", 2, 2)
-	if n := legacy.CallCount(deviceplugin.MethodListAndWatch); n != 1 {
+	if n := legacy.CallCount(sampleplugin.MethodListAndWatch); n != 1 {
 		t.Fatalf("legacy re-Register with the same socket opened %d streams", n)
 	}
 	// A new socket (the plugin restarted its server) replaces the endpoint.
@@ -468,7 +468,7 @@ func TestReRegistration(t *testing.T) {
 func TestDeregister(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/dereg"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, 2, 2)
 	resp, err := e.client.DeregisterPlugin(ctxT(t), &dmv1.DeregisterPluginRequest{ResourceName: res, Endpoint: p.SocketPath(), Generation: "stale"})
@@ -497,7 +497,7 @@ func TestDeregister(t *testing.T) {
 // counts and endpoints without the device ID lists.
 func TestWatchResourcesOmitDeviceIDs(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/omit", Devices: 3}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/omit", Devices: 3}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/omit", 3, 3)
 	ctx, cancel := contextWithCancel(t)

@@ -16,17 +16,17 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 func TestRestartRestoresAndRedials(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	reg := e.plugin("reg", deviceplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true}, false)
-	legacy := e.plugin("legacy", deviceplugin.Options{Resource: "example.com/legacy", Devices: 2}, true)
-	gone := e.plugin("gone", deviceplugin.Options{Resource: "example.com/gone", Devices: 2}, false)
+	reg := e.plugin("reg", sampleplugin.Options{Resource: "example.com/reg", Devices: 4, Preferred: true, PreStartRequired: true, CDI: true}, false)
+	legacy := e.plugin("legacy", sampleplugin.Options{Resource: "example.com/legacy", Devices: 2}, true)
+	gone := e.plugin("gone", sampleplugin.Options{Resource: "example.com/gone", Devices: 2}, false)
 	e.mustRegister(reg)
 	e.mustRegister(gone)
 	if err := legacy.Register(ctxT(t), e.kubeletSock()); err != nil {
@@ -93,7 +93,7 @@ func TestRestartRestoresAndRedials(t *testing.T) {
 	if !proto.Equal(before, after) {
 		t.Fatalf("allocations changed across the restart:\n%v\n%v", before, after)
 	}
-	allocs, prestarts := reg.CallCount(deviceplugin.MethodAllocate), reg.CallCount(deviceplugin.MethodPreStartContainer)
+	allocs, prestarts := reg.CallCount(sampleplugin.MethodAllocate), reg.CallCount(sampleplugin.MethodPreStartContainer)
 	for i, r := range reqs[:2] {
 		a, err := e.client.Allocate(ctxT(t), r)
 		if err != nil {
@@ -103,20 +103,20 @@ func TestRestartRestoresAndRedials(t *testing.T) {
 			t.Fatalf("restored answer differs:\n%v\n%v", a, answers[i])
 		}
 	}
-	if reg.CallCount(deviceplugin.MethodAllocate) != allocs || reg.CallCount(deviceplugin.MethodPreStartContainer) != prestarts {
+	if reg.CallCount(sampleplugin.MethodAllocate) != allocs || reg.CallCount(sampleplugin.MethodPreStartContainer) != prestarts {
 		t.Fatal("a restored allocation called the plugin again")
 	}
 	// The reconciler's re-registration with the same generation is a no-op.
-	streams := reg.CallCount(deviceplugin.MethodListAndWatch)
+	streams := reg.CallCount(sampleplugin.MethodListAndWatch)
 	e.mustRegister(reg)
-	if reg.CallCount(deviceplugin.MethodListAndWatch) != streams {
+	if reg.CallCount(sampleplugin.MethodListAndWatch) != streams {
 		t.Fatal("same-generation registration after a restart reconnected")
 	}
 }
 
 func TestCorruptCheckpointMovedAside(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/c", Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/c", Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/c", 2, 2)
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", "example.com/c", 1)); err != nil {
@@ -172,7 +172,7 @@ func TestCorruptCheckpointMovedAside(t *testing.T) {
 // place, and the target keeps its bytes.
 func TestCheckpointSymlinkNotFollowed(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/l", Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/l", Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/l", 2, 2)
 	if _, err := e.client.Allocate(ctxT(t), allocReq("planted-pod", "c", "example.com/l", 1)); err != nil {
@@ -232,7 +232,7 @@ func TestCheckpointSymlinkNotFollowed(t *testing.T) {
 // no loud log; it is rewritten as a snapshot with a journal beside it.
 func TestOlderCheckpointMigrated(t *testing.T) {
 	e := newEnv(t, time.Minute)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/old", Devices: 4}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/old", Devices: 4}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/old", 4, 4)
 	if _, err := e.client.Allocate(ctxT(t), namedReq("pod1", "default", "web-0", "c", "example.com/old", 2)); err != nil {

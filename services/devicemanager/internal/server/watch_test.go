@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/deviceplugin"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 )
@@ -80,7 +80,7 @@ func (f *follower) next(t *testing.T) *dmv1.Resource {
 
 // flip turns dev-0 of p unhealthy or healthy and waits until every
 // follower saw the resource with that many allocatable devices.
-func flip(t *testing.T, p *deviceplugin.Plugin, healthy bool, total int64, fs ...*follower) {
+func flip(t *testing.T, p *sampleplugin.Plugin, healthy bool, total int64, fs ...*follower) {
 	t.Helper()
 	if err := p.SetHealth("dev-0", healthy); err != nil {
 		t.Fatal(err)
@@ -101,7 +101,7 @@ func flip(t *testing.T, p *deviceplugin.Plugin, healthy bool, total int64, fs ..
 func TestWatchStreamsBoundedInCount(t *testing.T) {
 	const limit = 3
 	e := newEnvWatch(t, time.Minute, stream.Limits{Subscribers: limit})
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/w", Devices: 2}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/w", Devices: 2}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/w", 2, 2)
 
@@ -221,7 +221,7 @@ func TestWatchBytesBounded(t *testing.T) {
 	// reached after a few more messages.
 	limits := stream.Limits{Bytes: 192 << 10, SubscriberBytes: 128 << 10}
 	e := newEnvWatch(t, time.Minute, limits)
-	p := e.plugin("p", deviceplugin.Options{Resource: "example.com/big", DeviceIDs: ids}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/big", DeviceIDs: ids}, false)
 	e.mustRegister(p)
 	e.waitCounts("example.com/big", 100, 100)
 
@@ -287,14 +287,14 @@ func TestWatchSnapshotMustFit(t *testing.T) {
 	reader := follow(t, ws, "example.com/snap-a")
 	// Three resources of about 20 KiB each: a message fits (two, even, if
 	// the reader is slow), a snapshot of all three does not.
-	var plugins []*deviceplugin.Plugin
+	var plugins []*sampleplugin.Plugin
 	for _, name := range []string{"a", "b", "c"} {
 		var ids []string
 		for i := range 100 {
 			ids = append(ids, fmt.Sprintf("dev-%d-%s", i, strings.Repeat("x", 190)))
 		}
 		ids[0] = "dev-0"
-		p := e.plugin(name, deviceplugin.Options{Resource: "example.com/snap-" + name, DeviceIDs: ids}, false)
+		p := e.plugin(name, sampleplugin.Options{Resource: "example.com/snap-" + name, DeviceIDs: ids}, false)
 		e.mustRegister(p)
 		e.waitCounts(p.Resource(), 100, 100)
 		plugins = append(plugins, p)
@@ -325,7 +325,7 @@ func TestWatchSnapshotMustFit(t *testing.T) {
 func TestWatchOmitAllocationChanges(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	const res = "example.com/quiet"
-	p := e.plugin("p", deviceplugin.Options{Resource: res, Devices: 4}, false)
+	p := e.plugin("p", sampleplugin.Options{Resource: res, Devices: 4}, false)
 	e.mustRegister(p)
 	e.waitCounts(res, 4, 4)
 	ctx, cancel := contextWithCancel(t)

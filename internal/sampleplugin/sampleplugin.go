@@ -1,4 +1,4 @@
-// Package deviceplugin is a device plugin built on the upstream
+// Package sampleplugin is a device plugin built on the upstream
 // k8s.io/kubelet v1beta1 API: N fake devices of one extended resource, served
 // on one Unix socket together with the pluginregistration v1 Registration
 // service, so it can be registered through plugins_registry or by calling
@@ -9,7 +9,7 @@
 // can be injected, and every DevicePlugin call is logged. The registration
 // service is pkg/testplugin's Registration, embedded: its knobs and its
 // record of NotifyRegistrationStatus are the Plugin's.
-package deviceplugin
+package sampleplugin
 
 import (
 	"cmp"
@@ -118,10 +118,10 @@ type Plugin struct {
 // New returns a plugin that is not yet serving.
 func New(opts Options) (*Plugin, error) {
 	if opts.Resource == "" {
-		return nil, errors.New("deviceplugin: resource name is empty")
+		return nil, errors.New("sampleplugin: resource name is empty")
 	}
 	if !filepath.IsAbs(opts.SocketPath) {
-		return nil, fmt.Errorf("deviceplugin: socket path %q is not absolute", opts.SocketPath)
+		return nil, fmt.Errorf("sampleplugin: socket path %q is not absolute", opts.SocketPath)
 	}
 	ids := slices.Clone(opts.DeviceIDs)
 	if len(ids) == 0 {
@@ -164,11 +164,11 @@ func (p *Plugin) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.server != nil {
-		return errors.New("deviceplugin: already started")
+		return errors.New("sampleplugin: already started")
 	}
 	lis, err := unixsock.Listen(p.opts.SocketPath)
 	if err != nil {
-		return fmt.Errorf("deviceplugin: listen on %s: %w", p.opts.SocketPath, err)
+		return fmt.Errorf("sampleplugin: listen on %s: %w", p.opts.SocketPath, err)
 	}
 	s := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(s, p)
@@ -210,7 +210,7 @@ func (p *Plugin) Stop() {
 // as kubeletSock.
 func (p *Plugin) Register(ctx context.Context, kubeletSock string) error {
 	if filepath.Dir(kubeletSock) != filepath.Dir(p.opts.SocketPath) {
-		return fmt.Errorf("deviceplugin: socket %s is not in the directory of %s", p.opts.SocketPath, kubeletSock)
+		return fmt.Errorf("sampleplugin: socket %s is not in the directory of %s", p.opts.SocketPath, kubeletSock)
 	}
 	conn, err := rpcutil.DialPeer(kubeletSock)
 	if err != nil {
@@ -253,7 +253,7 @@ func (p *Plugin) SetHealth(id string, healthy bool) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("deviceplugin: no device %q", id)
+	return fmt.Errorf("sampleplugin: no device %q", id)
 }
 
 // Devices returns a copy of the current device list.
