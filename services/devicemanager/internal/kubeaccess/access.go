@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -61,6 +62,10 @@ type Options struct {
 	NodeName   string
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
+	// History and BookmarkInterval tune the node-local API (0: its
+	// defaults, resourceapi.DefaultHistory and DefaultBookmarkInterval).
+	History          int
+	BookmarkInterval time.Duration
 }
 
 // Access is the API the devicemanager uses.
@@ -115,11 +120,13 @@ func openLocal(opts Options, host, node string) (*Access, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, err := resourceapi.OpenStore(StorePath(opts.RootDir), 0)
+	store, err := resourceapi.OpenStore(StorePath(opts.RootDir), opts.History)
 	if err != nil {
 		return nil, err
 	}
-	srv, err := resourceapi.NewServer(resourceapi.Config{Store: store, NodeName: node, Log: opts.Log, Registerer: opts.Registerer})
+	srv, err := resourceapi.NewServer(resourceapi.Config{Store: store, NodeName: node, Log: opts.Log, Registerer: opts.Registerer,
+		BookmarkInterval: opts.BookmarkInterval,
+	})
 	if err != nil {
 		_ = store.Close()
 		return nil, err

@@ -232,7 +232,9 @@ func writePair(certFile, keyFile string, der []byte, key *ecdsa.PrivateKey) erro
 	return WriteFileAtomic(certFile, pemCert(der), 0o644)
 }
 
-func pemCert(der []byte) []byte { return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}) }
+func pemCert(der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
 
 func serial() *big.Int {
 	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))

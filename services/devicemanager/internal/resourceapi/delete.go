@@ -20,8 +20,12 @@ func deleteOptions(r *http.Request) (metav1.DeleteOptions, error) {
 	if err != nil || len(data) == 0 {
 		return opts, err
 	}
+	info, err := serializerFor(r.Header.Get("Content-Type"))
+	if err != nil {
+		return opts, err
+	}
 	def := metav1.SchemeGroupVersion.WithKind("DeleteOptions")
-	if _, _, err := jsonInfo().Serializer.Decode(data, &def, &opts); err != nil {
+	if _, _, err := info.Serializer.Decode(data, &def, &opts); err != nil {
 		return opts, apierrors.NewBadRequest(fmt.Sprintf("the body of the request could not be decoded as DeleteOptions: %v", err))
 	}
 	if len(opts.DryRun) > 0 {

@@ -27,10 +27,14 @@ func (s *Server) get(w http.ResponseWriter, _ *http.Request, req request) error 
 	return nil
 }
 
+// parameterCodec decodes query parameters into options with the
+// scheme's conversions.
+var parameterCodec = runtime.NewParameterCodec(scheme)
+
 // listOptions decodes the query as the API server does.
 func listOptions(r *http.Request) (metav1.ListOptions, error) {
 	var opts metav1.ListOptions
-	if err := metav1.ParameterCodec.DecodeParameters(r.URL.Query(), metav1.SchemeGroupVersion, &opts); err != nil {
+	if err := parameterCodec.DecodeParameters(r.URL.Query(), kindNode.gvk.GroupVersion(), &opts); err != nil {
 		return opts, apierrors.NewBadRequest(fmt.Sprintf("invalid list options: %v", err))
 	}
 	return opts, nil

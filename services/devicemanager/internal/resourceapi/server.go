@@ -286,18 +286,17 @@ func decodeBody(r *http.Request, k *kind, data []byte) (runtime.Object, error) {
 	return obj, nil
 }
 
-// serializerFor picks the decoder for a Content-Type: JSON (the default)
-// or YAML; anything else is 415.
+// serializerFor picks the decoder for a Content-Type: JSON (the
+// default), YAML or protobuf (client-go's typed clients send protobuf);
+// anything else is 415.
 func serializerFor(contentType string) (runtime.SerializerInfo, error) {
 	mt, _, _ := strings.Cut(contentType, ";")
 	mt = strings.TrimSpace(mt)
 	if mt == "" {
 		mt = runtime.ContentTypeJSON
 	}
-	for _, info := range codecs.SupportedMediaTypes() {
-		if info.MediaType == mt && (mt == runtime.ContentTypeJSON || mt == runtime.ContentTypeYAML) {
-			return info, nil
-		}
+	if info, ok := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), mt); ok {
+		return info, nil
 	}
 	return runtime.SerializerInfo{}, unsupportedMediaType(mt)
 }
@@ -357,3 +356,6 @@ func (s *statusRecorder) Flush() {
 		f.Flush()
 	}
 }
+
+// ResourceVersion is the last resourceVersion the server gave out.
+func (s *Server) ResourceVersion() uint64 { return s.store.ResourceVersion() }
