@@ -1,0 +1,99 @@
+// Package draserver is the gRPC adapter of DRAService: driver
+// registrations go to the DRA registry (package dra), the slices are read
+// from the Kubernetes API (Slices). Errors pass through unchanged: the
+// server interceptor (pkg/rpcutil) maps their errdefs sentinels to status
+// codes. WatchResourceSlices streams are bounded by the Slices hub (as
+// every Watch RPC of nodeplug, pkg/stream) and, per caller, by the API
+// server's access.WatchBounds.
+//
+// main.go builds the service and registers it; nothing here listens.
+package draserver
+
+import (
+	"context"
+
+	"google.golang.org/grpc"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
+	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
+)
+
+// Service implements DRAService.
+type Service struct {
+	dmv1.UnimplementedDRAServiceServer
+	instanceID string
+	reg        *dra.Registry
+	slices     *Slices
+}
+
+var _ dmv1.DRAServiceServer = (*Service)(nil)
+
+// NewService returns the adapter; instanceID is the devicemanager's.
+func NewService(instanceID string, reg *dra.Registry, slices *Slices) *Service {
+	return &Service{instanceID: instanceID, reg: reg, slices: slices}
+}
+
+// RegisterDRADriver implements DRAService.
+func (s *Service) RegisterDRADriver(ctx context.Context, req *dmv1.RegisterDRADriverRequest) (*dmv1.RegisterDRADriverResponse, error) {
+	r, err := registrationFromAPI(req)
+	if err != nil {
+		return nil, err
+	}
+	in, err := s.reg.Register(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.RegisterDRADriverResponse{InstanceId: s.instanceID, Instance: instanceToAPI(in)}, nil
+}
+
+// DeregisterDRADriver implements DRAService.
+func (s *Service) DeregisterDRADriver(ctx context.Context, req *dmv1.DeregisterDRADriverRequest) (*dmv1.DeregisterDRADriverResponse, error) {
+	endpoint, err := bounds.PathFromWire(req.GetEndpoint(), req.GetEndpointBytes())
+	if err != nil {
+		return nil, err
+	}
+	removed, err := s.reg.Deregister(ctx, req.GetDriverName(), endpoint, req.GetGeneration())
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.DeregisterDRADriverResponse{InstanceId: s.instanceID, Removed: removed}, nil
+}
+
+// ListDRADrivers implements DRAService.
+func (s *Service) ListDRADrivers(_ context.Context, req *dmv1.ListDRADriversRequest) (*dmv1.ListDRADriversResponse, error) {
+	out := &dmv1.ListDRADriversResponse{InstanceId: s.instanceID}
+	for _, d := range s.reg.Drivers(req.GetDriverName()) {
+		out.Drivers = append(out.Drivers, driverToAPI(d))
+	}
+	return out, nil
+}
+
+// ListResourceSlices implements DRAService.
+func (s *Service) ListResourceSlices(ctx context.Context, req *dmv1.ListResourceSlicesRequest) (*dmv1.ListResourceSlicesResponse, error) {
+	items, err := s.slices.List(ctx, req.GetDriverName())
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.ListResourceSlicesResponse{InstanceId: s.instanceID, Slices: items}, nil
+}
+
+// WatchResourceSlices implements DRAService: the snapshot, the synced
+// marker, then live changes (stream.Serve); a stream that does not fit, or
+// a client that falls too far behind, gets RESOURCE_EXHAUSTED.
+func (s *Service) WatchResourceSlices(req *dmv1.WatchResourceSlicesRequest, ss grpc.ServerStreamingServer[dmv1.WatchResourceSlicesResponse]) error {
+	rev, sub, err := s.slices.Watch(ss.Context(), req.GetDriverName())
+	if err != nil {
+		return err
+	}
+	send := func(c change) error {
+		return ss.Send(&dmv1.WatchResourceSlicesResponse{InstanceId: s.instanceID, Item: &dmv1.WatchResourceSlicesResponse_Change{
+			Change: &dmv1.ResourceSliceChange{Type: c.typ, Slice: c.slice, Revision: c.rev},
+		}})
+	}
+	synced := func() error {
+		return ss.Send(&dmv1.WatchResourceSlicesResponse{InstanceId: s.instanceID, Item: &dmv1.WatchResourceSlicesResponse_Synced{Synced: &dmv1.Synced{Revision: rev}}})
+	}
+	return stream.Serve(ss.Context(), sub, send, synced)
+}
