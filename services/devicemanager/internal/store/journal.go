@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -32,6 +31,21 @@ type Options struct {
 	// compaction loses nothing, the journal only grows until one works,
 	// but a person should hear of it (a full or read-only disk, say).
 	Log *slog.Logger
+
+	// hooks are the tests' seams (nil: none).
+	hooks *journalHooks
+}
+
+// journalHooks are a Journal's seams for tests, given in Options.hooks.
+type journalHooks struct {
+	// crash, when set, is called at each step of a compaction; an error
+	// stops the compaction there, as a crash would.
+	crash func(step string) error
+	// failWrite, when set, fails journal writes.
+	failWrite func() error
+	// syncs counts the journal syncs, compactions the snapshots written
+	// by compaction.
+	syncs, compactions atomic.Uint64
 }
 
 // compactFailureLogEvery is how often a compaction that keeps failing is
@@ -41,13 +55,9 @@ const compactFailureLogEvery = time.Minute
 // Journal is the Store: a snapshot file and a journal of the changes
 // since. See the package documentation.
 type Journal struct {
-	path string
-	opts Options
-	// crash, when set (tests), is called at each step of a compaction; an
-	// error stops the compaction there, as a crash would.
-	crash func(step string) error
-	// failWrite, when set (tests), fails journal writes.
-	failWrite func() error
+	path  string
+	opts  Options
+	hooks *journalHooks // never nil: Options.hooks, or none set
 
 	mu   sync.Mutex
 	cond *sync.Cond
@@ -76,9 +86,6 @@ type Journal struct {
 	loaded     bool
 	wg         sync.WaitGroup
 
-	syncs       atomic.Uint64 // journal syncs, for tests
-	compactions atomic.Uint64 // snapshots written by compaction, for tests
-
 	// Compactions that failed in a row, and when that was last logged.
 	compactFailures int
 	compactLogged   time.Time
@@ -100,191 +107,17 @@ func New(dir string, opts Options) *Journal {
 	if opts.Log == nil {
 		opts.Log = slog.New(slog.DiscardHandler)
 	}
-	j := &Journal{path: Path(dir), opts: opts, st: newState()}
+	hooks := opts.hooks
+	if hooks == nil {
+		hooks = &journalHooks{}
+	}
+	j := &Journal{path: Path(dir), opts: opts, hooks: hooks, st: newState()}
 	j.cond = sync.NewCond(&j.mu)
 	return j
 }
 
 // Location implements Store: the snapshot's path.
 func (j *Journal) Location() string { return j.path }
-
-// Load implements Store. It reads the snapshot, then the journals that
-// continue it: a torn last record is dropped; a damaged snapshot is moved
-// aside with its journals; a damaged journal is moved aside with the
-// journals after it, and the records before the damage are kept. It then
-// writes a fresh snapshot with an empty journal (which also migrates an
-// older-format checkpoint) and removes what that replaces.
-func (j *Journal) Load() (*Data, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if j.loaded {
-		return nil, errors.New("checkpoint store loaded twice")
-	}
-	j.loaded = true
-	dir := filepath.Dir(j.path)
-	removeTemps(dir)
-	now := time.Now()
-
-	var problems []error
-	saved := false
-	st := newState()
-	first := uint64(0) // the first journal that continues the snapshot
-	version := Version
-	b, err := readRegular(j.path)
-	if err == nil && b != nil {
-		var snap *snapshot
-		if snap, err = unmarshalSnapshot(b); err == nil {
-			st, first, version, saved = snap.state, snap.journal, snap.version, true
-		}
-	}
-	journals, lerr := listJournals(j.path)
-	if lerr != nil {
-		return nil, fmt.Errorf("list journals in %s: %w", dir, lerr)
-	}
-	highest := uint64(0)
-	for _, jf := range journals {
-		highest = max(highest, jf.num)
-	}
-	if err != nil {
-		// The snapshot cannot be trusted; its journals mean nothing
-		// without it.
-		ce, merr := j.moveAside(j.path, err, now)
-		if merr != nil {
-			return nil, merr
-		}
-		for _, jf := range journals {
-			aside, merr := moveAside(jf.path, now)
-			if merr != nil {
-				return nil, fmt.Errorf("move journal %s aside: %w", jf.path, merr)
-			}
-			ce.Also = append(ce.Also, aside)
-		}
-		problems = append(problems, ce)
-		journals = nil
-	}
-
-	var replay []scannedJournal
-	for _, jf := range journals {
-		switch {
-		case version == 1 && emptyJournal(jf):
-			// The migration of this checkpoint made it, then stopped
-			// before its snapshot replaced the older one: nothing to
-			// keep and nothing wrong.
-			if rerr := os.Remove(jf.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-				return nil, fmt.Errorf("remove empty journal: %w", rerr)
-			}
-		case version == 1:
-			// Other journals beside a checkpoint of the older format
-			// predate it (an older release rewrote the whole state).
-			aside, merr := moveAside(jf.path, now)
-			if merr != nil {
-				return nil, fmt.Errorf("move journal %s aside: %w", jf.path, merr)
-			}
-			problems = append(problems, &CorruptError{Path: jf.path, MovedTo: aside,
-				Err: fmt.Errorf("%w: a journal beside a checkpoint of the older format", ErrCorrupt)})
-		case saved && jf.num < first:
-			// Replaced by the snapshot: a compaction stopped before
-			// removing it.
-			if rerr := os.Remove(jf.path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
-				return nil, fmt.Errorf("remove replaced journal: %w", rerr)
-			}
-		default:
-			replay = append(replay, scanJournal(jf))
-			saved = true
-		}
-	}
-	for i, sj := range replay {
-		for _, p := range sj.records {
-			if rerr := st.replay(p); rerr != nil {
-				sj.err = fmt.Errorf("%s: %w", sj.path, rerr)
-				break
-			}
-		}
-		if sj.err == nil && sj.torn {
-			// A torn write is the last thing written: later journals
-			// (made by a compaction that had not started using them)
-			// hold no record.
-			for _, later := range replay[i+1:] {
-				if later.err != nil || len(later.records) > 0 || later.torn {
-					sj.err = fmt.Errorf("%w: %s: a damaged record before the journal's end", ErrCorrupt, sj.path)
-					break
-				}
-			}
-		}
-		if sj.err == nil {
-			continue
-		}
-		// Damage before the journal's end: keep what precedes it, move
-		// this journal and the later ones aside.
-		ce, merr := j.moveAside(sj.path, sj.err, now)
-		if merr != nil {
-			return nil, merr
-		}
-		for _, later := range replay[i+1:] {
-			aside, merr := moveAside(later.path, now)
-			if merr != nil {
-				return nil, fmt.Errorf("move journal %s aside: %w", later.path, merr)
-			}
-			ce.Also = append(ce.Also, aside)
-		}
-		problems = append(problems, ce)
-		break
-	}
-
-	// A fresh snapshot continued by a new, empty journal.
-	next := max(highest, first) + 1
-	f, size, err := createJournal(j.path, next, preallocation(j.opts.CompactAt, int64(len(b))))
-	if err != nil {
-		return nil, err
-	}
-	snapSize, err := writeSnapshot(j.path, next, st)
-	if err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	if err := removeJournalsBefore(j.path, next); err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	j.st, j.f, j.num, j.size, j.snapSize, j.numbers = st, f, next, size, snapSize, next
-	if !saved && st.empty() {
-		return nil, errors.Join(problems...)
-	}
-	d, err := st.data()
-	if err != nil {
-		return nil, err
-	}
-	return d, errors.Join(problems...)
-}
-
-// emptyJournal reports whether jf holds no record and nothing torn or
-// damaged: as a new journal is created.
-func emptyJournal(jf journalFile) bool {
-	sj := scanJournal(jf)
-	return sj.err == nil && !sj.torn && len(sj.records) == 0
-}
-
-// moveAside moves a damaged file aside and describes it.
-func (j *Journal) moveAside(path string, why error, now time.Time) (*CorruptError, error) {
-	aside, err := moveAside(path, now)
-	if err != nil {
-		return nil, fmt.Errorf("%s is unusable (%v) and could not be moved aside: %w", path, why, err)
-	}
-	return &CorruptError{Path: path, MovedTo: aside, Err: why}, nil
-}
-
-// removeTemps removes temporary files a crash left behind.
-func removeTemps(dir string) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "."+FileName+".tmp-") || strings.HasPrefix(e.Name(), "."+FileName+".journal-tmp-") {
-			_ = os.Remove(filepath.Join(dir, e.Name()))
-		}
-	}
-}
 
 // removeJournalsBefore removes the journals numbered below n, which the
 // snapshot continued by n replaces.
@@ -380,8 +213,8 @@ func (j *Journal) flushLocked() flushResult {
 		// with it: later records are appended).
 		err = f.Truncate(size)
 	}
-	if err == nil && j.failWrite != nil {
-		err = j.failWrite()
+	if err == nil && j.hooks.failWrite != nil {
+		err = j.hooks.failWrite()
 	}
 	if err == nil {
 		// Over the padding, where there is some: no metadata changes.
@@ -389,7 +222,7 @@ func (j *Journal) flushLocked() flushResult {
 	}
 	if err == nil {
 		err = syscall.Fdatasync(int(f.Fd()))
-		j.syncs.Add(1)
+		j.hooks.syncs.Add(1)
 	}
 	if err == nil {
 		// A journal removed while open takes writes that no restart
@@ -458,7 +291,7 @@ func (j *Journal) compact() {
 		j.compacting = false
 		j.mu.Unlock()
 		if ok {
-			j.compactions.Add(1)
+			j.hooks.compactions.Add(1)
 		}
 	}()
 	j.mu.Lock()
@@ -575,7 +408,7 @@ func (j *Journal) restart() error {
 
 // step reports whether a compaction goes on past step (tests stop it).
 func (j *Journal) step(name string) bool {
-	return j.crash == nil || j.crash(name) == nil
+	return j.hooks.crash == nil || j.hooks.crash(name) == nil
 }
 
 // Flush implements Store.

@@ -17,14 +17,13 @@
 //
 // The files: store.go (the Store interface, its changes and errors),
 // checkpoint.go (the state and the snapshot's format), record.go (the
-// journal's format), journal.go (the Journal), kubelet.go (the kubelet's
-// checkpoint format and checksum) and mirror.go (the KubeletMirror).
-// journal.go is over 500 lines because loading, group commit and
-// compaction share the Journal's one lock and its state (the journal file
-// and its valid length, the tickets appended and made durable, the
-// snapshot's size): a compaction switches the file that appends and syncs
-// write to, and Load recovers from a compaction stopped at any of its
-// steps, so the three are read together.
+// journal's format), journal.go (the Journal: appends, group commit and
+// compaction, which share its one lock and its state: a compaction
+// switches the file that appends and syncs write to), load.go (Load, in
+// phases: the snapshot, the journals, replay, and the fresh start that
+// also migrates an older-format checkpoint; it recovers from a compaction
+// stopped at any of its steps), kubelet.go (the kubelet's checkpoint
+// format and checksum) and mirror.go (the KubeletMirror).
 package store
 
 import (

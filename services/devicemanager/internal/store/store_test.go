@@ -558,13 +558,14 @@ func TestMigrateVersion1(t *testing.T) {
 // appended; they are then written with one sync.
 func TestGroupCommit(t *testing.T) {
 	dir := testutil.TempDir(t)
-	j, _, err := open(t, dir, Options{})
+	h := &journalHooks{}
+	j, _, err := open(t, dir, Options{hooks: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	j.failWrite = func() error {
+	h.failWrite = func() error {
 		once.Do(func() { close(entered); <-release })
 		return nil
 	}
@@ -592,7 +593,7 @@ func TestGroupCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if s := j.syncs.Load(); s != 2 {
+	if s := h.syncs.Load(); s != 2 {
 		t.Fatalf("%d changes took %d syncs, want 2", n, s)
 	}
 	if d := mustState(t, dir); len(d.Allocations) != n {
@@ -605,12 +606,13 @@ func TestGroupCommit(t *testing.T) {
 // left).
 func TestFailedWriteIsRetried(t *testing.T) {
 	dir := testutil.TempDir(t)
-	j, _, err := open(t, dir, Options{})
+	h := &journalHooks{}
+	j, _, err := open(t, dir, Options{hooks: h})
 	if err != nil {
 		t.Fatal(err)
 	}
 	fail := true
-	j.failWrite = func() error {
+	h.failWrite = func() error {
 		if fail {
 			// A partial frame, as a failed write may leave, over the
 			// padding.
@@ -658,7 +660,8 @@ func TestJournalRemovedWhileOpen(t *testing.T) {
 func TestCompactionBoundsJournal(t *testing.T) {
 	dir := testutil.TempDir(t)
 	const compactAt = 8 << 10
-	j, _, err := open(t, dir, Options{CompactAt: compactAt})
+	h := &journalHooks{}
+	j, _, err := open(t, dir, Options{CompactAt: compactAt, hooks: h})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -686,7 +689,7 @@ func TestCompactionBoundsJournal(t *testing.T) {
 		}
 		total += fi.Size()
 	}
-	if c := j.compactions.Load(); c == 0 || total > appended/4 {
+	if c := h.compactions.Load(); c == 0 || total > appended/4 {
 		t.Fatalf("%d compactions; journals hold %d bytes of %d appended", c, total, appended)
 	}
 	if _, d, err := open(t, dir, Options{}); err != nil || len(d.Allocations) != 0 || len(d.Resources) != 1 {
@@ -769,13 +772,14 @@ func TestCompactionCrashPoints(t *testing.T) {
 	for _, step := range []string{"start", "created", "switched", "snapshot"} {
 		t.Run(step, func(t *testing.T) {
 			dir := testutil.TempDir(t)
-			j, _, err := open(t, dir, Options{CompactAt: 2 << 10})
+			h := &journalHooks{}
+			j, _, err := open(t, dir, Options{CompactAt: 2 << 10, hooks: h})
 			if err != nil {
 				t.Fatal(err)
 			}
 			stopped := make(chan struct{})
 			var once sync.Once
-			j.crash = func(s string) error {
+			h.crash = func(s string) error {
 				if s != step {
 					return nil
 				}
