@@ -14,17 +14,17 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/nodeplug/nodeplug/internal/conform"
-	"github.com/nodeplug/nodeplug/internal/conform/testplugin"
+	"github.com/nodeplug/nodeplug/internal/conform/faultplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
-// pluginEnv makes the test binary run testplugin.Main instead of the tests:
+// pluginEnv makes the test binary run faultplugin.Main instead of the tests:
 // the lifecycle checks need a plugin process, and this one needs no build.
 const pluginEnv = "NODEPLUG_CONFORM_TESTPLUGIN"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(pluginEnv) == "1" {
-		os.Exit(testplugin.Main(os.Args[1:]))
+		os.Exit(faultplugin.Main(os.Args[1:]))
 	}
 	goleak.VerifyTestMain(m)
 }
@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 const short = 300 * time.Millisecond
 
 // pluginCommand is the command that runs the test plugin as a process.
-func pluginCommand(t *testing.T, mode string, faults ...testplugin.Fault) []string {
+func pluginCommand(t *testing.T, mode string, faults ...faultplugin.Fault) []string {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -65,21 +65,21 @@ func run(t *testing.T, cfg conform.Config) *conform.Report {
 
 // startSocket serves the test plugin in-process in a plugins_registry
 // directory and returns its socket.
-func startSocket(t *testing.T, opts testplugin.Options) string {
+func startSocket(t *testing.T, opts faultplugin.Options) string {
 	t.Helper()
 	return startPlugin(t, opts).Socket()
 }
 
 // startPlugin serves the test plugin in-process in a plugins_registry
 // directory.
-func startPlugin(t *testing.T, opts testplugin.Options) *testplugin.Plugin {
+func startPlugin(t *testing.T, opts faultplugin.Options) *faultplugin.Plugin {
 	t.Helper()
 	dir := filepath.Join(testutil.TempDir(t), "plugins_registry")
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	opts.Socket = filepath.Join(dir, "conform-test.sock")
-	p, err := testplugin.Start(opts)
+	p, err := faultplugin.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,15 +124,15 @@ const quickWait = time.Second
 // path: every check that applies passes.
 func TestCompliantPluginPasses(t *testing.T) {
 	t.Run("socket", func(t *testing.T) {
-		sock := startSocket(t, testplugin.Options{})
+		sock := startSocket(t, faultplugin.Options{})
 		rep := run(t, conform.Config{Socket: sock, Observe: short})
 		wantStatuses(t, rep, skipped(append(lifecycleChecks, conform.CheckRegisterRequest, conform.CheckDriverService)...))
-		if rep.Path != conform.PathRegistry || rep.Plugin != testplugin.Resource {
+		if rep.Path != conform.PathRegistry || rep.Plugin != faultplugin.Resource {
 			t.Errorf("path %q plugin %q", rep.Path, rep.Plugin)
 		}
 	})
 	t.Run("device plugin socket", func(t *testing.T) {
-		sock := startSocket(t, testplugin.Options{DevicePluginOnly: true})
+		sock := startSocket(t, faultplugin.Options{DevicePluginOnly: true})
 		rep := run(t, conform.Config{Socket: sock, Observe: short})
 		wantStatuses(t, rep, skipped(append(lifecycleChecks, conform.CheckRegisterRequest, conform.CheckGetInfo, conform.CheckDriverService, conform.CheckNotify)...))
 		if rep.Path != conform.PathDeviceSocket {
@@ -156,7 +156,7 @@ func TestCompliantPluginPasses(t *testing.T) {
 // when the plugin breaks its rule.
 func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 	type tc struct {
-		fault testplugin.Fault
+		fault faultplugin.Fault
 		check string
 		want  conform.Status
 		mode  string // "socket" (in-process), "registry" or "kubelet" (a process)
@@ -172,40 +172,40 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 		observe time.Duration
 	}
 	tests := []tc{
-		{fault: testplugin.FaultInfoType, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultInfoName, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultInfoVersions, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultInfoEndpoint, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultNotifyError, check: conform.CheckNotify, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultRegisterVersion, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
-		{fault: testplugin.FaultRegisterResource, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
-		{fault: testplugin.FaultRegisterEndpoint, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
-		{fault: testplugin.FaultOptionsError, check: conform.CheckOptions, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultNoFirstResponse, check: conform.CheckFirstResponse, want: conform.Fail, mode: "socket", quick: true},
-		{fault: testplugin.FaultDuplicateIDs, check: conform.CheckDeviceIDs, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultUnprintableID, check: conform.CheckDeviceIDs, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultBadHealth, check: conform.CheckHealth, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultBadTopology, check: conform.CheckTopology, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultFlap, check: conform.CheckHealthFlap, want: conform.Fail, mode: "socket", waits: true},
-		{fault: testplugin.FaultAllocateOneResponse, check: conform.CheckAllocate, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultAllocateUnknown, check: conform.CheckAllocateUnknown, want: conform.Warn, mode: "socket"},
-		{fault: testplugin.FaultPreferredForeign, check: conform.CheckPreferred, want: conform.Warn, mode: "socket"},
-		{fault: testplugin.FaultPreStartError, check: conform.CheckPreStart, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultAllocateNotConcurrent, check: conform.CheckConcurrentAllocate, want: conform.Fail, mode: "socket"},
-		{fault: testplugin.FaultSingleStream, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", quick: true},
-		{fault: testplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", waits: true, quick: true},
-		{fault: testplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", waits: true, quick: true},
+		{fault: faultplugin.FaultInfoType, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultInfoName, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultInfoVersions, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultInfoEndpoint, check: conform.CheckGetInfo, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultNotifyError, check: conform.CheckNotify, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultRegisterVersion, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
+		{fault: faultplugin.FaultRegisterResource, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
+		{fault: faultplugin.FaultRegisterEndpoint, check: conform.CheckRegisterRequest, want: conform.Fail, mode: "kubelet"},
+		{fault: faultplugin.FaultOptionsError, check: conform.CheckOptions, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultNoFirstResponse, check: conform.CheckFirstResponse, want: conform.Fail, mode: "socket", quick: true},
+		{fault: faultplugin.FaultDuplicateIDs, check: conform.CheckDeviceIDs, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultUnprintableID, check: conform.CheckDeviceIDs, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultBadHealth, check: conform.CheckHealth, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultBadTopology, check: conform.CheckTopology, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultFlap, check: conform.CheckHealthFlap, want: conform.Fail, mode: "socket", waits: true},
+		{fault: faultplugin.FaultAllocateOneResponse, check: conform.CheckAllocate, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultAllocateUnknown, check: conform.CheckAllocateUnknown, want: conform.Warn, mode: "socket"},
+		{fault: faultplugin.FaultPreferredForeign, check: conform.CheckPreferred, want: conform.Warn, mode: "socket"},
+		{fault: faultplugin.FaultPreStartError, check: conform.CheckPreStart, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultAllocateNotConcurrent, check: conform.CheckConcurrentAllocate, want: conform.Fail, mode: "socket"},
+		{fault: faultplugin.FaultSingleStream, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", quick: true},
+		{fault: faultplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", waits: true, quick: true},
+		{fault: faultplugin.FaultStopOnStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", waits: true, quick: true},
 		// It dies a second after the first reconnect's stream ends: the
 		// first window passes in full, the second sees it die.
-		{fault: testplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", quick: true, observe: 4 * time.Second},
-		{fault: testplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", quick: true, observe: 4 * time.Second},
-		{fault: testplugin.FaultNoDriverService, check: conform.CheckDriverService, want: conform.Fail, mode: "socket", typ: registerapi.CSIPlugin},
-		{fault: testplugin.FaultNoDriverService, check: conform.CheckDriverService, want: conform.Fail, mode: "socket", typ: registerapi.DRAPlugin},
-		{fault: testplugin.FaultNoReregister, check: conform.CheckKubeletRestart, want: conform.Fail, mode: "kubelet", quick: true},
-		{fault: testplugin.FaultExitOnSocketRemoval, check: conform.CheckSocketRemoval, want: conform.Fail, mode: "registry", waits: true},
-		{fault: testplugin.FaultExitOnSocketRemoval, check: conform.CheckSocketRemoval, want: conform.Fail, mode: "kubelet", waits: true},
-		{fault: testplugin.FaultKeepSocket, check: conform.CheckSIGTERM, want: conform.Warn, mode: "registry"},
-		{fault: testplugin.FaultIgnoreSIGTERM, check: conform.CheckSIGTERM, want: conform.Fail, mode: "kubelet", quick: true},
+		{fault: faultplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "socket", quick: true, observe: 4 * time.Second},
+		{fault: faultplugin.FaultStopAfterSecondStreamEnd, check: conform.CheckReconnect, want: conform.Fail, mode: "kubelet", quick: true, observe: 4 * time.Second},
+		{fault: faultplugin.FaultNoDriverService, check: conform.CheckDriverService, want: conform.Fail, mode: "socket", typ: registerapi.CSIPlugin},
+		{fault: faultplugin.FaultNoDriverService, check: conform.CheckDriverService, want: conform.Fail, mode: "socket", typ: registerapi.DRAPlugin},
+		{fault: faultplugin.FaultNoReregister, check: conform.CheckKubeletRestart, want: conform.Fail, mode: "kubelet", quick: true},
+		{fault: faultplugin.FaultExitOnSocketRemoval, check: conform.CheckSocketRemoval, want: conform.Fail, mode: "registry", waits: true},
+		{fault: faultplugin.FaultExitOnSocketRemoval, check: conform.CheckSocketRemoval, want: conform.Fail, mode: "kubelet", waits: true},
+		{fault: faultplugin.FaultKeepSocket, check: conform.CheckSIGTERM, want: conform.Warn, mode: "registry"},
+		{fault: faultplugin.FaultIgnoreSIGTERM, check: conform.CheckSIGTERM, want: conform.Fail, mode: "kubelet", quick: true},
 	}
 	covered := map[string]bool{}
 	for _, tt := range tests {
@@ -228,7 +228,7 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 				cfg.Timeout, cfg.RegisterWait = 5*time.Second, 5*time.Second
 			}
 			if tt.mode == "socket" {
-				opts := testplugin.Options{Faults: []testplugin.Fault{tt.fault}, Type: tt.typ}
+				opts := faultplugin.Options{Faults: []faultplugin.Fault{tt.fault}, Type: tt.typ}
 				switch tt.typ {
 				case registerapi.CSIPlugin:
 					opts.Versions = []string{"1.0.0"}
@@ -253,7 +253,7 @@ func TestEveryCheckFailsWhenItsRuleIsBroken(t *testing.T) {
 			t.Errorf("no fault breaks the rule of check %s", c.Name)
 		}
 	}
-	for _, f := range testplugin.Faults {
+	for _, f := range faultplugin.Faults {
 		found := false
 		for _, tt := range tests {
 			found = found || tt.fault == f
@@ -274,23 +274,23 @@ func TestRegistrationSocketOfOtherTypes(t *testing.T) {
 		name     string
 		typ      string
 		versions []string
-		faults   []testplugin.Fault
+		faults   []faultplugin.Fault
 		getinfo  conform.Status
 		service  conform.Status
 		reason   string // in the NotifyRegistrationStatus(false); "" for true
 	}{
 		{"csi", registerapi.CSIPlugin, []string{"1.0.0"}, nil, conform.Pass, conform.Pass, ""},
 		{"csi version", registerapi.CSIPlugin, []string{"2.0.0"}, nil, conform.Fail, conform.Skip, "ValidatePlugin"},
-		{"csi endpoint", registerapi.CSIPlugin, []string{"1.0.0"}, []testplugin.Fault{testplugin.FaultInfoEndpoint}, conform.Fail, conform.Skip, "not an absolute path"},
-		{"csi no service", registerapi.CSIPlugin, []string{"1.0.0"}, []testplugin.Fault{testplugin.FaultNoDriverService}, conform.Pass, conform.Fail, "NodeGetInfo failed"},
+		{"csi endpoint", registerapi.CSIPlugin, []string{"1.0.0"}, []faultplugin.Fault{faultplugin.FaultInfoEndpoint}, conform.Fail, conform.Skip, "not an absolute path"},
+		{"csi no service", registerapi.CSIPlugin, []string{"1.0.0"}, []faultplugin.Fault{faultplugin.FaultNoDriverService}, conform.Pass, conform.Fail, "NodeGetInfo failed"},
 		{"dra", registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, nil, conform.Pass, conform.Pass, ""},
 		{"dra version", registerapi.DRAPlugin, []string{"v1alpha4.DRAPlugin"}, nil, conform.Fail, conform.Skip, "invalid supported gRPC versions"},
-		{"dra endpoint", registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, []testplugin.Fault{testplugin.FaultInfoEndpoint}, conform.Fail, conform.Skip, "not an absolute path"},
-		{"dra no service", registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, []testplugin.Fault{testplugin.FaultNoDriverService}, conform.Pass, conform.Fail, "Unimplemented"},
+		{"dra endpoint", registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, []faultplugin.Fault{faultplugin.FaultInfoEndpoint}, conform.Fail, conform.Skip, "not an absolute path"},
+		{"dra no service", registerapi.DRAPlugin, []string{"v1.DRAPlugin"}, []faultplugin.Fault{faultplugin.FaultNoDriverService}, conform.Pass, conform.Fail, "Unimplemented"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := startPlugin(t, testplugin.Options{Type: tt.typ, Versions: tt.versions, Faults: tt.faults})
+			p := startPlugin(t, faultplugin.Options{Type: tt.typ, Versions: tt.versions, Faults: tt.faults})
 			rep := run(t, conform.Config{Socket: p.Socket(), Observe: short})
 			for check, want := range map[string]conform.Status{conform.CheckGetInfo: tt.getinfo, conform.CheckDriverService: tt.service, conform.CheckNotify: conform.Pass} {
 				if res, _ := rep.Result(check); res.Status != want {
@@ -313,7 +313,7 @@ func TestRegistrationSocketOfOtherTypes(t *testing.T) {
 }
 
 func TestSelection(t *testing.T) {
-	sock := startSocket(t, testplugin.Options{})
+	sock := startSocket(t, faultplugin.Options{})
 	rep := run(t, conform.Config{Socket: sock, Selection: conform.Selection{Skip: []string{conform.CheckHealthFlap, conform.CheckReconnect}}})
 	for _, res := range rep.Results {
 		if res.Name == conform.CheckHealthFlap || res.Name == conform.CheckReconnect {
@@ -381,7 +381,7 @@ func TestPluginThatNeverRegisters(t *testing.T) {
 // (Intel's GPU plugin), is judged by the first update with devices: every
 // device check passes, none is skipped.
 func TestEmptyFirstUpdate(t *testing.T) {
-	sock := startSocket(t, testplugin.Options{EmptyFirst: true})
+	sock := startSocket(t, faultplugin.Options{EmptyFirst: true})
 	rep := run(t, conform.Config{Socket: sock, Observe: testutil.Deadline,
 		Selection: conform.Selection{Skip: []string{conform.CheckHealthFlap, conform.CheckReconnect}}})
 	for _, res := range rep.Results {
@@ -412,13 +412,13 @@ func TestEmptyFirstUpdate(t *testing.T) {
 // either registration path: a rule broken by the second resource only
 // fails its check, naming that resource.
 func TestEveryResourceIsChecked(t *testing.T) {
-	second := testplugin.Resource + "2"
+	second := faultplugin.Resource + "2"
 	for _, mode := range []string{"kubelet", "registry"} {
 		t.Run(mode, func(t *testing.T) {
-			cmd := append(pluginCommand(t, mode, testplugin.FaultDuplicateIDs), "--resources", "2", "--fault-resource", "2")
+			cmd := append(pluginCommand(t, mode, faultplugin.FaultDuplicateIDs), "--resources", "2", "--fault-resource", "2")
 			rep := run(t, conform.Config{Command: cmd, Observe: short,
 				Selection: conform.Selection{Only: []string{conform.CheckOptions, conform.CheckDeviceIDs, conform.CheckAllocate, conform.CheckSIGTERM}}})
-			if got := slices.Sorted(slices.Values(rep.Resources)); strings.Join(got, ",") != testplugin.Resource+","+second {
+			if got := slices.Sorted(slices.Values(rep.Resources)); strings.Join(got, ",") != faultplugin.Resource+","+second {
 				t.Fatalf("resources checked: %q", rep.Resources)
 			}
 			want := map[string]conform.Status{conform.CheckOptions: conform.Pass, conform.CheckDeviceIDs: conform.Fail, conform.CheckAllocate: conform.Pass, conform.CheckSIGTERM: conform.Pass}
@@ -426,7 +426,7 @@ func TestEveryResourceIsChecked(t *testing.T) {
 				if res.Status != want[res.Name] {
 					t.Errorf("%s: %s (%s), want %s", res.Name, res.Status, res.Detail, want[res.Name])
 				}
-				if res.Name != conform.CheckSIGTERM && (!strings.Contains(res.Detail, testplugin.Resource+": ") || !strings.Contains(res.Detail, second+": ")) {
+				if res.Name != conform.CheckSIGTERM && (!strings.Contains(res.Detail, faultplugin.Resource+": ") || !strings.Contains(res.Detail, second+": ")) {
 					t.Errorf("%s does not name both resources: %s", res.Name, res.Detail)
 				}
 			}

@@ -36,7 +36,7 @@ func Rejected(s Status) bool { return !s.Registered }
 // GetInfo with its Info and records every NotifyRegistrationStatus, which
 // can be waited for. GetInfo can be told to wait or fail, and
 // NotifyRegistrationStatus to fail. It is the registration server of both
-// Plugin and pkg/deviceplugin's device plugin.
+// Plugin and internal/sampleplugin's device plugin.
 //
 // All methods are safe for concurrent use.
 type Registration struct {

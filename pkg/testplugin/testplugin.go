@@ -17,7 +17,7 @@
 // (for example a CSI Identity and Node service, or a device plugin).
 // All methods are safe for concurrent use.
 //
-// The registration service itself is Registration, which pkg/deviceplugin
+// The registration service itself is Registration, which internal/sampleplugin
 // serves too: one implementation of the plugin side of the protocol.
 package testplugin
 

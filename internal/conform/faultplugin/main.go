@@ -1,4 +1,4 @@
-package testplugin
+package faultplugin
 
 import (
 	"context"
@@ -29,7 +29,7 @@ import (
 // --recreate-after D (a socket found removed is created again D later, and
 // registered again in kubelet mode). The root dir is $NODEPLUG_ROOT_DIR.
 func Main(args []string) int {
-	fs := flag.NewFlagSet("testplugin", flag.ContinueOnError)
+	fs := flag.NewFlagSet("faultplugin", flag.ContinueOnError)
 	mode := fs.String("mode", "registry", "registry or kubelet")
 	faults := fs.String("faults", "", "comma-separated faults")
 	resources := fs.Int("resources", 1, "how many resources to serve, each on its own socket")
@@ -41,7 +41,7 @@ func Main(args []string) int {
 	}
 	root := os.Getenv("NODEPLUG_ROOT_DIR")
 	if root == "" {
-		fmt.Fprintln(os.Stderr, "testplugin: NODEPLUG_ROOT_DIR is not set")
+		fmt.Fprintln(os.Stderr, "faultplugin: NODEPLUG_ROOT_DIR is not set")
 		return 2
 	}
 	var faultList []Fault
@@ -72,13 +72,13 @@ func Main(args []string) int {
 	kubeletID, _, _ := unixsock.Stat(kubeletSock)
 	for _, p := range ps {
 		if err := p.Serve(); err != nil {
-			fmt.Fprintln(os.Stderr, "testplugin:", err)
+			fmt.Fprintln(os.Stderr, "faultplugin:", err)
 			return 1
 		}
-		fmt.Fprintln(os.Stderr, "testplugin: serving", p.resource(), "on", p.opts.Socket, "faults", p.opts.Faults)
+		fmt.Fprintln(os.Stderr, "faultplugin: serving", p.resource(), "on", p.opts.Socket, "faults", p.opts.Faults)
 		if *mode == "kubelet" {
 			if err := p.register(kubeletSock); err != nil {
-				fmt.Fprintln(os.Stderr, "testplugin: register:", err)
+				fmt.Fprintln(os.Stderr, "faultplugin: register:", err)
 			}
 		}
 	}
@@ -89,7 +89,7 @@ func Main(args []string) int {
 		select {
 		case <-sigs:
 			if ps[0].Has(FaultIgnoreSIGTERM) {
-				fmt.Fprintln(os.Stderr, "testplugin: ignoring SIGTERM")
+				fmt.Fprintln(os.Stderr, "faultplugin: ignoring SIGTERM")
 				continue
 			}
 			if ps[0].Has(FaultKeepSocket) {
@@ -139,14 +139,14 @@ func (p *procPlugin) tick(kubelet bool, kubeletSock string, kubeletNew bool, rec
 	}
 	again := false
 	if !present && recreate > 0 && time.Since(p.missingSince) >= recreate {
-		fmt.Fprintln(os.Stderr, "testplugin: creating", p.opts.Socket, "again")
+		fmt.Fprintln(os.Stderr, "faultplugin: creating", p.opts.Socket, "again")
 		again = true
 	}
 	if kubelet && kubeletNew && !p.Has(FaultNoReregister) {
 		again = again || !present
 		if !again {
 			if err := p.register(kubeletSock); err != nil {
-				fmt.Fprintln(os.Stderr, "testplugin: register again:", err)
+				fmt.Fprintln(os.Stderr, "faultplugin: register again:", err)
 			}
 			return 0, false
 		}
@@ -156,13 +156,13 @@ func (p *procPlugin) tick(kubelet bool, kubeletSock string, kubeletNew bool, rec
 	}
 	p.Stop()
 	if err := p.Serve(); err != nil {
-		fmt.Fprintln(os.Stderr, "testplugin:", err)
+		fmt.Fprintln(os.Stderr, "faultplugin:", err)
 		return 1, true
 	}
 	p.missingSince = time.Time{}
 	if kubelet && !p.Has(FaultNoReregister) {
 		if err := p.register(kubeletSock); err != nil {
-			fmt.Fprintln(os.Stderr, "testplugin: register again:", err)
+			fmt.Fprintln(os.Stderr, "faultplugin: register again:", err)
 		}
 	}
 	return 0, false

@@ -1,4 +1,4 @@
-// Package testplugin is a device plugin with one fault knob per rule that
+// Package faultplugin is a device plugin with one fault knob per rule that
 // nodeplugctl conform checks, built directly on the upstream API packages
 // (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 and
 // pluginregistration/v1). With no fault it keeps every rule; each Fault
@@ -8,19 +8,18 @@
 // Start serves it in-process on a socket; Main runs it as a process (the
 // lifecycle checks need one), registering through plugins_registry or
 // kubelet.sock under $NODEPLUG_ROOT_DIR.
-package testplugin
+package faultplugin
 
 import (
 	"context"
-
 	"fmt"
-	"github.com/container-storage-interface/spec/lib/go/csi"
 	"net"
 	"os"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
