@@ -42,17 +42,16 @@ func main() {
 		},
 		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace, opts, kube) },
 		// Half the collections of Go's default: in a burst of registrations
-		// the devicemanager's live heap is a few MiB while it allocates
-		// about 90 KB per plugin, so at GOGC=100 it collected every few MiB
-		// and the collector took about a quarter of its CPU. The extra
-		// garbage lasts only as long as the burst: once the burst settles
-		// the manager collects and gives the memory back (manager.GiveBack).
+		// the live heap is small while every plugin allocates, so at
+		// GOGC=100 the collector runs often (README "Performance" has what
+		// it cost). The extra garbage lasts only as long as the burst: once
+		// the burst settles the manager collects and gives the memory back
+		// (manager.GiveBack).
 		GCPercent: 200,
 		// As many handlers as the reconciler's parallel registrations (its
-		// executor runs 64, each a RegisterPlugin here). With 8, 56 of
-		// them started a fresh goroutine whose stack grew again through
-		// the handler path: 8 % of this service's CPU in a burst of 1,000
-		// device plugins, against 5 % with 64.
+		// executor runs 64, each a RegisterPlugin here): with fewer, the
+		// calls past the pool start a fresh goroutine whose stack grows
+		// again through the handler path (README "Performance").
 		HandlerPool: 64,
 	}, os.Args[1:]))
 }
