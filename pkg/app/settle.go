@@ -28,6 +28,10 @@ type Settle struct {
 	Period time.Duration
 	// Interval is the least time between two give-backs (default 10 s).
 	Interval time.Duration
+	// Hook, when set, runs before each give-back: the service's own part
+	// of it, dropping what it holds beyond what it needs now (see
+	// memory.Giver).
+	Hook func()
 }
 
 // Defaults of Settle.
@@ -87,32 +91,17 @@ func (s *settler) tick(now time.Time, allocs uint64) bool {
 }
 
 // settleLoop samples the heap every Period until ctx ends, and gives the
-// memory back (memory.Release: a collection, then every free page
-// returned) when the settler says a burst is over. It counts and logs
-// each give-back.
+// memory back (memory.Giver: the hook, a collection, then every free page
+// returned, counted and logged) when the settler says a burst is over.
 func settleLoop(ctx context.Context, cfg Settle, log *slog.Logger, reg prometheus.Registerer) {
 	cfg = cfg.withDefaults()
-	gives := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "nodeplug_memory_give_backs_total",
-		Help: "Times a burst of work was over and its memory was returned to the OS.",
-	})
-	given := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "nodeplug_memory_given_back_bytes_total",
-		Help: "Bytes returned to the OS after bursts of work.",
-	})
-	reg.MustRegister(gives, given)
+	g := memory.NewGiver(memory.GiverOptions{Hook: cfg.Hook, Metrics: "nodeplug_memory", Burst: "work", Registerer: reg, Log: log})
 	s := &settler{cfg: cfg}
 	t := time.NewTicker(cfg.Period)
 	defer t.Stop()
 	for {
 		if s.tick(time.Now(), memory.HeapAllocs()) {
-			start := time.Now()
-			before, after := memory.Release()
-			gives.Inc()
-			if before > after {
-				given.Add(float64(before - after))
-			}
-			log.Debug("a burst of work is over: memory returned to the OS", "retained_before", before, "retained_after", after, "took", time.Since(start))
+			g.Give()
 		}
 		select {
 		case <-ctx.Done():

@@ -1,8 +1,9 @@
 // Package memory returns a process's free memory to the OS and says how
 // much it gave back. The Go runtime returns freed memory lazily, and only
 // after a garbage collection, which an idle process does not run; a service
-// calls Release once a burst of work is over, so that its resident set
-// follows the work it holds rather than the largest burst it has seen.
+// gives memory back once a burst of work is over (Giver: its own hook, then
+// Release), so that its resident set follows the work it holds rather than
+// the largest burst it has seen.
 package memory
 
 import (

@@ -195,6 +195,14 @@ func (c *core) changesLocked(now time.Time, n int) {
 	}
 }
 
+// compact is the core's part of a memory give-back (memory.Giver's hook):
+// see compactLocked.
+func (c *core) compact() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.compactLocked()
+}
+
 // compactLocked rebuilds the core's maps, sized to what they hold now:
 // a Go map never shrinks, so after a burst of departures they would keep
 // the room of every plugin that left.
@@ -238,18 +246,15 @@ func (c *core) expireLocked(now time.Time) (next time.Time, removed bool) {
 }
 
 // tick is Run's periodic step at now: it removes the resources whose grace
-// period ended (and asks for their write), and, when a burst of endpoint
-// changes is due for the give-back, compacts the maps it leaves oversized
-// and returns its changes (give). next is the next deadline of either.
+// period ended (and asks for their write), and says whether a burst of
+// endpoint changes is due for the give-back (give, with its changes; Run
+// gives it back, compact its hook). next is the next deadline of either.
 func (c *core) tick(now time.Time) (next time.Time, changes int, give bool) {
 	c.mu.Lock()
 	next, removed := c.expireLocked(now)
 	changes, give = c.burst.take(now)
 	if at, ok := c.burst.due(); ok && (next.IsZero() || at.Before(next)) {
 		next = at
-	}
-	if give {
-		c.compactLocked()
 	}
 	c.mu.Unlock()
 	if removed {

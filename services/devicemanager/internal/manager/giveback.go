@@ -2,12 +2,16 @@ package manager
 
 import "time"
 
-// GiveBack configures how the manager returns to the OS the memory that a
+// GiveBack configures when the manager returns to the OS the memory that a
 // burst of endpoint arrivals or departures took. The Go runtime returns
 // freed memory lazily, and only after a garbage collection, which an idle
 // devicemanager does not run: without this, the memory of a thousand
-// plugins that came and went stays with the process for minutes. Zero
-// fields take the defaults.
+// plugins that came and went stays with the process for minutes. The
+// give-back itself is nodeplug's one mechanism (memory.Giver), with the
+// core's compaction as this service's hook; what is the manager's own is
+// the trigger: it counts its endpoint changes rather than sampling the
+// heap (pkg/app's Settle), since it knows each one. Zero fields take the
+// defaults.
 type GiveBack struct {
 	// MinChanges is how many endpoint arrivals, departures and resource
 	// removals make a burst (default 64): fewer are not worth a collection.

@@ -110,9 +110,9 @@ type Manager struct {
 	regLocks   keylock.Mutex // per endpoint path
 	containers keylock.Mutex // per pod and container (allocate.go)
 
-	// freeMemory collects garbage and returns memory to the OS; it returns
-	// the memory held before and after (memory.Release).
-	freeMemory func() (before, after uint64)
+	// giver gives the memory of a settled burst of endpoint changes back
+	// to the OS, the core's compaction its hook (see GiveBack).
+	giver *memory.Giver
 
 	// updates carries what the endpoints' streams receive to
 	// applyUpdates, which applies them one at a time (see run).
@@ -152,9 +152,12 @@ func New(cfg Config) (*Manager, error) {
 		endpointWait: cfg.EndpointWait,
 		confiner:     conf,
 		instanceID:   uuid.NewString(),
-		freeMemory:   memory.Release,
 		updates:      make(chan streamItem),
 	}
+	m.giver = memory.NewGiver(memory.GiverOptions{
+		Hook: m.compact, Metrics: "nodeplug_devicemanager_memory", Burst: "endpoint arrivals or departures",
+		Registerer: cfg.Registerer, Log: cfg.Log,
+	})
 	actx, cancel := context.WithCancel(context.Background())
 	m.stopApplying = cancel
 	m.applying.Add(1)

@@ -3,13 +3,11 @@ package manager
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	registrations  *prometheus.CounterVec
-	devices        *prometheus.GaugeVec
-	givenBack      prometheus.Counter
-	givenBackBytes prometheus.Counter
-	allocDuration  *prometheus.HistogramVec
-	allocations    *prometheus.CounterVec
-	released       *prometheus.CounterVec
+	registrations *prometheus.CounterVec
+	devices       *prometheus.GaugeVec
+	allocDuration *prometheus.HistogramVec
+	allocations   *prometheus.CounterVec
+	released      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -22,14 +20,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "kubelet_device_plugin_devices",
 			Help: "Number of devices of a device plugin resource, by health state (healthy, unhealthy).",
 		}, []string{"resource_name", "health_state"}),
-		givenBack: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "nodeplug_devicemanager_memory_give_backs_total",
-			Help: "Times the devicemanager collected garbage and returned free memory to the OS after a burst of endpoint arrivals or departures settled.",
-		}),
-		givenBackBytes: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "nodeplug_devicemanager_memory_given_back_bytes_total",
-			Help: "Bytes of memory the devicemanager returned to the OS after bursts of endpoint arrivals or departures settled.",
-		}),
 		allocDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kubelet_device_plugin_alloc_duration_seconds",
 			Help:    "Duration in seconds of the device plugin Allocate calls, errors included.",
@@ -45,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"resource_name"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.registrations, m.devices, m.givenBack, m.givenBackBytes, m.allocDuration, m.allocations, m.released)
+		reg.MustRegister(m.registrations, m.devices, m.allocDuration, m.allocations, m.released)
 	}
 	return m
 }

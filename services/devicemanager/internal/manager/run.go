@@ -24,7 +24,7 @@ func (m *Manager) loop(ctx context.Context) {
 		now := time.Now()
 		next, changes, give := m.tick(now)
 		if give {
-			m.giveBack(changes)
+			m.giver.Give("changes", changes)
 		}
 		wait := time.Hour
 		if !next.IsZero() {
@@ -53,19 +53,4 @@ func (m *Manager) loop(ctx context.Context) {
 			}
 		}
 	}
-}
-
-// giveBack returns to the OS the memory that a settled burst of changes
-// freed (see GiveBack).
-func (m *Manager) giveBack(changes int) {
-	start := time.Now()
-	before, after := m.freeMemory()
-	var returned uint64
-	if before > after {
-		returned = before - after
-	}
-	m.metrics.givenBack.Inc()
-	m.metrics.givenBackBytes.Add(float64(returned))
-	m.log.Debug("a burst of endpoint changes settled: memory returned to the OS", "changes", changes,
-		"returned_bytes", returned, "retained_bytes", after, "took", time.Since(start))
 }
