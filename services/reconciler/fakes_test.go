@@ -163,7 +163,8 @@ func (w *fakeWatcher) Streams() int {
 	return w.streams
 }
 
-// fakeDM is the devicemanager's API over an in-memory endpoint table.
+// fakeDM is the devicemanager's API over an in-memory endpoint table, and
+// its DRAService over a table of DRA driver instances (fakeDRA).
 type fakeDM struct {
 	devicemanagerv1.UnimplementedDeviceManagerServiceServer
 
@@ -174,10 +175,15 @@ type fakeDM struct {
 	// held endpoints: their RegisterPlugin waits until its caller
 	// cancels it, as the devicemanager waits for an endpoint file that
 	// does not appear.
-	held    map[string]bool
-	calls   []string
-	stop    chan struct{}
-	changes map[chan *devicemanagerv1.ResourceChange]struct{}
+	held  map[string]bool
+	calls []string
+	// DRA driver instances by driver name and endpoint (draKey), the
+	// DRAService calls, and the error RegisterDRADriver fails with.
+	dra            map[string]draInstance
+	draCalls       []string
+	draRegisterErr error
+	stop           chan struct{}
+	changes        map[chan *devicemanagerv1.ResourceChange]struct{}
 }
 
 type dmEndpoint struct {
@@ -185,8 +191,11 @@ type dmEndpoint struct {
 }
 
 func newFakeDM(t *testing.T, path string) *fakeDM {
-	d := &fakeDM{instance: uuid.NewString(), endpoints: map[string]dmEndpoint{}, stop: make(chan struct{}), changes: map[chan *devicemanagerv1.ResourceChange]struct{}{}}
-	serve(t, path, func(s *grpc.Server) { devicemanagerv1.RegisterDeviceManagerServiceServer(s, d) })
+	d := &fakeDM{instance: uuid.NewString(), endpoints: map[string]dmEndpoint{}, dra: map[string]draInstance{}, stop: make(chan struct{}), changes: map[chan *devicemanagerv1.ResourceChange]struct{}{}}
+	serve(t, path, func(s *grpc.Server) {
+		devicemanagerv1.RegisterDeviceManagerServiceServer(s, d)
+		devicemanagerv1.RegisterDRAServiceServer(s, &fakeDRA{d: d})
+	})
 	t.Cleanup(func() { d.mu.Lock(); close(d.stop); d.stop = make(chan struct{}); d.mu.Unlock() })
 	return d
 }
@@ -299,8 +308,8 @@ func (d *fakeDM) SetEndpointState(endpoint, generation string, state devicemanag
 	}
 }
 
-// Restart forgets every endpoint and takes a new instance ID, as a
-// devicemanager that lost its state would.
+// Restart forgets every endpoint and DRA driver instance and takes a new
+// instance ID, as a devicemanager that lost its state would.
 func (d *fakeDM) Restart() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -308,6 +317,7 @@ func (d *fakeDM) Restart() {
 	d.stop = make(chan struct{})
 	d.instance = uuid.NewString()
 	d.endpoints = map[string]dmEndpoint{}
+	d.dra = map[string]draInstance{}
 }
 
 // Hold makes RegisterPlugin of endpoint wait until it is cancelled.

@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
-	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/layout"
@@ -142,7 +141,7 @@ func newService(cfg config) (*service, error) {
 	}
 	// A restarted devicemanager lost its endpoints and DRA drivers:
 	// register every device plugin and DRA driver with it again.
-	s.dm = handler.NewDeviceManager(devicemanagerv1.NewDeviceManagerServiceClient(dconn), cfg.Log.With("peer", "devicemanager"),
+	s.dm = handler.NewDeviceManager(dconn, cfg.Log.With("peer", "devicemanager"),
 		func(_, _ string) { s.loop.Reregister(handler.TypeDevicePlugin, handler.TypeDRAPlugin) })
 	// What ListResources says of an endpoint, ListPlugins says of its
 	// registration (DESIGN "Reconciler ↔ devicemanager").
@@ -158,7 +157,7 @@ func newService(cfg config) (*service, error) {
 		Handlers: map[string]cache.Handler{
 			handler.TypeDevicePlugin: handler.NewDevicePlugin(s.dm),
 			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers, confiner),
-			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers),
+			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers, s.dm),
 		},
 		Status:        s.status,
 		Log:           cfg.Log,

@@ -70,11 +70,16 @@ func TestRegistrationAndDeregistration(t *testing.T) {
 				if len(d) != 1 || d[0].Name != "dra.example.com" || d[0].Endpoint != path || d[0].SocketPath != path {
 					t.Fatalf("DRA drivers = %+v", d)
 				}
+				in, ok := e.dm.DRAInstances()[path]
+				if !ok || in.driver != "dra.example.com" || in.socketPath != path || in.generation != testutil.Generation(t, path) {
+					t.Fatalf("devicemanager DRA instances = %+v, want %s registered with its generation", e.dm.DRAInstances(), path)
+				}
 			},
 			gone: func(t *testing.T, e *env, path string) {
 				if d := e.s.drivers.List(handler.TypeDRAPlugin); len(d) != 0 {
 					t.Fatalf("DRA drivers after removal = %+v", d)
 				}
+				testutil.WaitFor(t, "devicemanager DRA instance removed", func() bool { return len(e.dm.DRAInstances()) == 0 })
 			},
 		},
 		{
@@ -314,7 +319,7 @@ func TestRefusedRegistrations(t *testing.T) {
 			if _, ok := e.s.loop.ASW().Get(p.Path()); ok {
 				t.Error("refused plugin is in the ASW")
 			}
-			if n := len(e.dm.Calls()); n != 0 {
+			if n := len(e.dm.Calls()) + len(e.dm.DRACalls()); n != 0 {
 				t.Errorf("devicemanager got %d calls", n)
 			}
 		})
@@ -832,8 +837,8 @@ func TestReconcilerRestart(t *testing.T) {
 }
 
 // A devicemanager restart (new instance ID) makes every registered device
-// plugin register with it again, without the plugin recreating its socket
-// or being contacted.
+// plugin and DRA driver register with it again, without the plugin
+// recreating its socket or being contacted.
 func TestDeviceManagerRestartReregisters(t *testing.T) {
 	e := newEnv(t)
 	a := e.plugin("a", devicePlugin("example.com/a"))
@@ -844,11 +849,13 @@ func TestDeviceManagerRestartReregisters(t *testing.T) {
 		e.waitRegistered(p.Path())
 	}
 	want := e.dm.Endpoints()
+	wantDRA := e.dm.DRAInstances()[c.Path()]
 	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.dm.Instance() != "" })
 	e.dm.Restart()
-	testutil.WaitFor(t, "endpoints registered again", func() bool {
+	testutil.WaitFor(t, "endpoints and DRA driver registered again", func() bool {
 		got := e.dm.Endpoints()
-		return len(got) == 2 && got[a.Path()] == want[a.Path()] && got[b.Path()] == want[b.Path()]
+		dra, ok := e.dm.DRAInstances()[c.Path()]
+		return len(got) == 2 && got[a.Path()] == want[a.Path()] && got[b.Path()] == want[b.Path()] && ok && dra.generation == wantDRA.generation
 	})
 	for _, p := range []*testplugin.Plugin{a, b, c} {
 		if n, calls := len(p.Statuses()), p.GetInfoCalls(); n != 1 || calls != 1 {

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+
 	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/stream"
@@ -24,6 +26,7 @@ const DeviceManagerTimeout = 30 * time.Second
 // registered with it again.
 type DeviceManager struct {
 	client devicemanagerv1.DeviceManagerServiceClient
+	dra    devicemanagerv1.DRAServiceClient
 	log    *slog.Logger
 
 	mu         sync.Mutex
@@ -32,14 +35,20 @@ type DeviceManager struct {
 	onEndpoint func(EndpointState)
 }
 
-// NewDeviceManager returns the devicemanager reached through client.
-// onRestart (may be nil) is called, outside any lock, when the
-// devicemanager's instance ID changes from one known value to another.
-func NewDeviceManager(client devicemanagerv1.DeviceManagerServiceClient, log *slog.Logger, onRestart func(old, new string)) *DeviceManager {
+// NewDeviceManager returns the devicemanager reached through conn, which
+// serves DeviceManagerService and DRAService. onRestart (may be nil) is
+// called, outside any lock, when the devicemanager's instance ID changes
+// from one known value to another.
+func NewDeviceManager(conn grpc.ClientConnInterface, log *slog.Logger, onRestart func(old, new string)) *DeviceManager {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &DeviceManager{client: client, log: log, onRestart: onRestart}
+	return &DeviceManager{
+		client:    devicemanagerv1.NewDeviceManagerServiceClient(conn),
+		dra:       devicemanagerv1.NewDRAServiceClient(conn),
+		log:       log,
+		onRestart: onRestart,
+	}
 }
 
 // EndpointState is what the devicemanager reports about one endpoint it got

@@ -40,7 +40,7 @@ func TestValidate(t *testing.T) {
 	drivers := NewDrivers()
 	dp := NewDevicePlugin(nil)
 	csiH := NewCSI(drivers, nil)
-	dra := NewDRA(drivers)
+	dra := NewDRA(drivers, nil)
 	for _, tc := range []struct {
 		name     string
 		h        cache.Handler
