@@ -172,9 +172,9 @@ func ValidateRegistration(reg Registration) (string, error) {
 // Register connects one instance of a driver and returns its state. The
 // same driver, endpoint and generation again is a no-op that returns the
 // instance as it is; a new generation of a registered endpoint replaces
-// that instance. An endpoint outside the allowed directories is refused
-// (errdefs.ErrInvalidArgument), one that is not there or no socket
-// errdefs.ErrUnavailable; a socket that refuses connections is
+// that instance. An endpoint outside the allowed directories, or with no
+// file there, is refused as the Confiner refuses it
+// (errdefs.ErrInvalidArgument); a socket that refuses connections is
 // registered and redialled (its state says so). An endpoint registered
 // for another driver with the same generation is errdefs.ErrAlreadyExists.
 func (r *Registry) Register(ctx context.Context, reg Registration) (Instance, error) {
