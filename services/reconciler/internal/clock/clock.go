@@ -123,19 +123,6 @@ func (c *Fake) Advance(d time.Duration) {
 	}
 }
 
-// Pending returns the number of timers not yet run or stopped.
-func (c *Fake) Pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, t := range c.timers {
-		if !t.off {
-			n++
-		}
-	}
-	return n
-}
-
 // Due returns the number of pending timers that Advance(d) would run.
 func (c *Fake) Due(d time.Duration) int {
 	c.mu.Lock()

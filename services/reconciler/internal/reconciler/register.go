@@ -39,8 +39,9 @@ import (
 // A failure in steps 2 to 5 is told to the plugin (refuse), in the
 // kubelet's words (a kubeletrules.Error); a failed GetInfo is not. The
 // handler's optional capabilities (package cache) are all this function
-// and its steps know of plugin types. beginRegister and endRegister put the attempt's span, status,
-// metrics and log around the steps. An error makes the executor back off.
+// and its steps know of plugin types. beginRegister and endRegister put
+// the attempt's span, status, metrics and log around the steps. An error
+// makes the executor back off.
 func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.Attempt) (err error) {
 	ctx, span := r.beginRegister(ctx, d, a)
 	start := time.Now()
@@ -52,12 +53,11 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 	// plugin whose endpoint keeps serving is replaced downstream without a
 	// dip (DESIGN "Restarts without a dip"). It is deregistered only when
 	// this attempt fails, or when what it named changed.
-	old, hasOld := r.asw.Get(d.Path)
-	hasOld = hasOld && old.Generation != d.Generation
-	if hasOld {
+	prev := r.previous(d)
+	if prev != nil {
 		defer func() {
 			if err != nil {
-				r.dropPrevious(context.WithoutCancel(ctx), old)
+				r.dropPrevious(context.WithoutCancel(ctx), *prev)
 			}
 		}()
 	}
@@ -74,10 +74,6 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 		return r.refuse(ctx, conn, p, validationFailed(err))
 	}
 	r.identified(span, p)
-	var prev *cache.Plugin
-	if hasOld {
-		prev = &old
-	}
 	prevGone, err := r.admit(ctx, a, &p, prev)
 	if err != nil {
 		return r.refuse(ctx, conn, p, err)
@@ -85,11 +81,21 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 	if err := r.notifyRegistered(ctx, conn, p); err != nil {
 		return err
 	}
-	if hasOld && !prevGone && replacedElsewhere(old, p) {
-		r.deregisterPrevious(ctx, old)
+	if prev != nil && !prevGone && replacedElsewhere(*prev, p) {
+		r.deregisterPrevious(ctx, *prev)
 	}
 	r.status.Registered(d.Path, d.Generation)
 	return nil
+}
+
+// previous returns the ASW's registration of an earlier generation of d's
+// socket, or nil.
+func (r *Reconciler) previous(d cache.Socket) *cache.Plugin {
+	old, ok := r.asw.Get(d.Path)
+	if !ok || old.Generation == d.Generation {
+		return nil
+	}
+	return &old
 }
 
 // replacedElsewhere reports whether registering p left old's registration
