@@ -1,0 +1,210 @@
+package draserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	resourcev1 "k8s.io/api/resource/v1"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
+)
+
+// env is DRAService on a real Unix socket over a registry and the real
+// node-local resource API.
+type env struct {
+	api    *dratest.API
+	client dmv1.DRAServiceClient
+}
+
+func start(t *testing.T, delay time.Duration) *env {
+	t.Helper()
+	root := testutil.TempDir(t)
+	api := dratest.StartAPI(t, root)
+	reg, err := dra.New(dra.Config{Client: api.Client, NodeName: dratest.Node, AllowedDirs: []string{root}, DisconnectDelay: delay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(reg.Close)
+	log := slog.New(slog.DiscardHandler)
+	sl := draserver.NewSlices(api.Client, dratest.Node, stream.Limits{}, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = sl.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-ran })
+
+	path := filepath.Join(root, "dm.sock")
+	lis, err := unixsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _ := rpcutil.NewServer(log)
+	dmv1.RegisterDRAServiceServer(srv, draserver.NewService("dm-1", reg, sl))
+	served := make(chan struct{})
+	go func() { defer close(served); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-served })
+	conn, err := rpcutil.DialPeer(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return &env{api: api, client: dmv1.NewDRAServiceClient(conn)}
+}
+
+func (e *env) register(t *testing.T, d *dratest.Driver) *dmv1.RegisterDRADriverResponse {
+	t.Helper()
+	resp, err := e.client.RegisterDRADriver(context.Background(), &dmv1.RegisterDRADriverRequest{
+		DriverName: d.Name, Endpoint: d.Endpoint, Services: d.Services, SocketPath: d.RegSocket, Generation: d.Generation(t),
+	})
+	if err != nil {
+		t.Fatalf("RegisterDRADriver %s: %v", d.Name, err)
+	}
+	return resp
+}
+
+func TestDriversAndSlicesOverGRPC(t *testing.T) {
+	e := start(t, time.Hour)
+	d := dratest.StartDriver(t, e.api, "gpu.example.com", "")
+	resp := e.register(t, d)
+	if resp.GetInstanceId() != "dm-1" || resp.GetInstance().GetService() != "v1.DRAPlugin" {
+		t.Fatalf("register answer %v", resp)
+	}
+	testutil.Eventually(t, "the driver listed as connected and serving", func() error {
+		l, err := e.client.ListDRADrivers(context.Background(), &dmv1.ListDRADriversRequest{})
+		if err != nil {
+			return err
+		}
+		if len(l.GetDrivers()) != 1 || len(l.GetDrivers()[0].GetInstances()) != 1 {
+			return fmt.Errorf("drivers %v", l.GetDrivers())
+		}
+		in := l.GetDrivers()[0].GetInstances()[0]
+		if !in.GetConnected() || !in.GetServing() || in.GetConnectionState() != "READY" || in.GetEndpoint() != d.Endpoint || !in.GetHealthService() {
+			return fmt.Errorf("instance %v", in)
+		}
+		return nil
+	})
+
+	d.Publish(t, 2)
+	var slices []*dmv1.ResourceSlice
+	testutil.Eventually(t, "the driver's slice listed", func() error {
+		l, err := e.client.ListResourceSlices(context.Background(), &dmv1.ListResourceSlicesRequest{DriverName: d.Name})
+		if err != nil {
+			return err
+		}
+		if slices = l.GetSlices(); len(slices) != 1 || len(slices[0].GetDevices()) != 2 {
+			return fmt.Errorf("slices %v", slices)
+		}
+		return nil
+	})
+	s := slices[0]
+	if s.GetDriver() != d.Name || s.GetNodeName() != dratest.Node || s.GetPool().GetName() != dratest.Node || s.GetPool().GetResourceSliceCount() != 1 || s.GetResourceVersion() == "" {
+		t.Errorf("slice %v", s)
+	}
+	dev := s.GetDevices()[1]
+	if dev.GetName() != "dev-1" || dev.GetAttributes()["model"] != "m1" || dev.GetAttributes()["index"] != "1" || dev.GetCapacity()["memory"] != "16Gi" {
+		t.Errorf("device %v", dev)
+	}
+	var obj resourcev1.ResourceSlice
+	if err := json.Unmarshal([]byte(s.GetJson()), &obj); err != nil || obj.Kind != "ResourceSlice" || obj.Name != s.GetName() || len(obj.Spec.Devices) != 2 {
+		t.Errorf("json %q: %v", s.GetJson(), err)
+	}
+	if l, err := e.client.ListResourceSlices(context.Background(), &dmv1.ListResourceSlicesRequest{DriverName: "other.example.com"}); err != nil || len(l.GetSlices()) != 0 {
+		t.Errorf("slices of another driver: %v, %v", l.GetSlices(), err)
+	}
+}
+
+// recv reads one item, failing the test on error.
+func recv(t *testing.T, ws grpc.ServerStreamingClient[dmv1.WatchResourceSlicesResponse]) *dmv1.WatchResourceSlicesResponse {
+	t.Helper()
+	m, err := ws.Recv()
+	if err != nil {
+		t.Fatalf("WatchResourceSlices: %v", err)
+	}
+	return m
+}
+
+func TestWatchResourceSlices(t *testing.T) {
+	e := start(t, 200*time.Millisecond)
+	d := dratest.StartDriver(t, e.api, "gpu.example.com", "")
+	other := dratest.StartDriver(t, e.api, "nic.example.com", "")
+	e.register(t, d)
+	e.register(t, other)
+	d.Publish(t, 1)
+	other.Publish(t, 1)
+	dratest.WaitSlices(t, e.api.Client, d.Name, 1, 1)
+	dratest.WaitSlices(t, e.api.Client, other.Name, 1, 1)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ws, err := e.client.WatchResourceSlices(ctx, &dmv1.WatchResourceSlicesRequest{DriverName: d.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := recv(t, ws)
+	if c := snap.GetChange(); c.GetType() != dmv1.ResourceSliceChangeType_RESOURCE_SLICE_CHANGE_TYPE_UPDATED || c.GetSlice().GetDriver() != d.Name || len(c.GetSlice().GetDevices()) != 1 {
+		t.Fatalf("snapshot item %v", snap)
+	}
+	if m := recv(t, ws); m.GetSynced() == nil || m.GetInstanceId() != "dm-1" {
+		t.Fatalf("after the snapshot: %v, want the synced marker", m)
+	}
+	// A change to the driver's devices updates its slice; the other
+	// driver's changes are filtered out.
+	other.Publish(t, 3)
+	d.Publish(t, 2)
+	for {
+		c := recv(t, ws).GetChange()
+		if c.GetSlice().GetDriver() != d.Name {
+			t.Fatalf("change of another driver's slice %v", c)
+		}
+		if len(c.GetSlice().GetDevices()) == 2 {
+			break
+		}
+	}
+	// The driver stops: past the delay its slice is deleted, and the
+	// stream says so.
+	d.Helper.Stop()
+	for {
+		c := recv(t, ws).GetChange()
+		if c.GetType() == dmv1.ResourceSliceChangeType_RESOURCE_SLICE_CHANGE_TYPE_REMOVED {
+			if c.GetSlice().GetDriver() != d.Name {
+				t.Fatalf("removal %v", c)
+			}
+			break
+		}
+	}
+	cancel()
+	if _, err := ws.Recv(); status.Code(err) != codes.Canceled && !errors.Is(err, io.EOF) {
+		t.Errorf("after cancel: %v", err)
+	}
+}
+
+func TestRegisterErrorsOverGRPC(t *testing.T) {
+	e := start(t, time.Hour)
+	for name, req := range map[string]*dmv1.RegisterDRADriverRequest{
+		"no services": {DriverName: "gpu.example.com", Endpoint: "/x/dra.sock", Generation: "g"},
+		"bad quoting": {DriverName: "gpu.example.com", Endpoint: `"/x`, Services: []string{"v1.DRAPlugin"}, Generation: "g"},
+	} {
+		if _, err := e.client.RegisterDRADriver(context.Background(), req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if _, err := e.client.DeregisterDRADriver(context.Background(), &dmv1.DeregisterDRADriverRequest{DriverName: "gpu.example.com", Endpoint: "/x/dra.sock"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("deregister without a generation: %v, want InvalidArgument", err)
+	}
+}
