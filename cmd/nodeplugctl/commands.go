@@ -146,16 +146,6 @@ func (c *cli) kubeletSockPlugins(ctx context.Context) ([]kubeletSockPlugin, erro
 	return out, nil
 }
 
-func cmdDrivers(ctx context.Context, c *cli, args []string) error {
-	return listCommand(ctx, c, "drivers", args, reconcilerSvc, func(ctx context.Context, _ *flag.FlagSet) (*reconcilerv1.ListDriversResponse, error) {
-		cc, err := c.conn(reconcilerSvc)
-		if err != nil {
-			return nil, err
-		}
-		return reconcilerv1.NewReconcilerServiceClient(cc).ListDrivers(ctx, &reconcilerv1.ListDriversRequest{})
-	}, renderDrivers, nil)
-}
-
 func cmdResources(ctx context.Context, c *cli, args []string) error {
 	return listCommand(ctx, c, "resources", args, devicemanagerSvc, func(ctx context.Context, _ *flag.FlagSet) (*dmv1.ListResourcesResponse, error) {
 		cc, err := c.conn(devicemanagerSvc)

@@ -98,7 +98,8 @@ const allocateArgs = "--pod UID --container NAME [--namespace NS --name NAME] [-
 func init() {
 	commands = []command{
 		{"plugins", "[-o table|json]", "every plugin: the reconciler's plugins_registry sockets and the device plugins registered on kubelet.sock", cmdPlugins},
-		{"drivers", "[-o table|json]", "registered CSI and DRA drivers", cmdDrivers},
+		{"drivers", "[-o table|json]", "registered CSI and DRA drivers, and each DRA driver instance's connection in the devicemanager", cmdDrivers},
+		{"slices", "[--driver NAME] [-o table|json]", "this node's DRA ResourceSlices: driver, pool, devices with attributes and capacity", cmdSlices},
 		{"resources", "[-o table|json]", "device plugin resources: capacity, allocatable, free, endpoints", cmdResources},
 		{"allocations", "[--pod UID] [-o table|json]", "what is allocated to whom, with trace IDs", cmdAllocations},
 		{"sockets", "[-o table|json]", "the sockets the watcher sees in plugins_registry", cmdSockets},
