@@ -44,6 +44,11 @@ func TestRequired(t *testing.T) {
 		"/nodeplug.devicemanager.v1.DeviceManagerService/RegisterPlugin":       access.RoleInternal,
 		"/nodeplug.devicemanager.v1.DeviceManagerService/DeregisterPlugin":     access.RoleInternal,
 		"/nodeplug.devicemanager.v1.DeviceManagerService/SomethingNewTomorrow": access.RoleInternal,
+		"/nodeplug.devicemanager.v1.DRAService/ListDRADrivers":                 access.RoleReader,
+		"/nodeplug.devicemanager.v1.DRAService/ListResourceSlices":             access.RoleReader,
+		"/nodeplug.devicemanager.v1.DRAService/WatchResourceSlices":            access.RoleReader,
+		"/nodeplug.devicemanager.v1.DRAService/RegisterDRADriver":              access.RoleInternal,
+		"/nodeplug.devicemanager.v1.DRAService/DeregisterDRADriver":            access.RoleInternal,
 	} {
 		if got := access.Required(method); got != want {
 			t.Errorf("Required(%s) = %s, want %s", method, got, want)
