@@ -1,13 +1,9 @@
 package podresources
 
 import (
-	"context"
 	"strings"
 
 	"golang.org/x/time/rate"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -20,28 +16,30 @@ const (
 	DefaultBurst = 10
 )
 
-// errRateLimited is the kubelet's answer to a call beyond the limit.
-var errRateLimited = status.Error(codes.ResourceExhausted, "rejected by rate limit")
-
 // methodPrefix is the full-method prefix of the pod resources service.
 var methodPrefix = "/" + podresourcesv1.PodResourcesLister_ServiceDesc.ServiceName + "/"
 
-// RateLimit returns the server option that limits the calls of the pod
-// resources service to qps a second with bursts of burst, shared by every
-// caller, as the kubelet does; a call beyond it fails at once with
-// RESOURCE_EXHAUSTED "rejected by rate limit". Other services on the same
-// server (health, reflection) are not limited.
-//
-// It is installed with grpc.UnaryInterceptor, which gRPC runs before every
-// chained interceptor: a refused call costs no log line and no other work
-// (it is counted in nodeplug_pod_resources_rejected_total).
-func (s *Server) RateLimit(qps float64, burst int) grpc.ServerOption {
-	lim := rate.NewLimiter(rate.Limit(qps), burst)
-	return grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if strings.HasPrefix(info.FullMethod, methodPrefix) && !lim.Allow() {
-			s.metrics.rejected.Inc()
-			return nil, errRateLimited
-		}
-		return handler(ctx, req)
-	})
+// Limiter is the rate limit of the pod resources service: qps calls a
+// second with bursts of burst, shared by every caller, as the kubelet's.
+// The gRPC side of it, the refusal's status, is the adapter's
+// (server.RateLimit, given Allow).
+type Limiter struct {
+	lim *rate.Limiter
+	s   *Server
+}
+
+// Limiter returns the rate limit of s's calls (see Limiter).
+func (s *Server) Limiter(qps float64, burst int) *Limiter {
+	return &Limiter{lim: rate.NewLimiter(rate.Limit(qps), burst), s: s}
+}
+
+// Allow reports whether a call of fullMethod may go ahead now. Calls of
+// other services on the same server (health, reflection) are not limited.
+// A refused call is counted in nodeplug_pod_resources_rejected_total.
+func (l *Limiter) Allow(fullMethod string) bool {
+	if !strings.HasPrefix(fullMethod, methodPrefix) || l.lim.Allow() {
+		return true
+	}
+	l.s.metrics.rejected.Inc()
+	return false
 }

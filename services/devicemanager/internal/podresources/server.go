@@ -19,8 +19,8 @@
 //     manage them;
 //   - Get of an unknown pod is the kubelet's plain error
 //     "pod <name> in namespace <namespace> not found" (code Unknown);
-//   - calls are rate-limited (RateLimit), 100 per second with a burst of
-//     10, RESOURCE_EXHAUSTED beyond.
+//   - calls are rate-limited (Limiter; server.RateLimit refuses them),
+//     100 per second with a burst of 10, RESOURCE_EXHAUSTED beyond.
 //
 // Server is safe for concurrent use; every answer is built from one read of
 // the allocations and one of the device sets.

@@ -25,6 +25,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
@@ -63,7 +64,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, _ := rpcutil.NewServer(slog.New(slog.DiscardHandler), e.pr.RateLimit(DefaultQPS, DefaultBurst))
+	s, _ := rpcutil.NewServer(slog.New(slog.DiscardHandler), server.RateLimit(e.pr.Limiter(DefaultQPS, DefaultBurst).Allow))
 	podresourcesv1.RegisterPodResourcesListerServer(s, e.pr)
 	served := make(chan struct{})
 	go func() { defer close(served); _ = s.Serve(lis) }()
