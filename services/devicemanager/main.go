@@ -83,7 +83,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	pr := podresources.New(m, rt.Metrics)
 	if err := rt.ServeUnix(podSock, func(s *grpc.Server) {
 		podresourcesv1.RegisterPodResourcesListerServer(s, pr)
-	}, pr.RateLimit(podresources.DefaultQPS, podresources.DefaultBurst)); err != nil {
+	}, server.RateLimit(pr.Limiter(podresources.DefaultQPS, podresources.DefaultBurst).Allow)); err != nil {
 		return err
 	}
 	kubeAPI, err := openKubeAPI(rt, kube)
