@@ -416,7 +416,7 @@ func (m *Manager) Deregister(ctx context.Context, resourceName, path, generation
 	if err := socketPath("endpoint", path, false); err != nil {
 		return false, err
 	}
-	if err := text("generation", generation, maxGeneration); err != nil {
+	if err := bounds.CheckText("generation", generation, maxGeneration); err != nil {
 		return false, err
 	}
 	unlock := m.regLocks.Lock(path)

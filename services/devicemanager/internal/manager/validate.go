@@ -3,8 +3,6 @@ package manager
 import (
 	"fmt"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
@@ -62,12 +60,12 @@ func validateBounds(r Registration) error {
 	if err := registrationSocketPath(r.SocketPath); err != nil {
 		return err
 	}
-	if err := text("generation", r.Generation, maxGeneration); err != nil {
+	if err := bounds.CheckText("generation", r.Generation, maxGeneration); err != nil {
 		return err
 	}
 	n := 0
 	for _, v := range r.Versions {
-		if err := text("version", v, bounds.MaxName); err != nil {
+		if err := bounds.CheckText("version", v, bounds.MaxName); err != nil {
 			return err
 		}
 		n += len(v)
@@ -91,7 +89,7 @@ func socketPath(what, p string, optional bool) error {
 		return fmt.Errorf("%s %s is %d bytes, longer than the %d bytes a Unix socket path may have: %w",
 			what, bounds.Quote(p), len(p), unixsock.MaxPathLen, errdefs.ErrInvalidArgument)
 	}
-	return text(what, p, unixsock.MaxPathLen)
+	return bounds.CheckText(what, p, unixsock.MaxPathLen)
 }
 
 // registrationSocketPath checks a registration socket path. One that is not
@@ -111,22 +109,5 @@ func registrationSocketPath(p string) error {
 	case strings.ContainsRune(raw, 0):
 		return fmt.Errorf("socket path %s contains a NUL byte: %w", bounds.Quote(p), errdefs.ErrInvalidArgument)
 	}
-	return text("socket path", p, 4*unixsock.MaxPathLen+2)
-}
-
-// text checks a value pkg/bounds has no rule for (paths, versions,
-// generations): at most max bytes, valid UTF-8, printable. Empty passes.
-func text(what, s string, max int) error {
-	switch {
-	case len(s) > max:
-		return fmt.Errorf("%s %s is %d bytes, longer than %d: %w", what, bounds.Quote(s), len(s), max, errdefs.ErrInvalidArgument)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("%s %s is not valid UTF-8: %w", what, bounds.Quote(s), errdefs.ErrInvalidArgument)
-	}
-	for _, c := range s {
-		if !unicode.IsPrint(c) {
-			return fmt.Errorf("%s %s contains the unprintable character %U: %w", what, bounds.Quote(s), c, errdefs.ErrInvalidArgument)
-		}
-	}
-	return nil
+	return bounds.CheckText("socket path", p, 4*unixsock.MaxPathLen+2)
 }
