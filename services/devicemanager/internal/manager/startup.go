@@ -12,15 +12,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
 // KubeletSocketName is the legacy registration socket's name in the
-// device-plugins directory (app.KubeletSocketName, defined with the other
-// defaults).
-const KubeletSocketName = app.KubeletSocketName
+// device-plugins directory (pkg/layout).
+const KubeletSocketName = layout.KubeletSocketName
 
 // KubeletSocketPath returns the path of kubelet.sock in dir.
 func KubeletSocketPath(dir string) string { return filepath.Join(dir, KubeletSocketName) }

@@ -22,13 +22,13 @@ import (
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
-// FileName is the snapshot's name in the device-plugins directory. It is
-// app.CheckpointFileName, the default defined with the others; it is
-// spelled out here so that the store does not depend on the runtime, and
-// TestFileNameIsTheDefault keeps the two equal.
-const FileName = "nodeplug_checkpoint"
+// FileName is the snapshot's name in the device-plugins directory
+// (pkg/layout, which names every file under the root dir).
+const FileName = layout.CheckpointFileName
 
 // Version is the snapshot format version written. Version 1 (no journal)
 // is still read.

@@ -30,11 +30,12 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // KubeletFileName is the kubelet's device manager checkpoint's name in the
-// device-plugins directory (app.KubeletCheckpointFileName).
-const KubeletFileName = "kubelet_internal_checkpoint"
+// device-plugins directory (pkg/layout).
+const KubeletFileName = layout.KubeletCheckpointFileName
 
 // noTopology is the kubelet's NUMA node of a device with no topology
 // (nodeWithoutTopology).

@@ -47,6 +47,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 const (
@@ -55,7 +57,7 @@ const (
 	// damaged length from asking for gigabytes.
 	maxRecord = 64 << 20
 	// journalInfix joins the snapshot's name and a journal's number.
-	journalInfix = ".journal."
+	journalInfix = layout.CheckpointJournalInfix
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
