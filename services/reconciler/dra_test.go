@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +12,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
@@ -21,6 +24,23 @@ func draPluginAt(name, endpoint string) testplugin.Info {
 	info := draPlugin(name)
 	info.Endpoint = endpoint
 	return info
+}
+
+// endpoint returns the path of a DRA driver's service socket named name in
+// the plugins directory, where the kubelet's plugins put them, and creates
+// the socket there unless it exists (the fake devicemanager dials nothing,
+// but refuses an endpoint with no file as the real one does).
+func (e *env) endpoint(name string) string {
+	e.t.Helper()
+	path := filepath.Join(layout.PluginsDir(e.root), name+".sock")
+	if _, err := os.Lstat(path); err == nil {
+		return path
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		e.t.Fatal(err)
+	}
+	testutil.StaleSocket(e.t, path)
+	return path
 }
 
 // The DRA handler hands each driver to the devicemanager: RegisterDRADriver
@@ -67,7 +87,7 @@ func TestDRADriverHandedToDeviceManager(t *testing.T) {
 // refused in the kubelet's words, without reaching the devicemanager.
 func TestDRADriverInstances(t *testing.T) {
 	e := newEnv(t)
-	ep1, ep2 := e.sock("ep1"), e.sock("ep2")
+	ep1, ep2 := e.endpoint("ep1"), e.endpoint("ep2")
 	a := e.plugin("a", draPluginAt("dra.example.com", ep1))
 	b := e.plugin("b", draPluginAt("dra.example.com", ep2))
 	for _, p := range []*testplugin.Plugin{a, b} {
@@ -137,7 +157,7 @@ func TestDRARecreatedSocket(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
-			ep1, ep2 := e.sock("ep1"), e.sock(tc.second)
+			ep1, ep2 := e.endpoint("ep1"), e.endpoint(tc.second)
 			p := e.plugin("dra", draPluginAt("dra.example.com", ep1))
 			e.w.Created(t, p.Path())
 			old := e.waitRegistered(p.Path()).Generation
@@ -242,8 +262,8 @@ func TestDRADeviceManagerFailure(t *testing.T) {
 // with it again, without the plugin being contacted.
 func TestDRADeviceManagerRestartReregisters(t *testing.T) {
 	e := newEnv(t)
-	a := e.plugin("a", draPluginAt("dra.example.com", e.sock("ep-a")))
-	b := e.plugin("b", draPluginAt("dra.example.com", e.sock("ep-b")))
+	a := e.plugin("a", draPluginAt("dra.example.com", e.endpoint("ep-a")))
+	b := e.plugin("b", draPluginAt("dra.example.com", e.endpoint("ep-b")))
 	for _, p := range []*testplugin.Plugin{a, b} {
 		e.w.Created(t, p.Path())
 		e.waitRegistered(p.Path())
@@ -276,7 +296,7 @@ func TestDRAReconcilerRestartSweepsOrphans(t *testing.T) {
 	e.stop()
 	gone.Stop()
 	e.w.Deleted(gone.Path())
-	stranger := draInstance{driver: "dra3.example.com", endpoint: e.sock("stranger"), socketPath: e.sock("stranger"), generation: "1:2:3", services: []string{"v1.DRAPlugin"}}
+	stranger := draInstance{driver: "dra3.example.com", endpoint: e.endpoint("stranger"), socketPath: e.sock("stranger"), generation: "1:2:3", services: []string{"v1.DRAPlugin"}}
 	e.dm.AddDRAInstance(stranger)
 	e.start()
 	e.waitRegistered(keep.Path())
@@ -296,5 +316,33 @@ func TestDRAReconcilerRestartSweepsOrphans(t *testing.T) {
 	}
 	if d := e.s.drivers.List(handler.TypeDRAPlugin); len(d) != 1 || d[0].SocketPath != keep.Path() {
 		t.Fatalf("DRA drivers after restart = %+v", d)
+	}
+}
+
+// A DRA driver's endpoint is not waited for, as the kubelet does not wait
+// for it (only a device plugin's is): one that does not exist yet fails the
+// registration at once, refused by the devicemanager, which cannot dial
+// it; the socket backs off, and its retry registers once the endpoint
+// exists.
+func TestDRAEndpointNotYetThere(t *testing.T) {
+	e := newEnv(t)
+	ep := filepath.Join(layout.PluginsDir(e.root), "later.sock")
+	p := e.plugin("dra", draPluginAt("dra.example.com", ep))
+	e.w.Created(t, p.Path())
+	got, err := p.WaitStatus(waitCtx(t), testplugin.Rejected)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got.Error, "RegisterPlugin error -- plugin registration failed with err: devicemanager RegisterDRADriver for DRA driver dra.example.com at "+ep) {
+		t.Fatalf("reason %q", got.Error)
+	}
+	e.waitFailed(p.Path(), 1)
+	if e.endpoint("later") != ep {
+		t.Fatal("endpoint path changed")
+	}
+	e.advanceBackoff()
+	e.waitRegistered(p.Path())
+	if in, ok := e.dm.DRAInstances()[ep]; !ok || in.socketPath != p.Path() {
+		t.Fatalf("devicemanager DRA instances = %+v", e.dm.DRAInstances())
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"maps"
+	"os"
 	"slices"
 
 	"google.golang.org/grpc/codes"
@@ -16,10 +17,12 @@ import (
 // fakeDRA is the devicemanager's DRAService over the fake devicemanager's
 // in-memory table of DRA driver instances (fakeDM.dra), served on the
 // devicemanager's socket beside DeviceManagerService and sharing its
-// instance ID and restarts. Its rules are the proto's: instances are keyed
-// by driver name and endpoint; the same generation again is a no-op, a new
-// one replaces the instance; a deregistration must name the generation it
-// removes.
+// instance ID and restarts. Its rules are the proto's and the
+// devicemanager's DRA registry's: an endpoint with no file is refused
+// UNAVAILABLE (the registry cannot dial it; the fake dials nothing);
+// instances are keyed by driver name and endpoint; the same generation
+// again is a no-op, a new one replaces the instance; a deregistration must
+// name the generation it removes.
 type fakeDRA struct {
 	devicemanagerv1.UnimplementedDRAServiceServer
 	d *fakeDM
@@ -53,6 +56,9 @@ func (f *fakeDRA) RegisterDRADriver(ctx context.Context, r *devicemanagerv1.Regi
 	}
 	if r.GetDriverName() == "" || endpoint == "" || r.GetGeneration() == "" || len(r.GetServices()) == 0 {
 		return nil, status.Errorf(codes.InvalidArgument, "driver name, endpoint, services and generation are required: %v", r)
+	}
+	if _, err := os.Lstat(endpoint); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "DRA driver %s: endpoint %s: %v", r.GetDriverName(), endpoint, err)
 	}
 	in := draInstance{driver: r.GetDriverName(), endpoint: endpoint, socketPath: wirePath(r.GetSocketPath(), r.GetSocketPathBytes()),
 		generation: r.GetGeneration(), services: slices.Clone(r.GetServices())}

@@ -40,10 +40,11 @@ func main() {
 		Binary:         "reconciler",
 		DefaultMetrics: app.DefaultReconcilerMetricsAddr,
 		// Half the collections of Go's default: in a burst of
-		// registrations the reconciler's live heap is a few MiB while it
-		// allocates tens of KB per plugin, and the collector took a seventh of
-		// its CPU. The extra garbage lasts as long as the burst: once the
-		// heap has been quiet for a second, the memory is given back.
+		// registrations the reconciler's live heap is small while it
+		// allocates for every plugin, so the collector would run often
+		// (README Performance has the measurements). The extra garbage
+		// lasts as long as the burst: once the heap has been quiet for a
+		// second, the memory is given back.
 		GCPercent: 200,
 		Settle:    &app.Settle{},
 		Flags: func(fs *app.Flags) {

@@ -1074,9 +1074,24 @@ func TestEndpointConfinement(t *testing.T) {
 		t.Fatalf("the CSI driver outside got %d calls; drivers %+v", n, e.s.drivers.List(handler.TypeCSIPlugin))
 	}
 
+	// Validation accepts it; the devicemanager cannot dial it until it
+	// exists, so the first attempt fails there, and the retry registers.
 	later := filepath.Join(e.root, "later", "dra.sock")
 	ok := e.plugin("later", testplugin.Info{Type: "DRAPlugin", Name: "dra2.example.com", Endpoint: later, Versions: []string{"v1.DRAPlugin"}})
 	e.w.Created(t, ok.Path())
+	got, err = ok.WaitStatus(waitCtx(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "RegisterPlugin error -- plugin registration failed with err: devicemanager RegisterDRADriver"; !strings.HasPrefix(got.Error, want) {
+		t.Fatalf("endpoint that may appear: %+v, want accepted by validation and refused by the devicemanager (%q…)", got, want)
+	}
+	e.waitFailed(ok.Path(), 1)
+	if err := os.MkdirAll(filepath.Dir(later), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	testutil.StaleSocket(t, later)
+	e.advanceBackoff()
 	if st := e.waitRegistered(ok.Path()); st.Endpoint != later {
 		t.Fatalf("status = %+v", st)
 	}

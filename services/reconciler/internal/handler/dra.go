@@ -28,7 +28,10 @@ import (
 // refused. The devicemanager keys instances by driver name and endpoint
 // (EndpointKeyed) and keeps them beyond the reconciler's life
 // (OrphanDeregisterer). Unlike a device plugin's, a driver's endpoint is
-// not waited for: the kubelet connects to it on demand.
+// not waited for (the kubelet does not wait for it either): one that does
+// not exist yet is refused by the devicemanager, which cannot dial it, and
+// the reconciler retries it with its backoff, as it retries a CSI
+// driver's.
 type DRA struct {
 	dm      *DeviceManager
 	drivers *Drivers
