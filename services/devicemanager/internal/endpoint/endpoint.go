@@ -212,7 +212,8 @@ func (c *Conn) Options() Options { return c.opts }
 // plugin, and its stack is kept that long: it does nothing but receive,
 // and leaves the rest to update and to ended, which are called rarely, so
 // that the stack stays at its smallest size (receiving alone comes close
-// to a 4 KiB stack; a few hundred bytes more of frames double it).
+// to filling the smallest stack Go gives a goroutine; a few more frames
+// double it).
 func (c *Conn) Run(update func([]Device)) error {
 	resp, err := c.stream.Recv()
 	if err != nil {
