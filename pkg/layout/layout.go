@@ -24,7 +24,9 @@
 //	    <service>.sock             watcher.sock, reconciler.sock, devicemanager.sock
 //	    console.json               the web console's URL and token (0600)
 //	    kubeconfig                 the resource API's client config for drivers
+//	    kubeconfig-<identity>      ... for the other identities (operator, reader)
 //	    pki/                       the resource API's CA, certificates and keys
+//	    resource-api.db            the node-local resource API's objects
 //	  nodeplug-<service>.lock      one instance per root dir (flock)
 package layout
 
@@ -104,6 +106,10 @@ const (
 	// PKIDirName holds the node-local resource API's CA, its serving
 	// certificate and the client certificates it makes (keys 0600).
 	PKIDirName = "pki"
+
+	// ResourceStoreFileName is the node-local resource API's store: its
+	// ResourceSlices, ResourceClaims, DeviceClasses and Node.
+	ResourceStoreFileName = "resource-api.db"
 )
 
 // LockFilePrefix and LockFileSuffix frame a service's lock file in the root
@@ -174,6 +180,17 @@ func ConsoleInfoFile(root string) string {
 // KubeconfigFile returns <root>/nodeplug/kubeconfig.
 func KubeconfigFile(root string) string {
 	return filepath.Join(root, APIDirName, KubeconfigFileName)
+}
+
+// IdentityKubeconfigFile returns <root>/nodeplug/kubeconfig-<identity>, the
+// kubeconfig of an identity other than the drivers' (KubeconfigFile).
+func IdentityKubeconfigFile(root, identity string) string {
+	return KubeconfigFile(root) + "-" + identity
+}
+
+// ResourceStoreFile returns <root>/nodeplug/resource-api.db.
+func ResourceStoreFile(root string) string {
+	return filepath.Join(root, APIDirName, ResourceStoreFileName)
 }
 
 // PKIDir returns <root>/nodeplug/pki.

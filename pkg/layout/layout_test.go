@@ -36,6 +36,8 @@ func TestPaths(t *testing.T) {
 		{layout.ConsoleInfoFile(root), "/r/nodeplug/console.json"},
 		{layout.KubeconfigFile(root), "/r/nodeplug/kubeconfig"},
 		{layout.PKIDir(root), "/r/nodeplug/pki"},
+		{layout.IdentityKubeconfigFile(root, "operator"), "/r/nodeplug/kubeconfig-operator"},
+		{layout.ResourceStoreFile(root), "/r/nodeplug/resource-api.db"},
 		{layout.LockFile(root, "devicemanager"), "/r/nodeplug-devicemanager.lock"},
 	} {
 		if tc.got != tc.want {
