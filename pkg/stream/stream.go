@@ -97,7 +97,7 @@ func (l Limits) withDefaults() Limits {
 // Stats is a view of a hub's subscribers.
 type Stats struct {
 	Subscribers int
-	// Held is the bytes the subscribers hold (bounded hubs only).
+	// Held is the bytes the subscribers hold.
 	Held int64
 	// Closed counts the subscribers closed for falling behind or for the
 	// byte budget, since the hub was made.
@@ -111,9 +111,8 @@ type Stats struct {
 // guards its state: then no change falls between a snapshot and the live
 // items that follow it.
 type Hub[T any] struct {
-	bounded bool
-	limits  Limits
-	size    func(T) int
+	limits Limits
+	size   func(T) int
 
 	mu       sync.Mutex
 	subs     map[*Subscription[T]]struct{}
@@ -129,23 +128,10 @@ type Hub[T any] struct {
 // subscribers counts once for each, which overstates memory shared
 // between them: the bound errs on the safe side.
 func NewBoundedHub[T any](limits Limits, size func(T) int) *Hub[T] {
-	return &Hub[T]{bounded: true, limits: limits.withDefaults(), size: size, subs: map[*Subscription[T]]struct{}{}}
+	return &Hub[T]{limits: limits.withDefaults(), size: size, subs: map[*Subscription[T]]struct{}{}}
 }
 
-// NewHub returns a hub that bounds each subscriber to buffer live items
-// (DefaultBuffer when buffer <= 0) and nothing else: any number may
-// subscribe, and each subscriber's buffer is allocated in full. Its
-// subscriptions deliver on C. Use it only where the streams are bounded
-// elsewhere; NewBoundedHub keeps every bound of DESIGN "Bounds".
-func NewHub[T any](buffer int) *Hub[T] {
-	if buffer <= 0 {
-		buffer = DefaultBuffer
-	}
-	return &Hub[T]{limits: Limits{Items: buffer}, subs: map[*Subscription[T]]struct{}{}}
-}
-
-// Limits returns the hub's bounds (for a hub made with NewHub, only Items
-// is set).
+// Limits returns the hub's bounds.
 func (h *Hub[T]) Limits() Limits { return h.limits }
 
 // Subscription receives the items of one subscriber until it ends: its
@@ -153,13 +139,8 @@ func (h *Hub[T]) Limits() Limits { return h.limits }
 // subscription ended, Err says why (nil when it was closed by the
 // subscriber or the hub closed cleanly).
 type Subscription[T any] struct {
-	// C delivers the live items of a subscription to a hub made with
-	// NewHub, and is closed when it ends; it is nil for a bounded hub.
-	C <-chan T
-
 	hub  *Hub[T]
 	keep func(T) bool // nil: every item
-	c    chan T       // NewHub only
 	once sync.Once
 	done chan struct{}
 
@@ -185,8 +166,7 @@ type entry[T any] struct {
 }
 
 // Join registers a subscriber whose stream starts with snapshot and goes on
-// with every item published from now on. On a bounded hub it fails with an
-// error wrapping ErrTooManySubscribers when Limits.Subscribers are open or
+// with every item published from now on. It fails with an error wrapping ErrTooManySubscribers when Limits.Subscribers are open or
 // the snapshot does not fit in the bytes left. The caller must Close the
 // subscription.
 func (h *Hub[T]) Join(snapshot []T) (*Subscription[T], error) {
@@ -199,23 +179,6 @@ func (h *Hub[T]) Join(snapshot []T) (*Subscription[T], error) {
 // quick and must not call the hub.
 func (h *Hub[T]) JoinWhere(snapshot []T, keep func(T) bool) (*Subscription[T], error) {
 	s := &Subscription[T]{hub: h, keep: keep, done: make(chan struct{}), ready: make(chan struct{}, 1)}
-	if !h.bounded {
-		s.c = make(chan T, h.limits.Items)
-		s.C = s.c
-		s.queue = make([]entry[T], len(snapshot))
-		for i, it := range snapshot {
-			s.queue[i] = entry[T]{item: it}
-		}
-		s.snapshotLen = len(snapshot)
-		h.mu.Lock()
-		if h.isClosed {
-			s.finishLocked(h.closeErr)
-		} else {
-			h.subs[s] = struct{}{}
-		}
-		h.mu.Unlock()
-		return s, nil
-	}
 	queue := make([]entry[T], len(snapshot))
 	var total int64
 	for i, it := range snapshot {
@@ -242,7 +205,7 @@ func (h *Hub[T]) JoinWhere(snapshot []T, keep func(T) bool) (*Subscription[T], e
 }
 
 // Subscribe registers a subscriber for items published from now on, with
-// no snapshot. A bounded hub that refuses it (see Join) returns a
+// no snapshot. When the hub refuses it (see Join) it returns a
 // subscription that has already ended with the refusal as its Err.
 func (h *Hub[T]) Subscribe() *Subscription[T] {
 	s, err := h.Join(nil)
@@ -284,20 +247,6 @@ func (h *Hub[T]) Stats() Stats {
 func (h *Hub[T]) Publish(item T) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if !h.bounded {
-		for s := range h.subs {
-			if !s.takes(item) {
-				continue
-			}
-			select {
-			case s.c <- item:
-			default:
-				h.closed++
-				h.dropLocked(s, ErrSlow)
-			}
-		}
-		return
-	}
 	n := h.sizeOf(item)
 	for s := range h.subs {
 		if s.dropped || s.ended || !s.takes(item) {
@@ -350,11 +299,6 @@ func (s *Subscription[T]) takes(item T) bool { return s.keep == nil || s.keep(it
 // dropLocked closes s for a bound: its queue is dropped and its bytes
 // given back now; Next returns err at once.
 func (h *Hub[T]) dropLocked(s *Subscription[T], err error) {
-	if !h.bounded {
-		delete(h.subs, s)
-		s.finishLocked(err)
-		return
-	}
 	if s.dropped {
 		return
 	}
@@ -375,9 +319,6 @@ func (h *Hub[T]) Close(err error) {
 		h.isClosed, h.closeErr = true, err
 	}
 	for s := range h.subs {
-		if !h.bounded {
-			delete(h.subs, s)
-		}
 		s.finishLocked(err)
 	}
 }
@@ -388,9 +329,6 @@ func (s *Subscription[T]) finishLocked(err error) {
 		s.err = err
 		s.ended = true
 		close(s.done)
-		if s.c != nil {
-			close(s.c)
-		}
 		s.signal()
 	})
 }
@@ -431,7 +369,7 @@ func (s *Subscription[T]) Next(ctx context.Context) (item T, err error) {
 			h.mu.Unlock()
 			return e.item, nil
 		}
-		if s.c == nil && s.ended {
+		if s.ended {
 			err := s.err
 			h.mu.Unlock()
 			if err == nil {
@@ -440,20 +378,6 @@ func (s *Subscription[T]) Next(ctx context.Context) (item T, err error) {
 			return item, err
 		}
 		h.mu.Unlock()
-		if s.c != nil {
-			select {
-			case it, ok := <-s.c:
-				if !ok {
-					if err := s.Err(); err != nil {
-						return item, err
-					}
-					return item, ErrClosed
-				}
-				return it, nil
-			case <-ctx.Done():
-				return item, ctx.Err()
-			}
-		}
 		select {
 		case <-s.ready:
 		case <-ctx.Done():

@@ -6,43 +6,33 @@ import (
 	"runtime"
 	"slices"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/status"
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 )
 
-// A hub made with NewHub delivers on C and drops a subscriber whose buffer
-// is full, while the others go on.
+// A subscriber past its bound is closed with ErrSlow while the others,
+// which keep up, go on receiving.
 func TestSlowSubscriberIsDroppedOthersContinue(t *testing.T) {
-	h := NewHub[int](4)
+	h := NewBoundedHub[int](Limits{Items: 4}, nil)
 	slow := h.Subscribe()
 	fast := h.Subscribe()
-	got := make(chan int, 100)
-	go func() {
-		for v := range fast.C {
-			got <- v
-		}
-	}()
+	ctx := context.Background()
 	for i := 0; i < 20; i++ {
 		h.Publish(i)
-		// The fast reader drains; wait until it has each item so only the
-		// slow one overflows.
-		select {
-		case v := <-got:
-			if v != i {
-				t.Fatalf("fast got %d, want %d", v, i)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("fast subscriber did not receive %d", i)
+		v, err := fast.Next(ctx)
+		if err != nil || v != i {
+			t.Fatalf("fast got %d, %v; want %d", v, err, i)
 		}
 	}
-	for range slow.C {
+	if _, err := slow.Next(ctx); !errors.Is(err, ErrSlow) {
+		t.Fatalf("slow subscriber: Next = %v, want ErrSlow", err)
 	}
 	if !errors.Is(slow.Err(), ErrSlow) {
 		t.Fatalf("slow.Err() = %v, want ErrSlow", slow.Err())
 	}
+	slow.Close()
 	if h.Len() != 1 {
 		t.Fatalf("hub has %d subscribers, want 1", h.Len())
 	}
@@ -257,37 +247,19 @@ func TestServeEndsWithContext(t *testing.T) {
 // A subscriber that joins a closed hub gets its snapshot, then the end.
 func TestJoinAfterClose(t *testing.T) {
 	stopped := errors.New("stopped")
-	for _, h := range []*Hub[string]{NewBoundedHub(Limits{}, size), NewHub[string](0)} {
-		h.Close(stopped)
-		sub, err := h.Join([]string{"snap"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		err = Serve(context.Background(), sub, func(s string) error { out = append(out, s); return nil }, func() error { return nil })
-		if !errors.Is(err, stopped) || len(out) != 1 {
-			t.Fatalf("Serve after Close = %v, sent %v", err, out)
-		}
-		if st := h.Stats(); st.Subscribers != 0 || st.Held != 0 {
-			t.Fatalf("after Serve: %+v", st)
-		}
-	}
-}
-
-// A hub made with NewHub also serves through Next: the snapshot first,
-// then what arrives on its channel.
-func TestUnboundedHubNext(t *testing.T) {
-	h := NewHub[string](4)
+	h := NewBoundedHub(Limits{}, size)
+	h.Close(stopped)
 	sub, err := h.Join([]string{"snap"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.Publish("live")
-	h.Close(nil)
 	var out []string
-	err = Serve(context.Background(), sub, func(s string) error { out = append(out, s); return nil }, func() error { out = append(out, "synced"); return nil })
-	if err != nil || len(out) != 3 || out[0] != "snap" || out[1] != "synced" || out[2] != "live" {
-		t.Fatalf("Serve = %v, sent %v", err, out)
+	err = Serve(context.Background(), sub, func(s string) error { out = append(out, s); return nil }, func() error { return nil })
+	if !errors.Is(err, stopped) || len(out) != 1 {
+		t.Fatalf("Serve after Close = %v, sent %v", err, out)
+	}
+	if st := h.Stats(); st.Subscribers != 0 || st.Held != 0 {
+		t.Fatalf("after Serve: %+v", st)
 	}
 }
 
@@ -328,7 +300,7 @@ func TestMemoryGivenBack(t *testing.T) {
 
 // A subscriber joined with a filter gets its whole snapshot and only the
 // live items the filter keeps, and holds no bytes for the others; Wanted
-// says whether any open subscriber would take an item. Both hub kinds.
+// says whether any open subscriber would take an item.
 func TestJoinWhereFilters(t *testing.T) {
 	short := func(s string) bool { return len(s) < 4 }
 	for _, tc := range []struct {
@@ -336,7 +308,6 @@ func TestJoinWhereFilters(t *testing.T) {
 		hub  *Hub[string]
 	}{
 		{"bounded", NewBoundedHub(Limits{}, size)},
-		{"unbounded", NewHub[string](8)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := tc.hub
@@ -362,7 +333,7 @@ func TestJoinWhereFilters(t *testing.T) {
 			}
 			// The filtered subscriber holds its snapshot, "a" and "bb"; the
 			// other one every item.
-			if want := int64(len("snapshot"+"a"+"bb") + len("a"+"long"+"bb"+"longer")); h.bounded && h.Stats().Held != want {
+			if want := int64(len("snapshot"+"a"+"bb") + len("a"+"long"+"bb"+"longer")); h.Stats().Held != want {
 				t.Fatalf("held %d bytes, want %d", h.Stats().Held, want)
 			}
 			h.Close(nil)
