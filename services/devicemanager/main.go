@@ -17,6 +17,8 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/podresources"
@@ -28,6 +30,7 @@ func main() {
 	var grace time.Duration
 	var opts store.Options
 	var kube kubeaccess.Options
+	var draDelay time.Duration
 	os.Exit(app.Main(app.Service{
 		Binary: "devicemanager", DefaultMetrics: app.DefaultDeviceManagerMetricsAddr,
 		Flags: func(fs *app.Flags) {
@@ -39,8 +42,10 @@ func main() {
 			fs.StringVar(&kube.Listen, "resource-api-listen", kubeaccess.DefaultListen,
 				"loopback address of the node-local resource API (HTTPS; not served with --kubeconfig)")
 			fs.StringVar(&kube.NodeName, "node-name", "", "the Node this devicemanager serves (default: the host name)")
+			fs.DurationVar(&draDelay, "dra-disconnect-delay", dra.DefaultDisconnectDelay,
+				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
 		},
-		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace, opts, kube) },
+		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace, opts, kube, draDelay) },
 		// Half the collections of Go's default: in a burst of registrations
 		// the live heap is small while every plugin allocates, so at
 		// GOGC=100 the collector runs often (README "Performance" has what
@@ -61,7 +66,7 @@ func main() {
 // resources socket (rate-limited as the kubelet's). The manager
 // runs until the service stops, then flushes its state; it never
 // deregisters plugins or releases allocations.
-func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options, kube kubeaccess.Options) error {
+func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options, kube kubeaccess.Options, draDelay time.Duration) error {
 	dir := rt.Config.DevicePluginsDir()
 	opts.Log = rt.Log
 	m, err := manager.Open(ctx, manager.Config{
@@ -90,7 +95,9 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	if err != nil {
 		return err
 	}
-	_ = kubeAPI // the DRA driver connections take kubeAPI.Client and kubeAPI.NodeName
+	if err := setupDRA(rt, m.InstanceID(), kubeAPI, draDelay); err != nil {
+		return err
+	}
 	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "pod_resources_sock", podSock,
 		"instance_id", m.InstanceID(), "grace_period", m.GracePeriod())
 	return nil
@@ -113,4 +120,23 @@ func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, 
 		rt.Log.Info("using the Kubernetes API of the kubeconfig", "server", a.Config.Host, "node", a.NodeName)
 	}
 	return a, nil
+}
+
+// setupDRA serves DRAService: the DRA driver connections (their slices
+// deleted through kubeAPI when a driver stays away) and this node's
+// ResourceSlices, followed until the service stops.
+func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration) error {
+	reg, err := dra.New(dra.Config{
+		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, AllowedDirs: rt.Config.AllowedDirs,
+		DisconnectDelay: delay, Log: rt.Log, Registerer: rt.Metrics,
+	})
+	if err != nil {
+		return err
+	}
+	reg.Start()
+	rt.Go(func(ctx context.Context) error { <-ctx.Done(); reg.Close(); return nil })
+	slices := draserver.NewSlices(kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
+	rt.Go(slices.Run)
+	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices))
+	return nil
 }
