@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	devicemanagerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/layout"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/testplugin"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
+)
+
+// realDeviceManager is a nodeplug-devicemanager binary running on root.
+type realDeviceManager struct {
+	t    *testing.T
+	bin  string
+	root string
+	proc *stack.Process
+	dra  devicemanagerv1.DRAServiceClient
+}
+
+// startDeviceManager builds nodeplug-devicemanager and runs it on root,
+// serving the node-local resource API on a free loopback port, until the
+// test ends; it returns once the devicemanager serves gRPC.
+func startDeviceManager(t *testing.T, root string) *realDeviceManager {
+	t.Helper()
+	bin := testutil.TempDir(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := stack.Build(ctx, bin, "nodeplug-devicemanager"); err != nil {
+		t.Fatal(err)
+	}
+	d := &realDeviceManager{t: t, bin: bin, root: root}
+	d.start()
+	conn, err := rpcutil.DialPeer(layout.APISocket(root, "devicemanager"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	d.dra = devicemanagerv1.NewDRAServiceClient(conn)
+	t.Cleanup(func() {
+		if d.proc != nil {
+			d.proc.Kill()
+		}
+	})
+	return d
+}
+
+func (d *realDeviceManager) start() {
+	d.t.Helper()
+	p, err := stack.Start(d.bin+"/nodeplug-devicemanager", []string{"--root-dir", d.root, "--metrics-listen", "",
+		"--resource-api-listen", "127.0.0.1:0", "--log-level", "debug"}, nil)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if _, err := p.GRPCAddr(waitCtx(d.t)); err != nil {
+		p.Kill()
+		d.t.Fatalf("devicemanager did not serve: %v\n%s", err, p.Logs())
+	}
+	d.proc = p
+}
+
+// restart kills the devicemanager (SIGKILL) and starts it again.
+func (d *realDeviceManager) restart() {
+	d.t.Helper()
+	d.proc.Kill()
+	d.proc = nil
+	d.start()
+}
+
+// instances returns the registered instances of driver by registration
+// socket path, and the devicemanager's instance ID.
+func (d *realDeviceManager) instances(driver string) (map[string]*devicemanagerv1.DRADriverInstance, string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := d.dra.ListDRADrivers(ctx, &devicemanagerv1.ListDRADriversRequest{DriverName: driver})
+	if err != nil {
+		return nil, "", err
+	}
+	out := map[string]*devicemanagerv1.DRADriverInstance{}
+	for _, drv := range resp.GetDrivers() {
+		for _, in := range drv.GetInstances() {
+			out[in.GetSocketPath()] = in
+		}
+	}
+	return out, resp.GetInstanceId(), nil
+}
+
+// waitRegisteredRetrying waits until path is registered, moving the clock
+// past each backoff: attempts made before the devicemanager's connection
+// came up fail and are retried.
+func (e *env) waitRegisteredRetrying(path string) {
+	e.t.Helper()
+	testutil.Eventually(e.t, path+" registered", func() error {
+		st, _ := e.status(path)
+		if st.State == status.StateRegistered {
+			return nil
+		}
+		if st.State == status.StateFailed && e.clk.Due(executor.Delay(st.Failures)) > 0 {
+			e.clk.Advance(executor.Delay(st.Failures))
+		}
+		return fmt.Errorf("%v after %d failures: %s", st.State, st.Failures, st.LastError)
+	})
+}
+
+// With the real devicemanager, as a process of its own: two instances of
+// one DRA driver (rolling update) register with it through the reconciler,
+// with their sockets, generations and services; a kill -9 of the
+// devicemanager makes the reconciler register both again with the new
+// process, without contacting the plugins; a socket removed deregisters
+// its instance alone.
+func TestDRAWithTheDeviceManagerProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the devicemanager binary")
+	}
+	e := newEnvWith(t, func(c *config) { c.DeviceManagerAddr = layout.APISocket(c.AllowedDirs[0], "devicemanager") })
+	dm := startDeviceManager(t, e.root)
+
+	a := e.plugin("a", draPlugin("dra.example.com"))
+	b := e.plugin("b", draPlugin("dra.example.com"))
+	for _, p := range []*testplugin.Plugin{a, b} {
+		e.w.Created(t, p.Path())
+		e.waitRegisteredRetrying(p.Path())
+	}
+	check := func(what string) string {
+		t.Helper()
+		var id string
+		testutil.Eventually(t, what, func() error {
+			ins, instance, err := dm.instances("dra.example.com")
+			if err != nil {
+				return err
+			}
+			id = instance
+			for _, p := range []*testplugin.Plugin{a, b} {
+				in := ins[p.Path()]
+				if in == nil {
+					return fmt.Errorf("no instance for %s in %v", p.Path(), ins)
+				}
+				if in.GetEndpoint() != p.Path() || in.GetGeneration() != testutil.Generation(t, p.Path()) ||
+					!slices.Equal(in.GetOfferedServices(), []string{"v1.DRAPlugin"}) || in.GetService() != "v1.DRAPlugin" {
+					return fmt.Errorf("instance for %s: %v", p.Path(), in)
+				}
+			}
+			if len(ins) != 2 {
+				return fmt.Errorf("%d instances, want 2: %v", len(ins), ins)
+			}
+			return nil
+		})
+		return id
+	}
+	first := check("both instances registered with the devicemanager")
+	// Attempts made before the devicemanager's connection came up were
+	// refused and told so; from here on the plugins hear nothing more.
+	told := map[string][2]int{}
+	for _, p := range []*testplugin.Plugin{a, b} {
+		told[p.Path()] = [2]int{len(p.Statuses()), p.GetInfoCalls()}
+	}
+
+	dm.restart()
+	if again := check("both instances registered again with the restarted devicemanager"); again == first {
+		t.Fatalf("the devicemanager kept its instance ID %s across a restart", first)
+	}
+	for _, p := range []*testplugin.Plugin{a, b} {
+		if got := [2]int{len(p.Statuses()), p.GetInfoCalls()}; got != told[p.Path()] {
+			t.Fatalf("%s: %d notifications and GetInfo calls after the devicemanager restart, %d before; the plugin was contacted", p.Path(), got, told[p.Path()])
+		}
+		if last := p.Statuses()[len(p.Statuses())-1]; !last.Registered {
+			t.Fatalf("%s: last notification %+v", p.Path(), last)
+		}
+	}
+
+	a.Stop()
+	e.w.Deleted(a.Path())
+	e.waitGone(a.Path())
+	testutil.Eventually(t, "the first instance deregistered alone", func() error {
+		ins, _, err := dm.instances("dra.example.com")
+		if err != nil {
+			return err
+		}
+		if _, ok := ins[a.Path()]; ok || ins[b.Path()] == nil || len(ins) != 1 {
+			return fmt.Errorf("instances %v, want only %s", ins, b.Path())
+		}
+		return nil
+	})
+}
