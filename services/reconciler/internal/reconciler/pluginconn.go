@@ -46,50 +46,20 @@ type pluginConn struct {
 
 func (c *pluginConn) close() { _ = c.conn.Close() }
 
-// getInfo (step 1) dials the plugin and calls GetInfo within the GetInfo
-// budget (Options.GetInfoTimeout on the reconciler's clock). A refused
-// connection is redialled within milliseconds for Options.RefusedWindow
-// (dialListening), so a socket reported at bind() before listen() is not a
-// failure, and a stale one fails fast; a retry, which comes a backoff
-// later, connects once. That first connect holds no worker
-// (Attempt.Waiting): the stale sockets being retried never keep a healthy
-// plugin's registration waiting for one (DESIGN "Stale sockets"). The
+// getInfo (step 1) dials the plugin (connect) and calls GetInfo within the
+// GetInfo budget (Options.GetInfoTimeout on the reconciler's clock). The
 // plugin's endpoint defaults to its socket.
 func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket, a executor.Attempt) (cache.Plugin, *pluginConn, error) {
 	var info *registerapi.PluginInfo
-	c := &pluginConn{path: d.Path}
-	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) error {
-		// Only a first attempt can meet the bind→listen gap: a retry
-		// comes at least a backoff later, so one refused connect fails it.
-		window := r.opts.RefusedWindow
-		if a.Failures > 0 {
-			window = 0
-		}
-		dial := dialListening(r.opts.Confiner, d.Path, window)
-		// Connect once first, without a worker: a socket that only
-		// refuses (stale) fails here, within the refused window. The
-		// connection made is the one gRPC uses first.
-		var first net.Conn
-		err := a.Waiting(ctx, func(ctx context.Context) (err error) {
-			first, err = dial(ctx, d.Path)
+	var c *pluginConn
+	err := step(ctx, "reconciler.GetInfo", func(ctx context.Context) (err error) {
+		if c, err = r.connect(ctx, d.Path, a); err != nil {
 			return err
-		})
-		if err != nil {
-			if first != nil {
-				_ = first.Close()
-			}
-			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, errdefs.FromGRPC(err))
 		}
-		c.conn, err = rpcutil.DialPlugin(d.Path, grpc.WithConnectParams(connectParams), grpc.WithContextDialer(handOver(first, dial)))
-		if err != nil {
-			_ = first.Close()
-			return fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", d.Path, err)
-		}
-		c.client = registerapi.NewRegistrationClient(c.conn)
 		// The budget runs on the reconciler's clock, as its backoff does.
 		gctx, cancel := r.clock.WithTimeout(ctx, r.opts.GetInfoTimeout)
 		defer cancel()
-		// WaitForReady: the plugin listens (it accepted above), so a
+		// WaitForReady: the plugin listens (it accepted in connect), so a
 		// handshake slowed by a busy machine, or a transport that had to
 		// reconnect, is waited for within the budget rather than failed.
 		info, err = c.client.GetInfo(gctx, &registerapi.InfoRequest{}, grpc.WaitForReady(true))
@@ -119,6 +89,43 @@ func (r *Reconciler) getInfo(ctx context.Context, d cache.Socket, a executor.Att
 		p.Endpoint = d.Path
 	}
 	return p, c, nil
+}
+
+// connect dials the plugin's registration socket at path. A refused
+// connection is redialled within milliseconds for Options.RefusedWindow
+// (dialListening), so a socket reported at bind() before listen() is not a
+// failure, and a stale one fails fast; a retry, which comes a backoff
+// later, connects once. That first connect holds no worker
+// (Attempt.Waiting): the stale sockets being retried never keep a healthy
+// plugin's registration waiting for one (DESIGN "Stale sockets").
+func (r *Reconciler) connect(ctx context.Context, path string, a executor.Attempt) (*pluginConn, error) {
+	// Only a first attempt can meet the bind→listen gap: a retry comes at
+	// least a backoff later, so one refused connect fails it.
+	window := r.opts.RefusedWindow
+	if a.Failures > 0 {
+		window = 0
+	}
+	dial := dialListening(r.opts.Confiner, path, window)
+	// Connect once first, without a worker: a socket that only refuses
+	// (stale) fails here, within the refused window. The connection made
+	// is the one gRPC uses first.
+	var first net.Conn
+	err := a.Waiting(ctx, func(ctx context.Context) (err error) {
+		first, err = dial(ctx, path)
+		return err
+	})
+	if err != nil {
+		if first != nil {
+			_ = first.Close()
+		}
+		return nil, fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", path, errdefs.FromGRPC(err))
+	}
+	conn, err := rpcutil.DialPlugin(path, grpc.WithConnectParams(connectParams), grpc.WithContextDialer(handOver(first, dial)))
+	if err != nil {
+		_ = first.Close()
+		return nil, fmt.Errorf("RegisterPlugin error -- dial failed at socket %s, err: %w", path, err)
+	}
+	return &pluginConn{path: path, conn: conn, client: registerapi.NewRegistrationClient(conn)}, nil
 }
 
 // notify sends NotifyRegistrationStatus: registered when refusal is nil,
