@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -93,6 +94,9 @@ type Process struct {
 	addrCh  chan struct{}
 }
 
+// resourceAPIListenEnv is the devicemanager's --resource-api-listen.
+const resourceAPIListenEnv = "NODEPLUG_DEVICEMANAGER_RESOURCE_API_LISTEN"
+
 // Start runs bin with args and extra env (KEY=VALUE). Logs must be JSON
 // (Start adds --log-format json); stderr is kept for Logs and scanned for
 // the bound addresses.
@@ -100,6 +104,12 @@ func Start(bin string, args []string, env []string) (*Process, error) {
 	p := &Process{Name: filepath.Base(bin), addrs: map[string]string{}, done: make(chan struct{}), addrCh: make(chan struct{}, 1)}
 	p.Cmd = exec.Command(bin, append([]string{"--log-format", "json"}, args...)...)
 	p.Cmd.Env = append(os.Environ(), env...)
+	// Many devicemanagers run at once in tests: unless told otherwise each
+	// serves its node-local resource API on a free port (kept across
+	// restarts of one root dir), not on the default 6446.
+	if !slices.ContainsFunc(p.Cmd.Env, func(e string) bool { return strings.HasPrefix(e, resourceAPIListenEnv+"=") }) {
+		p.Cmd.Env = append(p.Cmd.Env, resourceAPIListenEnv+"=127.0.0.1:0")
+	}
 	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := p.Cmd.StderrPipe()
 	if err != nil {

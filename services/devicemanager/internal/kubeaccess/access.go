@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -131,20 +132,20 @@ func openLocal(opts Options, host, node string) (*Access, error) {
 		_ = store.Close()
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", opts.Listen)
+	lis, err := listen(opts.Listen, KubeconfigPath(opts.RootDir, Driver))
 	if err != nil {
 		_ = store.Close()
 		return nil, fmt.Errorf("--resource-api-listen %s: %w", opts.Listen, err)
 	}
-	url := "https://" + lis.Addr().String()
+	server := "https://" + lis.Addr().String()
 	for _, id := range Identities {
-		if err := WriteKubeconfig(KubeconfigPath(opts.RootDir, id), url, pki, id); err != nil {
+		if err := WriteKubeconfig(KubeconfigPath(opts.RootDir, id), server, pki, id); err != nil {
 			_ = lis.Close()
 			_ = store.Close()
 			return nil, err
 		}
 	}
-	cfg, err := RESTConfig(url, pki, Internal)
+	cfg, err := RESTConfig(server, pki, Internal)
 	if err != nil {
 		_ = lis.Close()
 		_ = store.Close()
@@ -158,6 +159,23 @@ func openLocal(opts Options, host, node string) (*Access, error) {
 	}
 	a.Local, a.lis, a.store, a.pki, a.Addr = srv, lis, store, pki, lis.Addr().String()
 	return a, nil
+}
+
+// listen binds addr. Port 0 picks a free port at first start and, on a
+// later start of the same root dir, the port the kubeconfigs already name
+// when it is free, so that clients holding them keep working.
+func listen(addr, kubeconfig string) (net.Listener, error) {
+	host, port, _ := net.SplitHostPort(addr)
+	if port == "0" {
+		if cfg, err := clientcmd.LoadFromFile(kubeconfig); err == nil && cfg.Clusters["nodeplug"] != nil {
+			if u, err := url.Parse(cfg.Clusters["nodeplug"].Server); err == nil && u.Hostname() == host {
+				if lis, err := net.Listen("tcp", u.Host); err == nil {
+					return lis, nil
+				}
+			}
+		}
+	}
+	return net.Listen("tcp", addr)
 }
 
 func newAccess(cfg *rest.Config, node string) (*Access, error) {

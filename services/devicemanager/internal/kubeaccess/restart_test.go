@@ -96,7 +96,11 @@ func TestRestartLosesNothing(t *testing.T) {
 	rvBefore := a.Local.ResourceVersion()
 	a.stop()
 
+	// Port 0 again: the port the kubeconfigs name is taken again.
 	b := startAPI(t, root, "")
+	if b.Addr != a.Addr {
+		t.Errorf("listening on %s after a restart, the kubeconfigs name %s", b.Addr, a.Addr)
+	}
 	got, err := b.Client.ResourceV1().ResourceSlices().Get(ctx, "kept", metav1.GetOptions{})
 	if err != nil || got.UID != s.UID || got.ResourceVersion != s.ResourceVersion || len(got.Spec.Devices) != 1 {
 		t.Fatalf("after a restart: %v %v, want the slice as it was (%s at %s)", got, err, s.UID, s.ResourceVersion)
