@@ -15,10 +15,10 @@ import (
 
 // DevicePlugin handles DevicePlugin registrations by relaying them to the
 // devicemanager (RegisterPlugin / DeregisterPlugin). The devicemanager
-// keys its endpoints by endpoint and resource (EndpointKeyed), waits for an
-// endpoint that does not exist yet as the kubelet does, which the
-// reconciler does instead, holding no worker (EndpointWaiter), and keeps
-// them beyond the reconciler's life (OrphanDeregisterer).
+// keys its endpoints by endpoint and resource (EndpointKeyed) and keeps
+// them beyond the reconciler's life (OrphanDeregisterer); an endpoint that
+// does not exist yet is waited for, as the kubelet waits for it, by the
+// reconciler, which holds no worker meanwhile (EndpointWaiter).
 type DevicePlugin struct {
 	dm *DeviceManager
 }
