@@ -90,3 +90,25 @@ func TestCSIRefusesLowerVersionOfRegisteredDriver(t *testing.T) {
 		t.Fatalf("Validate of the same endpoint = %v", err)
 	}
 }
+
+// One registry holds CSI and DRA drivers by registration socket: a
+// deregistration removes the record only when it is of its type and
+// generation, so a socket recreated as another type, or with a newer
+// generation, keeps the new record when the old one is deregistered.
+func TestDriversRemoveOnlyTheirOwnRecord(t *testing.T) {
+	d := NewDrivers()
+	d.put(Driver{Type: TypeDRAPlugin, Name: "dra.example.com", SocketPath: "/s.sock", Generation: "2"})
+	d.put(Driver{Type: TypeCSIPlugin, Name: "csi.example.com", SocketPath: "/c.sock", Generation: "1", CSI: &CSINode{NodeID: "n"}})
+	d.remove(TypeCSIPlugin, "/s.sock", "2")
+	d.remove(TypeDRAPlugin, "/s.sock", "1")
+	if got := d.List(TypeDRAPlugin); len(got) != 1 || got[0].Generation != "2" {
+		t.Fatalf("DRA drivers = %+v after removals of another type and generation", got)
+	}
+	if got := d.List(TypeCSIPlugin); len(got) != 1 || got[0].Name != "csi.example.com" {
+		t.Fatalf("CSI drivers = %+v", got)
+	}
+	d.remove(TypeDRAPlugin, "/s.sock", "2")
+	if got := d.List(TypeDRAPlugin); len(got) != 0 {
+		t.Fatalf("DRA drivers = %+v after its own removal", got)
+	}
+}
