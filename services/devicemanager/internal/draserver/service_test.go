@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -15,9 +16,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	resourcev1 "k8s.io/api/resource/v1"
+	drav1 "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
@@ -206,5 +209,54 @@ func TestRegisterErrorsOverGRPC(t *testing.T) {
 	}
 	if _, err := e.client.DeregisterDRADriver(context.Background(), &dmv1.DeregisterDRADriverRequest{DriverName: "gpu.example.com", Endpoint: "/x/dra.sock"}); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("deregister without a generation: %v, want InvalidArgument", err)
+	}
+}
+
+// A driver whose socket path is not UTF-8 (the upstream drav1 service on a
+// socket of such a name: a GetInfo answer cannot carry one, so the
+// registration socket's path is the endpoint) registers under its real
+// path (endpoint_bytes) and is listed with it.
+func TestOddEndpointPath(t *testing.T) {
+	e := start(t, time.Hour)
+	dir := filepath.Join(e.api.Root, "plugins_registry")
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "gpu\xff\"#?%41.sock")
+	lis, err := unixsock.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	drav1.RegisterDRAPluginServer(srv, drav1.UnimplementedDRAPluginServer{})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	gen := testutil.Generation(t, path)
+	_, err = e.client.RegisterDRADriver(context.Background(), &dmv1.RegisterDRADriverRequest{
+		DriverName: "gpu.example.com", Endpoint: bounds.PathText(path), EndpointBytes: bounds.PathBytes(path), Services: []string{"v1.DRAPlugin"},
+		SocketPath: bounds.PathText(path), SocketPathBytes: bounds.PathBytes(path), Generation: gen,
+	})
+	if err != nil {
+		t.Fatalf("register the driver at %q: %v", path, err)
+	}
+	testutil.Eventually(t, "the odd endpoint listed, connected", func() error {
+		l, err := e.client.ListDRADrivers(context.Background(), &dmv1.ListDRADriversRequest{DriverName: "gpu.example.com"})
+		if err != nil {
+			return err
+		}
+		if len(l.GetDrivers()) != 1 || len(l.GetDrivers()[0].GetInstances()) != 1 {
+			return fmt.Errorf("drivers %v", l.GetDrivers())
+		}
+		in := l.GetDrivers()[0].GetInstances()[0]
+		if p, err := bounds.PathFromWire(in.GetEndpoint(), in.GetEndpointBytes()); err != nil || p != path || !in.GetConnected() {
+			return fmt.Errorf("instance %v (path %q, %v)", in, p, err)
+		}
+		return nil
+	})
+	removed, err := e.client.DeregisterDRADriver(context.Background(), &dmv1.DeregisterDRADriverRequest{
+		DriverName: "gpu.example.com", EndpointBytes: bounds.PathBytes(path), Generation: gen,
+	})
+	if err != nil || !removed.GetRemoved() {
+		t.Fatalf("deregister: %v, %v", removed, err)
 	}
 }
