@@ -18,6 +18,7 @@ const testNode = "node-a"
 // api is a node-local resource API served for a test.
 type api struct {
 	*Access
+	t      *testing.T
 	root   string
 	reg    *prometheus.Registry
 	cancel context.CancelFunc
@@ -41,7 +42,7 @@ func startAPI(t *testing.T, root, listen string, tune ...func(*Options)) *api {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &api{Access: a, root: root, reg: reg, cancel: cancel, done: make(chan error, 1)}
+	s := &api{Access: a, t: t, root: root, reg: reg, cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- a.Serve(ctx) }()
 	t.Cleanup(s.stop)
 	return s
@@ -54,7 +55,9 @@ func (s *api) stop() {
 	}
 	s.cancel()
 	s.cancel = nil
-	<-s.done
+	if err := <-s.done; err != nil {
+		s.t.Errorf("serving the resource API: %v", err)
+	}
 }
 
 // clientFor is a clientset built from the kubeconfig written for id, as a

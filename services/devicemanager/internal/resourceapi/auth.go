@@ -77,7 +77,7 @@ func allowed(u user, verb string, k *kind, subresource string) bool {
 // forbidden is the Status a client expects for a refused request.
 func forbidden(u user, verb string, k *kind, name, why string) error {
 	return apierrors.NewForbidden(k.groupResource(), name,
-		fmt.Errorf("User %q cannot %s resource %q in API group %q: %s", u.name, verb, k.resource, k.gvk.Group, why))
+		fmt.Errorf("user %q cannot %s resource %q in API group %q: %s", u.name, verb, k.resource, k.gvk.Group, why))
 }
 
 // driverOnly reports whether u's writes to slices are limited to this

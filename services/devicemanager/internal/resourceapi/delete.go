@@ -43,11 +43,11 @@ func checkPreconditions(k *kind, name string, p *metav1.Preconditions, obj runti
 	m, _ := meta.Accessor(obj)
 	if p.UID != nil && *p.UID != m.GetUID() {
 		return apierrors.NewConflict(k.groupResource(), name,
-			fmt.Errorf("Precondition failed: UID in precondition: %v, UID in object meta: %v", *p.UID, m.GetUID()))
+			fmt.Errorf("precondition failed: UID in precondition: %v, UID in object meta: %v", *p.UID, m.GetUID()))
 	}
 	if p.ResourceVersion != nil && *p.ResourceVersion != m.GetResourceVersion() {
 		return apierrors.NewConflict(k.groupResource(), name,
-			fmt.Errorf("Precondition failed: ResourceVersion in precondition: %v, ResourceVersion in object meta: %v",
+			fmt.Errorf("precondition failed: ResourceVersion in precondition: %v, ResourceVersion in object meta: %v",
 				*p.ResourceVersion, m.GetResourceVersion()))
 	}
 	return nil

@@ -251,7 +251,7 @@ func (s *Server) replace(w http.ResponseWriter, req request, next func(old runti
 		}
 		if uid := nm.GetUID(); uid != "" && uid != om.GetUID() {
 			return nil, apierrors.NewConflict(k.groupResource(), req.name,
-				fmt.Errorf("Precondition failed: UID in precondition: %v, UID in object meta: %v", uid, om.GetUID()))
+				fmt.Errorf("precondition failed: UID in precondition: %v, UID in object meta: %v", uid, om.GetUID()))
 		}
 		obj = prepareUpdate(req.subresource, obj, old)
 		if errs := append(validateMeta(k, obj), k.validate(obj, old)...); len(errs) > 0 {

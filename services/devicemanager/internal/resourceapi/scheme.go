@@ -2,7 +2,6 @@ package resourceapi
 
 import (
 	"fmt"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -163,12 +162,4 @@ func (k *kind) setTypeMeta(obj runtime.Object) {
 // listGVK is the kind of the kind's list.
 func (k *kind) listGVK() schema.GroupVersionKind {
 	return k.gvk.GroupVersion().WithKind(k.gvk.Kind + "List")
-}
-
-// path is the kind's collection URL prefix (for logs).
-func (k *kind) path() string {
-	if k.gvk.Group == "" {
-		return "/api/v1/" + k.resource
-	}
-	return strings.Join([]string{"/apis", k.gvk.Group, k.gvk.Version, k.resource}, "/")
 }

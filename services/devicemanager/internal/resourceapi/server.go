@@ -98,7 +98,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 	}
-	<-done
+	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("resource API on %s: %w", lis.Addr(), err)
+	}
 	return nil
 }
 

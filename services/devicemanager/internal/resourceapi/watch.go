@@ -195,7 +195,7 @@ func (e *eventWriter) send(typ watch.EventType, obj runtime.Object) {
 		return
 	}
 	ev := &metav1.WatchEvent{Type: string(typ), Object: runtime.RawExtension{Raw: data}}
-	e.err = info.StreamSerializer.Serializer.Encode(ev, info.StreamSerializer.Framer.NewFrameWriter(e.w))
+	e.err = info.StreamSerializer.Encode(ev, info.StreamSerializer.NewFrameWriter(e.w))
 }
 
 func (e *eventWriter) flush() error {
