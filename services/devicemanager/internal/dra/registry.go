@@ -226,7 +226,9 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (Instance, er
 	r.log.InfoContext(ctx, "DRA driver instance registered", "driver", reg.Driver, "endpoint", reg.Endpoint, "dial_path", dialPath, "service", service, "health_service", in.healthService, "generation", reg.Generation)
 	in.start(&r.wg)
 	in.waitReady(ctx, readyBudget)
-	r.notify()
+	// The state now, not only once the monitor has seen it (it catches up:
+	// it follows every change from what it saw last).
+	in.setState(in.conn.GetState())
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stateLocked(in), nil

@@ -143,11 +143,14 @@ func recv(t *testing.T, ws grpc.ServerStreamingClient[dmv1.WatchResourceSlicesRe
 }
 
 func TestWatchResourceSlices(t *testing.T) {
-	e := start(t, 200*time.Millisecond)
+	e := start(t, time.Second)
 	d := dratest.StartDriver(t, e.api, "gpu.example.com", "")
 	other := dratest.StartDriver(t, e.api, "nic.example.com", "")
-	e.register(t, d)
-	e.register(t, other)
+	for _, dd := range []*dratest.Driver{d, other} {
+		if in := e.register(t, dd).GetInstance(); !in.GetConnected() {
+			t.Fatalf("%s not connected after its registration: %v", dd.Name, in)
+		}
+	}
 	d.Publish(t, 1)
 	other.Publish(t, 1)
 	dratest.WaitSlices(t, e.api.Client, d.Name, 1, 1)
