@@ -218,7 +218,7 @@ func (r *Registry) Drivers(driver string) []Driver {
 		for _, in := range r.drivers[n] {
 			d.Instances = append(d.Instances, r.stateLocked(in))
 		}
-		if w := r.wipes[n]; w != nil {
+		if w := r.wipes[n]; w != nil && !w.done {
 			d.SliceDeletion = w.at
 		}
 		out = append(out, d)

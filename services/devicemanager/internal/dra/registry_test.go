@@ -74,12 +74,22 @@ func deletions(t *testing.T, reg *prometheus.Registry, driver, reason string) fl
 	return v
 }
 
+func gauge(t *testing.T, reg *prometheus.Registry, driver, state string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := testutil.MetricValue(testutil.FindMetric(fams, "nodeplug_dra_driver_instances", map[string]string{"driver": driver, "state": state}))
+	return v
+}
+
 // Two instances of one driver (the helper's rolling-update mode): the
 // newest connected one serves; when it stops the older one serves, and as
 // one stays connected nothing is due for deletion.
 func TestNewestConnectedInstanceServes(t *testing.T) {
 	api := dratest.StartAPI(t, testutil.TempDir(t))
-	r, _ := newRegistry(t, api, time.Hour)
+	r, metrics := newRegistry(t, api, time.Hour)
 	old := dratest.StartDriver(t, api, "gpu.example.com", "uid-1")
 	in := register(t, r, old)
 	if in.Service != "v1.DRAPlugin" {
@@ -112,6 +122,11 @@ func TestNewestConnectedInstanceServes(t *testing.T) {
 	}
 	if in, _ := instance(r, old.Name, old.Endpoint); !in.Serving {
 		t.Error("the connected older instance does not say it serves")
+	}
+	for state, want := range map[string]float64{"connected": 1, "disconnected": 1} {
+		if got := gauge(t, metrics, "gpu.example.com", state); got != want {
+			t.Errorf("nodeplug_dra_driver_instances{state=%q} = %v, want %v", state, got, want)
+		}
 	}
 	if _, err := r.Serving("other.example.com"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Serving of an unknown driver: %v, want ErrNotFound", err)
