@@ -140,9 +140,12 @@ func (in *instance) start(wg *sync.WaitGroup) {
 	}()
 }
 
+// setState records the connection's state and brings the driver's pending
+// deletion in line with it.
 func (in *instance) setState(st connectivity.State) {
 	r := in.r
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	in.state = st
 	in.stateChange = r.now()
 	was := in.connected
@@ -150,11 +153,12 @@ func (in *instance) setState(st connectivity.State) {
 	if in.connected {
 		in.lastError = ""
 	}
-	r.mu.Unlock()
 	if was != in.connected {
 		r.log.Info("DRA driver connection changed", "driver", in.driver, "endpoint", in.endpoint, "connected", in.connected, "state", st.String())
 	}
-	r.connChanged(in)
+	if !in.removed {
+		r.syncLocked(in.driver)
+	}
 }
 
 func (in *instance) dialFailed(err error) {

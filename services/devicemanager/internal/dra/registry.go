@@ -83,7 +83,6 @@ type Registry struct {
 	log      *slog.Logger
 	metrics  *metrics
 	now      func() time.Time
-	changed  func() // called, without mu, after any change; set by OnChange
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -121,10 +120,6 @@ func New(cfg Config) (*Registry, error) {
 		drivers: map[string][]*instance{}, wipes: map[string]*wipe{},
 	}, nil
 }
-
-// OnChange sets a function called after every change to the drivers or
-// their connections (for watchers); call it before Start.
-func (r *Registry) OnChange(f func()) { r.changed = f }
 
 // DisconnectDelay is the configured delay.
 func (r *Registry) DisconnectDelay() time.Duration { return r.cfg.DisconnectDelay }
@@ -260,7 +255,6 @@ func (r *Registry) Deregister(ctx context.Context, driver, endpoint, generation 
 	r.mu.Unlock()
 	in.close()
 	r.log.InfoContext(ctx, "DRA driver instance deregistered", "driver", driver, "endpoint", endpoint, "generation", generation)
-	r.notify()
 	return true, nil
 }
 
@@ -313,23 +307,4 @@ func (r *Registry) servingLocked(driver string) *instance {
 
 func (r *Registry) usableLocked(driver string) bool {
 	return slices.ContainsFunc(r.drivers[driver], func(in *instance) bool { return in.connected })
-}
-
-// connChanged is called by an instance's monitor when its connection
-// becomes ready or stops being ready.
-func (r *Registry) connChanged(in *instance) {
-	r.mu.Lock()
-	if in.removed {
-		r.mu.Unlock()
-		return
-	}
-	r.syncLocked(in.driver)
-	r.mu.Unlock()
-	r.notify()
-}
-
-func (r *Registry) notify() {
-	if r.changed != nil {
-		r.changed()
-	}
 }

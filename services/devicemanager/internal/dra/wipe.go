@@ -84,7 +84,6 @@ func (r *Registry) runWipe(ctx context.Context, driver string, w *wipe) {
 		}
 	}
 	r.mu.Unlock()
-	r.notify()
 }
 
 // wipeBackoff is the kubelet's, for a deletion the API refuses.
