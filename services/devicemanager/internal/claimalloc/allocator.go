@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -41,6 +42,9 @@ const AllocatedByAnnotation = "nodeplug.io/allocated-by-node"
 // maxAttempts bounds the re-reads after a 409 (a concurrent writer of the
 // same claim) in one call.
 const maxAttempts = 10
+
+// unmarkTimeout bounds the clean-up after a failed allocation write.
+const unmarkTimeout = 5 * time.Second
 
 // features are the allocator features enabled: those of the DRA feature
 // gates that are on by default and need nothing but the claim, the slices
@@ -165,6 +169,9 @@ func (a *Allocator) allocate(ctx context.Context, pod claims.PodRef, claim *reso
 	claim.Status.ReservedFor = append(claim.Status.ReservedFor, consumer(pod))
 	out, err := a.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{})
 	if err != nil {
+		if !apierrors.IsConflict(err) { // a conflict is read again and retried
+			a.unmark(ctx, claim)
+		}
 		return nil, err
 	}
 	a.log.Info("allocated claim", "claim", objName(out), "pod", pod.UID, "devices", deviceNames(out.Status.Allocation))
@@ -263,6 +270,21 @@ func (a *Allocator) unreserve(ctx context.Context, pod claims.PodRef, ref claims
 		return err
 	}
 	return nil
+}
+
+// unmark removes the marker from a claim whose allocation was not written,
+// best effort (a marker left without an allocation is harmless).
+func (a *Allocator) unmark(ctx context.Context, claim *resourcev1.ResourceClaim) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unmarkTimeout)
+	defer cancel()
+	c, err := a.client.ResourceV1().ResourceClaims(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+	if err != nil || c.UID != claim.UID || c.Status.Allocation != nil || c.Annotations[AllocatedByAnnotation] != a.node {
+		return
+	}
+	delete(c.Annotations, AllocatedByAnnotation)
+	if _, err := a.client.ResourceV1().ResourceClaims(c.Namespace).Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		a.log.Warn("claim keeps the allocation marker without an allocation", "claim", objName(c), "error", err)
+	}
 }
 
 func (a *Allocator) getClaim(ctx context.Context, ref claims.ClaimRef) (*resourcev1.ResourceClaim, error) {

@@ -3,6 +3,7 @@ package claimalloc
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	resourcev1 "k8s.io/api/resource/v1"
@@ -61,7 +62,7 @@ func (a *Allocator) explainRequest(ctx context.Context, r request, devices []nod
 		return fmt.Sprintf("%s: DeviceClass %q does not exist", head, r.class)
 	}
 	selectors := append(append([]resourcev1.DeviceSelector(nil), class.Spec.Selectors...), r.selectors...)
-	matched, free := 0, 0
+	matched, free, tainted := 0, 0, 0
 	for _, d := range devices {
 		ok, err := a.matches(ctx, d, selectors)
 		if err != nil {
@@ -75,9 +76,18 @@ func (a *Allocator) explainRequest(ctx context.Context, r request, devices []nod
 		if r.admin || !in.state.AllocatedDevices.Has(id) {
 			free++
 		}
+		if slices.ContainsFunc(d.device.Taints, func(t resourcev1.DeviceTaint) bool {
+			return t.Effect == resourcev1.DeviceTaintEffectNoSchedule || t.Effect == resourcev1.DeviceTaintEffectNoExecute
+		}) {
+			tainted++
+		}
 	}
-	return fmt.Sprintf("%s: %d of the node's %d device(s) match the class's and the request's selectors, %d of them free",
+	out := fmt.Sprintf("%s: %d of the node's %d device(s) match the class's and the request's selectors, %d of them free",
 		head, matched, len(devices), free)
+	if tainted > 0 {
+		out += fmt.Sprintf(", %d tainted (NoSchedule or NoExecute; the request must tolerate the taint)", tainted)
+	}
+	return out
 }
 
 // matches evaluates the CEL selectors against a device, as the allocator
