@@ -45,7 +45,11 @@ type Config struct {
 	// CompactBytes is the devicemanager's --checkpoint-compact-bytes: small,
 	// so that compactions are frequent and kills land in them.
 	CompactBytes int64
-	Seed         uint64 // 0: from the clock
+	// DRADrivers DRA drivers publish ResourceSlices through the
+	// node-local API while the devicemanager is killed DRAKills times
+	// (dra.go).
+	DRADrivers, DRAKills int
+	Seed                 uint64 // 0: from the clock
 	// Converge bounds the wait for one convergence; past it the run fails.
 	Converge time.Duration
 	Progress io.Writer // progress lines; nil discards
@@ -54,13 +58,13 @@ type Config struct {
 // Default is the full run.
 func Default() Config {
 	return Config{Plugins: 50, Devices: 8, Clients: 4, Kills: 66, Interval: 2 * time.Second,
-		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, Converge: 2 * time.Minute}
+		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, Converge: 2 * time.Minute}
 }
 
 // Short is the quick run `make test` uses: a few kills, each fault kind.
 func Short() Config {
 	return Config{Plugins: 10, Devices: 8, Clients: 4, Kills: 6, Interval: 300 * time.Millisecond,
-		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, Converge: 2 * time.Minute}
+		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, Converge: 2 * time.Minute}
 }
 
 // Results holds the figures of a run.
@@ -100,6 +104,7 @@ type Results struct {
 	Restart     bench.Dist        `json:"restart"`
 	DMDips      int               `json:"dips_across_devicemanager_restarts"`
 	Faults      []FaultResult     `json:"faults"`
+	DRA         DRAResults        `json:"dra"`
 	Violations  []Violation       `json:"violations"`
 	ViolationsN map[string]int    `json:"violations_by_invariant"`
 }
@@ -206,6 +211,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if err := h.compactionKills(ctx); err != nil {
 		return h.finish(start), err
 	}
+	if err := h.draPhase(ctx); err != nil {
+		return h.finish(start), err
+	}
 	if cfg.Faults {
 		if err := h.faults(ctx); err != nil {
 			return h.finish(start), err
@@ -239,6 +247,7 @@ type harness struct {
 	convergeBy map[string][]time.Duration
 	restartT   []time.Duration
 	window     string // the service restarted last, for (d)
+	dra        *draState
 }
 
 func (h *harness) logf(format string, args ...any) {

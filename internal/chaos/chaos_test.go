@@ -20,7 +20,8 @@ func (w logWriter) Write(b []byte) (int, error) {
 
 // TestChaosShort is the short form of `make chaos` over freshly built
 // binaries: a few SIGKILLs under load, a few devicemanager kills mid-burst
-// and during checkpoint compactions, and each kind of damage to the
+// and during checkpoint compactions, devicemanager kills while DRA drivers
+// publish ResourceSlices, and each kind of damage to the
 // snapshot and the journal, with every invariant checked after
 // each restart. Every wait in it is for a state, with a generous deadline;
 // it asserts no timing.
@@ -62,6 +63,9 @@ func TestChaosShort(t *testing.T) {
 	}
 	if res.Acked == 0 || res.Checks < cfg.Kills+cfg.Bursts {
 		t.Errorf("the load or the checks did not run: %d acknowledged, %d checks", res.Acked, res.Checks)
+	}
+	if res.DRA.Drivers != cfg.DRADrivers || res.DRA.Kills != cfg.DRAKills || res.DRA.Acked == 0 || res.DRA.Checks < cfg.DRAKills {
+		t.Errorf("DRA phase: %+v, want %d drivers, %d kills, acknowledged writes and a check after each kill", res.DRA, cfg.DRADrivers, cfg.DRAKills)
 	}
 	if len(res.Faults) != len(FaultKinds) {
 		t.Fatalf("%d faults applied, want %d", len(res.Faults), len(FaultKinds))

@@ -33,7 +33,11 @@ func Print(w io.Writer, r *Results) {
 	}
 	fmt.Fprintf(tw, "convergences over %v\t%d\n", SlowConverge, len(r.Slow))
 	fmt.Fprintf(tw, "dips across devicemanager restarts\t%d (not counted as violations)\n", r.DMDips)
-	for _, inv := range []string{"a", "b", "c", "d"} {
+	if r.DRA.Drivers > 0 {
+		fmt.Fprintf(tw, "DRA\t%d drivers, %d devicemanager kills while they publish: %d slice writes acknowledged, %d cut off, %d conflicts after them, %d checks\n",
+			r.DRA.Drivers, r.DRA.Kills, r.DRA.Acked, r.DRA.Uncertain, r.DRA.Conflicts, r.DRA.Checks)
+	}
+	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward} {
 		fmt.Fprintf(tw, "violations (%s)\t%d\n", inv, r.ViolationsN[inv])
 	}
 	tw.Flush()
