@@ -47,7 +47,9 @@ func newEnv(t *testing.T) *env {
 		if !stopped {
 			stopped = true
 			cancel()
-			<-done
+			if err := <-done; err != nil {
+				t.Errorf("the node-local API: %v", err)
+			}
 		}
 	}
 	t.Cleanup(stop)
