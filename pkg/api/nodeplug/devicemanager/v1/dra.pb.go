@@ -829,7 +829,8 @@ type ResourceSlice struct {
 	Devices         []*Device              `protobuf:"bytes,6,rep,name=devices,proto3" json:"devices,omitempty"`
 	ResourceVersion string                 `protobuf:"bytes,7,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
 	CreationTime    *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=creation_time,json=creationTime,proto3" json:"creation_time,omitempty"`
-	// The object as the API server serves it, in JSON.
+	// The object in JSON, as the API server served it (decoded and encoded
+	// again with the k8s.io/api types, apiVersion and kind set).
 	Json          string `protobuf:"bytes,9,opt,name=json,proto3" json:"json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
