@@ -42,6 +42,9 @@ var ErrCorrupt = errors.New("checkpoint is corrupt")
 type Data struct {
 	Resources   []Resource   `json:"resources"`
 	Allocations []Allocation `json:"allocations"`
+	// Claims are the prepared DRA claims (claims.go); files written
+	// before them have none.
+	Claims []Claim `json:"claims,omitempty"`
 }
 
 // Resource is one resource's device set and endpoints.
@@ -108,17 +111,18 @@ func checksum(b []byte) string {
 type state struct {
 	resources   map[string][]byte
 	allocations map[AllocationKey][]byte
+	claims      map[string][]byte // by claim UID
 }
 
 func newState() *state {
-	return &state{resources: map[string][]byte{}, allocations: map[AllocationKey][]byte{}}
+	return &state{resources: map[string][]byte{}, allocations: map[AllocationKey][]byte{}, claims: map[string][]byte{}}
 }
 
 func (s *state) clone() *state {
-	return &state{resources: maps.Clone(s.resources), allocations: maps.Clone(s.allocations)}
+	return &state{resources: maps.Clone(s.resources), allocations: maps.Clone(s.allocations), claims: maps.Clone(s.claims)}
 }
 
-func (s *state) empty() bool { return len(s.resources)+len(s.allocations) == 0 }
+func (s *state) empty() bool { return len(s.resources)+len(s.allocations)+len(s.claims) == 0 }
 
 // putResource records the encoding of a resource, found by its name.
 func (s *state) putResource(raw []byte) error {
@@ -159,6 +163,13 @@ func (s *state) data() (*Data, error) {
 		}
 		d.Allocations = append(d.Allocations, a)
 	}
+	claims, err := s.claimsData()
+	if err != nil {
+		return nil, err
+	}
+	if len(claims) > 0 {
+		d.Claims = claims
+	}
 	return d, nil
 }
 
@@ -178,6 +189,13 @@ func stateOf(d *Data) (*state, error) {
 			return nil, err
 		}
 		s.allocations[d.Allocations[i].Key()] = b
+	}
+	for i := range d.Claims {
+		b, err := json.Marshal(&d.Claims[i])
+		if err != nil {
+			return nil, err
+		}
+		s.claims[d.Claims[i].UID] = b
 	}
 	return s, nil
 }
@@ -202,6 +220,9 @@ func marshalSnapshot(journal uint64, s *state) []byte {
 	for _, b := range s.allocations {
 		n += len(b) + 1
 	}
+	for _, b := range s.claims {
+		n += len(b) + 1
+	}
 	data := make([]byte, 0, n)
 	data = fmt.Appendf(data, `{"journal":%d,"resources":[`, journal)
 	for i, name := range slices.Sorted(maps.Keys(s.resources)) {
@@ -217,7 +238,9 @@ func marshalSnapshot(journal uint64, s *state) []byte {
 		}
 		data = append(data, s.allocations[k]...)
 	}
-	data = append(data, "]}"...)
+	data = append(data, ']')
+	data = appendSnapshotClaims(data, s)
+	data = append(data, '}')
 	sum := checksum(data)
 	out := make([]byte, 0, len(data)+len(sum)+48)
 	out = fmt.Appendf(out, `{"version":%d,"checksum":%q,"data":`, Version, sum)
@@ -259,6 +282,7 @@ func unmarshalSnapshot(b []byte) (*snapshot, error) {
 		Journal     *uint64           `json:"journal"`
 		Resources   []json.RawMessage `json:"resources"`
 		Allocations []json.RawMessage `json:"allocations"`
+		Claims      []json.RawMessage `json:"claims"`
 	}
 	if err := json.Unmarshal(env.Data, &raw); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
@@ -279,6 +303,11 @@ func unmarshalSnapshot(b []byte) (*snapshot, error) {
 	}
 	for _, a := range raw.Allocations {
 		if err := snap.state.putAllocation(a); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range raw.Claims {
+		if err := snap.state.putClaim(c); err != nil {
 			return nil, err
 		}
 	}

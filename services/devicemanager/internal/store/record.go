@@ -39,8 +39,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
-	"io"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,6 +153,8 @@ type record struct {
 	RemovedResources   []string          `json:"removed_resources,omitempty"`
 	Allocations        []json.RawMessage `json:"allocations,omitempty"`
 	RemovedAllocations []AllocationKey   `json:"removed_allocations,omitempty"`
+	Claims             []json.RawMessage `json:"claims,omitempty"`
+	RemovedClaims      []string          `json:"removed_claims,omitempty"`
 }
 
 // encodedBatch is a Batch encoded: each put record on its own, as the
@@ -163,12 +163,14 @@ type encodedBatch struct {
 	b           *Batch
 	resources   [][]byte
 	allocations [][]byte // each within payload
+	claims      [][]byte
 	payload     []byte
 }
 
 func encodeBatch(b *Batch) (*encodedBatch, error) {
 	e := &encodedBatch{b: b, resources: make([][]byte, len(b.Resources)), allocations: make([][]byte, len(b.Allocations))}
 	n := 64
+	var err error
 	for i := range b.Resources {
 		enc, err := json.Marshal(&b.Resources[i])
 		if err != nil {
@@ -216,7 +218,6 @@ func encodeBatch(b *Batch) (*encodedBatch, error) {
 				p = append(p, ',')
 			}
 			start := len(p)
-			var err error
 			if p, err = appendAllocation(p, &b.Allocations[i]); err != nil {
 				return nil, fmt.Errorf("encode allocation %v: %w", b.Allocations[i].Key(), err)
 			}
@@ -231,12 +232,17 @@ func encodeBatch(b *Batch) (*encodedBatch, error) {
 			if i > 0 {
 				p = append(p, ',')
 			}
-			var err error
 			if p, err = appendKey(p, &b.RemovedAllocations[i]); err != nil {
 				return nil, err
 			}
 		}
 		p = append(p, ']')
+	}
+	if e.claims, err = encodeClaims(b); err != nil {
+		return nil, err
+	}
+	if p, err = appendClaims(p, e.claims, b.RemovedClaims); err != nil {
+		return nil, err
 	}
 	e.payload = append(p, '}')
 	for i := range e.allocations {
@@ -378,58 +384,6 @@ func appendJoined(dst []byte, parts [][]byte) []byte {
 		dst = append(dst, b...)
 	}
 	return dst
-}
-
-// apply applies an encoded batch to s.
-func (s *state) apply(e *encodedBatch) {
-	for _, name := range e.b.RemovedResources {
-		delete(s.resources, name)
-	}
-	for i := range e.b.Resources {
-		s.resources[e.b.Resources[i].Name] = e.resources[i]
-	}
-	for _, k := range e.b.RemovedAllocations {
-		delete(s.allocations, k)
-	}
-	for i := range e.b.Allocations {
-		s.allocations[e.b.Allocations[i].Key()] = e.allocations[i]
-	}
-}
-
-// replay applies one journal record's payload to s. Errors wrap
-// ErrCorrupt.
-func (s *state) replay(payload []byte) error {
-	var r record
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
-		return fmt.Errorf("%w: journal record: %v", ErrCorrupt, err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: data after a journal record", ErrCorrupt)
-	}
-	// Check every record before changing anything, so that a record is
-	// applied whole or not at all.
-	staged := newState()
-	for _, raw := range r.Resources {
-		if err := staged.putResource(raw); err != nil {
-			return err
-		}
-	}
-	for _, raw := range r.Allocations {
-		if err := staged.putAllocation(raw); err != nil {
-			return err
-		}
-	}
-	for _, name := range r.RemovedResources {
-		delete(s.resources, name)
-	}
-	for _, k := range r.RemovedAllocations {
-		delete(s.allocations, k)
-	}
-	maps.Copy(s.resources, staged.resources)
-	maps.Copy(s.allocations, staged.allocations)
-	return nil
 }
 
 // journalPath is the path of journal number n beside the snapshot at

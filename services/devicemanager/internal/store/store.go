@@ -107,11 +107,14 @@ type Batch struct {
 	RemovedResources   []string
 	Allocations        []Allocation
 	RemovedAllocations []AllocationKey
+	// Claims are prepared DRA claims (claims.go), by UID.
+	Claims        []Claim
+	RemovedClaims []string
 }
 
 // Empty reports whether b changes nothing.
 func (b *Batch) Empty() bool {
-	return len(b.Resources)+len(b.RemovedResources)+len(b.Allocations)+len(b.RemovedAllocations) == 0
+	return len(b.Resources)+len(b.RemovedResources)+len(b.Allocations)+len(b.RemovedAllocations)+len(b.Claims)+len(b.RemovedClaims) == 0
 }
 
 // CorruptError reports a saved file that could not be trusted and was
