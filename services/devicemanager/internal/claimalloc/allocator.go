@@ -65,7 +65,10 @@ var features = structured.Features{
 // claims reserved at once never get the same device — provided nothing else
 // allocates on this node at the same time (on the node-local API nothing
 // does; in a cluster the scheduler allocates claims before they reach a
-// node, and those arrive here already allocated).
+// node, and those arrive here already allocated). Unreserve is not
+// serialized with them: freeing devices cannot give one to two claims, and
+// writes of one claim are kept apart by its resourceVersion (409, read
+// again).
 type Allocator struct {
 	client   kubernetes.Interface
 	node     string
