@@ -72,6 +72,72 @@ func (ResourceSliceChangeType) EnumDescriptor() ([]byte, []int) {
 	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{0}
 }
 
+// ClaimState is where a ResourceClaim stands on this node.
+type ClaimState int32
+
+const (
+	ClaimState_CLAIM_STATE_UNSPECIFIED ClaimState = 0
+	// Not allocated.
+	ClaimState_CLAIM_STATE_PENDING ClaimState = 1
+	// Allocated (by this node or a scheduler), not prepared here.
+	ClaimState_CLAIM_STATE_ALLOCATED ClaimState = 2
+	// Prepared by its driver here; pods use it.
+	ClaimState_CLAIM_STATE_PREPARED ClaimState = 3
+	// Its last pod was released; NodeUnprepareResources is owed and retried
+	// until it succeeds.
+	ClaimState_CLAIM_STATE_UNPREPARING ClaimState = 4
+	// The last PrepareResources naming it failed (reason says why) and it is
+	// not prepared.
+	ClaimState_CLAIM_STATE_FAILED ClaimState = 5
+)
+
+// Enum value maps for ClaimState.
+var (
+	ClaimState_name = map[int32]string{
+		0: "CLAIM_STATE_UNSPECIFIED",
+		1: "CLAIM_STATE_PENDING",
+		2: "CLAIM_STATE_ALLOCATED",
+		3: "CLAIM_STATE_PREPARED",
+		4: "CLAIM_STATE_UNPREPARING",
+		5: "CLAIM_STATE_FAILED",
+	}
+	ClaimState_value = map[string]int32{
+		"CLAIM_STATE_UNSPECIFIED": 0,
+		"CLAIM_STATE_PENDING":     1,
+		"CLAIM_STATE_ALLOCATED":   2,
+		"CLAIM_STATE_PREPARED":    3,
+		"CLAIM_STATE_UNPREPARING": 4,
+		"CLAIM_STATE_FAILED":      5,
+	}
+)
+
+func (x ClaimState) Enum() *ClaimState {
+	p := new(ClaimState)
+	*p = x
+	return p
+}
+
+func (x ClaimState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ClaimState) Descriptor() protoreflect.EnumDescriptor {
+	return file_nodeplug_devicemanager_v1_dra_proto_enumTypes[1].Descriptor()
+}
+
+func (ClaimState) Type() protoreflect.EnumType {
+	return &file_nodeplug_devicemanager_v1_dra_proto_enumTypes[1]
+}
+
+func (x ClaimState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ClaimState.Descriptor instead.
+func (ClaimState) EnumDescriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{1}
+}
+
 type RegisterDRADriverRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// DRA driver name from GetInfo, e.g. gpu.example.com.
@@ -762,7 +828,14 @@ type Device struct {
 	// Qualified attribute name to value.
 	Attributes map[string]string `protobuf:"bytes,2,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Qualified capacity name to quantity.
-	Capacity      map[string]string `protobuf:"bytes,3,rep,name=capacity,proto3" json:"capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Capacity map[string]string `protobuf:"bytes,3,rep,name=capacity,proto3" json:"capacity,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The device's health as its driver reports it through
+	// DRAResourceHealth.NodeWatchResources: "Healthy", "Unhealthy" or
+	// "Unknown" (KEP-4680's ResourceHealth.health); empty when the driver
+	// reported nothing for it.
+	Health string `protobuf:"bytes,4,opt,name=health,proto3" json:"health,omitempty"`
+	// The driver's message for the health, if any.
+	HealthMessage string `protobuf:"bytes,5,opt,name=health_message,json=healthMessage,proto3" json:"health_message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -816,6 +889,20 @@ func (x *Device) GetCapacity() map[string]string {
 		return x.Capacity
 	}
 	return nil
+}
+
+func (x *Device) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+func (x *Device) GetHealthMessage() string {
+	if x != nil {
+		return x.HealthMessage
+	}
+	return ""
 }
 
 // ResourceSlice is one resource.k8s.io/v1 ResourceSlice of this node.
@@ -1223,6 +1310,854 @@ func (*WatchResourceSlicesResponse_Change) isWatchResourceSlicesResponse_Item() 
 
 func (*WatchResourceSlicesResponse_Synced) isWatchResourceSlicesResponse_Item() {}
 
+// PodClaim is one entry of a pod spec's resourceClaims.
+type PodClaim struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The name the pod's containers use for the claim.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The ResourceClaim, in the pod's namespace.
+	ResourceClaimName string `protobuf:"bytes,2,opt,name=resource_claim_name,json=resourceClaimName,proto3" json:"resource_claim_name,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *PodClaim) Reset() {
+	*x = PodClaim{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodClaim) ProtoMessage() {}
+
+func (x *PodClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodClaim.ProtoReflect.Descriptor instead.
+func (*PodClaim) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PodClaim) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *PodClaim) GetResourceClaimName() string {
+	if x != nil {
+		return x.ResourceClaimName
+	}
+	return ""
+}
+
+// ContainerClaim is one entry of a container's resources.claims.
+type ContainerClaim struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A PodClaim's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Optional: one of the claim's requests; empty is all of them.
+	Request       string `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerClaim) Reset() {
+	*x = ContainerClaim{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerClaim) ProtoMessage() {}
+
+func (x *ContainerClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerClaim.ProtoReflect.Descriptor instead.
+func (*ContainerClaim) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ContainerClaim) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ContainerClaim) GetRequest() string {
+	if x != nil {
+		return x.Request
+	}
+	return ""
+}
+
+// ContainerClaims are the claims one container uses.
+type ContainerClaims struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The container's name.
+	Name          string            `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Claims        []*ContainerClaim `protobuf:"bytes,2,rep,name=claims,proto3" json:"claims,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerClaims) Reset() {
+	*x = ContainerClaims{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerClaims) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerClaims) ProtoMessage() {}
+
+func (x *ContainerClaims) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerClaims.ProtoReflect.Descriptor instead.
+func (*ContainerClaims) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ContainerClaims) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ContainerClaims) GetClaims() []*ContainerClaim {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
+type PrepareResourcesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PodUid        string                 `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	PodNamespace  string                 `protobuf:"bytes,2,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName       string                 `protobuf:"bytes,3,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	PodClaims     []*PodClaim            `protobuf:"bytes,4,rep,name=pod_claims,json=podClaims,proto3" json:"pod_claims,omitempty"`
+	Containers    []*ContainerClaims     `protobuf:"bytes,5,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareResourcesRequest) Reset() {
+	*x = PrepareResourcesRequest{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareResourcesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareResourcesRequest) ProtoMessage() {}
+
+func (x *PrepareResourcesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareResourcesRequest.ProtoReflect.Descriptor instead.
+func (*PrepareResourcesRequest) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PrepareResourcesRequest) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *PrepareResourcesRequest) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *PrepareResourcesRequest) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
+}
+
+func (x *PrepareResourcesRequest) GetPodClaims() []*PodClaim {
+	if x != nil {
+		return x.PodClaims
+	}
+	return nil
+}
+
+func (x *PrepareResourcesRequest) GetContainers() []*ContainerClaims {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+// PreparedDevice is one device of a prepared claim, as its driver answered.
+type PreparedDevice struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	ClaimNamespace string                 `protobuf:"bytes,1,opt,name=claim_namespace,json=claimNamespace,proto3" json:"claim_namespace,omitempty"`
+	ClaimName      string                 `protobuf:"bytes,2,opt,name=claim_name,json=claimName,proto3" json:"claim_name,omitempty"`
+	ClaimUid       string                 `protobuf:"bytes,3,opt,name=claim_uid,json=claimUid,proto3" json:"claim_uid,omitempty"`
+	// The claim's requests the device serves ("<request>" or
+	// "<request>/<subrequest>").
+	Requests []string `protobuf:"bytes,4,rep,name=requests,proto3" json:"requests,omitempty"`
+	Driver   string   `protobuf:"bytes,5,opt,name=driver,proto3" json:"driver,omitempty"`
+	Pool     string   `protobuf:"bytes,6,opt,name=pool,proto3" json:"pool,omitempty"`
+	Device   string   `protobuf:"bytes,7,opt,name=device,proto3" json:"device,omitempty"`
+	// Fully qualified CDI device IDs (vendor/class=name).
+	CdiDeviceIds  []string `protobuf:"bytes,8,rep,name=cdi_device_ids,json=cdiDeviceIds,proto3" json:"cdi_device_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PreparedDevice) Reset() {
+	*x = PreparedDevice{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PreparedDevice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PreparedDevice) ProtoMessage() {}
+
+func (x *PreparedDevice) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PreparedDevice.ProtoReflect.Descriptor instead.
+func (*PreparedDevice) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PreparedDevice) GetClaimNamespace() string {
+	if x != nil {
+		return x.ClaimNamespace
+	}
+	return ""
+}
+
+func (x *PreparedDevice) GetClaimName() string {
+	if x != nil {
+		return x.ClaimName
+	}
+	return ""
+}
+
+func (x *PreparedDevice) GetClaimUid() string {
+	if x != nil {
+		return x.ClaimUid
+	}
+	return ""
+}
+
+func (x *PreparedDevice) GetRequests() []string {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *PreparedDevice) GetDriver() string {
+	if x != nil {
+		return x.Driver
+	}
+	return ""
+}
+
+func (x *PreparedDevice) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *PreparedDevice) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *PreparedDevice) GetCdiDeviceIds() []string {
+	if x != nil {
+		return x.CdiDeviceIds
+	}
+	return nil
+}
+
+// ContainerResources is what one container gets.
+type ContainerResources struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The container's name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The CDI device IDs of the claims and requests the container references,
+	// in the order of its claims, without duplicates.
+	CdiDeviceIds  []string          `protobuf:"bytes,2,rep,name=cdi_device_ids,json=cdiDeviceIds,proto3" json:"cdi_device_ids,omitempty"`
+	Devices       []*PreparedDevice `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerResources) Reset() {
+	*x = ContainerResources{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerResources) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerResources) ProtoMessage() {}
+
+func (x *ContainerResources) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerResources.ProtoReflect.Descriptor instead.
+func (*ContainerResources) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ContainerResources) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ContainerResources) GetCdiDeviceIds() []string {
+	if x != nil {
+		return x.CdiDeviceIds
+	}
+	return nil
+}
+
+func (x *ContainerResources) GetDevices() []*PreparedDevice {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+type PrepareResourcesResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// One per container of the request, in its order.
+	Containers    []*ContainerResources `protobuf:"bytes,2,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareResourcesResponse) Reset() {
+	*x = PrepareResourcesResponse{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareResourcesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareResourcesResponse) ProtoMessage() {}
+
+func (x *PrepareResourcesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareResourcesResponse.ProtoReflect.Descriptor instead.
+func (*PrepareResourcesResponse) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PrepareResourcesResponse) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *PrepareResourcesResponse) GetContainers() []*ContainerResources {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+// ClaimDevice is one device of a claim: as prepared by its driver when the
+// claim is prepared here, else as allocated.
+type ClaimDevice struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Requests     []string               `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"`
+	Driver       string                 `protobuf:"bytes,2,opt,name=driver,proto3" json:"driver,omitempty"`
+	Pool         string                 `protobuf:"bytes,3,opt,name=pool,proto3" json:"pool,omitempty"`
+	Device       string                 `protobuf:"bytes,4,opt,name=device,proto3" json:"device,omitempty"`
+	CdiDeviceIds []string               `protobuf:"bytes,5,rep,name=cdi_device_ids,json=cdiDeviceIds,proto3" json:"cdi_device_ids,omitempty"`
+	// As ResourceSlice's Device.health: "Healthy", "Unhealthy", "Unknown",
+	// or empty when the driver reported nothing for the device.
+	Health        string `protobuf:"bytes,6,opt,name=health,proto3" json:"health,omitempty"`
+	HealthMessage string `protobuf:"bytes,7,opt,name=health_message,json=healthMessage,proto3" json:"health_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimDevice) Reset() {
+	*x = ClaimDevice{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimDevice) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimDevice) ProtoMessage() {}
+
+func (x *ClaimDevice) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimDevice.ProtoReflect.Descriptor instead.
+func (*ClaimDevice) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ClaimDevice) GetRequests() []string {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+func (x *ClaimDevice) GetDriver() string {
+	if x != nil {
+		return x.Driver
+	}
+	return ""
+}
+
+func (x *ClaimDevice) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
+}
+
+func (x *ClaimDevice) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *ClaimDevice) GetCdiDeviceIds() []string {
+	if x != nil {
+		return x.CdiDeviceIds
+	}
+	return nil
+}
+
+func (x *ClaimDevice) GetHealth() string {
+	if x != nil {
+		return x.Health
+	}
+	return ""
+}
+
+func (x *ClaimDevice) GetHealthMessage() string {
+	if x != nil {
+		return x.HealthMessage
+	}
+	return ""
+}
+
+// ClaimPod is a pod using a claim.
+type ClaimPod struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Uid   string                 `protobuf:"bytes,1,opt,name=uid,proto3" json:"uid,omitempty"`
+	// From the claim's status.reservedFor; empty when only this node's record
+	// names the pod.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimPod) Reset() {
+	*x = ClaimPod{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimPod) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimPod) ProtoMessage() {}
+
+func (x *ClaimPod) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimPod.ProtoReflect.Descriptor instead.
+func (*ClaimPod) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ClaimPod) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *ClaimPod) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// Claim is a ResourceClaim with this node's view of it.
+type Claim struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Namespace string                 `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Uid       string                 `protobuf:"bytes,3,opt,name=uid,proto3" json:"uid,omitempty"`
+	State     ClaimState             `protobuf:"varint,4,opt,name=state,proto3,enum=nodeplug.devicemanager.v1.ClaimState" json:"state,omitempty"`
+	// Why the claim is in its state when that needs saying: the failed
+	// prepare's error, the failed unprepare's error, the node another
+	// allocation names, a recorded claim gone from the API.
+	Reason  string         `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Devices []*ClaimDevice `protobuf:"bytes,6,rep,name=devices,proto3" json:"devices,omitempty"`
+	Pods    []*ClaimPod    `protobuf:"bytes,7,rep,name=pods,proto3" json:"pods,omitempty"`
+	// The CDI device IDs of all its devices.
+	CdiDeviceIds []string `protobuf:"bytes,8,rep,name=cdi_device_ids,json=cdiDeviceIds,proto3" json:"cdi_device_ids,omitempty"`
+	// Whether this node allocated it (it is deallocated after its last pod).
+	AllocatedHere bool `protobuf:"varint,9,opt,name=allocated_here,json=allocatedHere,proto3" json:"allocated_here,omitempty"`
+	// The node the allocation's node selector names, if any.
+	AllocatedNode   string                 `protobuf:"bytes,10,opt,name=allocated_node,json=allocatedNode,proto3" json:"allocated_node,omitempty"`
+	ResourceVersion string                 `protobuf:"bytes,11,opt,name=resource_version,json=resourceVersion,proto3" json:"resource_version,omitempty"`
+	CreationTime    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=creation_time,json=creationTime,proto3" json:"creation_time,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Claim) Reset() {
+	*x = Claim{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Claim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Claim) ProtoMessage() {}
+
+func (x *Claim) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Claim.ProtoReflect.Descriptor instead.
+func (*Claim) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *Claim) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *Claim) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Claim) GetUid() string {
+	if x != nil {
+		return x.Uid
+	}
+	return ""
+}
+
+func (x *Claim) GetState() ClaimState {
+	if x != nil {
+		return x.State
+	}
+	return ClaimState_CLAIM_STATE_UNSPECIFIED
+}
+
+func (x *Claim) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Claim) GetDevices() []*ClaimDevice {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *Claim) GetPods() []*ClaimPod {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
+func (x *Claim) GetCdiDeviceIds() []string {
+	if x != nil {
+		return x.CdiDeviceIds
+	}
+	return nil
+}
+
+func (x *Claim) GetAllocatedHere() bool {
+	if x != nil {
+		return x.AllocatedHere
+	}
+	return false
+}
+
+func (x *Claim) GetAllocatedNode() string {
+	if x != nil {
+		return x.AllocatedNode
+	}
+	return ""
+}
+
+func (x *Claim) GetResourceVersion() string {
+	if x != nil {
+		return x.ResourceVersion
+	}
+	return ""
+}
+
+func (x *Claim) GetCreationTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreationTime
+	}
+	return nil
+}
+
+type ListClaimsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When set, only claims of this namespace.
+	Namespace     string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClaimsRequest) Reset() {
+	*x = ListClaimsRequest{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClaimsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClaimsRequest) ProtoMessage() {}
+
+func (x *ListClaimsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClaimsRequest.ProtoReflect.Descriptor instead.
+func (*ListClaimsRequest) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListClaimsRequest) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+type ListClaimsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId    string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	Claims        []*Claim               `protobuf:"bytes,2,rep,name=claims,proto3" json:"claims,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClaimsResponse) Reset() {
+	*x = ListClaimsResponse{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClaimsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClaimsResponse) ProtoMessage() {}
+
+func (x *ListClaimsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClaimsResponse.ProtoReflect.Descriptor instead.
+func (*ListClaimsResponse) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListClaimsResponse) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *ListClaimsResponse) GetClaims() []*Claim {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
 var File_nodeplug_devicemanager_v1_dra_proto protoreflect.FileDescriptor
 
 const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
@@ -1295,13 +2230,15 @@ const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x02 \x01(\x03R\n" +
 	"generation\x120\n" +
-	"\x14resource_slice_count\x18\x03 \x01(\x03R\x12resourceSliceCount\"\xb8\x02\n" +
+	"\x14resource_slice_count\x18\x03 \x01(\x03R\x12resourceSliceCount\"\xf7\x02\n" +
 	"\x06Device\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12Q\n" +
 	"\n" +
 	"attributes\x18\x02 \x03(\v21.nodeplug.devicemanager.v1.Device.AttributesEntryR\n" +
 	"attributes\x12K\n" +
-	"\bcapacity\x18\x03 \x03(\v2/.nodeplug.devicemanager.v1.Device.CapacityEntryR\bcapacity\x1a=\n" +
+	"\bcapacity\x18\x03 \x03(\v2/.nodeplug.devicemanager.v1.Device.CapacityEntryR\bcapacity\x12\x16\n" +
+	"\x06health\x18\x04 \x01(\tR\x06health\x12%\n" +
+	"\x0ehealth_message\x18\x05 \x01(\tR\rhealthMessage\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
@@ -1337,18 +2274,98 @@ const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
 	"instanceId\x12H\n" +
 	"\x06change\x18\x02 \x01(\v2..nodeplug.devicemanager.v1.ResourceSliceChangeH\x00R\x06change\x12;\n" +
 	"\x06synced\x18\x03 \x01(\v2!.nodeplug.devicemanager.v1.SyncedH\x00R\x06syncedB\x06\n" +
-	"\x04item*\x95\x01\n" +
+	"\x04item\"N\n" +
+	"\bPodClaim\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
+	"\x13resource_claim_name\x18\x02 \x01(\tR\x11resourceClaimName\">\n" +
+	"\x0eContainerClaim\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\arequest\x18\x02 \x01(\tR\arequest\"h\n" +
+	"\x0fContainerClaims\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12A\n" +
+	"\x06claims\x18\x02 \x03(\v2).nodeplug.devicemanager.v1.ContainerClaimR\x06claims\"\x82\x02\n" +
+	"\x17PrepareResourcesRequest\x12\x17\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12#\n" +
+	"\rpod_namespace\x18\x02 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x03 \x01(\tR\apodName\x12B\n" +
+	"\n" +
+	"pod_claims\x18\x04 \x03(\v2#.nodeplug.devicemanager.v1.PodClaimR\tpodClaims\x12J\n" +
+	"\n" +
+	"containers\x18\x05 \x03(\v2*.nodeplug.devicemanager.v1.ContainerClaimsR\n" +
+	"containers\"\xfb\x01\n" +
+	"\x0ePreparedDevice\x12'\n" +
+	"\x0fclaim_namespace\x18\x01 \x01(\tR\x0eclaimNamespace\x12\x1d\n" +
+	"\n" +
+	"claim_name\x18\x02 \x01(\tR\tclaimName\x12\x1b\n" +
+	"\tclaim_uid\x18\x03 \x01(\tR\bclaimUid\x12\x1a\n" +
+	"\brequests\x18\x04 \x03(\tR\brequests\x12\x16\n" +
+	"\x06driver\x18\x05 \x01(\tR\x06driver\x12\x12\n" +
+	"\x04pool\x18\x06 \x01(\tR\x04pool\x12\x16\n" +
+	"\x06device\x18\a \x01(\tR\x06device\x12$\n" +
+	"\x0ecdi_device_ids\x18\b \x03(\tR\fcdiDeviceIds\"\x93\x01\n" +
+	"\x12ContainerResources\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12$\n" +
+	"\x0ecdi_device_ids\x18\x02 \x03(\tR\fcdiDeviceIds\x12C\n" +
+	"\adevices\x18\x03 \x03(\v2).nodeplug.devicemanager.v1.PreparedDeviceR\adevices\"\x8a\x01\n" +
+	"\x18PrepareResourcesResponse\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\x12M\n" +
+	"\n" +
+	"containers\x18\x02 \x03(\v2-.nodeplug.devicemanager.v1.ContainerResourcesR\n" +
+	"containers\"\xd2\x01\n" +
+	"\vClaimDevice\x12\x1a\n" +
+	"\brequests\x18\x01 \x03(\tR\brequests\x12\x16\n" +
+	"\x06driver\x18\x02 \x01(\tR\x06driver\x12\x12\n" +
+	"\x04pool\x18\x03 \x01(\tR\x04pool\x12\x16\n" +
+	"\x06device\x18\x04 \x01(\tR\x06device\x12$\n" +
+	"\x0ecdi_device_ids\x18\x05 \x03(\tR\fcdiDeviceIds\x12\x16\n" +
+	"\x06health\x18\x06 \x01(\tR\x06health\x12%\n" +
+	"\x0ehealth_message\x18\a \x01(\tR\rhealthMessage\"0\n" +
+	"\bClaimPod\x12\x10\n" +
+	"\x03uid\x18\x01 \x01(\tR\x03uid\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xfb\x03\n" +
+	"\x05Claim\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x03 \x01(\tR\x03uid\x12;\n" +
+	"\x05state\x18\x04 \x01(\x0e2%.nodeplug.devicemanager.v1.ClaimStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12@\n" +
+	"\adevices\x18\x06 \x03(\v2&.nodeplug.devicemanager.v1.ClaimDeviceR\adevices\x127\n" +
+	"\x04pods\x18\a \x03(\v2#.nodeplug.devicemanager.v1.ClaimPodR\x04pods\x12$\n" +
+	"\x0ecdi_device_ids\x18\b \x03(\tR\fcdiDeviceIds\x12%\n" +
+	"\x0eallocated_here\x18\t \x01(\bR\rallocatedHere\x12%\n" +
+	"\x0eallocated_node\x18\n" +
+	" \x01(\tR\rallocatedNode\x12)\n" +
+	"\x10resource_version\x18\v \x01(\tR\x0fresourceVersion\x12?\n" +
+	"\rcreation_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\fcreationTime\"1\n" +
+	"\x11ListClaimsRequest\x12\x1c\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"o\n" +
+	"\x12ListClaimsResponse\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\x128\n" +
+	"\x06claims\x18\x02 \x03(\v2 .nodeplug.devicemanager.v1.ClaimR\x06claims*\x95\x01\n" +
 	"\x17ResourceSliceChangeType\x12*\n" +
 	"&RESOURCE_SLICE_CHANGE_TYPE_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"RESOURCE_SLICE_CHANGE_TYPE_UPDATED\x10\x01\x12&\n" +
-	"\"RESOURCE_SLICE_CHANGE_TYPE_REMOVED\x10\x022\x97\x05\n" +
+	"\"RESOURCE_SLICE_CHANGE_TYPE_REMOVED\x10\x02*\xac\x01\n" +
+	"\n" +
+	"ClaimState\x12\x1b\n" +
+	"\x17CLAIM_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13CLAIM_STATE_PENDING\x10\x01\x12\x19\n" +
+	"\x15CLAIM_STATE_ALLOCATED\x10\x02\x12\x18\n" +
+	"\x14CLAIM_STATE_PREPARED\x10\x03\x12\x1b\n" +
+	"\x17CLAIM_STATE_UNPREPARING\x10\x04\x12\x16\n" +
+	"\x12CLAIM_STATE_FAILED\x10\x052\xff\x06\n" +
 	"\n" +
 	"DRAService\x12~\n" +
 	"\x11RegisterDRADriver\x123.nodeplug.devicemanager.v1.RegisterDRADriverRequest\x1a4.nodeplug.devicemanager.v1.RegisterDRADriverResponse\x12\x84\x01\n" +
 	"\x13DeregisterDRADriver\x125.nodeplug.devicemanager.v1.DeregisterDRADriverRequest\x1a6.nodeplug.devicemanager.v1.DeregisterDRADriverResponse\x12u\n" +
 	"\x0eListDRADrivers\x120.nodeplug.devicemanager.v1.ListDRADriversRequest\x1a1.nodeplug.devicemanager.v1.ListDRADriversResponse\x12\x81\x01\n" +
 	"\x12ListResourceSlices\x124.nodeplug.devicemanager.v1.ListResourceSlicesRequest\x1a5.nodeplug.devicemanager.v1.ListResourceSlicesResponse\x12\x86\x01\n" +
-	"\x13WatchResourceSlices\x125.nodeplug.devicemanager.v1.WatchResourceSlicesRequest\x1a6.nodeplug.devicemanager.v1.WatchResourceSlicesResponse0\x01BPZNgithub.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1;devicemanagerv1b\x06proto3"
+	"\x13WatchResourceSlices\x125.nodeplug.devicemanager.v1.WatchResourceSlicesRequest\x1a6.nodeplug.devicemanager.v1.WatchResourceSlicesResponse0\x01\x12{\n" +
+	"\x10PrepareResources\x122.nodeplug.devicemanager.v1.PrepareResourcesRequest\x1a3.nodeplug.devicemanager.v1.PrepareResourcesResponse\x12i\n" +
+	"\n" +
+	"ListClaims\x12,.nodeplug.devicemanager.v1.ListClaimsRequest\x1a-.nodeplug.devicemanager.v1.ListClaimsResponseBPZNgithub.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1;devicemanagerv1b\x06proto3"
 
 var (
 	file_nodeplug_devicemanager_v1_dra_proto_rawDescOnce sync.Once
@@ -1362,63 +2379,90 @@ func file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP() []byte {
 	return file_nodeplug_devicemanager_v1_dra_proto_rawDescData
 }
 
-var file_nodeplug_devicemanager_v1_dra_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_nodeplug_devicemanager_v1_dra_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_nodeplug_devicemanager_v1_dra_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_nodeplug_devicemanager_v1_dra_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_nodeplug_devicemanager_v1_dra_proto_goTypes = []any{
 	(ResourceSliceChangeType)(0),        // 0: nodeplug.devicemanager.v1.ResourceSliceChangeType
-	(*RegisterDRADriverRequest)(nil),    // 1: nodeplug.devicemanager.v1.RegisterDRADriverRequest
-	(*RegisterDRADriverResponse)(nil),   // 2: nodeplug.devicemanager.v1.RegisterDRADriverResponse
-	(*DeregisterDRADriverRequest)(nil),  // 3: nodeplug.devicemanager.v1.DeregisterDRADriverRequest
-	(*DeregisterDRADriverResponse)(nil), // 4: nodeplug.devicemanager.v1.DeregisterDRADriverResponse
-	(*DRADriverInstance)(nil),           // 5: nodeplug.devicemanager.v1.DRADriverInstance
-	(*DRADriver)(nil),                   // 6: nodeplug.devicemanager.v1.DRADriver
-	(*ListDRADriversRequest)(nil),       // 7: nodeplug.devicemanager.v1.ListDRADriversRequest
-	(*ListDRADriversResponse)(nil),      // 8: nodeplug.devicemanager.v1.ListDRADriversResponse
-	(*ResourcePool)(nil),                // 9: nodeplug.devicemanager.v1.ResourcePool
-	(*Device)(nil),                      // 10: nodeplug.devicemanager.v1.Device
-	(*ResourceSlice)(nil),               // 11: nodeplug.devicemanager.v1.ResourceSlice
-	(*ListResourceSlicesRequest)(nil),   // 12: nodeplug.devicemanager.v1.ListResourceSlicesRequest
-	(*ListResourceSlicesResponse)(nil),  // 13: nodeplug.devicemanager.v1.ListResourceSlicesResponse
-	(*WatchResourceSlicesRequest)(nil),  // 14: nodeplug.devicemanager.v1.WatchResourceSlicesRequest
-	(*ResourceSliceChange)(nil),         // 15: nodeplug.devicemanager.v1.ResourceSliceChange
-	(*WatchResourceSlicesResponse)(nil), // 16: nodeplug.devicemanager.v1.WatchResourceSlicesResponse
-	nil,                                 // 17: nodeplug.devicemanager.v1.Device.AttributesEntry
-	nil,                                 // 18: nodeplug.devicemanager.v1.Device.CapacityEntry
-	(*timestamppb.Timestamp)(nil),       // 19: google.protobuf.Timestamp
-	(*Synced)(nil),                      // 20: nodeplug.devicemanager.v1.Synced
+	(ClaimState)(0),                     // 1: nodeplug.devicemanager.v1.ClaimState
+	(*RegisterDRADriverRequest)(nil),    // 2: nodeplug.devicemanager.v1.RegisterDRADriverRequest
+	(*RegisterDRADriverResponse)(nil),   // 3: nodeplug.devicemanager.v1.RegisterDRADriverResponse
+	(*DeregisterDRADriverRequest)(nil),  // 4: nodeplug.devicemanager.v1.DeregisterDRADriverRequest
+	(*DeregisterDRADriverResponse)(nil), // 5: nodeplug.devicemanager.v1.DeregisterDRADriverResponse
+	(*DRADriverInstance)(nil),           // 6: nodeplug.devicemanager.v1.DRADriverInstance
+	(*DRADriver)(nil),                   // 7: nodeplug.devicemanager.v1.DRADriver
+	(*ListDRADriversRequest)(nil),       // 8: nodeplug.devicemanager.v1.ListDRADriversRequest
+	(*ListDRADriversResponse)(nil),      // 9: nodeplug.devicemanager.v1.ListDRADriversResponse
+	(*ResourcePool)(nil),                // 10: nodeplug.devicemanager.v1.ResourcePool
+	(*Device)(nil),                      // 11: nodeplug.devicemanager.v1.Device
+	(*ResourceSlice)(nil),               // 12: nodeplug.devicemanager.v1.ResourceSlice
+	(*ListResourceSlicesRequest)(nil),   // 13: nodeplug.devicemanager.v1.ListResourceSlicesRequest
+	(*ListResourceSlicesResponse)(nil),  // 14: nodeplug.devicemanager.v1.ListResourceSlicesResponse
+	(*WatchResourceSlicesRequest)(nil),  // 15: nodeplug.devicemanager.v1.WatchResourceSlicesRequest
+	(*ResourceSliceChange)(nil),         // 16: nodeplug.devicemanager.v1.ResourceSliceChange
+	(*WatchResourceSlicesResponse)(nil), // 17: nodeplug.devicemanager.v1.WatchResourceSlicesResponse
+	(*PodClaim)(nil),                    // 18: nodeplug.devicemanager.v1.PodClaim
+	(*ContainerClaim)(nil),              // 19: nodeplug.devicemanager.v1.ContainerClaim
+	(*ContainerClaims)(nil),             // 20: nodeplug.devicemanager.v1.ContainerClaims
+	(*PrepareResourcesRequest)(nil),     // 21: nodeplug.devicemanager.v1.PrepareResourcesRequest
+	(*PreparedDevice)(nil),              // 22: nodeplug.devicemanager.v1.PreparedDevice
+	(*ContainerResources)(nil),          // 23: nodeplug.devicemanager.v1.ContainerResources
+	(*PrepareResourcesResponse)(nil),    // 24: nodeplug.devicemanager.v1.PrepareResourcesResponse
+	(*ClaimDevice)(nil),                 // 25: nodeplug.devicemanager.v1.ClaimDevice
+	(*ClaimPod)(nil),                    // 26: nodeplug.devicemanager.v1.ClaimPod
+	(*Claim)(nil),                       // 27: nodeplug.devicemanager.v1.Claim
+	(*ListClaimsRequest)(nil),           // 28: nodeplug.devicemanager.v1.ListClaimsRequest
+	(*ListClaimsResponse)(nil),          // 29: nodeplug.devicemanager.v1.ListClaimsResponse
+	nil,                                 // 30: nodeplug.devicemanager.v1.Device.AttributesEntry
+	nil,                                 // 31: nodeplug.devicemanager.v1.Device.CapacityEntry
+	(*timestamppb.Timestamp)(nil),       // 32: google.protobuf.Timestamp
+	(*Synced)(nil),                      // 33: nodeplug.devicemanager.v1.Synced
 }
 var file_nodeplug_devicemanager_v1_dra_proto_depIdxs = []int32{
-	5,  // 0: nodeplug.devicemanager.v1.RegisterDRADriverResponse.instance:type_name -> nodeplug.devicemanager.v1.DRADriverInstance
-	19, // 1: nodeplug.devicemanager.v1.DRADriverInstance.registered_time:type_name -> google.protobuf.Timestamp
-	19, // 2: nodeplug.devicemanager.v1.DRADriverInstance.state_change_time:type_name -> google.protobuf.Timestamp
-	5,  // 3: nodeplug.devicemanager.v1.DRADriver.instances:type_name -> nodeplug.devicemanager.v1.DRADriverInstance
-	19, // 4: nodeplug.devicemanager.v1.DRADriver.slice_deletion_time:type_name -> google.protobuf.Timestamp
-	6,  // 5: nodeplug.devicemanager.v1.ListDRADriversResponse.drivers:type_name -> nodeplug.devicemanager.v1.DRADriver
-	17, // 6: nodeplug.devicemanager.v1.Device.attributes:type_name -> nodeplug.devicemanager.v1.Device.AttributesEntry
-	18, // 7: nodeplug.devicemanager.v1.Device.capacity:type_name -> nodeplug.devicemanager.v1.Device.CapacityEntry
-	9,  // 8: nodeplug.devicemanager.v1.ResourceSlice.pool:type_name -> nodeplug.devicemanager.v1.ResourcePool
-	10, // 9: nodeplug.devicemanager.v1.ResourceSlice.devices:type_name -> nodeplug.devicemanager.v1.Device
-	19, // 10: nodeplug.devicemanager.v1.ResourceSlice.creation_time:type_name -> google.protobuf.Timestamp
-	11, // 11: nodeplug.devicemanager.v1.ListResourceSlicesResponse.slices:type_name -> nodeplug.devicemanager.v1.ResourceSlice
+	6,  // 0: nodeplug.devicemanager.v1.RegisterDRADriverResponse.instance:type_name -> nodeplug.devicemanager.v1.DRADriverInstance
+	32, // 1: nodeplug.devicemanager.v1.DRADriverInstance.registered_time:type_name -> google.protobuf.Timestamp
+	32, // 2: nodeplug.devicemanager.v1.DRADriverInstance.state_change_time:type_name -> google.protobuf.Timestamp
+	6,  // 3: nodeplug.devicemanager.v1.DRADriver.instances:type_name -> nodeplug.devicemanager.v1.DRADriverInstance
+	32, // 4: nodeplug.devicemanager.v1.DRADriver.slice_deletion_time:type_name -> google.protobuf.Timestamp
+	7,  // 5: nodeplug.devicemanager.v1.ListDRADriversResponse.drivers:type_name -> nodeplug.devicemanager.v1.DRADriver
+	30, // 6: nodeplug.devicemanager.v1.Device.attributes:type_name -> nodeplug.devicemanager.v1.Device.AttributesEntry
+	31, // 7: nodeplug.devicemanager.v1.Device.capacity:type_name -> nodeplug.devicemanager.v1.Device.CapacityEntry
+	10, // 8: nodeplug.devicemanager.v1.ResourceSlice.pool:type_name -> nodeplug.devicemanager.v1.ResourcePool
+	11, // 9: nodeplug.devicemanager.v1.ResourceSlice.devices:type_name -> nodeplug.devicemanager.v1.Device
+	32, // 10: nodeplug.devicemanager.v1.ResourceSlice.creation_time:type_name -> google.protobuf.Timestamp
+	12, // 11: nodeplug.devicemanager.v1.ListResourceSlicesResponse.slices:type_name -> nodeplug.devicemanager.v1.ResourceSlice
 	0,  // 12: nodeplug.devicemanager.v1.ResourceSliceChange.type:type_name -> nodeplug.devicemanager.v1.ResourceSliceChangeType
-	11, // 13: nodeplug.devicemanager.v1.ResourceSliceChange.slice:type_name -> nodeplug.devicemanager.v1.ResourceSlice
-	15, // 14: nodeplug.devicemanager.v1.WatchResourceSlicesResponse.change:type_name -> nodeplug.devicemanager.v1.ResourceSliceChange
-	20, // 15: nodeplug.devicemanager.v1.WatchResourceSlicesResponse.synced:type_name -> nodeplug.devicemanager.v1.Synced
-	1,  // 16: nodeplug.devicemanager.v1.DRAService.RegisterDRADriver:input_type -> nodeplug.devicemanager.v1.RegisterDRADriverRequest
-	3,  // 17: nodeplug.devicemanager.v1.DRAService.DeregisterDRADriver:input_type -> nodeplug.devicemanager.v1.DeregisterDRADriverRequest
-	7,  // 18: nodeplug.devicemanager.v1.DRAService.ListDRADrivers:input_type -> nodeplug.devicemanager.v1.ListDRADriversRequest
-	12, // 19: nodeplug.devicemanager.v1.DRAService.ListResourceSlices:input_type -> nodeplug.devicemanager.v1.ListResourceSlicesRequest
-	14, // 20: nodeplug.devicemanager.v1.DRAService.WatchResourceSlices:input_type -> nodeplug.devicemanager.v1.WatchResourceSlicesRequest
-	2,  // 21: nodeplug.devicemanager.v1.DRAService.RegisterDRADriver:output_type -> nodeplug.devicemanager.v1.RegisterDRADriverResponse
-	4,  // 22: nodeplug.devicemanager.v1.DRAService.DeregisterDRADriver:output_type -> nodeplug.devicemanager.v1.DeregisterDRADriverResponse
-	8,  // 23: nodeplug.devicemanager.v1.DRAService.ListDRADrivers:output_type -> nodeplug.devicemanager.v1.ListDRADriversResponse
-	13, // 24: nodeplug.devicemanager.v1.DRAService.ListResourceSlices:output_type -> nodeplug.devicemanager.v1.ListResourceSlicesResponse
-	16, // 25: nodeplug.devicemanager.v1.DRAService.WatchResourceSlices:output_type -> nodeplug.devicemanager.v1.WatchResourceSlicesResponse
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	12, // 13: nodeplug.devicemanager.v1.ResourceSliceChange.slice:type_name -> nodeplug.devicemanager.v1.ResourceSlice
+	16, // 14: nodeplug.devicemanager.v1.WatchResourceSlicesResponse.change:type_name -> nodeplug.devicemanager.v1.ResourceSliceChange
+	33, // 15: nodeplug.devicemanager.v1.WatchResourceSlicesResponse.synced:type_name -> nodeplug.devicemanager.v1.Synced
+	19, // 16: nodeplug.devicemanager.v1.ContainerClaims.claims:type_name -> nodeplug.devicemanager.v1.ContainerClaim
+	18, // 17: nodeplug.devicemanager.v1.PrepareResourcesRequest.pod_claims:type_name -> nodeplug.devicemanager.v1.PodClaim
+	20, // 18: nodeplug.devicemanager.v1.PrepareResourcesRequest.containers:type_name -> nodeplug.devicemanager.v1.ContainerClaims
+	22, // 19: nodeplug.devicemanager.v1.ContainerResources.devices:type_name -> nodeplug.devicemanager.v1.PreparedDevice
+	23, // 20: nodeplug.devicemanager.v1.PrepareResourcesResponse.containers:type_name -> nodeplug.devicemanager.v1.ContainerResources
+	1,  // 21: nodeplug.devicemanager.v1.Claim.state:type_name -> nodeplug.devicemanager.v1.ClaimState
+	25, // 22: nodeplug.devicemanager.v1.Claim.devices:type_name -> nodeplug.devicemanager.v1.ClaimDevice
+	26, // 23: nodeplug.devicemanager.v1.Claim.pods:type_name -> nodeplug.devicemanager.v1.ClaimPod
+	32, // 24: nodeplug.devicemanager.v1.Claim.creation_time:type_name -> google.protobuf.Timestamp
+	27, // 25: nodeplug.devicemanager.v1.ListClaimsResponse.claims:type_name -> nodeplug.devicemanager.v1.Claim
+	2,  // 26: nodeplug.devicemanager.v1.DRAService.RegisterDRADriver:input_type -> nodeplug.devicemanager.v1.RegisterDRADriverRequest
+	4,  // 27: nodeplug.devicemanager.v1.DRAService.DeregisterDRADriver:input_type -> nodeplug.devicemanager.v1.DeregisterDRADriverRequest
+	8,  // 28: nodeplug.devicemanager.v1.DRAService.ListDRADrivers:input_type -> nodeplug.devicemanager.v1.ListDRADriversRequest
+	13, // 29: nodeplug.devicemanager.v1.DRAService.ListResourceSlices:input_type -> nodeplug.devicemanager.v1.ListResourceSlicesRequest
+	15, // 30: nodeplug.devicemanager.v1.DRAService.WatchResourceSlices:input_type -> nodeplug.devicemanager.v1.WatchResourceSlicesRequest
+	21, // 31: nodeplug.devicemanager.v1.DRAService.PrepareResources:input_type -> nodeplug.devicemanager.v1.PrepareResourcesRequest
+	28, // 32: nodeplug.devicemanager.v1.DRAService.ListClaims:input_type -> nodeplug.devicemanager.v1.ListClaimsRequest
+	3,  // 33: nodeplug.devicemanager.v1.DRAService.RegisterDRADriver:output_type -> nodeplug.devicemanager.v1.RegisterDRADriverResponse
+	5,  // 34: nodeplug.devicemanager.v1.DRAService.DeregisterDRADriver:output_type -> nodeplug.devicemanager.v1.DeregisterDRADriverResponse
+	9,  // 35: nodeplug.devicemanager.v1.DRAService.ListDRADrivers:output_type -> nodeplug.devicemanager.v1.ListDRADriversResponse
+	14, // 36: nodeplug.devicemanager.v1.DRAService.ListResourceSlices:output_type -> nodeplug.devicemanager.v1.ListResourceSlicesResponse
+	17, // 37: nodeplug.devicemanager.v1.DRAService.WatchResourceSlices:output_type -> nodeplug.devicemanager.v1.WatchResourceSlicesResponse
+	24, // 38: nodeplug.devicemanager.v1.DRAService.PrepareResources:output_type -> nodeplug.devicemanager.v1.PrepareResourcesResponse
+	29, // 39: nodeplug.devicemanager.v1.DRAService.ListClaims:output_type -> nodeplug.devicemanager.v1.ListClaimsResponse
+	33, // [33:40] is the sub-list for method output_type
+	26, // [26:33] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_nodeplug_devicemanager_v1_dra_proto_init() }
@@ -1436,8 +2480,8 @@ func file_nodeplug_devicemanager_v1_dra_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodeplug_devicemanager_v1_dra_proto_rawDesc), len(file_nodeplug_devicemanager_v1_dra_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   18,
+			NumEnums:      2,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

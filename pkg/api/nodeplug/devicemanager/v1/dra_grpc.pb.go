@@ -24,6 +24,8 @@ const (
 	DRAService_ListDRADrivers_FullMethodName      = "/nodeplug.devicemanager.v1.DRAService/ListDRADrivers"
 	DRAService_ListResourceSlices_FullMethodName  = "/nodeplug.devicemanager.v1.DRAService/ListResourceSlices"
 	DRAService_WatchResourceSlices_FullMethodName = "/nodeplug.devicemanager.v1.DRAService/WatchResourceSlices"
+	DRAService_PrepareResources_FullMethodName    = "/nodeplug.devicemanager.v1.DRAService/PrepareResources"
+	DRAService_ListClaims_FullMethodName          = "/nodeplug.devicemanager.v1.DRAService/ListClaims"
 )
 
 // DRAServiceClient is the client API for DRAService service.
@@ -62,6 +64,26 @@ type DRAServiceClient interface {
 	// one synced marker, then every change. A subscriber that falls behind is
 	// closed with RESOURCE_EXHAUSTED and should resubscribe.
 	WatchResourceSlices(ctx context.Context, in *WatchResourceSlicesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResourceSlicesResponse], error)
+	// PrepareResources prepares a pod's ResourceClaims on this node, as the
+	// kubelet's DRA manager does before the pod's containers start: each claim
+	// not yet allocated is allocated against this node's ResourceSlices and
+	// the DeviceClasses (a claim allocated elsewhere must be allocated to this
+	// node), the pod is added to its status.reservedFor, and the claims are
+	// sent to their drivers' NodePrepareResources. The answer is, per
+	// container, the CDI device IDs of the claims and requests it references.
+	// The same call again returns the saved answer and calls no driver; a
+	// claim pods share is prepared once. An unallocatable claim is
+	// FAILED_PRECONDITION with the allocator's reason; a driver that is not
+	// registered UNAVAILABLE naming it; a driver's error for a claim fails the
+	// call with the driver's message and leaves nothing prepared. The pod's
+	// claims are unprepared by DeviceManagerService.Release of the pod.
+	// Operator role.
+	PrepareResources(ctx context.Context, in *PrepareResourcesRequest, opts ...grpc.CallOption) (*PrepareResourcesResponse, error)
+	// ListClaims returns the ResourceClaims of the API joined with what this
+	// node recorded for them: state, devices with their health, pods and CDI
+	// device IDs. Claims this node recorded that are gone from the API are
+	// listed too.
+	ListClaims(ctx context.Context, in *ListClaimsRequest, opts ...grpc.CallOption) (*ListClaimsResponse, error)
 }
 
 type dRAServiceClient struct {
@@ -131,6 +153,26 @@ func (c *dRAServiceClient) WatchResourceSlices(ctx context.Context, in *WatchRes
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DRAService_WatchResourceSlicesClient = grpc.ServerStreamingClient[WatchResourceSlicesResponse]
 
+func (c *dRAServiceClient) PrepareResources(ctx context.Context, in *PrepareResourcesRequest, opts ...grpc.CallOption) (*PrepareResourcesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrepareResourcesResponse)
+	err := c.cc.Invoke(ctx, DRAService_PrepareResources_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dRAServiceClient) ListClaims(ctx context.Context, in *ListClaimsRequest, opts ...grpc.CallOption) (*ListClaimsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListClaimsResponse)
+	err := c.cc.Invoke(ctx, DRAService_ListClaims_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DRAServiceServer is the server API for DRAService service.
 // All implementations must embed UnimplementedDRAServiceServer
 // for forward compatibility.
@@ -167,6 +209,26 @@ type DRAServiceServer interface {
 	// one synced marker, then every change. A subscriber that falls behind is
 	// closed with RESOURCE_EXHAUSTED and should resubscribe.
 	WatchResourceSlices(*WatchResourceSlicesRequest, grpc.ServerStreamingServer[WatchResourceSlicesResponse]) error
+	// PrepareResources prepares a pod's ResourceClaims on this node, as the
+	// kubelet's DRA manager does before the pod's containers start: each claim
+	// not yet allocated is allocated against this node's ResourceSlices and
+	// the DeviceClasses (a claim allocated elsewhere must be allocated to this
+	// node), the pod is added to its status.reservedFor, and the claims are
+	// sent to their drivers' NodePrepareResources. The answer is, per
+	// container, the CDI device IDs of the claims and requests it references.
+	// The same call again returns the saved answer and calls no driver; a
+	// claim pods share is prepared once. An unallocatable claim is
+	// FAILED_PRECONDITION with the allocator's reason; a driver that is not
+	// registered UNAVAILABLE naming it; a driver's error for a claim fails the
+	// call with the driver's message and leaves nothing prepared. The pod's
+	// claims are unprepared by DeviceManagerService.Release of the pod.
+	// Operator role.
+	PrepareResources(context.Context, *PrepareResourcesRequest) (*PrepareResourcesResponse, error)
+	// ListClaims returns the ResourceClaims of the API joined with what this
+	// node recorded for them: state, devices with their health, pods and CDI
+	// device IDs. Claims this node recorded that are gone from the API are
+	// listed too.
+	ListClaims(context.Context, *ListClaimsRequest) (*ListClaimsResponse, error)
 	mustEmbedUnimplementedDRAServiceServer()
 }
 
@@ -191,6 +253,12 @@ func (UnimplementedDRAServiceServer) ListResourceSlices(context.Context, *ListRe
 }
 func (UnimplementedDRAServiceServer) WatchResourceSlices(*WatchResourceSlicesRequest, grpc.ServerStreamingServer[WatchResourceSlicesResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchResourceSlices not implemented")
+}
+func (UnimplementedDRAServiceServer) PrepareResources(context.Context, *PrepareResourcesRequest) (*PrepareResourcesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PrepareResources not implemented")
+}
+func (UnimplementedDRAServiceServer) ListClaims(context.Context, *ListClaimsRequest) (*ListClaimsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListClaims not implemented")
 }
 func (UnimplementedDRAServiceServer) mustEmbedUnimplementedDRAServiceServer() {}
 func (UnimplementedDRAServiceServer) testEmbeddedByValue()                    {}
@@ -296,6 +364,42 @@ func _DRAService_WatchResourceSlices_Handler(srv interface{}, stream grpc.Server
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DRAService_WatchResourceSlicesServer = grpc.ServerStreamingServer[WatchResourceSlicesResponse]
 
+func _DRAService_PrepareResources_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrepareResourcesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DRAServiceServer).PrepareResources(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DRAService_PrepareResources_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DRAServiceServer).PrepareResources(ctx, req.(*PrepareResourcesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DRAService_ListClaims_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListClaimsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DRAServiceServer).ListClaims(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DRAService_ListClaims_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DRAServiceServer).ListClaims(ctx, req.(*ListClaimsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DRAService_ServiceDesc is the grpc.ServiceDesc for DRAService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -318,6 +422,14 @@ var DRAService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListResourceSlices",
 			Handler:    _DRAService_ListResourceSlices_Handler,
+		},
+		{
+			MethodName: "PrepareResources",
+			Handler:    _DRAService_PrepareResources_Handler,
+		},
+		{
+			MethodName: "ListClaims",
+			Handler:    _DRAService_ListClaims_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
