@@ -5,8 +5,8 @@
 // Roles are cumulative: internal ⊃ operator ⊃ reader.
 //   - reader: List*, Watch*, health and reflection — anyone who can connect
 //     to the API socket (its file mode decides who can);
-//   - operator: Allocate and Release — root, the service's own uid and
-//     members of the operator group;
+//   - operator: Allocate, Release and PrepareResources — root, the
+//     service's own uid and members of the operator group;
 //   - internal: RegisterPlugin, DeregisterPlugin and any method not named
 //     above — root and the service's own uid only.
 //
@@ -98,7 +98,7 @@ func Required(fullMethod string) Role {
 		return RoleReader
 	case strings.HasPrefix(method, "List"), strings.HasPrefix(method, "Watch"):
 		return RoleReader
-	case method == "Allocate", method == "Release":
+	case method == "Allocate", method == "Release", method == "PrepareResources":
 		return RoleOperator
 	default:
 		return RoleInternal

@@ -49,6 +49,8 @@ func TestRequired(t *testing.T) {
 		"/nodeplug.devicemanager.v1.DRAService/WatchResourceSlices":            access.RoleReader,
 		"/nodeplug.devicemanager.v1.DRAService/RegisterDRADriver":              access.RoleInternal,
 		"/nodeplug.devicemanager.v1.DRAService/DeregisterDRADriver":            access.RoleInternal,
+		"/nodeplug.devicemanager.v1.DRAService/PrepareResources":               access.RoleOperator,
+		"/nodeplug.devicemanager.v1.DRAService/ListClaims":                     access.RoleReader,
 	} {
 		if got := access.Required(method); got != want {
 			t.Errorf("Required(%s) = %s, want %s", method, got, want)
