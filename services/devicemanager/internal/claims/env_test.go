@@ -1,0 +1,305 @@
+package claims_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc/metadata"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
+)
+
+var spans = tracetest.NewSpanRecorder()
+
+func TestMain(m *testing.M) {
+	otel.SetTextMapPropagator(telemetry.Propagator)
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
+	os.Exit(m.Run())
+}
+
+const ns = "ns"
+
+// plugin is a DRA driver's logic behind the upstream kubeletplugin
+// helper: it answers each claim with its allocated devices of this
+// driver, one CDI ID each, counts the calls per claim, and fails as told.
+type plugin struct {
+	driver string
+
+	mu             sync.Mutex
+	prepares       map[string]int // claim name → NodePrepareResources
+	unprepares     map[string]int
+	failPrepare    map[string]string // claim name → error
+	unprepareFails int               // the next ones fail
+	traceparents   []string
+}
+
+func (p *plugin) PrepareResourceClaims(ctx context.Context, cs []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		p.traceparents = append(p.traceparents, md.Get("traceparent")...)
+	}
+	out := map[types.UID]kubeletplugin.PrepareResult{}
+	for _, c := range cs {
+		p.prepares[c.Name]++
+		if msg := p.failPrepare[c.Name]; msg != "" {
+			out[c.UID] = kubeletplugin.PrepareResult{Err: errors.New(msg)}
+			continue
+		}
+		var devs []kubeletplugin.Device
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == p.driver {
+				devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device,
+					CDIDeviceIDs: []string{p.driver + "/dev=" + r.Device}})
+			}
+		}
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs}
+	}
+	return out, nil
+}
+
+func (p *plugin) UnprepareResourceClaims(_ context.Context, cs []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[types.UID]error{}
+	for _, c := range cs {
+		p.unprepares[c.Name]++
+		if p.unprepareFails > 0 {
+			p.unprepareFails--
+			out[c.UID] = fmt.Errorf("device of %s is busy", c.Name)
+			continue
+		}
+		out[c.UID] = nil
+	}
+	return out, nil
+}
+
+func (p *plugin) HandleError(context.Context, error, string) {}
+
+func (p *plugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
+
+func (p *plugin) counts(claim string) (prepares, unprepares int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.prepares[claim], p.unprepares[claim]
+}
+
+func (p *plugin) set(f func(p *plugin)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f(p)
+}
+
+// env is a node: the node-local API, a DRA driver on a Unix socket with
+// a pool of devices, C2's Reserver, and a journal in a temporary dir.
+type env struct {
+	t      *testing.T
+	api    *dratest.API
+	plugin *plugin
+	drv    *socketDrivers
+	res    *claimalloc.Allocator
+	dir    string
+	st     *store.Journal
+	mgr    *claims.Manager
+}
+
+const driverName = "gpu.example.com"
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	root := testutil.TempDir(t)
+	e := &env{t: t, api: dratest.StartAPI(t, root), dir: filepath.Join(root, "device-plugins")}
+	if err := os.MkdirAll(e.dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	e.plugin = &plugin{driver: driverName, prepares: map[string]int{}, unprepares: map[string]int{}, failPrepare: map[string]string{}}
+	dataDir := filepath.Join(root, "plugins", driverName)
+	regDir := filepath.Join(root, "plugins_registry")
+	for _, d := range []string{dataDir, regDir} {
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := kubeletplugin.Start(context.Background(), e.plugin,
+		kubeletplugin.DriverName(driverName), kubeletplugin.NodeName(dratest.Node), kubeletplugin.KubeClient(e.api.DriverClient),
+		kubeletplugin.RegistrarDirectoryPath(regDir), kubeletplugin.PluginDataDirectoryPath(dataDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.Stop)
+	devs := make([]resourcev1.Device, 4)
+	for i := range devs {
+		devs[i] = resourcev1.Device{Name: fmt.Sprintf("gpu-%d", i)}
+	}
+	if err := h.PublishResources(context.Background(), resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{dratest.Node: {Slices: []resourceslice.Slice{{Devices: devs}}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dratest.WaitSlices(t, e.api.Client, driverName, 1, len(devs))
+	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu"}, Spec: resourcev1.DeviceClassSpec{
+		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "` + driverName + `"`}}},
+	}}
+	if _, err := e.api.Client.ResourceV1().DeviceClasses().Create(context.Background(), class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := rpcutil.DialPlugin(filepath.Join(dataDir, "dra.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	e.drv = &socketDrivers{clients: map[string]drapb.DRAPluginClient{driverName: drapb.NewDRAPluginClient(conn)}}
+	if e.res, err = claimalloc.New(e.api.Client, dratest.Node, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// start opens the journal and a Manager over it, as the devicemanager
+// does at start.
+func (e *env) start() {
+	e.t.Helper()
+	e.st = store.New(e.dir, store.Options{})
+	j := claims.NewJournal(e.st)
+	if _, err := j.Load(); err != nil {
+		e.t.Fatal(err)
+	}
+	m, err := claims.New(claims.Config{Reserver: e.res, Drivers: e.drv, Journal: j, RetryInitial: 10e6, RetryMax: 50e6,
+		AllocatedHere: func(c *resourcev1.ResourceClaim) bool {
+			return c.Annotations[claimalloc.AllocatedByAnnotation] == dratest.Node
+		}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.mgr = m
+}
+
+// stop stops the Manager and closes the journal; every acknowledged
+// change is durable already, so this is what a kill leaves on disk.
+func (e *env) stop() {
+	if e.mgr == nil {
+		return
+	}
+	e.mgr.Close()
+	if err := e.st.Flush(); err != nil {
+		e.t.Error(err)
+	}
+	e.mgr = nil
+}
+
+// claim creates a claim for count devices of class gpu, each request
+// named in reqs.
+func (e *env) claim(name string, reqs ...string) {
+	e.t.Helper()
+	c := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	for _, r := range reqs {
+		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourcev1.DeviceRequest{Name: r, Exactly: &resourcev1.ExactDeviceRequest{
+			DeviceClassName: "gpu", AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1}})
+	}
+	if _, err := e.api.Client.ResourceV1().ResourceClaims(ns).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) get(name string) *resourcev1.ResourceClaim {
+	e.t.Helper()
+	c, err := e.api.Client.ResourceV1().ResourceClaims(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// podReq is a pod using claim (as pod claim "c") in one container "main".
+func podReq(pod string, claimNames ...string) claims.PrepareRequest {
+	r := claims.PrepareRequest{Pod: claims.PodRef{UID: "uid-" + pod, Namespace: ns, Name: pod}, Containers: []claims.ContainerClaims{{Container: "main"}}}
+	for i, c := range claimNames {
+		pc := fmt.Sprintf("c%d", i)
+		r.PodClaims = append(r.PodClaims, claims.PodClaim{Name: pc, ResourceClaimName: c})
+		r.Containers[0].Claims = append(r.Containers[0].Claims, claims.ContainerClaim{Name: pc})
+	}
+	return r
+}
+
+// socketDrivers calls DRA drivers' v1.DRAPlugin on their sockets, as the
+// devicemanager's driver registry does.
+type socketDrivers struct {
+	clients map[string]drapb.DRAPluginClient
+}
+
+func refsOf(cs []claims.ClaimRef) []*drapb.Claim {
+	out := make([]*drapb.Claim, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: c.UID})
+	}
+	return out
+}
+
+func (s *socketDrivers) Prepare(ctx context.Context, driver string, cs []claims.ClaimRef) (map[string]claims.PrepareResult, error) {
+	c, ok := s.clients[driver]
+	if !ok {
+		return nil, fmt.Errorf("DRA driver %s is not registered: %w", driver, errdefs.ErrUnavailable)
+	}
+	resp, err := c.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: refsOf(cs)})
+	if err != nil {
+		return nil, errdefs.FromGRPC(err)
+	}
+	out := map[string]claims.PrepareResult{}
+	for uid, r := range resp.Claims {
+		if r.Error != "" {
+			out[uid] = claims.PrepareResult{Err: errors.New(r.Error)}
+			continue
+		}
+		var devs []claims.Device
+		for _, d := range r.Devices {
+			devs = append(devs, claims.Device{Requests: d.RequestNames, Driver: driver, Pool: d.PoolName, Device: d.DeviceName, CDIDeviceIDs: d.CdiDeviceIds})
+		}
+		out[uid] = claims.PrepareResult{Devices: devs}
+	}
+	return out, nil
+}
+
+func (s *socketDrivers) Unprepare(ctx context.Context, driver string, cs []claims.ClaimRef) (map[string]error, error) {
+	c, ok := s.clients[driver]
+	if !ok {
+		return nil, fmt.Errorf("DRA driver %s is not registered: %w", driver, errdefs.ErrUnavailable)
+	}
+	resp, err := c.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: refsOf(cs)})
+	if err != nil {
+		return nil, errdefs.FromGRPC(err)
+	}
+	out := map[string]error{}
+	for uid, r := range resp.Claims {
+		if r.Error != "" {
+			out[uid] = errors.New(r.Error)
+		} else {
+			out[uid] = nil
+		}
+	}
+	return out, nil
+}
