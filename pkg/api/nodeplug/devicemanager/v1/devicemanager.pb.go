@@ -1753,8 +1753,13 @@ type ReleaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Number of devices freed; zero when nothing was allocated.
 	ReleasedDevices int64 `protobuf:"varint,1,opt,name=released_devices,json=releasedDevices,proto3" json:"released_devices,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Number of DRA claims the pod was dropped from (a release of the whole
+	// pod only). A claim no other pod uses is then unprepared by its driver
+	// in the background, retried until it succeeds (ListClaims shows it
+	// unpreparing meanwhile).
+	ReleasedClaims int64 `protobuf:"varint,2,opt,name=released_claims,json=releasedClaims,proto3" json:"released_claims,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReleaseResponse) Reset() {
@@ -1790,6 +1795,13 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 func (x *ReleaseResponse) GetReleasedDevices() int64 {
 	if x != nil {
 		return x.ReleasedDevices
+	}
+	return 0
+}
+
+func (x *ReleaseResponse) GetReleasedClaims() int64 {
+	if x != nil {
+		return x.ReleasedClaims
 	}
 	return 0
 }
@@ -2128,9 +2140,10 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\bpod_name\x18\x05 \x01(\tR\apodName\"P\n" +
 	"\x0eReleaseRequest\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
-	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\"<\n" +
+	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\"e\n" +
 	"\x0fReleaseResponse\x12)\n" +
-	"\x10released_devices\x18\x01 \x01(\x03R\x0freleasedDevices\"1\n" +
+	"\x10released_devices\x18\x01 \x01(\x03R\x0freleasedDevices\x12'\n" +
+	"\x0freleased_claims\x18\x02 \x01(\x03R\x0ereleasedClaims\"1\n" +
 	"\x16ListAllocationsRequest\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"\x93\x03\n" +
 	"\n" +
