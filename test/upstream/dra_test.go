@@ -497,3 +497,51 @@ func (n *draNode) waitShown(want resourcev1.ResourceSlice) {
 		return nil
 	})
 }
+
+// watchSlices subscribes to WatchResourceSlices for driver and, once the
+// snapshot is synced, returns; the channel then gets nil when an UPDATED
+// change with exactly the devices want arrives, or the error that ended
+// the wait.
+func (n *draNode) watchSlices(driver string, want []string) <-chan error {
+	n.t.Helper()
+	ctx := ctxT(n.t)
+	stream, err := n.draClient().WatchResourceSlices(ctx, &dmv1.WatchResourceSlicesRequest{DriverName: driver})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			n.t.Fatalf("WatchResourceSlices before synced: %v", err)
+		}
+		if resp.GetSynced() != nil {
+			break
+		}
+	}
+	out := make(chan error, 1)
+	go func() {
+		var seen []string
+		for {
+			resp, err := stream.Recv()
+			if err != nil {
+				out <- fmt.Errorf("%w; changes seen: %v", err, seen)
+				return
+			}
+			ch := resp.GetChange()
+			if ch == nil {
+				continue
+			}
+			var names []string
+			for _, d := range ch.GetSlice().GetDevices() {
+				names = append(names, d.GetName())
+			}
+			slices.Sort(names)
+			seen = append(seen, fmt.Sprintf("%s %v", ch.GetType(), names))
+			if ch.GetType() == dmv1.ResourceSliceChangeType_RESOURCE_SLICE_CHANGE_TYPE_UPDATED && slices.Equal(names, want) {
+				out <- nil
+				return
+			}
+		}
+	}()
+	return out
+}
