@@ -1,8 +1,10 @@
 // Package state is the console's view of nodeplug: it follows the three
 // services through their reader methods only (WatchSocketEvents,
-// WatchPlugins, WatchResources, ListAllocations) and keeps the latest
-// snapshot of sockets, plugins, resources and allocations, waking the live
-// views on every change.
+// WatchPlugins, WatchResources, ListAllocations, and the devicemanager's
+// DRAService: WatchResourceSlices, ListDRADrivers, ListClaims) and keeps
+// the latest snapshot of sockets, plugins, resources, allocations, DRA
+// drivers, ResourceSlices and claims, waking the live views on every
+// change.
 package state
 
 import (
@@ -45,6 +47,13 @@ type Snapshot struct {
 	Plugins     []*rcv1.Plugin     // by socket path
 	Resources   []*dmv1.Resource   // by name
 	Allocations []*dmv1.Allocation // by pod, container, resource
+	DRADrivers  []*dmv1.DRADriver     // by name
+	Slices      []*dmv1.ResourceSlice // by name
+	Claims      []*dmv1.Claim         // by namespace, name
+	// DriversProblem and ClaimsProblem say why the last driver or claim
+	// list failed ("" when it did not); the lists then keep what they
+	// held before.
+	DriversProblem, ClaimsProblem string
 	// Status holds, per service, "" while its stream is synced, else why
 	// not (connecting, or the last error).
 	Status map[string]string
@@ -59,6 +68,7 @@ type State struct {
 	log     *slog.Logger
 	changed signal.Signal
 	allocs  chan struct{} // asks the allocation lister for a new list
+	dra     chan struct{} // asks for new DRA driver and claim lists
 	// stopping is set once Run's context ends.
 	stopping atomic.Bool
 
@@ -67,6 +77,11 @@ type State struct {
 	plugins   map[string]*rcv1.Plugin
 	resources map[string]*dmv1.Resource
 	allocList []*dmv1.Allocation
+	slices    map[string]*dmv1.ResourceSlice
+	drivers   []*dmv1.DRADriver
+	claims    []*dmv1.Claim
+	// driversProblem and claimsProblem: see Snapshot.
+	driversProblem, claimsProblem string
 	status    map[string]string
 	rev       uint64
 }
@@ -74,9 +89,10 @@ type State struct {
 // New returns a State over conns; Run follows the services.
 func New(conns Conns, log *slog.Logger) *State {
 	return &State{
-		conns: conns, log: log, allocs: make(chan struct{}, 1),
+		conns: conns, log: log, allocs: make(chan struct{}, 1), dra: make(chan struct{}, 1),
 		sockets: map[string]*wv1.SocketEvent{}, plugins: map[string]*rcv1.Plugin{}, resources: map[string]*dmv1.Resource{},
-		status: map[string]string{Watcher: "connecting", Reconciler: "connecting", DeviceManager: "connecting"},
+		slices: map[string]*dmv1.ResourceSlice{},
+		status: map[string]string{Watcher: "connecting", Reconciler: "connecting", DeviceManager: "connecting", DRA: "connecting"},
 	}
 }
 
@@ -94,6 +110,9 @@ func (s *State) Snapshot() Snapshot {
 	snap.Sockets = sortedValues(s.sockets)
 	snap.Plugins = sortedValues(s.plugins)
 	snap.Resources = sortedValues(s.resources)
+	snap.Slices = sortedValues(s.slices)
+	snap.DRADrivers, snap.Claims = slices.Clone(s.drivers), slices.Clone(s.claims)
+	snap.DriversProblem, snap.ClaimsProblem = s.driversProblem, s.claimsProblem
 	return snap
 }
 
@@ -141,10 +160,11 @@ func (s *State) synced(svc string, items int) {
 // stream error.
 func (s *State) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for _, f := range []func(context.Context) error{s.watchSockets, s.watchPlugins, s.watchResources} {
+	for _, f := range []func(context.Context) error{s.watchSockets, s.watchPlugins, s.watchResources, s.watchSlices} {
 		wg.Go(func() { s.retry(ctx, f) })
 	}
 	wg.Go(func() { s.listAllocations(ctx) })
+	wg.Go(func() { s.listDRA(ctx) })
 	context.AfterFunc(ctx, func() { s.stopping.Store(true) })
 	wg.Wait()
 	return nil

@@ -91,6 +91,9 @@ func (s *State) watchPlugins(ctx context.Context) error {
 			continue
 		}
 		s.update(func() { apply(s.plugins) })
+		// A DRA driver registers and goes through the reconciler, so a
+		// plugin change is when the driver list may differ.
+		s.refreshDRA()
 	}
 }
 

@@ -69,7 +69,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/plugins", http.StatusSeeOther)
 	})
-	for _, v := range []string{"plugins", "resources", "allocations", "traces"} {
+	for _, v := range views {
 		mux.HandleFunc("GET /"+v, s.page(v))
 	}
 	mux.HandleFunc("GET /traces/{id}", s.page("trace"))
@@ -89,7 +89,10 @@ type pageData struct {
 	Fragment                        template.HTML
 }
 
-var titles = map[string]string{"plugins": "Plugins", "resources": "Resources", "allocations": "Allocations", "traces": "Traces", "trace": "Trace"}
+// views are the pages the navigation lists, in its order.
+var views = []string{"plugins", "resources", "allocations", "dra", "traces"}
+
+var titles = map[string]string{"plugins": "Plugins", "resources": "Resources", "allocations": "Allocations", "dra": "DRA", "traces": "Traces", "trace": "Trace"}
 
 func (s *Server) page(view string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -112,7 +115,7 @@ func (s *Server) page(view string) http.HandlerFunc {
 		if id != "" {
 			d.Events += "&id=" + traces.NormalizeID(id)
 		}
-		for _, v := range []string{"plugins", "resources", "allocations", "traces"} {
+		for _, v := range views {
 			d.Nav = append(d.Nav, navItem{"/" + v, titles[v], v == view || (v == "traces" && view == "trace")})
 		}
 		var buf bytes.Buffer
@@ -136,6 +139,8 @@ func (s *Server) render(ctx context.Context, view, id string) (string, error) {
 		data = resourcesOf(s.state.Snapshot(), now)
 	case "allocations":
 		data = allocationsOf(s.state.Snapshot(), now)
+	case "dra":
+		data = draOf(s.state.Snapshot(), now)
 	case "traces":
 		v := tracesView{Sources: s.sources}
 		list, err := s.traces.Recent(ctx, 50)
