@@ -43,10 +43,10 @@ type Conns struct {
 // Snapshot is what the console shows at one moment. Its messages are
 // shared and must not be modified.
 type Snapshot struct {
-	Sockets     []*wv1.SocketEvent // CREATED events of the sockets present, by path
-	Plugins     []*rcv1.Plugin     // by socket path
-	Resources   []*dmv1.Resource   // by name
-	Allocations []*dmv1.Allocation // by pod, container, resource
+	Sockets     []*wv1.SocketEvent    // CREATED events of the sockets present, by path
+	Plugins     []*rcv1.Plugin        // by socket path
+	Resources   []*dmv1.Resource      // by name
+	Allocations []*dmv1.Allocation    // by pod, container, resource
 	DRADrivers  []*dmv1.DRADriver     // by name
 	Slices      []*dmv1.ResourceSlice // by name
 	Claims      []*dmv1.Claim         // by namespace, name
@@ -82,8 +82,8 @@ type State struct {
 	claims    []*dmv1.Claim
 	// driversProblem and claimsProblem: see Snapshot.
 	driversProblem, claimsProblem string
-	status    map[string]string
-	rev       uint64
+	status                        map[string]string
+	rev                           uint64
 }
 
 // New returns a State over conns; Run follows the services.
