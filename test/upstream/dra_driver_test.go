@@ -254,3 +254,23 @@ func TestDRARollingUpdate(t *testing.T) {
 	}
 	alive(t, a.proc)
 }
+
+// TestDRADriverGoneWhileDeviceManagerDown stops the driver while the
+// devicemanager is killed: the restarted devicemanager finds the driver's
+// slices of a driver no longer registered and deletes them after the delay.
+func TestDRADriverGoneWhileDeviceManagerDown(t *testing.T) {
+	n := startDRANode(t, shortDelay)
+	cs := n.client(n.readerConfig())
+	devs := []resourcev1.Device{gpu("gpu-0", "a100", 0, "40Gi")}
+	d := n.startDriver(testDriver, devs)
+	n.waitDriver(testDriver, oneServing(1, ""))
+	n.waitSlices(cs, testDriver, devs)
+
+	n.killDM()
+	if err := d.proc.Stop(30 * time.Second); err != nil {
+		t.Fatalf("driver stop: %v", err)
+	}
+	n.startDM()
+	n.waitNoSlices(cs, testDriver)
+	alive(t, n.dmProcess())
+}
