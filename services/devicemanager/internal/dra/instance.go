@@ -78,6 +78,7 @@ type instance struct {
 	stateChange time.Time
 	lastError   string
 	removed     bool
+	health      map[string]deviceHealth // by pool/device, from NodeWatchResources (health.go)
 }
 
 // dial makes the instance's connection (not connected yet: start
@@ -138,6 +139,13 @@ func (in *instance) start(wg *sync.WaitGroup) {
 			}
 		}
 	}()
+	if in.healthService != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			in.watchHealth()
+		}()
+	}
 }
 
 // setState records the connection's state and brings the driver's pending

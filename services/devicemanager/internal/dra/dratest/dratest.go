@@ -104,6 +104,13 @@ func (plugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHeal
 // it serves, as the reconciler does. It is stopped when the test ends.
 func StartDriver(t testing.TB, api *API, name, uid string) *Driver {
 	t.Helper()
+	return StartDriverWith(t, api, name, uid, plugin{})
+}
+
+// StartDriverWith is StartDriver with the driver's logic p (see Plugin)
+// and more helper options.
+func StartDriverWith(t testing.TB, api *API, name, uid string, p kubeletplugin.DRAPlugin, more ...kubeletplugin.Option) *Driver {
+	t.Helper()
 	regDir := filepath.Join(api.Root, "plugins_registry")
 	dataDir := filepath.Join(api.Root, "plugins", name)
 	for _, d := range []string{regDir, dataDir} {
@@ -120,7 +127,7 @@ func StartDriver(t testing.TB, api *API, name, uid string) *Driver {
 		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(uid)))
 		reg = filepath.Join(regDir, kubeletplugin.RollingUpdateRegistrarSocketFile(regDir, name, types.UID(uid)))
 	}
-	h, err := kubeletplugin.Start(context.Background(), plugin{}, opts...)
+	h, err := kubeletplugin.Start(context.Background(), p, append(opts, more...)...)
 	if err != nil {
 		t.Fatalf("start DRA driver %s: %v", name, err)
 	}
