@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -27,6 +28,7 @@ import (
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
@@ -122,7 +124,7 @@ type env struct {
 	drv    *socketDrivers
 	res    *claimalloc.Allocator
 	dir    string
-	st     *store.Journal
+	core   *manager.Manager
 	mgr    *claims.Manager
 }
 
@@ -180,15 +182,16 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-// start opens the journal and a Manager over it, as the devicemanager
-// does at start.
+// start opens the journal, the state core over it (which loads it) and a
+// Manager sharing it, as the devicemanager does at start.
 func (e *env) start() {
 	e.t.Helper()
-	e.st = store.New(e.dir, store.Options{})
-	j := claims.NewJournal(e.st)
-	if _, err := j.Load(); err != nil {
+	j := claims.NewJournal(store.New(e.dir, store.Options{}))
+	core, err := manager.Open(context.Background(), manager.Config{DevicePluginsDir: e.dir, Store: j, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.core = core
 	m, err := claims.New(claims.Config{Reserver: e.res, Drivers: e.drv, Journal: j, RetryInitial: 10e6, RetryMax: 50e6,
 		AllocatedHere: func(c *resourcev1.ResourceClaim) bool {
 			return c.Annotations[claimalloc.AllocatedByAnnotation] == dratest.Node
@@ -206,7 +209,7 @@ func (e *env) stop() {
 		return
 	}
 	e.mgr.Close()
-	if err := e.st.Flush(); err != nil {
+	if err := e.core.Close(); err != nil {
 		e.t.Error(err)
 	}
 	e.mgr = nil

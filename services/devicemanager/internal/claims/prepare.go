@@ -74,7 +74,10 @@ func (m *Manager) prepare(ctx context.Context, req PrepareRequest) ([]ContainerR
 		unlock := m.locks.Lock(key(req.Pod.Namespace, n))
 		defer unlock()
 	}
-	pod := store.ClaimPod{UID: req.Pod.UID, Namespace: req.Pod.Namespace, Name: req.Pod.Name}
+	uses := usesOf(&req)
+	podOf := func(claim string) store.ClaimPod {
+		return store.ClaimPod{UID: req.Pod.UID, Namespace: req.Pod.Namespace, Name: req.Pod.Name, Containers: uses[claim]}
+	}
 	recs := make(map[string]store.Claim, len(names)) // by claim name
 	var put []store.Claim
 	var fresh []*resourcev1.ResourceClaim
@@ -85,7 +88,7 @@ func (m *Manager) prepare(ctx context.Context, req PrepareRequest) ([]ContainerR
 		case ok && rec.State == store.ClaimUnpreparing:
 			err = fmt.Errorf("ResourceClaim %s/%s is being unprepared (last error: %q); retry once it is gone: %w",
 				req.Pod.Namespace, n, lastErr, errdefs.ErrUnavailable)
-		case ok && hasPod(rec.Pods, pod.UID):
+		case ok && hasPod(rec.Pods, req.Pod.UID):
 			recs[n] = rec
 			continue
 		}
@@ -107,15 +110,15 @@ func (m *Manager) prepare(ctx context.Context, req PrepareRequest) ([]ContainerR
 				ref.Namespace, ref.Name, obj.UID, rec.UID, errdefs.ErrFailedPrecondition)
 			break
 		}
-		rec.Pods = append(rec.Pods, pod)
-		rec.Released = slices.DeleteFunc(rec.Released, func(p store.ClaimPod) bool { return p.UID == pod.UID })
+		rec.Pods = append(rec.Pods, podOf(n))
+		rec.Released = slices.DeleteFunc(rec.Released, func(p store.ClaimPod) bool { return p.UID == req.Pod.UID })
 		recs[n] = rec
 		put = append(put, rec)
 	}
 	var prepared []store.Claim
 	var failed []*resourcev1.ResourceClaim
 	if err == nil && len(fresh) > 0 {
-		prepared, failed, err = m.callDrivers(ctx, fresh, pod)
+		prepared, failed, err = m.callDrivers(ctx, fresh, podOf)
 	} else {
 		failed = fresh
 	}
@@ -140,12 +143,12 @@ func (m *Manager) prepare(ctx context.Context, req PrepareRequest) ([]ContainerR
 // callDrivers prepares fresh claims for pod: each driver once, with the
 // claims that have its devices. A claim is prepared when all its drivers
 // succeeded for it.
-func (m *Manager) callDrivers(ctx context.Context, fresh []*resourcev1.ResourceClaim, pod store.ClaimPod) (prepared []store.Claim, failed []*resourcev1.ResourceClaim, err error) {
+func (m *Manager) callDrivers(ctx context.Context, fresh []*resourcev1.ResourceClaim, podOf func(claim string) store.ClaimPod) (prepared []store.Claim, failed []*resourcev1.ResourceClaim, err error) {
 	byDriver := map[string][]ClaimRef{}
 	recs := make(map[string]*store.Claim, len(fresh))
 	for _, obj := range fresh {
 		rec := &store.Claim{UID: string(obj.UID), Namespace: obj.Namespace, Name: obj.Name, State: store.ClaimPrepared,
-			Pods: []store.ClaimPod{pod}, Devices: []store.ClaimDevice{}}
+			Pods: []store.ClaimPod{podOf(obj.Name)}, Devices: []store.ClaimDevice{}}
 		if m.cfg.AllocatedHere != nil {
 			rec.AllocatedHere = m.cfg.AllocatedHere(obj)
 		}
@@ -242,6 +245,23 @@ func answer(req *PrepareRequest, recs map[string]store.Claim) []ContainerResult 
 			}
 		}
 		out = append(out, res)
+	}
+	return out
+}
+
+// usesOf maps each ResourceClaim name of req to its containers'
+// references.
+func usesOf(req *PrepareRequest) map[string][]store.ClaimUse {
+	claimOf := make(map[string]string, len(req.PodClaims))
+	for _, pc := range req.PodClaims {
+		claimOf[pc.Name] = pc.ResourceClaimName
+	}
+	out := map[string][]store.ClaimUse{}
+	for _, c := range req.Containers {
+		for _, cc := range c.Claims {
+			n := claimOf[cc.Name]
+			out[n] = append(out[n], store.ClaimUse{Container: c.Container, Request: cc.Request})
+		}
 	}
 	return out
 }

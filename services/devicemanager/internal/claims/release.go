@@ -49,16 +49,14 @@ func (m *Manager) ReleasePod(ctx context.Context, podUID string) (int, error) {
 
 // releaseClaim drops pod from the claim uid, durably.
 func (m *Manager) releaseClaim(ctx context.Context, uid, podUID string) (bool, error) {
-	m.mu.Lock()
-	r := m.records[uid]
-	m.mu.Unlock()
-	if r == nil {
+	name, ok := m.nameOf(uid)
+	if !ok {
 		return false, nil
 	}
-	unlock := m.locks.Lock(key(r.rec.Namespace, r.rec.Name))
+	unlock := m.locks.Lock(name)
 	defer unlock()
 	m.mu.Lock()
-	r = m.records[uid]
+	r := m.records[uid]
 	var rec store.Claim
 	if r != nil {
 		rec = cloneRec(r.rec)
@@ -80,6 +78,17 @@ func (m *Manager) releaseClaim(ctx context.Context, uid, podUID string) (bool, e
 		"pods_left", len(rec.Pods), "unprepare_owed", rec.State == store.ClaimUnpreparing)
 	m.kick(uid)
 	return true, nil
+}
+
+// nameOf returns the lock key (namespace/name) of claim uid.
+func (m *Manager) nameOf(uid string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.records[uid]
+	if r == nil {
+		return "", false
+	}
+	return key(r.rec.Namespace, r.rec.Name), true
 }
 
 // kick starts the retry loop of claim uid unless it runs.
@@ -136,16 +145,14 @@ func owes(c store.Claim) bool { return c.State == store.ClaimUnpreparing || len(
 // when no pod uses it, remove the released pods' reservations, record the
 // result. It reports whether nothing is owed any longer.
 func (m *Manager) attempt(uid string, n int) bool {
-	m.mu.Lock()
-	r := m.records[uid]
-	m.mu.Unlock()
-	if r == nil {
+	name, ok := m.nameOf(uid)
+	if !ok {
 		return true
 	}
-	unlock := m.locks.Lock(key(r.rec.Namespace, r.rec.Name))
+	unlock := m.locks.Lock(name)
 	defer unlock()
 	m.mu.Lock()
-	r = m.records[uid]
+	r := m.records[uid]
 	var rec store.Claim
 	if r != nil {
 		rec = cloneRec(r.rec)

@@ -15,8 +15,12 @@
 //     none), the kubelet's shape;
 //   - GetAllocatableResources lists the healthy devices of every resource,
 //     in the same shape;
-//   - CPU, memory and dynamic resource fields stay empty: nodeplug does not
-//     manage them;
+//   - a container's dynamic_resources are the prepared DRA claims it
+//     references (WithClaims): per claim its name and namespace and per
+//     device the driver, pool, device and CDI device IDs (only the devices
+//     of the request it names, when it names one); a pod that holds only
+//     claims is listed too;
+//   - CPU and memory fields stay empty: nodeplug does not manage them;
 //   - Get of an unknown pod is the kubelet's plain error
 //     "pod <name> in namespace <namespace> not found" (code Unknown);
 //   - calls are rate-limited (Limiter; server.RateLimit refuses them),
@@ -41,6 +45,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
 
@@ -64,7 +69,30 @@ const apiVersion = "v1"
 type Server struct {
 	podresourcesv1.UnimplementedPodResourcesListerServer
 	src     Source
+	claims  ClaimSource
 	metrics *metrics
+}
+
+// ClaimSource is what the pod resources API reads of the prepared DRA
+// claims; *claims.Manager is one.
+type ClaimSource interface {
+	Pods() []claims.PodClaims
+}
+
+// WithClaims fills the containers' dynamic resources from c. It is called
+// before serving.
+func (s *Server) WithClaims(c ClaimSource) *Server {
+	s.claims = c
+	return s
+}
+
+// pods reads the allocations and the claims into pods.
+func (s *Server) pods() []*pod {
+	var pcs []claims.PodClaims
+	if s.claims != nil {
+		pcs = s.claims.Pods()
+	}
+	return group(s.src.ListAllocations(""), pcs)
 }
 
 var _ podresourcesv1.PodResourcesListerServer = (*Server)(nil)
@@ -79,7 +107,7 @@ func New(src Source, reg prometheus.Registerer) *Server {
 // devices.
 func (s *Server) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
 	s.metrics.requests(s.metrics.list)
-	pods := group(s.src.ListAllocations(""))
+	pods := s.pods()
 	topo := topologies(s.src.ListDevices())
 	resp := &podresourcesv1.ListPodResourcesResponse{PodResources: make([]*podresourcesv1.PodResources, 0, len(pods))}
 	for _, p := range pods {
@@ -109,7 +137,7 @@ func (s *Server) GetAllocatableResources(context.Context, *podresourcesv1.Alloca
 func (s *Server) Get(_ context.Context, req *podresourcesv1.GetPodResourcesRequest) (*podresourcesv1.GetPodResourcesResponse, error) {
 	s.metrics.requests(s.metrics.get)
 	var found *pod
-	for _, p := range group(s.src.ListAllocations("")) {
+	for _, p := range s.pods() {
 		if p.namespace == req.GetPodNamespace() && p.name == req.GetPodName() && (found == nil || p.latest.After(found.latest)) {
 			found = p
 		}
@@ -140,13 +168,14 @@ type pod struct {
 }
 
 type container struct {
-	name   string
-	allocs []allocator.Allocation // sorted by resource
+	name    string
+	allocs  []allocator.Allocation // sorted by resource
+	dynamic []claims.ClaimDevice   // by claim
 }
 
-// group groups allocations by pod UID and container. Pods are sorted by
-// namespace, name and UID.
-func group(allocs []allocator.Allocation) []*pod {
+// group groups allocations and claims by pod UID and container. Pods are
+// sorted by namespace, name and UID.
+func group(allocs []allocator.Allocation, pcs []claims.PodClaims) []*pod {
 	byUID := map[string]*pod{}
 	var pods []*pod
 	for _, a := range allocs {
@@ -171,6 +200,21 @@ func group(allocs []allocator.Allocation) []*pod {
 			p.containers = slices.Insert(p.containers, i, &container{name: a.Container})
 		}
 		p.containers[i].allocs = append(p.containers[i].allocs, a)
+	}
+	for _, pc := range pcs {
+		p := byUID[pc.Pod.UID]
+		if p == nil {
+			p = &pod{uid: pc.Pod.UID, namespace: pc.Pod.Namespace, name: pc.Pod.Name}
+			byUID[pc.Pod.UID] = p
+			pods = append(pods, p)
+		}
+		for _, cr := range pc.Containers {
+			i, found := slices.BinarySearchFunc(p.containers, cr.Container, func(c *container, name string) int { return cmp.Compare(c.name, name) })
+			if !found {
+				p.containers = slices.Insert(p.containers, i, &container{name: cr.Container})
+			}
+			p.containers[i].dynamic = append(p.containers[i].dynamic, cr.Devices...)
+		}
 	}
 	slices.SortFunc(pods, func(a, b *pod) int {
 		return cmp.Or(cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.name, b.name), cmp.Compare(a.uid, b.uid))
@@ -213,6 +257,7 @@ func (p *pod) toAPI(topo topology) *podresourcesv1.PodResources {
 				cr.Devices = appendDevice(cr.Devices, a.Resource, id, topo[a.Resource][id])
 			}
 		}
+		cr.DynamicResources = dynamicToAPI(c.dynamic)
 		out.Containers = append(out.Containers, cr)
 	}
 	return out
@@ -231,6 +276,26 @@ func appendDevice(out []*podresourcesv1.ContainerDevices, resource, id string, n
 			ResourceName: resource, DeviceIds: []string{id},
 			Topology: &podresourcesv1.TopologyInfo{Nodes: []*podresourcesv1.NUMANode{{ID: n}}},
 		})
+	}
+	return out
+}
+
+// dynamicToAPI converts a container's claim devices, grouped by claim
+// (they arrive sorted by claim), as the kubelet's GetDynamicResources
+// does.
+func dynamicToAPI(devs []claims.ClaimDevice) []*podresourcesv1.DynamicResource {
+	var out []*podresourcesv1.DynamicResource
+	for _, d := range devs {
+		if n := len(out); n == 0 || out[n-1].ClaimName != d.Claim.Name || out[n-1].ClaimNamespace != d.Claim.Namespace {
+			out = append(out, &podresourcesv1.DynamicResource{ClaimName: d.Claim.Name, ClaimNamespace: d.Claim.Namespace})
+		}
+		cdi := make([]*podresourcesv1.CDIDevice, 0, len(d.CDIDeviceIDs))
+		for _, id := range d.CDIDeviceIDs {
+			cdi = append(cdi, &podresourcesv1.CDIDevice{Name: id})
+		}
+		last := out[len(out)-1]
+		last.ClaimResources = append(last.ClaimResources, &podresourcesv1.ClaimResource{
+			CdiDevices: cdi, DriverName: d.Driver, PoolName: d.Pool, DeviceName: d.Device.Device})
 	}
 	return out
 }

@@ -43,10 +43,17 @@ type Backend interface {
 
 var _ Backend = (*manager.Manager)(nil)
 
+// ClaimReleaser drops a released pod from the DRA claims it uses
+// (claims.Manager).
+type ClaimReleaser interface {
+	ReleasePod(ctx context.Context, podUID string) (int, error)
+}
+
 // Service implements DeviceManagerService over a Backend.
 type Service struct {
 	dmv1.UnimplementedDeviceManagerServiceServer
-	m Backend
+	m      Backend
+	claims ClaimReleaser
 }
 
 var _ dmv1.DeviceManagerServiceServer = (*Service)(nil)
@@ -54,6 +61,13 @@ var _ dmv1.DeviceManagerServiceServer = (*Service)(nil)
 // NewService returns the gRPC adapter for m.
 func NewService(m Backend) *Service {
 	return &Service{m: m}
+}
+
+// WithClaims makes a Release of a whole pod also release its DRA claims.
+// It is called before serving.
+func (s *Service) WithClaims(c ClaimReleaser) *Service {
+	s.claims = c
+	return s
 }
 
 // RegisterPlugin implements DeviceManagerService.
@@ -122,13 +136,23 @@ func (s *Service) Allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv
 	return out, nil
 }
 
-// Release implements DeviceManagerService.
+// Release implements DeviceManagerService: the devices, then, for a whole
+// pod, its DRA claims (WithClaims). A failure of either is the call's
+// error; what was released stays released, and a retry releases the rest.
 func (s *Service) Release(ctx context.Context, req *dmv1.ReleaseRequest) (*dmv1.ReleaseResponse, error) {
 	n, err := s.m.Release(ctx, req.GetPodUid(), req.GetContainerName())
 	if err != nil {
 		return nil, err
 	}
-	return &dmv1.ReleaseResponse{ReleasedDevices: n}, nil
+	out := &dmv1.ReleaseResponse{ReleasedDevices: n}
+	if s.claims != nil && req.GetContainerName() == "" {
+		c, err := s.claims.ReleasePod(ctx, req.GetPodUid())
+		if err != nil {
+			return nil, err
+		}
+		out.ReleasedClaims = int64(c)
+	}
+	return out, nil
 }
 
 // ListAllocations implements DeviceManagerService.

@@ -54,11 +54,20 @@ type ClaimDevice struct {
 	CDIDeviceIDs []string `json:"cdi_device_ids,omitempty"`
 }
 
-// ClaimPod names a pod of a claim.
+// ClaimPod names a pod of a claim, with the containers that use it.
 type ClaimPod struct {
 	UID       string `json:"uid"`
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
+	// Containers are the pod's containers' references to the claim.
+	Containers []ClaimUse `json:"containers,omitempty"`
+}
+
+// ClaimUse is a container's reference to a claim: the whole claim, or one
+// of its requests.
+type ClaimUse struct {
+	Container string `json:"container"`
+	Request   string `json:"request,omitempty"`
 }
 
 // putClaim records the encoding of a claim, found by its UID.
