@@ -16,10 +16,20 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
+	resourcev1 "k8s.io/api/resource/v1"
+	apiresource "k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 var screenshotDir = flag.String("screenshots", "", "directory for the console test's screenshots (default: the test's artifact directory, kept with go test -artifacts)")
@@ -90,8 +100,11 @@ func startConsole(t *testing.T, root string) consoleInfo {
 // a health flip changes its device's cell without a reload; an allocation
 // appears; the registration's trace has spans from all three services and
 // a span's attributes show on selection, from the keyboard too; nodeplugctl
-// trace reads the same trace from the console; a request without the
-// token, with a foreign Host header or of another method is refused.
+// trace reads the same trace from the console; a DRA driver (the upstream
+// kubeletplugin helper, pointed at the node-local API with the driver
+// kubeconfig) shows connected and the devices it publishes appear without
+// a reload; a request without the token, with a foreign Host header or of
+// another method is refused.
 func TestConsoleInBrowser(t *testing.T) {
 	if testing.Short() {
 		t.Skip("drives a browser against the whole stack")
@@ -256,6 +269,112 @@ func TestConsoleInBrowser(t *testing.T) {
 	if !strings.Contains(string(out), "3 services") || !strings.Contains(string(out), "watcher.socket_created") {
 		t.Errorf("nodeplugctl trace %s from the console:\n%s", traceID, out)
 	}
+
+	checkDRAView(t, b, info, root)
+}
+
+// consoleDRADriver is the DRA driver of the console test: it registers and
+// publishes; no claim is ever sent to it.
+type consoleDRADriver struct{}
+
+func (consoleDRADriver) PrepareResourceClaims(context.Context, []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	return nil, fmt.Errorf("the console test's driver prepares no claims")
+}
+
+func (consoleDRADriver) UnprepareResourceClaims(context.Context, []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	return nil, fmt.Errorf("the console test's driver prepares no claims")
+}
+
+func (consoleDRADriver) HandleError(context.Context, error, string) {}
+
+func (consoleDRADriver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
+
+// checkDRAView starts a DRA driver on the upstream kubeletplugin helper
+// (in this process, with the driver kubeconfig the devicemanager writes,
+// registering through plugins_registry/ as any driver does) and follows
+// it in the DRA view: the driver and its connected instance appear, a
+// device it publishes appears with its attributes and capacity, and a
+// second device published later appears too, without a reload.
+func checkDRAView(t *testing.T, b *browserTab, info consoleInfo, root string) {
+	t.Helper()
+	b.do("open DRA", chromedp.Navigate(info.URL+"/dra"))
+	b.wait("the DRA view synced", `ul.services:not(:has(li.down))`)
+	b.markPage()
+
+	client := func(file string) kubernetes.Interface {
+		cfg, err := clientcmd.BuildConfigFromFlags("", file)
+		if err != nil {
+			t.Fatalf("kubeconfig %s: %v", file, err)
+		}
+		c, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	driverClient := client(layout.KubeconfigFile(root))
+	var node string
+	testutil.Eventually(t, "the node-local API's Node", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		nodes, err := client(layout.IdentityKubeconfigFile(root, "reader")).CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		if len(nodes.Items) != 1 {
+			return fmt.Errorf("%d nodes, want 1", len(nodes.Items))
+		}
+		node = nodes.Items[0].Name
+		return nil
+	})
+	const name = "gpu.console.nodeplug.test"
+	dataDir := filepath.Join(root, "plugins", name)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	helper, err := kubeletplugin.Start(context.Background(), consoleDRADriver{},
+		kubeletplugin.DriverName(name), kubeletplugin.NodeName(node), kubeletplugin.KubeClient(driverClient),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(root, app.PluginsRegistryDirName)),
+		kubeletplugin.PluginDataDirectoryPath(dataDir))
+	if err != nil {
+		t.Fatalf("start the DRA driver %s: %v", name, err)
+	}
+	t.Cleanup(helper.Stop)
+	publish := func(n int) {
+		t.Helper()
+		devs := make([]resourcev1.Device, n)
+		for i := range devs {
+			devs[i] = resourcev1.Device{
+				Name: fmt.Sprintf("gpu-%d", i),
+				Attributes: map[resourcev1.QualifiedName]resourcev1.DeviceAttribute{
+					"model": {StringValue: ptr.To("console-m1")}, "index": {IntValue: ptr.To(int64(i))},
+				},
+				Capacity: map[resourcev1.QualifiedName]resourcev1.DeviceCapacity{"memory": {Value: apiresource.MustParse("16Gi")}},
+			}
+		}
+		if err := helper.PublishResources(context.Background(), resourceslice.DriverResources{
+			Pools: map[string]resourceslice.Pool{node: {Slices: []resourceslice.Slice{{Devices: devs}}}},
+		}); err != nil {
+			t.Fatalf("publish the resources of %s: %v", name, err)
+		}
+	}
+	publish(1)
+
+	drv := `section[data-driver="` + name + `"]`
+	b.wait("the driver's connected, serving instance", drv+` tr[data-connected="true"][data-serving="true"]`)
+	dev := func(d string) string {
+		return `tr.slice-device[data-driver="` + name + `"][data-pool="` + node + `"][data-device="` + d + `"]`
+	}
+	b.wait("the published device", dev("gpu-0"))
+	if txt := b.text(dev("gpu-0")); !strings.Contains(txt, "model=console-m1") || !strings.Contains(txt, "memory=16Gi") {
+		t.Errorf("gpu-0's row lacks its attribute or capacity: %q", txt)
+	}
+	publish(2)
+	b.wait("the second device, published later", dev("gpu-1"))
+	b.checkNoReload("the published devices")
+	b.shot("console-dra.png")
 }
 
 // checkRefusals: no token, a foreign Host (DNS rebinding), a method that is
