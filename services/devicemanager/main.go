@@ -12,11 +12,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	resourcev1 "k8s.io/api/resource/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
@@ -62,22 +65,33 @@ func main() {
 }
 
 // setup refuses a live kubelet.sock, restores the state and removes stale
-// sockets (manager.Open), then serves the API, kubelet.sock and the pod
-// resources socket (rate-limited as the kubelet's). The manager
-// runs until the service stops, then flushes its state; it never
-// deregisters plugins or releases allocations.
+// sockets (manager.Open), opens the Kubernetes API and the DRA parts, then
+// serves the API, kubelet.sock and the pod resources socket (rate-limited
+// as the kubelet's). The state core and the DRA claims share one journal
+// (claims.Journal). The manager runs until the service stops, then
+// flushes its state; it never deregisters plugins or releases
+// allocations.
 func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options, kube kubeaccess.Options, draDelay time.Duration) error {
 	dir := rt.Config.DevicePluginsDir()
 	opts.Log = rt.Log
+	journal := claims.NewJournal(store.New(dir, opts))
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: dir, AllowedDirs: rt.Config.AllowedDirs, GracePeriod: grace,
-		Store: store.New(dir, opts), Log: rt.Log, Registerer: rt.Metrics, WatchLimits: rt.Config.WatchLimits(),
+		Store: journal, Log: rt.Log, Registerer: rt.Metrics, WatchLimits: rt.Config.WatchLimits(),
 	})
 	if err != nil {
 		return err
 	}
 	rt.Go(m.Run)
-	dmv1.RegisterDeviceManagerServiceServer(rt.Server, server.NewService(m))
+	kubeAPI, err := openKubeAPI(rt, kube)
+	if err != nil {
+		return err
+	}
+	cm, err := setupDRA(rt, m.InstanceID(), kubeAPI, draDelay, journal)
+	if err != nil {
+		return err
+	}
+	dmv1.RegisterDeviceManagerServiceServer(rt.Server, server.NewService(m).WithClaims(cm))
 	kubeletSock := manager.KubeletSocketPath(dir)
 	if err := rt.ServeUnix(kubeletSock, func(s *grpc.Server) {
 		pluginapi.RegisterRegistrationServer(s, server.NewRegistration(m, dir, rt.Log))
@@ -85,17 +99,10 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 		return err
 	}
 	podSock := app.PodResourcesSocket(rt.Config.RootDir)
-	pr := podresources.New(m, rt.Metrics)
+	pr := podresources.New(m, rt.Metrics).WithClaims(cm)
 	if err := rt.ServeUnix(podSock, func(s *grpc.Server) {
 		podresourcesv1.RegisterPodResourcesListerServer(s, pr)
 	}, server.RateLimit(pr.Limiter(podresources.DefaultQPS, podresources.DefaultBurst).Allow)); err != nil {
-		return err
-	}
-	kubeAPI, err := openKubeAPI(rt, kube)
-	if err != nil {
-		return err
-	}
-	if err := setupDRA(rt, m.InstanceID(), kubeAPI, draDelay); err != nil {
 		return err
 	}
 	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "pod_resources_sock", podSock,
@@ -123,20 +130,37 @@ func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, 
 }
 
 // setupDRA serves DRAService: the DRA driver connections (their slices
-// deleted through kubeAPI when a driver stays away) and this node's
-// ResourceSlices, followed until the service stops.
-func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration) error {
+// deleted through kubeAPI when a driver stays away), this node's
+// ResourceSlices, followed until the service stops, and the claims
+// manager (allocation on this node by claimalloc, the drivers' calls by
+// the registry, its records in journal), which it returns.
+func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal) (*claims.Manager, error) {
 	reg, err := dra.New(dra.Config{
 		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, AllowedDirs: rt.Config.AllowedDirs,
 		DisconnectDelay: delay, Log: rt.Log, Registerer: rt.Metrics,
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	reg.Start()
 	rt.Go(func(ctx context.Context) error { <-ctx.Done(); reg.Close(); return nil })
+	alloc, err := claimalloc.New(kubeAPI.Client, kubeAPI.NodeName, rt.Log)
+	if err != nil {
+		return nil, err
+	}
+	node := kubeAPI.NodeName
+	cm, err := claims.New(claims.Config{
+		Reserver: alloc, Drivers: reg, Journal: journal, Log: rt.Log, Registerer: rt.Metrics,
+		AllocatedHere: func(c *resourcev1.ResourceClaim) bool { return c.Annotations[claimalloc.AllocatedByAnnotation] == node },
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The owed unprepares stop with the service; they stay recorded and
+	// resume at the next start.
+	rt.Go(func(ctx context.Context) error { <-ctx.Done(); cm.Close(); return nil })
 	slices := draserver.NewSlices(kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
 	rt.Go(slices.Run)
 	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices))
-	return nil
+	return cm, nil
 }
