@@ -1,6 +1,8 @@
 // Package draserver is the gRPC adapter of DRAService: driver
 // registrations go to the DRA registry (package dra), the slices are read
-// from the Kubernetes API (Slices). Errors pass through unchanged: the
+// from the Kubernetes API (Slices), their devices' health from the
+// registry; PrepareResources goes to the claims manager (Claims) and
+// ListClaims joins the API's claims with the manager's records. Errors pass through unchanged: the
 // server interceptor (pkg/rpcutil) maps their errdefs sentinels to status
 // codes. WatchResourceSlices streams are bounded by the Slices hub (as
 // every Watch RPC of nodeplug, pkg/stream) and, per caller, by the API
@@ -26,13 +28,20 @@ type Service struct {
 	instanceID string
 	reg        *dra.Registry
 	slices     *Slices
+	claims     Claims
+	failed     failures
 }
 
 var _ dmv1.DRAServiceServer = (*Service)(nil)
 
-// NewService returns the adapter; instanceID is the devicemanager's.
-func NewService(instanceID string, reg *dra.Registry, slices *Slices) *Service {
-	return &Service{instanceID: instanceID, reg: reg, slices: slices}
+// NewService returns the adapter; instanceID is the devicemanager's. The
+// claims are listed through the slices' Kubernetes client.
+func NewService(instanceID string, reg *dra.Registry, slices *Slices, opts ...Option) *Service {
+	s := &Service{instanceID: instanceID, reg: reg, slices: slices}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // RegisterDRADriver implements DRAService.
@@ -75,6 +84,13 @@ func (s *Service) ListResourceSlices(ctx context.Context, req *dmv1.ListResource
 	items, err := s.slices.List(ctx, req.GetDriverName())
 	if err != nil {
 		return nil, err
+	}
+	if s.reg != nil {
+		for _, sl := range items {
+			for _, d := range sl.GetDevices() {
+				d.Health, d.HealthMessage = s.reg.Health(sl.GetDriver(), sl.GetPool().GetName(), d.GetName())
+			}
+		}
 	}
 	return &dmv1.ListResourceSlicesResponse{InstanceId: s.instanceID, Slices: items}, nil
 }

@@ -33,10 +33,18 @@ import (
 // node-local resource API.
 type env struct {
 	api    *dratest.API
+	reg    *dra.Registry
 	client dmv1.DRAServiceClient
 }
 
 func start(t *testing.T, delay time.Duration) *env {
+	t.Helper()
+	return startWith(t, delay, nil)
+}
+
+// startWith is start with the service's options from opts, called with
+// the registry and the API before the service is built.
+func startWith(t *testing.T, delay time.Duration, opts func(*dra.Registry, *dratest.API) []draserver.Option) *env {
 	t.Helper()
 	root := testutil.TempDir(t)
 	api := dratest.StartAPI(t, root)
@@ -58,7 +66,11 @@ func start(t *testing.T, delay time.Duration) *env {
 		t.Fatal(err)
 	}
 	srv, _ := rpcutil.NewServer(log)
-	dmv1.RegisterDRAServiceServer(srv, draserver.NewService("dm-1", reg, sl))
+	var o []draserver.Option
+	if opts != nil {
+		o = opts(reg, api)
+	}
+	dmv1.RegisterDRAServiceServer(srv, draserver.NewService("dm-1", reg, sl, o...))
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-served })
@@ -67,7 +79,7 @@ func start(t *testing.T, delay time.Duration) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &env{api: api, client: dmv1.NewDRAServiceClient(conn)}
+	return &env{api: api, reg: reg, client: dmv1.NewDRAServiceClient(conn)}
 }
 
 func (e *env) register(t *testing.T, d *dratest.Driver) *dmv1.RegisterDRADriverResponse {
