@@ -96,7 +96,12 @@ func TestFollowsResourceSlices(t *testing.T) {
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- st.Run(rctx) }()
-	defer func() { rcancel(); <-done }()
+	defer func() {
+		rcancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
 
 	var node string
 	testutil.Eventually(t, "the node-local API's Node", func() error {
