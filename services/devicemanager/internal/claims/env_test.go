@@ -19,14 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
-	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/pkg/errdefs"
-	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
@@ -115,13 +113,16 @@ func (p *plugin) set(f func(p *plugin)) {
 	f(p)
 }
 
-// env is a node: the node-local API, a DRA driver on a Unix socket with
-// a pool of devices, C2's Reserver, and a journal in a temporary dir.
+// env is a node: the node-local API, a DRA driver built on the upstream
+// helper on its Unix socket with a pool of devices, registered with the
+// devicemanager's DRA registry (the Drivers), claimalloc's Reserver, and
+// the state core over a journal in a temporary dir.
 type env struct {
 	t      *testing.T
 	api    *dratest.API
 	plugin *plugin
-	drv    *socketDrivers
+	driver *dratest.Driver
+	reg    *dra.Registry
 	res    *claimalloc.Allocator
 	dir    string
 	core   *manager.Manager
@@ -138,20 +139,8 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	e.plugin = &plugin{driver: driverName, prepares: map[string]int{}, unprepares: map[string]int{}, failPrepare: map[string]string{}}
-	dataDir := filepath.Join(root, "plugins", driverName)
-	regDir := filepath.Join(root, "plugins_registry")
-	for _, d := range []string{dataDir, regDir} {
-		if err := os.MkdirAll(d, 0o750); err != nil {
-			t.Fatal(err)
-		}
-	}
-	h, err := kubeletplugin.Start(context.Background(), e.plugin,
-		kubeletplugin.DriverName(driverName), kubeletplugin.NodeName(dratest.Node), kubeletplugin.KubeClient(e.api.DriverClient),
-		kubeletplugin.RegistrarDirectoryPath(regDir), kubeletplugin.PluginDataDirectoryPath(dataDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.Stop)
+	e.driver = dratest.StartDriverWith(t, e.api, driverName, "", e.plugin)
+	h := e.driver.Helper
 	devs := make([]resourcev1.Device, 4)
 	for i := range devs {
 		devs[i] = resourcev1.Device{Name: fmt.Sprintf("gpu-%d", i)}
@@ -168,12 +157,27 @@ func newEnv(t *testing.T) *env {
 	if _, err := e.api.Client.ResourceV1().DeviceClasses().Create(context.Background(), class, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := rpcutil.DialPlugin(filepath.Join(dataDir, "dra.sock"))
+	reg, err := dra.New(dra.Config{Client: e.api.Client, NodeName: dratest.Node, AllowedDirs: []string{e.api.Root}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = conn.Close() })
-	e.drv = &socketDrivers{clients: map[string]drapb.DRAPluginClient{driverName: drapb.NewDRAPluginClient(conn)}}
+	reg.Start()
+	t.Cleanup(reg.Close)
+	e.reg = reg
+	if _, err := reg.Register(context.Background(), dra.Registration{Driver: driverName, Endpoint: e.driver.Endpoint, Services: e.driver.Services,
+		SocketPath: e.driver.RegSocket, Generation: e.driver.Generation(t)}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the driver connected", func() error {
+		for _, d := range reg.Drivers(driverName) {
+			for _, in := range d.Instances {
+				if in.Connected {
+					return nil
+				}
+			}
+		}
+		return errors.New("not connected")
+	})
 	if e.res, err = claimalloc.New(e.api.Client, dratest.Node, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +196,7 @@ func (e *env) start() {
 		e.t.Fatal(err)
 	}
 	e.core = core
-	m, err := claims.New(claims.Config{Reserver: e.res, Drivers: e.drv, Journal: j, RetryInitial: 10e6, RetryMax: 50e6,
+	m, err := claims.New(claims.Config{Reserver: e.res, Drivers: e.reg, Journal: j, RetryInitial: 10e6, RetryMax: 50e6,
 		AllocatedHere: func(c *resourcev1.ResourceClaim) bool {
 			return c.Annotations[claimalloc.AllocatedByAnnotation] == dratest.Node
 		}})
@@ -247,62 +251,4 @@ func podReq(pod string, claimNames ...string) claims.PrepareRequest {
 		r.Containers[0].Claims = append(r.Containers[0].Claims, claims.ContainerClaim{Name: pc})
 	}
 	return r
-}
-
-// socketDrivers calls DRA drivers' v1.DRAPlugin on their sockets, as the
-// devicemanager's driver registry does.
-type socketDrivers struct {
-	clients map[string]drapb.DRAPluginClient
-}
-
-func refsOf(cs []claims.ClaimRef) []*drapb.Claim {
-	out := make([]*drapb.Claim, 0, len(cs))
-	for _, c := range cs {
-		out = append(out, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: c.UID})
-	}
-	return out
-}
-
-func (s *socketDrivers) Prepare(ctx context.Context, driver string, cs []claims.ClaimRef) (map[string]claims.PrepareResult, error) {
-	c, ok := s.clients[driver]
-	if !ok {
-		return nil, fmt.Errorf("DRA driver %s is not registered: %w", driver, errdefs.ErrUnavailable)
-	}
-	resp, err := c.NodePrepareResources(ctx, &drapb.NodePrepareResourcesRequest{Claims: refsOf(cs)})
-	if err != nil {
-		return nil, errdefs.FromGRPC(err)
-	}
-	out := map[string]claims.PrepareResult{}
-	for uid, r := range resp.Claims {
-		if r.Error != "" {
-			out[uid] = claims.PrepareResult{Err: errors.New(r.Error)}
-			continue
-		}
-		var devs []claims.Device
-		for _, d := range r.Devices {
-			devs = append(devs, claims.Device{Requests: d.RequestNames, Driver: driver, Pool: d.PoolName, Device: d.DeviceName, CDIDeviceIDs: d.CdiDeviceIds})
-		}
-		out[uid] = claims.PrepareResult{Devices: devs}
-	}
-	return out, nil
-}
-
-func (s *socketDrivers) Unprepare(ctx context.Context, driver string, cs []claims.ClaimRef) (map[string]error, error) {
-	c, ok := s.clients[driver]
-	if !ok {
-		return nil, fmt.Errorf("DRA driver %s is not registered: %w", driver, errdefs.ErrUnavailable)
-	}
-	resp, err := c.NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{Claims: refsOf(cs)})
-	if err != nil {
-		return nil, errdefs.FromGRPC(err)
-	}
-	out := map[string]error{}
-	for uid, r := range resp.Claims {
-		if r.Error != "" {
-			out[uid] = errors.New(r.Error)
-		} else {
-			out[uid] = nil
-		}
-	}
-	return out, nil
 }

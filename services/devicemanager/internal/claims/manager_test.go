@@ -181,7 +181,9 @@ func TestDriverErrorPreparesNothing(t *testing.T) {
 func TestUnregisteredDriver(t *testing.T) {
 	e := newEnv(t)
 	e.claim("one", "gpu")
-	delete(e.drv.clients, driverName)
+	if ok, err := e.reg.Deregister(ctx, driverName, e.driver.Endpoint, e.driver.Generation(t)); !ok || err != nil {
+		t.Fatalf("deregister: %v, %v", ok, err)
+	}
 	_, err := e.mgr.Prepare(ctx, podReq("p1", "one"))
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), driverName) {
 		t.Fatalf("prepare: %v", err)
@@ -279,5 +281,46 @@ func TestInvalidRequest(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), field) {
 			t.Errorf("%s: %v", field, err)
 		}
+	}
+}
+
+// TestConcurrentShared: pods preparing and releasing one claim at once
+// prepare it once and unprepare it once, after the last release.
+func TestConcurrentShared(t *testing.T) {
+	e := newEnv(t)
+	e.claim("shared", "gpu")
+	const pods = 8
+	errs := make(chan error, pods)
+	for i := range pods {
+		go func() {
+			_, err := e.mgr.Prepare(ctx, podReq(fmt.Sprintf("p%d", i), "shared"))
+			errs <- err
+		}()
+	}
+	for range pods {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := e.mgr.List(); len(l) != 1 || len(l[0].Pods) != pods {
+		t.Fatalf("list: %+v", l)
+	}
+	for i := range pods {
+		go func() {
+			_, err := e.mgr.ReleasePod(ctx, fmt.Sprintf("uid-p%d", i))
+			errs <- err
+		}()
+	}
+	for range pods {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.waitGone("shared")
+	if p, u := e.plugin.counts("shared"); p != 1 || u != 1 {
+		t.Fatalf("%d prepares, %d unprepares", p, u)
+	}
+	if c := e.get("shared"); c.Status.Allocation != nil || len(c.Status.ReservedFor) != 0 {
+		t.Fatalf("claim after the releases: %+v", c.Status)
 	}
 }
