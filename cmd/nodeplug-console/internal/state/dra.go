@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 )
@@ -98,25 +99,35 @@ func (s *State) listDRA(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.update(func() {
-			if derr != nil {
-				s.driversProblem = "listing DRA drivers: " + describe(derr)
-			} else {
-				s.driversProblem = ""
-				s.drivers = sortedDrivers(drivers.GetDrivers())
-			}
-			switch {
-			case status.Code(cerr) == codes.Unimplemented:
-				s.claimsProblem = "this devicemanager does not serve ListClaims"
-				s.claims = nil
-			case cerr != nil:
-				s.claimsProblem = "listing claims: " + describe(cerr)
-			default:
-				s.claimsProblem = ""
-				s.claims = sortedClaims(claims.GetClaims())
-			}
-		})
+		s.mu.Lock()
+		nd, nc, dp, cp := s.drivers, s.claims, s.driversProblem, s.claimsProblem
+		s.mu.Unlock()
+		if derr != nil {
+			dp = "listing DRA drivers: " + describe(derr)
+		} else {
+			nd, dp = sortedDrivers(drivers.GetDrivers()), ""
+		}
+		switch {
+		case status.Code(cerr) == codes.Unimplemented:
+			nc, cp = nil, "this devicemanager does not serve ListClaims"
+		case cerr != nil:
+			cp = "listing claims: " + describe(cerr)
+		default:
+			nc, cp = sortedClaims(claims.GetClaims()), ""
+		}
+		// Most polls find nothing new: wake the views only for a change,
+		// so that an open page is not redrawn every draPoll.
+		s.mu.Lock()
+		same := dp == s.driversProblem && cp == s.claimsProblem && equalMessages(nd, s.drivers) && equalMessages(nc, s.claims)
+		s.mu.Unlock()
+		if !same {
+			s.update(func() { s.drivers, s.claims, s.driversProblem, s.claimsProblem = nd, nc, dp, cp })
+		}
 	}
+}
+
+func equalMessages[M proto.Message](a, b []M) bool {
+	return slices.EqualFunc(a, b, func(x, y M) bool { return proto.Equal(x, y) })
 }
 
 func sortedDrivers(in []*dmv1.DRADriver) []*dmv1.DRADriver {
