@@ -161,6 +161,6 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	rt.Go(func(ctx context.Context) error { <-ctx.Done(); cm.Close(); return nil })
 	slices := draserver.NewSlices(kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
 	rt.Go(slices.Run)
-	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices))
+	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(cm)))
 	return cm, nil
 }
