@@ -56,7 +56,7 @@ func sliceDevices(snap Snapshot, name string) map[string]*dmv1.Device {
 // attributes and capacity; after a kill -9 and a restart the DRA status
 // says the stream went down and then synced again, and an update made
 // after the restart shows; a deletion removes the slice; the driver list
-// is fetched without error.
+// and the claim list are fetched without error.
 func TestFollowsResourceSlices(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the devicemanager")
@@ -146,8 +146,8 @@ func TestFollowsResourceSlices(t *testing.T) {
 		if d.GetAttributes()["model"] != "m1" || d.GetCapacity()["memory"] != "16Gi" {
 			return fmt.Errorf("gpu-0: attributes %v, capacity %v", d.GetAttributes(), d.GetCapacity())
 		}
-		if snap.Status[DRA] != "" || snap.DriversProblem != "" {
-			return fmt.Errorf("DRA status %q, drivers %q", snap.Status[DRA], snap.DriversProblem)
+		if snap.Status[DRA] != "" || snap.DriversProblem != "" || snap.ClaimsProblem != "" {
+			return fmt.Errorf("DRA status %q, drivers %q, claims %q", snap.Status[DRA], snap.DriversProblem, snap.ClaimsProblem)
 		}
 		return nil
 	})
