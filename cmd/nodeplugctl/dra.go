@@ -144,23 +144,27 @@ func cmdSlices(ctx context.Context, c *cli, args []string) error {
 
 // renderSlices prints one row per device of each slice (a slice with no
 // devices, one row): driver, pool (generation, slice count), slice,
-// device, its attributes and capacity.
+// device, its health (with the driver's message), attributes and capacity.
 func renderSlices(w io.Writer, now time.Time, resp *dmv1.ListResourceSlicesResponse) error {
 	if len(resp.GetSlices()) == 0 {
 		_, err := fmt.Fprintln(w, "no ResourceSlices on this node")
 		return err
 	}
 	tw := newTable(w)
-	fmt.Fprintln(tw, "DRIVER\tPOOL\tGENERATION\tSLICES\tSLICE\tDEVICE\tATTRIBUTES\tCAPACITY\tAGE")
+	fmt.Fprintln(tw, "DRIVER\tPOOL\tGENERATION\tSLICES\tSLICE\tDEVICE\tHEALTH\tATTRIBUTES\tCAPACITY\tAGE")
 	for _, s := range resp.GetSlices() {
 		p := s.GetPool()
 		head := fmt.Sprintf("%s\t%s\t%d\t%d\t%s", s.GetDriver(), dash(p.GetName()), p.GetGeneration(), p.GetResourceSliceCount(), s.GetName())
 		if len(s.GetDevices()) == 0 {
-			fmt.Fprintf(tw, "%s\t-\t-\t-\t%s\n", head, age(now, s.GetCreationTime()))
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t%s\n", head, age(now, s.GetCreationTime()))
 			continue
 		}
 		for _, d := range s.GetDevices() {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", head, d.GetName(), keyValues(d.GetAttributes()), keyValues(d.GetCapacity()), age(now, s.GetCreationTime()))
+			health := d.GetHealth()
+			if m := d.GetHealthMessage(); health != "" && m != "" {
+				health += " (" + m + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", head, d.GetName(), dash(health), keyValues(d.GetAttributes()), keyValues(d.GetCapacity()), age(now, s.GetCreationTime()))
 		}
 	}
 	return tw.Flush()

@@ -19,7 +19,8 @@ func TestRenderSlicesAndDRAInstances(t *testing.T) {
 	err := renderSlices(&b, testNow, &dmv1.ListResourceSlicesResponse{Slices: []*dmv1.ResourceSlice{
 		{Name: "node-1-gpu.example.com-abcde", Driver: "gpu.example.com", Pool: &dmv1.ResourcePool{Name: "node-1", Generation: 2, ResourceSliceCount: 1},
 			CreationTime: ts(-time.Minute), Devices: []*dmv1.Device{
-				{Name: "gpu-0", Attributes: map[string]string{"model": "m1", "index": "0"}, Capacity: map[string]string{"memory": "16Gi"}},
+				{Name: "gpu-0", Attributes: map[string]string{"model": "m1", "index": "0"}, Capacity: map[string]string{"memory": "16Gi"},
+					Health: "Unhealthy", HealthMessage: "ECC errors"},
 				{Name: "gpu-1"},
 			}},
 		{Name: "empty", Driver: "nic.example.com", Pool: &dmv1.ResourcePool{Name: "p"}, CreationTime: ts(-2 * time.Second)},
@@ -27,10 +28,10 @@ func TestRenderSlicesAndDRAInstances(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `DRIVER           POOL    GENERATION  SLICES  SLICE                         DEVICE  ATTRIBUTES        CAPACITY     AGE
-gpu.example.com  node-1  2           1       node-1-gpu.example.com-abcde  gpu-0   index=0,model=m1  memory=16Gi  1m
-gpu.example.com  node-1  2           1       node-1-gpu.example.com-abcde  gpu-1   -                 -            1m
-nic.example.com  p       0           0       empty                         -       -                 -            2s
+	want := `DRIVER           POOL    GENERATION  SLICES  SLICE                         DEVICE  HEALTH                  ATTRIBUTES        CAPACITY     AGE
+gpu.example.com  node-1  2           1       node-1-gpu.example.com-abcde  gpu-0   Unhealthy (ECC errors)  index=0,model=m1  memory=16Gi  1m
+gpu.example.com  node-1  2           1       node-1-gpu.example.com-abcde  gpu-1   -                       -                 -            1m
+nic.example.com  p       0           0       empty                         -       -                       -                 -            2s
 `
 	if b.String() != want {
 		t.Errorf("slices table:\n%s\nwant:\n%s", b.String(), want)

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	resourcev1 "k8s.io/api/resource/v1"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+)
+
+func TestRenderClaims(t *testing.T) {
+	var b bytes.Buffer
+	err := renderClaims(&b, testNow, &dmv1.ListClaimsResponse{Claims: []*dmv1.Claim{
+		{Namespace: "default", Name: "gpu-claim", State: dmv1.ClaimState_CLAIM_STATE_PREPARED,
+			Devices: []*dmv1.ClaimDevice{{Driver: "gpu.example.com", Pool: "node-1", Device: "gpu-0", CdiDeviceIds: []string{"example.com/gpu=u1-gpu-0"},
+				Health: "Unhealthy", HealthMessage: "ECC errors"}},
+			Pods: []*dmv1.ClaimPod{{Uid: "uid-1", Name: "p1"}, {Uid: "uid-2"}}, CdiDeviceIds: []string{"example.com/gpu=u1-gpu-0"}},
+		{Namespace: "default", Name: "waiting", State: dmv1.ClaimState_CLAIM_STATE_PENDING},
+		{Namespace: "ns", Name: "bad", State: dmv1.ClaimState_CLAIM_STATE_FAILED, Reason: "no device fits"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `CLAIM              STATE     DRIVER           DEVICES       HEALTH                        PODS      CDI IDS                   REASON
+default/gpu-claim  prepared  gpu.example.com  node-1/gpu-0  gpu-0=Unhealthy (ECC errors)  p1,uid-2  example.com/gpu=u1-gpu-0  -
+default/waiting    pending   -                -             -                             -         -                         -
+ns/bad             failed    -                -             -                             -         -                         no device fits
+`
+	if b.String() != want {
+		t.Errorf("claims table:\n%s\nwant:\n%s", b.String(), want)
+	}
+	b.Reset()
+	if err := renderClaims(&b, testNow, &dmv1.ListClaimsResponse{}); err != nil || b.String() != "no ResourceClaims\n" {
+		t.Errorf("empty claims table: %q, %v", b.String(), err)
+	}
+}
+
+func TestParsePrepare(t *testing.T) {
+	req, err := parsePrepare("u1", "default", "p1", []string{"gpu=gpu-claim", "nic=nic-claim"},
+		[]string{"main=gpu", "main=nic/fast", "side=gpu/small"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &dmv1.PrepareResourcesRequest{PodUid: "u1", PodNamespace: "default", PodName: "p1",
+		PodClaims: []*dmv1.PodClaim{{Name: "gpu", ResourceClaimName: "gpu-claim"}, {Name: "nic", ResourceClaimName: "nic-claim"}},
+		Containers: []*dmv1.ContainerClaims{
+			{Name: "main", Claims: []*dmv1.ContainerClaim{{Name: "gpu"}, {Name: "nic", Request: "fast"}}},
+			{Name: "side", Claims: []*dmv1.ContainerClaim{{Name: "gpu", Request: "small"}}},
+		}}
+	if !proto.Equal(req, want) {
+		t.Errorf("request = %v\nwant %v", req, want)
+	}
+	for _, tc := range []struct {
+		claims, containers []string
+		uid, want          string
+	}{
+		{[]string{"a=b"}, []string{"main=a"}, "", "--pod-uid, --namespace and --name are required"},
+		{[]string{"a"}, []string{"main=a"}, "u", `--claim "a": want PODCLAIM=CLAIM`},
+		{[]string{"a=b", "a=c"}, []string{"main=a"}, "u", `pod claim "a" given twice`},
+		{nil, []string{"main=a"}, "u", "at least one --claim"},
+		{[]string{"a=b"}, []string{"main"}, "u", `--container "main": want NAME=PODCLAIM[/REQUEST]`},
+		{[]string{"a=b"}, []string{"main=x"}, "u", `pod claim "x" is not given with --claim`},
+		{[]string{"a=b"}, nil, "u", "at least one --container"},
+	} {
+		_, err := parsePrepare(tc.uid, "default", "p1", tc.claims, tc.containers)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parsePrepare(%q, %q, %q) = %v, want a usage error with %q", tc.uid, tc.claims, tc.containers, err, tc.want)
+		}
+	}
+}
+
+func TestDecodeObjects(t *testing.T) {
+	objs, err := decodeObjects([]byte(`apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: gpu
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "gpu.example.com"
+---
+# a comment only
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: gpu-claim
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu
+        count: 2
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 2 {
+		t.Fatalf("%d objects, want 2", len(objs))
+	}
+	dc, ok := objs[0].(*resourcev1.DeviceClass)
+	if !ok || dc.Name != "gpu" || dc.Spec.Selectors[0].CEL.Expression != `device.driver == "gpu.example.com"` {
+		t.Errorf("first object = %#v", objs[0])
+	}
+	rc, ok := objs[1].(*resourcev1.ResourceClaim)
+	if !ok || rc.Name != "gpu-claim" || rc.Spec.Devices.Requests[0].Exactly.Count != 2 {
+		t.Errorf("second object = %#v", objs[1])
+	}
+	for doc, want := range map[string]string{
+		"apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n":                                            "document 1: kind Pod of v1: only DeviceClass and ResourceClaim",
+		"apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: a\nspec:\n  bogus: 1\n": `document 1: strict decoding error: unknown field "spec.bogus"`,
+		"apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: a\n---\nkind: [\n":      "document 2",
+		"kind: DeviceClass\nmetadata:\n  name: a\n":                                                    "document 1: Object 'apiVersion' is missing",
+	} {
+		if _, err := decodeObjects([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("decodeObjects(%q) = %v, want an error with %q", doc, err, want)
+		}
+	}
+}
+
+func TestApplyRefusesBadFilesBeforeDialling(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The kubeconfig does not exist: the file's error comes first.
+	code, _, errOut := runCLI(t, "--root-dir", dir, "apply", "-f", bad)
+	if code != exitError || !strings.Contains(errOut, "kind ConfigMap of v1") || !strings.Contains(errOut, "nothing was applied") {
+		t.Errorf("apply of a ConfigMap: exit %d: %s", code, errOut)
+	}
+	good := filepath.Join(dir, "good.yaml")
+	if err := os.WriteFile(good, []byte("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut = runCLI(t, "--root-dir", dir, "apply", "-f", good)
+	if code != exitError || !strings.Contains(errOut, filepath.Join(dir, "nodeplug", "kubeconfig-operator")) {
+		t.Errorf("apply without the node-local API's kubeconfig: exit %d: %s", code, errOut)
+	}
+	if code, _, errOut = runCLI(t, "apply"); code != exitUsage || !strings.Contains(errOut, "-f FILE is required") {
+		t.Errorf("apply without -f: exit %d: %s", code, errOut)
+	}
+}
+
+// fakeClaims serves PrepareResources and ListClaims, recording the
+// requests.
+type fakeClaims struct {
+	dmv1.UnimplementedDRAServiceServer
+	prepared chan *dmv1.PrepareResourcesRequest
+}
+
+func (f *fakeClaims) PrepareResources(_ context.Context, req *dmv1.PrepareResourcesRequest) (*dmv1.PrepareResourcesResponse, error) {
+	f.prepared <- req
+	return &dmv1.PrepareResourcesResponse{Containers: []*dmv1.ContainerResources{
+		{Name: "main", CdiDeviceIds: []string{"example.com/gpu=u1-gpu-0"}, Devices: []*dmv1.PreparedDevice{{
+			ClaimNamespace: "default", ClaimName: "gpu-claim", ClaimUid: "u1", Requests: []string{"gpu"},
+			Driver: "gpu.example.com", Pool: "node-1", Device: "gpu-0", CdiDeviceIds: []string{"example.com/gpu=u1-gpu-0"},
+		}}},
+		{Name: "side"},
+	}}, nil
+}
+
+func (f *fakeClaims) ListClaims(_ context.Context, req *dmv1.ListClaimsRequest) (*dmv1.ListClaimsResponse, error) {
+	return &dmv1.ListClaimsResponse{Claims: []*dmv1.Claim{{Namespace: req.GetNamespace(), Name: "gpu-claim", State: dmv1.ClaimState_CLAIM_STATE_ALLOCATED}}}, nil
+}
+
+func TestPrepareAndClaimsAgainstGRPCServer(t *testing.T) {
+	f := &fakeClaims{prepared: make(chan *dmv1.PrepareResourcesRequest, 2)}
+	sock := serveFake(t, func(s *grpc.Server) { dmv1.RegisterDRAServiceServer(s, f) })
+	code, out, errOut := runCLI(t, "--devicemanager-addr", sock, "prepare", "--pod-uid", "pod-1", "--namespace", "default", "--name", "p1",
+		"--claim", "gpu=gpu-claim", "--container", "main=gpu", "--container", "side=gpu/gpu")
+	if code != 0 {
+		t.Fatalf("prepare: exit %d: %s", code, errOut)
+	}
+	req := <-f.prepared
+	if req.GetPodUid() != "pod-1" || len(req.GetContainers()) != 2 || req.GetContainers()[1].GetClaims()[0].GetRequest() != "gpu" {
+		t.Errorf("request sent = %v", req)
+	}
+	want := `CONTAINER  CDI DEVICE IDS            DEVICES
+main       example.com/gpu=u1-gpu-0  default/gpu-claim:gpu.example.com:node-1/gpu-0
+side       -                         -
+`
+	if out != want {
+		t.Errorf("prepare output:\n%s\nwant:\n%s", out, want)
+	}
+	code, out, _ = runCLI(t, "--devicemanager-addr", sock, "prepare", "-o", "json", "--pod-uid", "pod-1", "--namespace", "default", "--name", "p1",
+		"--claim", "gpu=gpu-claim", "--container", "main=gpu")
+	<-f.prepared
+	var resp struct {
+		Containers []struct {
+			Name         string
+			CdiDeviceIds []string
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &resp); code != 0 || err != nil || len(resp.Containers) != 2 || resp.Containers[0].CdiDeviceIds[0] != "example.com/gpu=u1-gpu-0" {
+		t.Errorf("prepare JSON (exit %d) %s: %v", code, out, err)
+	}
+	code, out, errOut = runCLI(t, "--devicemanager-addr", sock, "claims", "--namespace", "team")
+	if code != 0 || !strings.Contains(out, "team/gpu-claim  allocated") {
+		t.Errorf("claims: exit %d: %s%s", code, out, errOut)
+	}
+}
