@@ -3,13 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 
 	resourcev1 "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -78,7 +78,7 @@ func applyObject(ctx context.Context, cs kubernetes.Interface, obj runtime.Objec
 		if err != nil {
 			return name, "", err
 		}
-		if sameMeta(&old.ObjectMeta, &o.ObjectMeta) && equality.Semantic.DeepEqual(old.Spec, o.Spec) {
+		if sameMeta(&old.ObjectMeta, &o.ObjectMeta) && covers(old.Spec, o.Spec) {
 			return name, "unchanged", nil
 		}
 		o.ResourceVersion = old.ResourceVersion
@@ -98,7 +98,7 @@ func applyObject(ctx context.Context, cs kubernetes.Interface, obj runtime.Objec
 		if err != nil {
 			return name, "", err
 		}
-		if sameMeta(&old.ObjectMeta, &o.ObjectMeta) && equality.Semantic.DeepEqual(old.Spec, o.Spec) {
+		if sameMeta(&old.ObjectMeta, &o.ObjectMeta) && covers(old.Spec, o.Spec) {
 			return name, "unchanged", nil
 		}
 		o.ResourceVersion = old.ResourceVersion
@@ -106,6 +106,50 @@ func applyObject(ctx context.Context, cs kubernetes.Interface, obj runtime.Objec
 		return name, "configured", err
 	}
 	return "", "", fmt.Errorf("cannot apply %T", obj)
+}
+
+// covers says whether have holds every field want sets, with the same
+// value: the API fills in defaults (a request's allocation mode and
+// count), so a spec as written is compared with what the API holds by the
+// fields the file sets.
+func covers(have, want any) bool {
+	var h, w any
+	hb, err1 := json.Marshal(have)
+	wb, err2 := json.Marshal(want)
+	if err1 != nil || err2 != nil || json.Unmarshal(hb, &h) != nil || json.Unmarshal(wb, &w) != nil {
+		return false
+	}
+	return subset(h, w)
+}
+
+func subset(have, want any) bool {
+	switch w := want.(type) {
+	case map[string]any:
+		h, ok := have.(map[string]any)
+		if !ok {
+			return false
+		}
+		for k, wv := range w {
+			hv, ok := h[k]
+			if !ok || !subset(hv, wv) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		h, ok := have.([]any)
+		if !ok || len(h) != len(w) {
+			return false
+		}
+		for i := range w {
+			if !subset(h[i], w[i]) {
+				return false
+			}
+		}
+		return true
+	default:
+		return have == want
+	}
 }
 
 // sameMeta: the labels and annotations the file sets are already there.

@@ -211,3 +211,24 @@ side       -                         -
 		t.Errorf("claims: exit %d: %s%s", code, out, errOut)
 	}
 }
+
+func TestCoversComparesTheFieldsSet(t *testing.T) {
+	written := resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{
+		{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpu"}}}}}
+	defaulted := *written.DeepCopy()
+	defaulted.Devices.Requests[0].Exactly.AllocationMode = resourcev1.DeviceAllocationModeExactCount
+	defaulted.Devices.Requests[0].Exactly.Count = 1
+	if !covers(defaulted, written) {
+		t.Error("a defaulted spec does not cover the spec as written")
+	}
+	changed := *defaulted.DeepCopy()
+	changed.Devices.Requests[0].Exactly.DeviceClassName = "other"
+	if covers(changed, written) {
+		t.Error("a spec with another class covers the spec as written")
+	}
+	more := *written.DeepCopy()
+	more.Devices.Requests = append(more.Devices.Requests, resourcev1.DeviceRequest{Name: "nic"})
+	if covers(defaulted, more) {
+		t.Error("a spec with one request covers one with two")
+	}
+}
