@@ -248,11 +248,11 @@ func TestRestart(t *testing.T) {
 }
 
 // TestTraceReachesDriver: the prepare's span is the parent the driver
-// call carries.
+// call carries; the unprepare is a trace of its own.
 func TestTraceReachesDriver(t *testing.T) {
 	e := newEnv(t)
-	e.claim("one", "gpu")
-	e.prepare(podReq("p1", "one"))
+	e.claim("traced", "gpu")
+	e.prepare(podReq("p1", "traced"))
 	var id string
 	for _, s := range spans.Ended() {
 		if s.Name() == "prepare pod ns/p1" {
@@ -264,6 +264,17 @@ func TestTraceReachesDriver(t *testing.T) {
 	e.plugin.mu.Unlock()
 	if id == "" || len(tps) == 0 || !strings.Contains(tps[len(tps)-1], id) {
 		t.Fatalf("trace %q, driver saw %v", id, tps)
+	}
+	e.release("p1", 1)
+	e.waitGone("traced")
+	var unprepare int
+	for _, s := range spans.Ended() {
+		if s.Name() == "unprepare claim ns/traced" && s.SpanContext().TraceID().String() != id {
+			unprepare++
+		}
+	}
+	if unprepare != 1 {
+		t.Fatalf("%d unprepare spans of their own trace, want 1", unprepare)
 	}
 }
 
