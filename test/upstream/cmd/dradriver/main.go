@@ -10,7 +10,17 @@
 //     publish instead of --num-devices devices; on SIGHUP the file is read
 //     again and its devices are published in place of the old ones;
 //   - --rolling-update UID: the helper's rolling-update mode (its own
-//     registration and DRA sockets, so that two instances run at once).
+//     registration and DRA sockets, so that two instances run at once);
+//   - --state-file FILE: on SIGUSR1 the driver first reads --control-file
+//     (when given) and then writes FILE (atomically, by rename) with what
+//     the upstream app recorded: every gRPC call it served (method,
+//     request and error), the claims it holds prepared, its failure modes
+//     and a sequence number that grows with each write, so that a test
+//     that signals knows when the answer is fresh;
+//   - --control-file FILE: its lines set the upstream app's failure modes
+//     ("fail-prepare", "fail-unprepare": NodePrepareResources or
+//     NodeUnprepareResources fails as a whole with the app's simulated
+//     error); a mode not named, or a file missing, is off.
 //
 // Like the upstream driver it publishes one pool named after the node, and
 // on SIGTERM or SIGINT it stops the helper, which removes its sockets.
@@ -26,6 +36,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"github.com/go-logr/logr"
@@ -58,6 +69,8 @@ func run() error {
 	devicesFile := fs.String("devices-file", "", "JSON array of resource.k8s.io/v1 Devices to publish, read again on SIGHUP")
 	rollingUID := fs.String("rolling-update", "", "enable the helper's rolling-update mode with this pod UID")
 	logFormat := fs.String("log-format", "text", "text or json (slog's JSON on stderr)")
+	stateFile := fs.String("state-file", "", "file written on SIGUSR1 with the gRPC calls served and the claims prepared")
+	controlFile := fs.String("control-file", "", "file read on SIGUSR1 for the failure modes (fail-prepare, fail-unprepare)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -119,8 +132,15 @@ func run() error {
 	logger.Info("driver started", "driver", *driverName, "node", *nodeName, "devices", len(resources.Pools[*nodeName].Slices[0].Devices))
 
 	sigc := make(chan os.Signal, 1)
-	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
+	st := &stateWriter{plugin: plugin, state: *stateFile, control: *controlFile}
 	for sig := range sigc {
+		if sig == syscall.SIGUSR1 {
+			if err := st.update(); err != nil {
+				logger.Error(err, "state not written")
+			}
+			continue
+		}
 		if sig != syscall.SIGHUP {
 			logger.Info("stopping", "signal", sig.String())
 			return nil
@@ -174,4 +194,100 @@ func newLogger(format string) (logr.Logger, error) {
 		return logr.FromSlogHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})), nil
 	}
 	return logr.Logger{}, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// stateWriter answers SIGUSR1: failure modes from the control file, the
+// app's record to the state file.
+type stateWriter struct {
+	plugin         *app.ExamplePlugin
+	state, control string
+	seq            int
+	// unset undo the failure modes set now, by name.
+	unset map[string]func()
+}
+
+// State is the state file's content.
+type State struct {
+	Seq           int        `json:"seq"`
+	FailPrepare   bool       `json:"failPrepare"`
+	FailUnprepare bool       `json:"failUnprepare"`
+	Calls         []Call     `json:"calls"`
+	Prepared      []Prepared `json:"prepared"`
+}
+
+// Call is one gRPC call the driver served, the request as its JSON.
+type Call struct {
+	Method  string          `json:"method"`
+	Request json.RawMessage `json:"request,omitempty"`
+	Err     string          `json:"error,omitempty"`
+	Done    bool            `json:"done"`
+}
+
+// Prepared is a claim the driver holds prepared.
+type Prepared struct {
+	Name string `json:"name"`
+	UID  string `json:"uid"`
+}
+
+func (w *stateWriter) update() error {
+	if w.unset == nil {
+		w.unset = map[string]func(){}
+	}
+	want := map[string]bool{}
+	if w.control != "" {
+		data, err := os.ReadFile(w.control)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("read the control file: %w", err)
+		}
+		for _, line := range strings.Fields(string(data)) {
+			if line != "fail-prepare" && line != "fail-unprepare" {
+				return fmt.Errorf("control file %s: unknown mode %q (want fail-prepare or fail-unprepare)", w.control, line)
+			}
+			want[line] = true
+		}
+	}
+	for mode, set := range map[string]func() func(){
+		"fail-prepare":   w.plugin.SetNodePrepareResourcesFailureMode,
+		"fail-unprepare": w.plugin.SetNodeUnprepareResourcesFailureMode,
+	} {
+		switch undo, on := w.unset[mode]; {
+		case want[mode] && !on:
+			w.unset[mode] = set()
+		case !want[mode] && on:
+			undo()
+			delete(w.unset, mode)
+		}
+	}
+	if w.state == "" {
+		return nil
+	}
+	w.seq++
+	st := State{Seq: w.seq, FailPrepare: w.unset["fail-prepare"] != nil, FailUnprepare: w.unset["fail-unprepare"] != nil}
+	for _, c := range w.plugin.GetGRPCCalls() {
+		call := Call{Method: c.FullMethod, Done: c.Response != nil || c.Err != nil}
+		if c.Request != nil {
+			if data, err := json.Marshal(c.Request); err == nil {
+				call.Request = data
+			}
+		}
+		if c.Err != nil {
+			call.Err = c.Err.Error()
+		}
+		st.Calls = append(st.Calls, call)
+	}
+	for _, p := range w.plugin.GetPreparedResources() {
+		st.Prepared = append(st.Prepared, Prepared{Name: p.Name, UID: string(p.UID)})
+	}
+	data, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encode the state: %w", err)
+	}
+	tmp := w.state + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return fmt.Errorf("write the state file: %w", err)
+	}
+	if err := os.Rename(tmp, w.state); err != nil {
+		return fmt.Errorf("write the state file: %w", err)
+	}
+	return nil
 }
