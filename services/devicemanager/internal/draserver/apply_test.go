@@ -2,6 +2,7 @@ package draserver_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,9 +10,11 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
 )
 
@@ -89,5 +92,65 @@ func TestNodeplugctlApplyThroughTheNodeLocalAPI(t *testing.T) {
 	out, err = apply("c", "--kubeconfig", filepath.Join(root, "nodeplug", "kubeconfig-reader"))
 	if err == nil || !strings.Contains(out, "forbidden") {
 		t.Errorf("apply as a reader: %v\n%s\nwant the API's refusal", err, out)
+	}
+}
+
+// The walk-through of a driver author with the real nodeplugctl: apply a
+// DeviceClass and a claim, prepare it for a pod, list the claims and the
+// slices with the devices' health.
+func TestNodeplugctlPrepareAndClaims(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds nodeplugctl")
+	}
+	bin := t.TempDir()
+	if err := stack.Build(context.Background(), bin, "nodeplugctl"); err != nil {
+		t.Fatal(err)
+	}
+	e := startClaims(t)
+	p := dratest.NewPlugin(gpu)
+	p.SetHealth(kubeletplugin.DeviceHealth{PoolName: dratest.Node, DeviceName: "dev-0", Health: kubeletplugin.HealthStatusHealthy},
+		kubeletplugin.DeviceHealth{PoolName: dratest.Node, DeviceName: "dev-1", Health: kubeletplugin.HealthStatusHealthy})
+	d := dratest.StartDriverWith(t, e.api, gpu, "", p)
+	e.register(t, d)
+	d.Publish(t, 2)
+	dratest.WaitSlices(t, e.api.Client, gpu, 1, 2)
+	testutil.Eventually(t, "the driver's health seen", func() error {
+		if h, _ := e.reg.Health(gpu, dratest.Node, "dev-0"); h != dra.HealthHealthy {
+			return fmt.Errorf("health of dev-0 = %q", h)
+		}
+		return nil
+	})
+	ctl := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(filepath.Join(bin, "nodeplugctl"), append([]string{"--root-dir", e.api.Root, "--devicemanager-addr", e.sock}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nodeplugctl %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		t.Logf("$ nodeplugctl %s\n%s", strings.Join(args, " "), out)
+		return string(out)
+	}
+	file := filepath.Join(t.TempDir(), "claims.yaml")
+	if err := os.WriteFile(file, []byte(strings.ReplaceAll(applyYAML, "LABEL", "a")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctl("apply", "-f", file)
+	if out := ctl("claims"); !strings.Contains(out, "default/gpu-claim  pending") {
+		t.Errorf("claims before prepare:\n%s", out)
+	}
+	out := ctl("prepare", "--pod-uid", "uid-1", "--namespace", "default", "--name", "pod-1", "--claim", "gpu=gpu-claim", "--container", "main=gpu")
+	c, err := e.api.Client.ResourceV1().ResourceClaims("default").Get(context.Background(), "gpu-claim", metav1.GetOptions{})
+	if err != nil || c.Status.Allocation == nil {
+		t.Fatalf("the claim after prepare: %+v, %v", c, err)
+	}
+	dev := c.Status.Allocation.Devices.Results[0].Device
+	if id := dratest.CDIID(c.UID, dev); !strings.Contains(out, "main       "+id) {
+		t.Errorf("prepare output does not give main the CDI ID %s", id)
+	}
+	out = ctl("claims")
+	if !strings.Contains(out, "default/gpu-claim  prepared  gpu.example.com  "+dratest.Node+"/"+dev+"  "+dev+"=Healthy") || !strings.Contains(out, "pod-1") {
+		t.Errorf("claims after prepare:\n%s", out)
+	}
+	if out := ctl("slices"); !strings.Contains(out, "Healthy") {
+		t.Errorf("slices without health:\n%s", out)
 	}
 }

@@ -35,6 +35,7 @@ type env struct {
 	api    *dratest.API
 	reg    *dra.Registry
 	client dmv1.DRAServiceClient
+	sock   string // the service's socket
 }
 
 func start(t *testing.T, delay time.Duration) *env {
@@ -79,7 +80,7 @@ func startWith(t *testing.T, delay time.Duration, opts func(*dra.Registry, *drat
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &env{api: api, reg: reg, client: dmv1.NewDRAServiceClient(conn)}
+	return &env{api: api, reg: reg, client: dmv1.NewDRAServiceClient(conn), sock: path}
 }
 
 func (e *env) register(t *testing.T, d *dratest.Driver) *dmv1.RegisterDRADriverResponse {
