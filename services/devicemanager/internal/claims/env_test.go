@@ -219,6 +219,15 @@ func (e *env) stop() {
 	e.mgr = nil
 }
 
+// crash stops the Manager's loops and abandons the state core and its
+// journal without a flush, as a kill -9 leaves them: only what was
+// acknowledged (durable) is there for the next start. The abandoned core
+// is never closed: its flush would write after the next start's.
+func (e *env) crash() {
+	e.mgr.Close()
+	e.mgr = nil
+}
+
 // claim creates a claim for count devices of class gpu, each request
 // named in reqs.
 func (e *env) claim(name string, reqs ...string) {

@@ -216,8 +216,8 @@ func TestUnprepareRetried(t *testing.T) {
 	e.waitGone("one")
 }
 
-// TestRestart: a restart never prepares again what was recorded, and
-// resumes an owed unprepare.
+// TestRestart: after a crash (no flush), a restart never prepares again
+// what was recorded, and resumes an owed unprepare.
 func TestRestart(t *testing.T) {
 	e := newEnv(t)
 	e.claim("kept", "gpu")
@@ -232,7 +232,7 @@ func TestRestart(t *testing.T) {
 		}
 		return nil
 	})
-	e.stop()
+	e.crash()
 	e.plugin.set(func(p *plugin) { p.unprepareFails = 0 })
 	e.start()
 	e.waitGone("owed")
