@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -594,4 +595,77 @@ func TestDRAClaimKillBetweenPrepareAndRelease(t *testing.T) {
 	n.release("pod-k", 1)
 	n.waitUnprepared(d, string(claim.UID))
 	n.waitReleasedInAPI(cs, claim)
+}
+
+// TestDRAClaimsNodeplugctl is the README's walk-through for a driver
+// author, with nodeplugctl alone: apply a DeviceClass and a claim from
+// YAML, prepare them for a pod, see the claim prepared with the driver's
+// CDI ID in `claims`, release the pod. It logs what nodeplugctl printed.
+func TestDRAClaimsNodeplugctl(t *testing.T) {
+	const driverName = "gpu.example.com"
+	n, d, cs, _ := claimsNode(t, driverName)
+	yaml := filepath.Join(n.root, "claim.yaml")
+	if err := os.WriteFile(yaml, []byte(`apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: gpu.example.com
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "gpu.example.com" && device.attributes["gpu.example.com"].model == "a100"
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: train
+  namespace: default
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.example.com
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("$ nodeplugctl apply -f claim.yaml\n%s", n.ctl("apply", "-f", yaml))
+	claim, err := cs.ResourceV1().ResourceClaims("default").Get(ctxT(t), "train", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the applied claim: %v", err)
+	}
+	t.Logf("$ nodeplugctl claims\n%s", n.ctl("claims"))
+
+	prepArgs := []string{"prepare", "--pod-uid", "pod-uid-1", "--namespace", "default", "--name", "trainer",
+		"--claim", "gpus=train", "--container", "main=gpus/gpu"}
+	t.Logf("$ nodeplugctl %s\n%s", strings.Join(prepArgs, " "), n.ctl(prepArgs...))
+	var resp dmv1.PrepareResourcesResponse
+	if err := protojson.Unmarshal(n.ctl(append(prepArgs, "-o", "json")...), &resp); err != nil {
+		t.Fatalf("nodeplugctl prepare -o json: %v", err)
+	}
+	want := cdiID(driverName, string(claim.UID), "gpu")
+	if main := container(t, &resp, "main"); !slices.Equal(main.GetCdiDeviceIds(), []string{want}) {
+		t.Fatalf("nodeplugctl prepare: container main's CDI IDs %v, want [%s]", main.GetCdiDeviceIds(), want)
+	}
+	if got := d.readState().calls("NodePrepareResources", string(claim.UID)); got != 1 {
+		t.Fatalf("two nodeplugctl prepare of the same pod asked the driver %d times, want once", got)
+	}
+
+	table := string(n.ctl("claims"))
+	t.Logf("$ nodeplugctl claims\n%s", table)
+	var list dmv1.ListClaimsResponse
+	if err := protojson.Unmarshal(n.ctl("claims", "-o", "json"), &list); err != nil {
+		t.Fatalf("nodeplugctl claims -o json: %v", err)
+	}
+	if len(list.GetClaims()) != 1 || list.GetClaims()[0].GetState() != dmv1.ClaimState_CLAIM_STATE_PREPARED ||
+		!slices.Equal(list.GetClaims()[0].GetCdiDeviceIds(), []string{want}) {
+		t.Fatalf("nodeplugctl claims -o json: %v, want train prepared with %s", list.GetClaims(), want)
+	}
+	if !strings.Contains(table, "train") || !strings.Contains(table, want) {
+		t.Fatalf("nodeplugctl claims shows no train with %s:\n%s", want, table)
+	}
+
+	t.Logf("$ nodeplugctl release --pod pod-uid-1\n%s", n.ctl("release", "--pod", "pod-uid-1"))
+	n.waitUnprepared(d, string(claim.UID))
+	n.waitReleasedInAPI(cs, claim)
+	t.Logf("$ nodeplugctl claims\n%s", n.ctl("claims"))
 }
