@@ -3,6 +3,7 @@ package draserver
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -111,7 +112,10 @@ func (s *Service) PrepareResources(ctx context.Context, req *dmv1.PrepareResourc
 	}
 	res, err := s.claims.Prepare(ctx, preq)
 	if err != nil {
-		s.failed.set(keys, bounds.Text(err.Error()))
+		// A request that is wrong says nothing about its claims.
+		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			s.failed.set(keys, bounds.Text(err.Error()))
+		}
 		return nil, err
 	}
 	s.failed.clear(keys)

@@ -183,6 +183,16 @@ func TestPrepareResourcesAndListClaims(t *testing.T) {
 	if b.GetState() != dmv1.ClaimState_CLAIM_STATE_FAILED || !strings.Contains(b.GetReason(), "the device is on fire") {
 		t.Errorf("claim b after the failed prepare: %v, want failed with the driver's message", b)
 	}
+	bad := podRequest("p3", "b")
+	bad.PodUid = ""
+	if _, err := e.client.PrepareResources(ctx, bad); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("PrepareResources without a pod UID: %v, want INVALID_ARGUMENT", err)
+	}
+	bad = podRequest("p3", "b")
+	bad.Containers[0].Claims[0].Name = "nosuch"
+	if _, err := e.client.PrepareResources(ctx, bad); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "nosuch") {
+		t.Errorf("PrepareResources with a container naming no pod claim: %v, want INVALID_ARGUMENT naming it", err)
+	}
 	p.Fail("b", "")
 	if _, err := e.client.PrepareResources(ctx, podRequest("p2", "b")); err != nil {
 		t.Fatalf("PrepareResources again: %v", err)
