@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/otel"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
@@ -19,7 +20,8 @@ const gpu = "gpu.example.com"
 
 // A claim allocated in the API is prepared by the driver's helper (which
 // reads it from the API) and unprepared; a per-claim failure comes back
-// for that claim only. Both DRA service versions are covered.
+// for that claim only; the call carries the caller's trace into the
+// driver. Both DRA service versions are covered.
 func TestPrepareUnprepare(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -52,7 +54,9 @@ func TestPrepareUnprepare(t *testing.T) {
 				{Namespace: "default", Name: "good", UID: string(good.UID)},
 				{Namespace: "default", Name: "bad", UID: string(bad.UID)},
 			}
-			res, err := r.Prepare(ctx, gpu, refs)
+			tctx, span := otel.Tracer("test").Start(ctx, "prepare")
+			res, err := r.Prepare(tctx, gpu, refs)
+			span.End()
 			if err != nil {
 				t.Fatalf("Prepare: %v", err)
 			}
@@ -71,6 +75,9 @@ func TestPrepareUnprepare(t *testing.T) {
 			b := res[string(bad.UID)]
 			if b.Err == nil || !strings.Contains(b.Err.Error(), "device dev-2 is on fire") || !strings.Contains(b.Err.Error(), "default/bad") {
 				t.Errorf("bad claim: %+v, want the driver's error naming the claim", b)
+			}
+			if tp := p.Traceparents(); len(tp) != 1 || !strings.Contains(tp[0], span.SpanContext().TraceID().String()) {
+				t.Errorf("the driver's call carried traceparent %q, want trace %s", tp, span.SpanContext().TraceID())
 			}
 			if n, _ := p.Calls(good.UID); n != 1 {
 				t.Errorf("driver prepared the good claim %d times, want 1", n)

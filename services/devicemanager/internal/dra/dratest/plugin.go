@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
+	"google.golang.org/grpc/metadata"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +38,8 @@ type Plugin struct {
 	changed    chan struct{} // closed and replaced when health changes
 	end        chan struct{} // closed and replaced by EndHealthStreams
 	watches    int
+	// traceparents are the W3C traceparent headers of the prepare calls.
+	traceparents []string
 }
 
 // NewPlugin returns the logic of driver.
@@ -88,10 +92,20 @@ func (p *Plugin) HealthWatches() int {
 	return p.watches
 }
 
-// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
-func (p *Plugin) PrepareResourceClaims(_ context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+// Traceparents returns the traceparent headers the prepare calls carried.
+func (p *Plugin) Traceparents() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return slices.Clone(p.traceparents)
+}
+
+// PrepareResourceClaims implements kubeletplugin.DRAPlugin.
+func (p *Plugin) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		p.traceparents = append(p.traceparents, md.Get("traceparent")...)
+	}
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
 		if msg, ok := p.fail[c.Name]; ok {
