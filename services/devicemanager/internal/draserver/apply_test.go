@@ -2,6 +2,7 @@ package draserver_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -146,6 +147,22 @@ func TestNodeplugctlPrepareAndClaims(t *testing.T) {
 	if id := dratest.CDIID(c.UID, dev); !strings.Contains(out, "main       "+id) {
 		t.Errorf("prepare output does not give main the CDI ID %s", id)
 	}
+	// The same call again is the saved answer; the driver is not called.
+	var again struct {
+		Containers []struct {
+			Name         string
+			CdiDeviceIds []string
+		}
+	}
+	if err := json.Unmarshal([]byte(ctl("prepare", "-o", "json", "--pod-uid", "uid-1", "--namespace", "default", "--name", "pod-1",
+		"--claim", "gpu=gpu-claim", "--container", "main=gpu")), &again); err != nil || len(again.Containers) != 1 ||
+		len(again.Containers[0].CdiDeviceIds) != 1 || again.Containers[0].CdiDeviceIds[0] != dratest.CDIID(c.UID, dev) {
+		t.Errorf("prepare again, as JSON: %+v, %v", again, err)
+	}
+	if n, _ := p.Calls(c.UID); n != 1 {
+		t.Errorf("the driver prepared the claim %d times, want once", n)
+	}
+	ctl("claims", "-o", "json")
 	out = ctl("claims")
 	if !strings.Contains(out, "default/gpu-claim  prepared  gpu.example.com  "+dratest.Node+"/"+dev+"  "+dev+"=Healthy") || !strings.Contains(out, "pod-1") {
 		t.Errorf("claims after prepare:\n%s", out)
