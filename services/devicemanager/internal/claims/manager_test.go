@@ -7,6 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
@@ -252,10 +255,11 @@ func TestRestart(t *testing.T) {
 func TestTraceReachesDriver(t *testing.T) {
 	e := newEnv(t)
 	e.claim("traced", "gpu")
-	e.prepare(podReq("p1", "traced"))
+	start := time.Now()
+	uid := e.prepare(podReq("p1", "traced"))[0].Devices[0].Claim.UID
 	var id string
 	for _, s := range spans.Ended() {
-		if s.Name() == "prepare pod ns/p1" {
+		if s.Name() == "prepare pod ns/p1" && hasAttr(s.Attributes(), "pod.uid", "uid-p1") && s.EndTime().After(start) {
 			id = s.SpanContext().TraceID().String()
 		}
 	}
@@ -269,13 +273,17 @@ func TestTraceReachesDriver(t *testing.T) {
 	e.waitGone("traced")
 	var unprepare int
 	for _, s := range spans.Ended() {
-		if s.Name() == "unprepare claim ns/traced" && s.SpanContext().TraceID().String() != id {
+		if s.Name() == "unprepare claim ns/traced" && hasAttr(s.Attributes(), "claim.uid", uid) && s.SpanContext().TraceID().String() != id {
 			unprepare++
 		}
 	}
 	if unprepare != 1 {
 		t.Fatalf("%d unprepare spans of their own trace, want 1", unprepare)
 	}
+}
+
+func hasAttr(kvs []attribute.KeyValue, k, v string) bool {
+	return slices.ContainsFunc(kvs, func(kv attribute.KeyValue) bool { return string(kv.Key) == k && kv.Value.AsString() == v })
 }
 
 // TestInvalidRequest: bad input is InvalidArgument naming the field.
