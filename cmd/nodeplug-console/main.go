@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -153,11 +154,11 @@ func (c *config) validate() error {
 	}
 	c.RootDir = root
 	if c.InfoFile == "" {
-		c.InfoFile = app.ConsoleInfoFile(c.RootDir)
+		c.InfoFile = layout.ConsoleInfoFile(c.RootDir)
 	}
 	for name, p := range map[string]*string{"watcher": &c.Watcher, "reconciler": &c.Reconciler, "devicemanager": &c.DM} {
 		if *p == "" {
-			*p = app.APISocket(c.RootDir, name)
+			*p = layout.APISocket(c.RootDir, name)
 		}
 	}
 	return nil

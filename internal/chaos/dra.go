@@ -20,7 +20,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
@@ -156,7 +155,7 @@ func (h *harness) draPhase(ctx context.Context) error {
 		}
 		helper, err := kubeletplugin.Start(ctx, chaosPlugin{},
 			kubeletplugin.DriverName(name), kubeletplugin.NodeName(d.node), kubeletplugin.KubeClient(d.driver),
-			kubeletplugin.RegistrarDirectoryPath(filepath.Join(h.root, app.PluginsRegistryDirName)),
+			kubeletplugin.RegistrarDirectoryPath(filepath.Join(h.root, layout.PluginsRegistryDirName)),
 			kubeletplugin.PluginDataDirectoryPath(dataDir))
 		if err != nil {
 			return fmt.Errorf("DRA: start driver %s: %w", name, err)

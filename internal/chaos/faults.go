@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // unusable is the devicemanager's loud log line for a checkpoint it moved
@@ -18,7 +18,7 @@ import (
 const unusable = "CHECKPOINT UNUSABLE"
 
 func (h *harness) checkpoint() string {
-	return filepath.Join(app.DevicePluginsDir(h.root), app.CheckpointFileName)
+	return filepath.Join(layout.DevicePluginsDir(h.root), layout.CheckpointFileName)
 }
 
 // asides returns the checkpoint files (snapshot and journals) moved aside

@@ -12,7 +12,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // plugin is one device plugin the harness runs.
@@ -26,7 +26,7 @@ type plugin struct {
 }
 
 func (h *harness) kubeletSock() string {
-	return app.KubeletSocket(h.root)
+	return layout.KubeletSocket(h.root)
 }
 
 // newPlugin starts a plugin; a kubelet.sock one is registered by register.
@@ -37,9 +37,9 @@ func (h *harness) newPlugin(registry, stable bool) (*plugin, error) {
 	h.mu.Unlock()
 	p := &plugin{resource: fmt.Sprintf("chaos.example.com/r%d", n), registry: registry, stable: stable}
 	if registry {
-		p.socket = filepath.Join(app.PluginsRegistryDir(h.root), fmt.Sprintf("dp-%d.sock", n))
+		p.socket = filepath.Join(layout.PluginsRegistryDir(h.root), fmt.Sprintf("dp-%d.sock", n))
 	} else {
-		p.socket = filepath.Join(app.DevicePluginsDir(h.root), fmt.Sprintf("dp-%d.sock", n))
+		p.socket = filepath.Join(layout.DevicePluginsDir(h.root), fmt.Sprintf("dp-%d.sock", n))
 	}
 	dp, err := sampleplugin.New(sampleplugin.Options{Resource: p.resource, SocketPath: p.socket, Devices: h.cfg.Devices})
 	if err != nil {

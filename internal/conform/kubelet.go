@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -59,7 +59,7 @@ func newKubelet(dir string, timeout time.Duration, log *slog.Logger) *kubelet {
 	return &kubelet{dir: dir, timeout: timeout, log: log, changed: make(chan struct{})}
 }
 
-func (k *kubelet) socket() string { return filepath.Join(k.dir, app.KubeletSocketName) }
+func (k *kubelet) socket() string { return filepath.Join(k.dir, layout.KubeletSocketName) }
 
 // start listens on kubelet.sock and serves.
 func (k *kubelet) start() error {

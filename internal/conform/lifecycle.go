@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
@@ -21,9 +21,9 @@ import (
 func Substitute(args []string, root string) []string {
 	rep := strings.NewReplacer(
 		"{root}", root,
-		"{kubelet-sock}", app.KubeletSocket(root),
-		"{plugins-registry}", app.PluginsRegistryDir(root),
-		"{device-plugins}", app.DevicePluginsDir(root),
+		"{kubelet-sock}", layout.KubeletSocket(root),
+		"{plugins-registry}", layout.PluginsRegistryDir(root),
+		"{device-plugins}", layout.DevicePluginsDir(root),
 	)
 	out := make([]string, len(args))
 	for i, a := range args {
@@ -32,7 +32,7 @@ func Substitute(args []string, root string) []string {
 	return out
 }
 
-func (r *runner) registryDir() string { return app.PluginsRegistryDir(r.root) }
+func (r *runner) registryDir() string { return layout.PluginsRegistryDir(r.root) }
 
 // runCommand starts the plugin under a temporary root dir with conform's
 // kubelet.sock, checks it, and takes it through the lifecycle checks.
@@ -44,12 +44,12 @@ func (r *runner) runCommand(ctx context.Context) error {
 			return fmt.Errorf("%w (set TMPDIR, or give a root dir)", err)
 		}
 		root, r.ownRoot = dir, true
-	} else if err := refuseLiveKubelet(ctx, app.KubeletSocket(root)); err != nil {
+	} else if err := refuseLiveKubelet(ctx, layout.KubeletSocket(root)); err != nil {
 		return err
 	}
 	r.root = root
 	var err error
-	for _, d := range []string{app.PluginsRegistryDirName, app.DevicePluginsDirName} {
+	for _, d := range []string{layout.PluginsRegistryDirName, layout.DevicePluginsDirName} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o750); err != nil {
 			return err
 		}
@@ -61,7 +61,7 @@ func (r *runner) runCommand(ctx context.Context) error {
 	if r.confiner, err = unixsock.NewConfiner(dirs); err != nil {
 		return err
 	}
-	r.kubelet = newKubelet(app.DevicePluginsDir(root), r.cfg.Timeout, r.log)
+	r.kubelet = newKubelet(layout.DevicePluginsDir(root), r.cfg.Timeout, r.log)
 	if err := r.kubelet.start(); err != nil {
 		return err
 	}

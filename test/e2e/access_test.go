@@ -21,7 +21,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -80,7 +80,7 @@ func TestLocalUsers(t *testing.T) {
 	if err := os.Chmod(e.root, 0o755); err != nil { // let others reach nodeplug/ (0750, group apiGID)
 		t.Fatal(err)
 	}
-	sock := app.APISocket(e.root, "devicemanager")
+	sock := layout.APISocket(e.root, "devicemanager")
 	for _, p := range []string{sock, filepath.Dir(sock)} {
 		fi, err := os.Stat(p)
 		if err != nil {
@@ -306,7 +306,7 @@ func TestAccessCaller(t *testing.T) {
 	if os.Getenv(accessCallerEnv) == "" {
 		t.Skip("run by TestLocalUsers as another user")
 	}
-	sock := app.APISocket(os.Getenv("NODEPLUG_ROOT_DIR"), "devicemanager")
+	sock := layout.APISocket(os.Getenv("NODEPLUG_ROOT_DIR"), "devicemanager")
 	conn, err := rpcutil.DialPeer(sock)
 	if err != nil {
 		t.Fatal(err)

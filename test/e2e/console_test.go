@@ -28,7 +28,6 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
@@ -82,13 +81,13 @@ func startConsole(t *testing.T, root string) consoleInfo {
 		if err := p.Err(); err != nil {
 			return fmt.Errorf("nodeplug-console exited: %v\n%s", err, p.Logs())
 		}
-		data, err := os.ReadFile(app.ConsoleInfoFile(root))
+		data, err := os.ReadFile(layout.ConsoleInfoFile(root))
 		if err != nil {
 			return err
 		}
 		return json.Unmarshal(data, &info)
 	})
-	if fi, err := os.Stat(app.ConsoleInfoFile(root)); err != nil || fi.Mode().Perm() != 0o600 {
+	if fi, err := os.Stat(layout.ConsoleInfoFile(root)); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("the console's info file: %v, mode %v; want 0600", err, fi.Mode())
 	}
 	return info
@@ -336,7 +335,7 @@ func checkDRAView(t *testing.T, b *browserTab, info consoleInfo, root string) {
 	}
 	helper, err := kubeletplugin.Start(context.Background(), consoleDRADriver{},
 		kubeletplugin.DriverName(name), kubeletplugin.NodeName(node), kubeletplugin.KubeClient(driverClient),
-		kubeletplugin.RegistrarDirectoryPath(filepath.Join(root, app.PluginsRegistryDirName)),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(root, layout.PluginsRegistryDirName)),
 		kubeletplugin.PluginDataDirectoryPath(dataDir))
 	if err != nil {
 		t.Fatalf("start the DRA driver %s: %v", name, err)

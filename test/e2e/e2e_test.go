@@ -19,7 +19,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -130,15 +130,15 @@ func (e *env) waitLive() {
 // calls Register on kubelet.sock.
 func (e *env) plugin(name, resource string, devices int, legacy bool) *sampleplugin.Plugin {
 	e.t.Helper()
-	dir := app.PluginsRegistryDir(e.root)
+	dir := layout.PluginsRegistryDir(e.root)
 	if legacy {
-		dir = app.DevicePluginsDir(e.root)
+		dir = layout.DevicePluginsDir(e.root)
 	}
 	p := plugintest.Start(e.t, sampleplugin.Options{Resource: resource, SocketPath: filepath.Join(dir, name+".sock"), Devices: devices})
 	if legacy {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := p.Register(ctx, app.KubeletSocket(e.root)); err != nil {
+		if err := p.Register(ctx, layout.KubeletSocket(e.root)); err != nil {
 			e.t.Fatalf("legacy Register: %v", err)
 		}
 	}

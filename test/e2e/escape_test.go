@@ -16,7 +16,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -27,7 +27,7 @@ import (
 // outside the root, or beside them — are never called.
 func TestRegistrySocketNamesAreNotURLs(t *testing.T) {
 	e := newEnv(t)
-	registry := app.PluginsRegistryDir(e.root)
+	registry := layout.PluginsRegistryDir(e.root)
 	// A victim outside the root, where "<registry>/../../<name>" leads.
 	outside := filepath.Dir(e.root)
 	victimName := fmt.Sprintf("npvictim%d.sock", time.Now().UnixNano())
@@ -98,8 +98,8 @@ func TestRegistrySocketNamesAreNotURLs(t *testing.T) {
 // refused, and the plugin outside is never called.
 func TestDevicePluginSocketNamesEndToEnd(t *testing.T) {
 	e := newEnv(t)
-	registry := app.PluginsRegistryDir(e.root)
-	dpDir := app.DevicePluginsDir(e.root)
+	registry := layout.PluginsRegistryDir(e.root)
+	dpDir := layout.DevicePluginsDir(e.root)
 	long := strings.Repeat("l", unixsock.MaxPathLen-len(registry)-1-len(".sock")) + ".sock"
 	if n := len(filepath.Join(registry, long)); n != unixsock.MaxPathLen {
 		t.Fatalf("long path of %d bytes", n)

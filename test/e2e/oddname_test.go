@@ -19,8 +19,8 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
@@ -56,8 +56,8 @@ func (e *env) pluginByPath(path string) *rcv1.Plugin {
 // clear error, to the plugin and in ListPlugins.
 func TestSocketNamesThatAreNotUTF8(t *testing.T) {
 	e := newEnv(t)
-	registry := app.PluginsRegistryDir(e.root)
-	dpDir := app.DevicePluginsDir(e.root)
+	registry := layout.PluginsRegistryDir(e.root)
+	dpDir := layout.DevicePluginsDir(e.root)
 
 	dra := filepath.Join(registry, "bad\xff\xfe.sock")
 	draPlugin, err := testplugin.Start(dra, testplugin.Info{Type: registerapi.DRAPlugin, Name: "odd.example.com", Versions: []string{"v1.DRAPlugin"}})

@@ -12,7 +12,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 const (
@@ -63,7 +63,7 @@ func TestRegistrationIsOneTrace(t *testing.T) {
 		{"example.com/retried", true},
 	} {
 		p, err := sampleplugin.New(sampleplugin.Options{Resource: tc.resource, Devices: 2,
-			SocketPath: filepath.Join(app.PluginsRegistryDir(e.root), strings.ReplaceAll(tc.resource, "/", "_")+".sock")})
+			SocketPath: filepath.Join(layout.PluginsRegistryDir(e.root), strings.ReplaceAll(tc.resource, "/", "_")+".sock")})
 		if err != nil {
 			t.Fatal(err)
 		}

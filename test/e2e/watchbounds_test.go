@@ -23,7 +23,7 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -272,7 +272,7 @@ func TestWatchHog(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	for _, svc := range hogServices {
-		conn, err := rpcutil.DialPeer(app.APISocket(os.Getenv("NODEPLUG_ROOT_DIR"), svc))
+		conn, err := rpcutil.DialPeer(layout.APISocket(os.Getenv("NODEPLUG_ROOT_DIR"), svc))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,7 +14,7 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
@@ -50,9 +50,9 @@ func Main(args []string) int {
 			faultList = append(faultList, Fault(f))
 		}
 	}
-	dir := app.PluginsRegistryDir(root)
+	dir := layout.PluginsRegistryDir(root)
 	if *mode == "kubelet" {
-		dir = app.DevicePluginsDir(root)
+		dir = layout.DevicePluginsDir(root)
 	}
 	var ps []*procPlugin
 	for i := range max(*resources, 1) {
@@ -68,7 +68,7 @@ func Main(args []string) int {
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM)
-	kubeletSock := app.KubeletSocket(root)
+	kubeletSock := layout.KubeletSocket(root)
 	kubeletID, _, _ := unixsock.Stat(kubeletSock)
 	for _, p := range ps {
 		if err := p.Serve(); err != nil {
