@@ -23,7 +23,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/stack"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 )
@@ -175,7 +175,7 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	h.logf("chaos: root %s, seed %d", root, seed)
 	start := time.Now()
 	defer h.st.StopAll()
-	for _, d := range []string{app.PluginsRegistryDirName, app.DevicePluginsDirName} {
+	for _, d := range []string{layout.PluginsRegistryDirName, layout.DevicePluginsDirName} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o750); err != nil {
 			return nil, err
 		}
