@@ -49,7 +49,10 @@ type Config struct {
 	// node-local API while the devicemanager is killed DRAKills times
 	// (dra.go).
 	DRADrivers, DRAKills int
-	Seed                 uint64 // 0: from the clock
+	// ClaimWorkers clients prepare and release DRA claims while the
+	// devicemanager is killed ClaimKills times (claims.go).
+	ClaimWorkers, ClaimKills int
+	Seed                     uint64 // 0: from the clock
 	// Converge bounds the wait for one convergence; past it the run fails.
 	Converge time.Duration
 	Progress io.Writer // progress lines; nil discards
@@ -58,13 +61,13 @@ type Config struct {
 // Default is the full run.
 func Default() Config {
 	return Config{Plugins: 50, Devices: 8, Clients: 4, Kills: 66, Interval: 2 * time.Second,
-		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, Converge: 2 * time.Minute}
+		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, ClaimWorkers: 4, ClaimKills: 20, Converge: 2 * time.Minute}
 }
 
 // Short is the quick run `make test` uses: a few kills, each fault kind.
 func Short() Config {
 	return Config{Plugins: 10, Devices: 8, Clients: 4, Kills: 6, Interval: 300 * time.Millisecond,
-		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, Converge: 2 * time.Minute}
+		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, ClaimWorkers: 2, ClaimKills: 3, Converge: 2 * time.Minute}
 }
 
 // Results holds the figures of a run.
@@ -105,6 +108,7 @@ type Results struct {
 	DMDips      int               `json:"dips_across_devicemanager_restarts"`
 	Faults      []FaultResult     `json:"faults"`
 	DRA         DRAResults        `json:"dra"`
+	Claims      ClaimsResults     `json:"dra_claims"`
 	Violations  []Violation       `json:"violations"`
 	ViolationsN map[string]int    `json:"violations_by_invariant"`
 }
@@ -212,6 +216,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return h.finish(start), err
 	}
 	if err := h.draPhase(ctx); err != nil {
+		return h.finish(start), err
+	}
+	if err := h.claimsPhase(ctx); err != nil {
 		return h.finish(start), err
 	}
 	if cfg.Faults {

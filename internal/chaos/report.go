@@ -37,7 +37,11 @@ func Print(w io.Writer, r *Results) {
 		fmt.Fprintf(tw, "DRA\t%d drivers, %d devicemanager kills while they publish: %d slice writes acknowledged, %d cut off, %d conflicts after them, %d checks\n",
 			r.DRA.Drivers, r.DRA.Kills, r.DRA.Acked, r.DRA.Uncertain, r.DRA.Conflicts, r.DRA.Checks)
 	}
-	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward} {
+	if c := r.Claims; c.Workers > 0 {
+		fmt.Fprintf(tw, "DRA claims\t%d clients, %d devicemanager kills: %d prepares and %d releases acknowledged (%d shared claims), %d calls retried; the driver prepared %d, unprepared %d; %d checks\n",
+			c.Workers, c.Kills, c.Prepares, c.Releases, c.Shared, c.Retried, c.DriverPrepares, c.DriverUnprepares, c.Checks)
+	}
+	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward, invClaimTwice, invClaimLeft, invDeviceTwice, invClaimEarlyOff} {
 		fmt.Fprintf(tw, "violations (%s)\t%d\n", inv, r.ViolationsN[inv])
 	}
 	tw.Flush()
