@@ -80,10 +80,11 @@ type config struct {
 	ResyncPeriod time.Duration
 	// AllowedDirs confine plugin endpoints (none: no confinement).
 	AllowedDirs []string
-	// WatchLimits bound the WatchPlugins streams: at most 64 open, each at
-	// most 4096 changes or 4 MiB behind, 32 MiB held by all of them
-	// together (stream.DefaultLimits, for zero fields); past them,
-	// RESOURCE_EXHAUSTED.
+	// WatchLimits bound the WatchPlugins streams: how many may be open,
+	// how far each may fall behind and what all of them hold together;
+	// past them, RESOURCE_EXHAUSTED. Zero fields take the stream package's
+	// defaults (stream.DefaultSubscribers, DefaultBuffer,
+	// DefaultSubscriberBytes, DefaultBytes).
 	WatchLimits stream.Limits
 	Log         *slog.Logger
 	// Clock drives backoff and resync; the wall clock when nil.

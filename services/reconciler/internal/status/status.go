@@ -125,7 +125,7 @@ type Board struct {
 
 // New returns an empty board stamping transitions with clk (the wall clock
 // when nil), with a new instance ID. Its watchers (WatchPlugins streams)
-// are bounded by limits; zero fields take stream.DefaultLimits.
+// are bounded by limits; zero fields take the stream package's defaults.
 func New(clk clock.Clock, limits stream.Limits) *Board {
 	if clk == nil {
 		clk = clock.Real{}
