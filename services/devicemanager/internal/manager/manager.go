@@ -87,7 +87,7 @@ type Config struct {
 	// WatchLimits bound the Watch subscribers (the WatchResources
 	// streams): how many may be open, and the bytes of changes they hold
 	// before their clients take them (DESIGN "Bounds"). Zero fields take
-	// stream.DefaultLimits.
+	// the stream package's defaults.
 	WatchLimits stream.Limits
 	// GiveBack says when the memory of a burst of endpoint arrivals or
 	// departures is returned to the OS; zero fields take its defaults.
