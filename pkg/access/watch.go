@@ -57,9 +57,6 @@ func NewWatchBounds(limits stream.SlotLimits, reg prometheus.Registerer) *WatchB
 	return w
 }
 
-// Limits returns the bounds each Watch RPC keeps.
-func (w *WatchBounds) Limits() stream.SlotLimits { return w.limits }
-
 // IsWatch reports whether a stream method is one the bounds count.
 func IsWatch(info *grpc.StreamServerInfo) bool {
 	svc, method, _ := strings.Cut(strings.TrimPrefix(info.FullMethod, "/"), "/")

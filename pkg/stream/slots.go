@@ -98,9 +98,6 @@ func NewSlots(limits SlotLimits) *Slots {
 	return &Slots{limits: limits.WithDefaults(), callers: map[string]int{}}
 }
 
-// Limits returns the bounds the slots keep.
-func (s *Slots) Limits() SlotLimits { return s.limits }
-
 // Take takes a slot for a stream of caller (who the per-caller bound
 // counts: a uid, a certificate) and returns the function that gives it
 // back; calling it again does nothing. privileged says whether the caller

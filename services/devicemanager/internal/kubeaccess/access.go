@@ -9,13 +9,11 @@ package kubeaccess
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -33,23 +31,13 @@ import (
 // DefaultListen is the node-local API's address (--resource-api-listen).
 const DefaultListen = "127.0.0.1:6446"
 
-// StoreFileName is the node-local API's store in <root>/nodeplug/.
-// (pkg/layout names the other files; this one is not there yet.)
-const StoreFileName = "resource-api.db"
-
-// PKIDir is <root>/nodeplug/pki.
-func PKIDir(root string) string { return layout.PKIDir(root) }
-
-// StorePath is the node-local API's store, <root>/nodeplug/resource-api.db.
-func StorePath(root string) string { return filepath.Join(layout.APIDir(root), StoreFileName) }
-
-// KubeconfigPath is an identity's kubeconfig: <root>/nodeplug/kubeconfig
-// for drivers, <root>/nodeplug/kubeconfig-<name> for the others.
+// KubeconfigPath is an identity's kubeconfig: layout.KubeconfigFile for
+// drivers, layout.IdentityKubeconfigFile for the others.
 func KubeconfigPath(root string, id Identity) string {
 	if id == Driver {
 		return layout.KubeconfigFile(root)
 	}
-	return layout.KubeconfigFile(root) + "-" + id.Name
+	return layout.IdentityKubeconfigFile(root, id.Name)
 }
 
 // Options configures Open.
@@ -117,11 +105,11 @@ func Open(opts Options) (*Access, error) {
 }
 
 func openLocal(opts Options, host, node string) (*Access, error) {
-	pki, err := EnsurePKI(PKIDir(opts.RootDir), hostsFor(host))
+	pki, err := EnsurePKI(layout.PKIDir(opts.RootDir), hostsFor(host))
 	if err != nil {
 		return nil, err
 	}
-	store, err := resourceapi.OpenStore(StorePath(opts.RootDir), opts.History)
+	store, err := resourceapi.OpenStore(layout.ResourceStoreFile(opts.RootDir), opts.History)
 	if err != nil {
 		return nil, err
 	}
@@ -202,14 +190,6 @@ func (a *Access) Serve(ctx context.Context) error {
 		err = cerr
 	}
 	return err
-}
-
-// Close releases what Open took when Serve is not run.
-func (a *Access) Close() error {
-	if a.Local == nil {
-		return nil
-	}
-	return errors.Join(a.lis.Close(), a.store.Close())
 }
 
 // RESTConfig is a client configuration for the node-local API at url with

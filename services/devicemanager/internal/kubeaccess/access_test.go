@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // nextEvent returns the next event of w, failing after the deadline.
@@ -46,7 +48,7 @@ func TestCredentialsFiles(t *testing.T) {
 		if fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: mode %v, want 0600", KubeconfigPath(root, id), fi.Mode().Perm())
 		}
-		fi, err = os.Stat(PKIDir(root) + "/" + id.Name + ".key")
+		fi, err = os.Stat(filepath.Join(layout.PKIDir(root), id.Name+".key"))
 		if err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s key: %v %v, want mode 0600", id.Name, fi, err)
 		}

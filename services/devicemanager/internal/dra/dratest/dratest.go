@@ -28,6 +28,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
 )
 
@@ -60,7 +61,7 @@ func StartAPI(t testing.TB, root string) *API {
 			t.Errorf("resource API: %v", err)
 		}
 	})
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeaccess.KubeconfigPath(root, kubeaccess.Driver))
+	cfg, err := clientcmd.BuildConfigFromFlags("", layout.KubeconfigFile(root))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,8 +112,8 @@ func StartDriver(t testing.TB, api *API, name, uid string) *Driver {
 // and more helper options.
 func StartDriverWith(t testing.TB, api *API, name, uid string, p kubeletplugin.DRAPlugin, more ...kubeletplugin.Option) *Driver {
 	t.Helper()
-	regDir := filepath.Join(api.Root, "plugins_registry")
-	dataDir := filepath.Join(api.Root, "plugins", name)
+	regDir := layout.PluginsRegistryDir(api.Root)
+	dataDir := filepath.Join(layout.PluginsDir(api.Root), name)
 	for _, d := range []string{regDir, dataDir} {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			t.Fatal(err)
