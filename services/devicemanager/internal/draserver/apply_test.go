@@ -170,4 +170,28 @@ func TestNodeplugctlPrepareAndClaims(t *testing.T) {
 	if out := ctl("slices"); !strings.Contains(out, "Healthy") {
 		t.Errorf("slices without health:\n%s", out)
 	}
+
+	// A driver's error for a claim fails the prepare with its message; the
+	// claim shows as failed with it. A claim no device fits fails with the
+	// allocator's reason.
+	e.pendingClaim(t, "bad", "gpu")
+	p.Fail("bad", "device dev-1 does not answer")
+	cmd := exec.Command(filepath.Join(bin, "nodeplugctl"), "--devicemanager-addr", e.sock, "prepare", "--pod-uid", "uid-2", "--namespace", "default",
+		"--name", "pod-2", "--claim", "gpu=bad", "--container", "main=gpu")
+	failed, err := cmd.CombinedOutput()
+	t.Logf("$ nodeplugctl %s\n%s", strings.Join(cmd.Args[3:], " "), failed)
+	if err == nil || !strings.Contains(string(failed), "device dev-1 does not answer") {
+		t.Errorf("prepare with a failing driver: %v\n%s", err, failed)
+	}
+	if out := ctl("claims"); !strings.Contains(out, "default/bad        failed") || !strings.Contains(out, "device dev-1 does not answer") {
+		t.Errorf("claims after the failed prepare:\n%s", out)
+	}
+	e.pendingClaim(t, "nofit", "nosuchclass")
+	cmd = exec.Command(filepath.Join(bin, "nodeplugctl"), "--devicemanager-addr", e.sock, "prepare", "--pod-uid", "uid-3", "--namespace", "default",
+		"--name", "pod-3", "--claim", "gpu=nofit", "--container", "main=gpu")
+	failed, err = cmd.CombinedOutput()
+	t.Logf("$ nodeplugctl %s\n%s", strings.Join(cmd.Args[3:], " "), failed)
+	if err == nil || !strings.Contains(string(failed), "nosuchclass") {
+		t.Errorf("prepare of a claim of a missing class: %v\n%s", err, failed)
+	}
 }

@@ -66,10 +66,11 @@ func startClaims(t *testing.T) *env {
 	})
 }
 
-func (e *env) pendingClaim(t *testing.T, name string) {
+// pendingClaim creates the claim default/name of one device of class.
+func (e *env) pendingClaim(t *testing.T, name, class string) {
 	t.Helper()
 	c := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}}
-	c.Spec.Devices.Requests = []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "class"}}}
+	c.Spec.Devices.Requests = []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class}}}
 	if _, err := e.api.Client.ResourceV1().ResourceClaims("default").Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +122,7 @@ func TestPrepareResourcesAndListClaims(t *testing.T) {
 	if _, err := e.api.Client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.pendingClaim(t, "a")
+	e.pendingClaim(t, "a", "class")
 	if c := e.listClaims(t)["default/a"]; c.GetState() != dmv1.ClaimState_CLAIM_STATE_PENDING || len(c.GetDevices()) != 0 {
 		t.Fatalf("claim a before prepare: %v, want pending without devices", c)
 	}
@@ -173,7 +174,7 @@ func TestPrepareResourcesAndListClaims(t *testing.T) {
 		}
 	}
 
-	e.pendingClaim(t, "b")
+	e.pendingClaim(t, "b", "class")
 	p.Fail("b", "the device is on fire")
 	_, err = e.client.PrepareResources(ctx, podRequest("p2", "b"))
 	if err == nil || !strings.Contains(err.Error(), "the device is on fire") {
