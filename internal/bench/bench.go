@@ -46,6 +46,8 @@ type Config struct {
 	StaleSockets   int           // stale socket files beside which a healthy plugin registers
 	StaleSamples   int           // healthy registrations measured, quiet and beside them
 	FloorRounds    int           // rounds of nodeplug and the floor per kind and N (median taken)
+	ClaimCallers   []int         // concurrent callers of DRA claim prepare+release pairs (claims.go)
+	ClaimPairs     int           // pairs per caller, each on a new claim
 	// HarnessGCPercent is the bench process's own GC percent while the
 	// allocation and durability phases run (0: Go's default). Their
 	// callers and in-process plugins live in the bench process, and its
@@ -66,7 +68,7 @@ type Config struct {
 }
 
 // Phases names the bench's phases in the order they run.
-var Phases = []string{"footprint", "registration", "floor", "stale", "churn", "allocation", "durability", "propagation"}
+var Phases = []string{"footprint", "registration", "floor", "stale", "churn", "allocation", "durability", "propagation", "claims"}
 
 // runs reports whether phase is selected.
 func (c Config) runs(phase string) bool {
@@ -93,6 +95,7 @@ func Default() Config {
 		Flips: 50, FlipDevices: 10000,
 		IdlePlugins: 1000, IdleWindow: 10 * time.Second, RSSPlugins: 1000,
 		StaleSockets: 1000, StaleSamples: 20, FloorRounds: 3,
+		ClaimCallers: []int{1, 8}, ClaimPairs: 100,
 		HarnessGCPercent: DefaultHarnessGCPercent,
 	}
 }
@@ -112,6 +115,7 @@ func Short() Config {
 		Flips: 3, FlipDevices: 10000,
 		IdlePlugins: 20, IdleWindow: time.Second, RSSPlugins: 10,
 		StaleSockets: 100, StaleSamples: 3, FloorRounds: 1,
+		ClaimCallers: []int{1, 8}, ClaimPairs: 3,
 		HarnessGCPercent: DefaultHarnessGCPercent,
 	}
 }
@@ -129,6 +133,7 @@ type Results struct {
 	Durability  DurabilityResult   `json:"durability"`
 	Propagation PropagationResult  `json:"propagation"`
 	Footprint   FootprintResult    `json:"footprint"`
+	Claims      []ClaimsResult     `json:"dra_claims"`
 }
 
 // Machine describes where the figures were taken.
@@ -341,6 +346,11 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 	if cfg.runs("propagation") {
 		if res.Propagation, err = r.propagation(ctx); err != nil {
 			return nil, fmt.Errorf("propagation: %w", err)
+		}
+	}
+	if cfg.runs("claims") {
+		if res.Claims, err = r.claims(ctx); err != nil {
+			return nil, fmt.Errorf("DRA claims: %w", err)
 		}
 	}
 	if err := profiled(); err != nil {

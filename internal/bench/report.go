@@ -66,6 +66,13 @@ func Print(w io.Writer, r *Results) {
 	if r.Propagation.Devices > 0 {
 		fmt.Fprintf(w, "\nHealth flip → WatchResources (%d devices)\n  %s\n", r.Propagation.Devices, r.Propagation.Latency)
 	}
+	if len(r.Claims) > 0 {
+		fmt.Fprintln(w, "\nDRA claims (PrepareResources of a new claim: allocated, NodePrepareResources of an in-process driver, durable; then Release)")
+		for _, c := range r.Claims {
+			fmt.Fprintf(w, "  callers=%d  %6.0f pairs/s  prepare %s\n    driver's NodePrepareResources %s  prepare p99 / driver p99 %.2f×\n",
+				c.Callers, c.PairsPerSec, c.Prepare, c.DriverPrepare, c.PrepareP99OverDriver)
+		}
+	}
 	if f := r.Footprint; len(f.RSSMiB) > 0 {
 		printFootprint(w, f)
 	}
