@@ -89,7 +89,9 @@ type claimsState struct {
 	// prepared: the claims the driver holds prepared, with their devices
 	// ("pool/device").
 	prepared map[string][]string
-	res      ClaimsResults
+	// names: namespace/name by claim UID, of every claim the driver saw.
+	names map[string]string
+	res   ClaimsResults
 }
 
 // claimsPlugin is the phase's driver: it prepares what the allocation
@@ -105,6 +107,7 @@ func (p claimsPlugin) PrepareResourceClaims(_ context.Context, claims []*resourc
 	for _, c := range claims {
 		uid := string(c.UID)
 		s.res.DriverPrepares++
+		s.names[uid] = c.Namespace + "/" + c.Name
 		if s.acked[uid] {
 			s.h.violate(Violation{Invariant: invClaimTwice, When: "claims: NodePrepareResources",
 				Detail: fmt.Sprintf("claim %s/%s (%s) prepared again; its prepare was acknowledged and no release of its last pod was", c.Namespace, c.Name, uid)})
@@ -129,7 +132,8 @@ func (p claimsPlugin) PrepareResourceClaims(_ context.Context, claims []*resourc
 				for _, o := range odevs {
 					if n == o {
 						s.h.violate(Violation{Invariant: invDeviceTwice, When: "claims: NodePrepareResources",
-							Detail: fmt.Sprintf("device %s of claim %s/%s (%s) is also in claim %s, prepared", n, c.Namespace, c.Name, uid, other)})
+							Detail: fmt.Sprintf("device %s of claim %s/%s (%s) is also in claim %s (%s), which the driver holds prepared (%s)",
+								n, c.Namespace, c.Name, uid, s.names[other], other, s.standing(other))})
 					}
 				}
 			}
@@ -158,6 +162,19 @@ func (p claimsPlugin) UnprepareResourceClaims(_ context.Context, claims []kubele
 	return out, nil
 }
 
+// standing says where the clients stand with a claim: its prepare
+// acknowledged, its last pod's release acknowledged, or neither (its
+// prepare not acknowledged yet).
+func (s *claimsState) standing(uid string) string {
+	switch {
+	case s.acked[uid]:
+		return "its prepare acknowledged, its last pod not released"
+	case s.released[uid] != "":
+		return "its last pod's release acknowledged"
+	}
+	return "no prepare of it acknowledged yet"
+}
+
 func (claimsPlugin) HandleError(context.Context, error, string) {}
 
 func (claimsPlugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
@@ -174,7 +191,7 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 		return nil
 	}
 	h.logf("claims: %d clients preparing and releasing, %d devicemanager kills", h.cfg.ClaimWorkers, h.cfg.ClaimKills)
-	s := &claimsState{h: h, acked: map[string]bool{}, inUse: map[string]int{}, released: map[string]string{}, prepared: map[string][]string{}}
+	s := &claimsState{h: h, acked: map[string]bool{}, inUse: map[string]int{}, released: map[string]string{}, prepared: map[string][]string{}, names: map[string]string{}}
 	s.res.Workers = h.cfg.ClaimWorkers
 	defer func() {
 		s.mu.Lock()
