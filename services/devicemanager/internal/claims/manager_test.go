@@ -14,6 +14,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 )
 
 var ctx = context.Background()
@@ -180,7 +181,10 @@ func TestDriverErrorPreparesNothing(t *testing.T) {
 }
 
 // TestUnregisteredDriver: a claim whose driver is not registered fails
-// Unavailable, naming it, and nothing is recorded.
+// Unavailable, naming it. The driver may hold the claim prepared all the
+// same (a prepare whose answer a crash lost), so the claim keeps its
+// allocation, recorded as unpreparing, until the driver is back and has
+// unprepared it; then its reservation goes and nothing is recorded.
 func TestUnregisteredDriver(t *testing.T) {
 	e := newEnv(t)
 	e.claim("one", "gpu")
@@ -191,8 +195,27 @@ func TestUnregisteredDriver(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), driverName) {
 		t.Fatalf("prepare: %v", err)
 	}
-	if l := e.mgr.List(); len(l) != 0 {
-		t.Fatalf("recorded: %+v", l)
+	if l := e.mgr.List(); len(l) != 1 || l[0].State != claims.StateUnpreparing || len(l[0].Pods) != 0 {
+		t.Fatalf("recorded: %+v, want the claim unpreparing", l)
+	}
+	if c := e.get("one"); c.Status.Allocation == nil {
+		t.Fatalf("the claim lost its allocation while its driver may hold it prepared: %+v", c.Status)
+	}
+	if _, err := e.reg.Register(ctx, dra.Registration{Driver: driverName, Endpoint: e.driver.Endpoint, Services: e.driver.Services,
+		SocketPath: e.driver.RegSocket, Generation: e.driver.Generation(t) + "-again"}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the claim unprepared and released once the driver is back", func() error {
+		if l := e.mgr.List(); len(l) != 0 {
+			return fmt.Errorf("recorded: %+v", l)
+		}
+		if c := e.get("one"); len(c.Status.ReservedFor) != 0 || c.Status.Allocation != nil {
+			return fmt.Errorf("the claim keeps %+v", c.Status)
+		}
+		return nil
+	})
+	if _, n := e.plugin.counts("one"); n != 1 {
+		t.Fatalf("unprepared %d times, want once", n)
 	}
 }
 

@@ -36,8 +36,10 @@ const unreserveTimeout = 30 * time.Second
 // recorded with the pod (the claims prepared by the same driver call, the
 // recorded claims the pod was added to), so the retry calls no driver for
 // them and releasing the pod unprepares them; the claims that failed are
-// not recorded and their reservation for the pod is removed (which
-// deallocates a claim this node allocated for it alone). A driver's error
+// unprepared and their reservation for the pod is removed (which
+// deallocates a claim this node allocated for it alone) — or, when their
+// driver cannot be reached for that, recorded as unpreparing until it can
+// (see abandon). A driver's error
 // for a claim is errdefs.ErrUnavailable with the driver's message; a
 // claim being unprepared is errdefs.ErrUnavailable too.
 func (m *Manager) Prepare(ctx context.Context, req PrepareRequest) ([]ContainerResult, error) {
@@ -134,7 +136,7 @@ func (m *Manager) prepare(ctx context.Context, req PrepareRequest) ([]ContainerR
 		failed = fresh
 	}
 	if err != nil {
-		m.unreserve(ctx, req.Pod, failed)
+		m.abandon(ctx, req.Pod, failed, podOf)
 		return nil, len(fresh) > 0, err
 	}
 	return answer(&req, recs), len(fresh) > 0, nil
@@ -193,18 +195,59 @@ func (m *Manager) callDrivers(ctx context.Context, fresh []*resourcev1.ResourceC
 	return prepared, failed, errors.Join(callErrs...)
 }
 
-// unreserve removes pod from the reservations of claims whose prepare
-// failed; a failure is logged (the claim then lists the pod until it is
-// prepared and released again).
-func (m *Manager) unreserve(ctx context.Context, pod PodRef, objs []*resourcev1.ResourceClaim) {
+// abandon undoes pod's reservations of the claims whose prepare failed.
+// A driver may hold such a claim prepared all the same: this call's
+// NodePrepareResources may have succeeded for it with the answer lost, or
+// an earlier call's did just before a crash (its claim then comes back
+// allocated and reserved, with nothing recorded). So each claim is
+// unprepared first (a no-op for a driver that never prepared it) and its
+// reservation removed only after that succeeded; when the driver cannot
+// be reached, the unprepare and the removal are recorded as owed and
+// retried in the background, as a release's are, so the claim keeps its
+// devices until the driver has let go of them.
+func (m *Manager) abandon(ctx context.Context, pod PodRef, objs []*resourcev1.ResourceClaim, podOf func(claim string) store.ClaimPod) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unreserveTimeout)
 	defer cancel()
 	for _, obj := range objs {
 		ref := ClaimRef{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID)}
-		if err := m.cfg.Reserver.Unreserve(ctx, pod, ref); err != nil {
-			m.log.WarnContext(ctx, "reservation of a claim that failed to prepare not removed", "claim", key(ref.Namespace, ref.Name), "pod_uid", pod.UID, "error", err)
+		drivers := claimDrivers(obj)
+		err := m.unprepareNow(ctx, ref, drivers)
+		if err == nil {
+			if err := m.cfg.Reserver.Unreserve(ctx, pod, ref); err != nil {
+				m.log.WarnContext(ctx, "reservation of a claim that failed to prepare not removed", "claim", key(ref.Namespace, ref.Name), "pod_uid", pod.UID, "error", err)
+			}
+			continue
 		}
+		rec := store.Claim{UID: ref.UID, Namespace: ref.Namespace, Name: ref.Name, State: store.ClaimUnpreparing,
+			Drivers: drivers, Devices: []store.ClaimDevice{}, Released: []store.ClaimPod{podOf(obj.Name)}}
+		if m.cfg.AllocatedHere != nil {
+			rec.AllocatedHere = m.cfg.AllocatedHere(obj)
+		}
+		if cerr := m.commit([]store.Claim{rec}, nil); cerr != nil {
+			// Nothing recorded: the reservation stays (and so do the
+			// devices) until the pod is prepared and released again.
+			m.log.WarnContext(ctx, "claim that failed to prepare left reserved", "claim", key(ref.Namespace, ref.Name), "pod_uid", pod.UID, "error", errors.Join(err, cerr))
+			continue
+		}
+		m.log.WarnContext(ctx, "claim that failed to prepare could not be unprepared; retrying", "claim", key(ref.Namespace, ref.Name), "uid", ref.UID, "error", err)
+		m.kick(rec.UID)
 	}
+}
+
+// unprepareNow calls NodeUnprepareResources for claim on each of drivers.
+func (m *Manager) unprepareNow(ctx context.Context, ref ClaimRef, drivers []string) error {
+	for _, driver := range drivers {
+		res, err := m.cfg.Drivers.Unprepare(ctx, driver, []ClaimRef{ref})
+		if err == nil {
+			err = res[ref.UID]
+		}
+		if err != nil {
+			m.metrics.unprepares.WithLabelValues(driver, "failed").Inc()
+			return fmt.Errorf("unprepare ResourceClaim %s/%s: driver %s: %w", ref.Namespace, ref.Name, driver, err)
+		}
+		m.metrics.unprepares.WithLabelValues(driver, "ok").Inc()
+	}
+	return nil
 }
 
 // claimDrivers are the drivers of a claim's allocated devices, sorted.

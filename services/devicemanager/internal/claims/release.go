@@ -185,16 +185,8 @@ func (m *Manager) attempt(uid string, n int) bool {
 func (m *Manager) settle(ctx context.Context, rec *store.Claim) error {
 	ref := ClaimRef{Namespace: rec.Namespace, Name: rec.Name, UID: rec.UID}
 	if rec.State == store.ClaimUnpreparing {
-		for _, driver := range rec.Drivers {
-			res, err := m.cfg.Drivers.Unprepare(ctx, driver, []ClaimRef{ref})
-			if err == nil {
-				err = res[rec.UID]
-			}
-			if err != nil {
-				m.metrics.unprepares.WithLabelValues(driver, "failed").Inc()
-				return fmt.Errorf("unprepare ResourceClaim %s/%s: driver %s: %w", ref.Namespace, ref.Name, driver, err)
-			}
-			m.metrics.unprepares.WithLabelValues(driver, "ok").Inc()
+		if err := m.unprepareNow(ctx, ref, rec.Drivers); err != nil {
+			return err
 		}
 	}
 	for len(rec.Released) > 0 {
