@@ -69,7 +69,7 @@ func Default() Config {
 // TestChaosClaims); `make chaos` runs it.
 func Short() Config {
 	return Config{Plugins: 10, Devices: 8, Clients: 4, Kills: 6, Interval: 300 * time.Millisecond,
-		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, Converge: 2 * time.Minute}
+		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, ClaimWorkers: 2, ClaimKills: 3, Converge: 2 * time.Minute}
 }
 
 // Results holds the figures of a run.

@@ -14,14 +14,6 @@ import (
 // releasing DRA claims (shared ones too) through real processes while the
 // devicemanager is SIGKILLed, with (g)–(j) checked. It asserts no timing.
 func TestChaosClaims(t *testing.T) {
-	// Known defect, found by this phase: a prepare that fails after a
-	// NodePrepareResources whose outcome the devicemanager did not learn
-	// (the call cut off by a kill, then the retry failing while the
-	// driver re-registers) unreserves and deallocates the claim without
-	// unpreparing it (claims.Manager.Prepare → unreserve), so its device
-	// is allocated to another claim while the driver still holds it
-	// prepared: (i). Remove the skip with the fix.
-	t.Skip("known defect: a failed prepare deallocates a claim the driver may hold prepared (invariant i); see the comment")
 	dir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
