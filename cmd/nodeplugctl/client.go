@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // service names one of nodeplug's services and the flag that addresses it.
@@ -25,7 +25,7 @@ func (svc service) addr(g *globals) string {
 	if a := svc.set(g); a != "" {
 		return a
 	}
-	return app.APISocket(g.rootDir, svc.name)
+	return layout.APISocket(g.rootDir, svc.name)
 }
 
 var (

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -55,7 +56,7 @@ type globals struct {
 }
 
 var globalDefaults = globals{
-	rootDir:   app.DefaultRootDir,
+	rootDir:   layout.DefaultRootDir,
 	jaegerURL: app.DefaultJaegerURL,
 	timeout:   10 * time.Second,
 }

@@ -29,7 +29,7 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 var testNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
@@ -720,10 +720,10 @@ func TestFindsSocketsFromTheRootDir(t *testing.T) {
 	}
 	addr := startFake(t, f)
 	root := testutil.TempDir(t)
-	if err := os.MkdirAll(filepath.Join(root, app.APIDirName), 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Join(root, layout.APIDirName), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(addr, app.APISocket(root, "watcher")); err != nil {
+	if err := os.Symlink(addr, layout.APISocket(root, "watcher")); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("NODEPLUG_ROOT_DIR", root)

@@ -18,7 +18,7 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	reconcilerv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // writeJSON prints m as indented JSON (protojson field names, int64 as
@@ -126,7 +126,7 @@ func renderPlugins(w io.Writer, now time.Time, resp *reconcilerv1.ListPluginsRes
 			}
 		}
 		rows = append(rows, row{p.GetSocketPath(), fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			dash(p.GetName()), dash(p.GetType()), app.PluginsRegistryDirName, pluginState(p.GetState()), p.GetSocketPath(),
+			dash(p.GetName()), dash(p.GetType()), layout.PluginsRegistryDirName, pluginState(p.GetState()), p.GetSocketPath(),
 			list(p.GetSupportedVersions()), age(now, p.GetLastTransitionTime()), dash(traceID(p.GetLastTraceId())), errText)})
 	}
 	for _, l := range legacy {
@@ -136,7 +136,7 @@ func renderPlugins(w io.Writer, now time.Time, resp *reconcilerv1.ListPluginsRes
 			since = e.GetStoppedTime()
 		}
 		rows = append(rows, row{e.GetEndpoint(), fmt.Sprintf("%s\tDevicePlugin\t%s\t%s\t%s\t%s\t%s\t-\t-\n",
-			l.resource, app.KubeletSocketName, legacyState(e.GetState()), e.GetEndpoint(), list(e.GetVersions()), age(now, since))})
+			l.resource, layout.KubeletSocketName, legacyState(e.GetState()), e.GetEndpoint(), list(e.GetVersions()), age(now, since))})
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].socket < rows[j].socket })
 	tw := newTable(w)
@@ -237,9 +237,9 @@ func endpointState(s dmv1.EndpointState) string {
 func registrationPath(p dmv1.RegistrationPath) string {
 	switch p {
 	case dmv1.RegistrationPath_REGISTRATION_PATH_PLUGINS_REGISTRY:
-		return app.PluginsRegistryDirName
+		return layout.PluginsRegistryDirName
 	case dmv1.RegistrationPath_REGISTRATION_PATH_KUBELET_SOCK:
-		return app.KubeletSocketName
+		return layout.KubeletSocketName
 	default:
 		return "?"
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/jaegertrace"
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 func validTraceID(id string) bool {
@@ -32,7 +33,7 @@ func validTraceID(id string) bool {
 func cmdTrace(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("trace", "TRACE_ID")
 	width := fs.Int("width", 40, "width of the waterfall bars in characters")
-	source := fs.String("source", "auto", "where to read the trace: console (nodeplug-console, found through <root-dir>/nodeplug/"+app.ConsoleInfoFileName+"), jaeger (--jaeger-url), or auto: the console when its file is there and --jaeger-url is not set, else Jaeger")
+	source := fs.String("source", "auto", "where to read the trace: console (nodeplug-console, found through <root-dir>/nodeplug/"+layout.ConsoleInfoFileName+"), jaeger (--jaeger-url), or auto: the console when its file is there and --jaeger-url is not set, else Jaeger")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -77,7 +78,7 @@ type consoleInfo struct {
 // token under the root dir when it runs (make run starts it); Jaeger is
 // where make up's services send their spans.
 func (c *cli) traceSource(which string) (traceSource, error) {
-	file := app.ConsoleInfoFile(c.g.rootDir)
+	file := layout.ConsoleInfoFile(c.g.rootDir)
 	jaeger := traceSource{name: "Jaeger", base: strings.TrimRight(c.g.jaegerURL, "/")}
 	switch which {
 	case "jaeger":

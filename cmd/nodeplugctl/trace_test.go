@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // consoleServer answers GET /api/traces/<id> as nodeplug-console does:
@@ -40,7 +40,7 @@ func consoleServer(t *testing.T, token string) *httptest.Server {
 // nodeplug-console does at start.
 func writeConsoleInfo(t *testing.T, root, url, token string) {
 	t.Helper()
-	path := app.ConsoleInfoFile(root)
+	path := layout.ConsoleInfoFile(root)
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestTraceSourceChoice(t *testing.T) {
 	lis.Close()
 	code, _, errOut = runCLI(t, "--root-dir", empty, "--jaeger-url", closed, "trace", "0af7651916cd43dd8448eb211c80319c")
 	if code != exitError || !strings.Contains(errOut, "cannot reach Jaeger at "+closed) ||
-		!strings.Contains(errOut, "under make run the console holds the traces") || !strings.Contains(errOut, app.ConsoleInfoFile(empty)) {
+		!strings.Contains(errOut, "under make run the console holds the traces") || !strings.Contains(errOut, layout.ConsoleInfoFile(empty)) {
 		t.Errorf("no trace source: exit %d, stderr %q", code, errOut)
 	}
 }

@@ -19,7 +19,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
@@ -226,7 +225,7 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 	}
 	helper, err := kubeletplugin.Start(ctx, claimsPlugin{s},
 		kubeletplugin.DriverName(claimsDriverName), kubeletplugin.NodeName(s.node), kubeletplugin.KubeClient(driverCS),
-		kubeletplugin.RegistrarDirectoryPath(filepath.Join(h.root, app.PluginsRegistryDirName)),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(h.root, layout.PluginsRegistryDirName)),
 		kubeletplugin.PluginDataDirectoryPath(dataDir))
 	if err != nil {
 		return fmt.Errorf("claims: start driver %s: %w", claimsDriverName, err)

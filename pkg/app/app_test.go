@@ -15,6 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/lockfile"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
@@ -28,7 +29,7 @@ func TestRunHealthLockAndDeferredReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(root)
-	cfg := Config{Binary: "test", RootDir: root, APISocket: APISocket(root, "test"), LogLevel: "info", LogFormat: "text"}
+	cfg := Config{Binary: "test", RootDir: root, APISocket: layout.APISocket(root, "test"), LogLevel: "info", LogFormat: "text"}
 	addrc := make(chan string, 1)
 	readyc := make(chan func(), 1)
 	svc := Service{Binary: "test", Setup: func(_ context.Context, rt *Runtime) error {
@@ -105,7 +106,7 @@ func TestMetricsBindFailureLeavesNothing(t *testing.T) {
 	defer taken.Close()
 	root := testutil.TempDir(t)
 	extra := filepath.Join(root, "device-plugins", "kubelet.sock")
-	cfg := Config{Binary: "test", RootDir: root, APISocket: APISocket(root, "test"), MetricsListen: taken.Addr().String(), LogLevel: "info", LogFormat: "text"}
+	cfg := Config{Binary: "test", RootDir: root, APISocket: layout.APISocket(root, "test"), MetricsListen: taken.Addr().String(), LogLevel: "info", LogFormat: "text"}
 	setupRan := false
 	svc := Service{Binary: "test", Setup: func(_ context.Context, rt *Runtime) error {
 		setupRan = true
@@ -130,7 +131,7 @@ func TestMetricsBindFailureLeavesNothing(t *testing.T) {
 func TestSetupFailureRemovesServedSockets(t *testing.T) {
 	root := testutil.TempDir(t)
 	extra := filepath.Join(root, "device-plugins", "kubelet.sock")
-	cfg := Config{Binary: "test", RootDir: root, APISocket: APISocket(root, "test"), LogLevel: "info", LogFormat: "text"}
+	cfg := Config{Binary: "test", RootDir: root, APISocket: layout.APISocket(root, "test"), LogLevel: "info", LogFormat: "text"}
 	svc := Service{Binary: "test", Setup: func(_ context.Context, rt *Runtime) error {
 		if err := rt.ServeUnix(extra, func(*grpc.Server) {}); err != nil {
 			return err

@@ -1,7 +1,5 @@
 package app
 
-import "github.com/nodeplug/nodeplug/pkg/layout"
-
 // The defaults of nodeplug's binaries that are not paths: the services'
 // metrics addresses, the console's addresses and the trace viewer's URL.
 // Flags take their defaults from here. The layout beneath the root dir is
@@ -28,28 +26,3 @@ const (
 // DefaultJaegerURL is the base URL of the Jaeger query API that nodeplugctl
 // reads traces from (the port `make up` publishes).
 const DefaultJaegerURL = "http://127.0.0.1:16686"
-
-// The names below forward to package layout, their one home, for the
-// importers that have not moved to it yet; new code uses layout.
-const (
-	DefaultRootDir            = layout.DefaultRootDir
-	PluginsRegistryDirName    = layout.PluginsRegistryDirName
-	DevicePluginsDirName      = layout.DevicePluginsDirName
-	KubeletSocketName         = layout.KubeletSocketName
-	CheckpointFileName        = layout.CheckpointFileName
-	KubeletCheckpointFileName = layout.KubeletCheckpointFileName
-	PodResourcesDirName       = layout.PodResourcesDirName
-	PodResourcesSocketName    = layout.PodResourcesSocketName
-	APIDirName                = layout.APIDirName
-	ConsoleInfoFileName       = layout.ConsoleInfoFileName
-)
-
-// The path functions below forward to package layout, as the names above.
-var (
-	PluginsRegistryDir = layout.PluginsRegistryDir
-	DevicePluginsDir   = layout.DevicePluginsDir
-	KubeletSocket      = layout.KubeletSocket
-	PodResourcesSocket = layout.PodResourcesSocket
-	APISocket          = layout.APISocket
-	ConsoleInfoFile    = layout.ConsoleInfoFile
-)

@@ -78,7 +78,7 @@ func TestAPIDirSymlinkRefused(t *testing.T) {
 	if err := os.Symlink(target, layout.APIDir(root)); err != nil {
 		t.Fatal(err)
 	}
-	stop, err := start(t, Config{RootDir: root, APISocket: APISocket(root, "test")})
+	stop, err := start(t, Config{RootDir: root, APISocket: layout.APISocket(root, "test")})
 	stop()
 	if err == nil || !strings.Contains(err.Error(), "symbolic link") {
 		t.Fatalf("start with a link at %s: %v; want it refused as a symbolic link", layout.APIDir(root), err)
@@ -138,7 +138,7 @@ func TestExistingAPIDirLeftAlone(t *testing.T) {
 	}
 
 	root2 := testutil.TempDir(t)
-	if _, err := start(t, Config{Binary: "other", RootDir: root2, APISocket: APISocket(root2, "other"), APIGroup: group}); err != nil {
+	if _, err := start(t, Config{Binary: "other", RootDir: root2, APISocket: layout.APISocket(root2, "other"), APIGroup: group}); err != nil {
 		t.Fatal(err)
 	}
 	if mode, g := modeAndGroup(t, layout.APIDir(root2)); mode != 0o750 || g != uint32(gid) {
@@ -160,7 +160,7 @@ func TestCreatedRootDirLetsAPIGroupThrough(t *testing.T) {
 		t.Fatal(err)
 	}
 	root := filepath.Join(parent, "var", "root")
-	sock := APISocket(root, "test")
+	sock := layout.APISocket(root, "test")
 	if _, err := start(t, Config{RootDir: root, APISocket: sock, APIGroup: strconv.Itoa(apiGID)}); err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestLockRefusalNamesTheReason(t *testing.T) {
 			if err := tc.plant(layout.LockFile(root, "test")); err != nil {
 				t.Fatal(err)
 			}
-			stop, err := start(t, Config{RootDir: root, APISocket: APISocket(root, "test")})
+			stop, err := start(t, Config{RootDir: root, APISocket: layout.APISocket(root, "test")})
 			stop()
 			if err == nil || !strings.Contains(err.Error(), tc.why) || strings.Contains(err.Error(), "another") || errors.Is(err, lockfile.ErrLocked) {
 				t.Fatalf("start with a %s as the lock file: %v; want it refused for that, not as another instance", tc.name, err)
@@ -215,7 +215,7 @@ func TestLockRefusalNamesTheReason(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = l.Release() }()
-		stop, err := start(t, Config{RootDir: root, APISocket: APISocket(root, "test")})
+		stop, err := start(t, Config{RootDir: root, APISocket: layout.APISocket(root, "test")})
 		stop()
 		if !errors.Is(err, lockfile.ErrLocked) || !strings.Contains(err.Error(), "another nodeplug-test runs") {
 			t.Fatalf("start with the lock held: %v; want another instance named", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // TestSettler: memory is given back once a burst of allocations is over,
@@ -79,7 +80,7 @@ var sink [][]byte
 // a burst of allocations is over, and counts it.
 func TestRunGivesBackAfterABurst(t *testing.T) {
 	root := testutil.TempDir(t)
-	cfg := Config{Binary: "test", RootDir: root, APISocket: APISocket(root, "test"), LogLevel: "info", LogFormat: "text"}
+	cfg := Config{Binary: "test", RootDir: root, APISocket: layout.APISocket(root, "test"), LogLevel: "info", LogFormat: "text"}
 	regc := make(chan prometheus.Gatherer, 1)
 	svc := Service{Binary: "test", Settle: &Settle{Burst: 4 << 20, Quiet: 256 << 10, Period: 20 * time.Millisecond, Interval: time.Millisecond},
 		Setup: func(_ context.Context, rt *Runtime) error {

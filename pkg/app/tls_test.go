@@ -15,6 +15,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/certs"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // testCA is a certificate authority made for one test.
@@ -55,7 +56,7 @@ func (ca *testCA) issue(t *testing.T, dir, name string, server bool, orgs ...str
 func runTCP(t *testing.T, tls TLS) string {
 	t.Helper()
 	root := testutil.TempDir(t)
-	cfg := Config{Binary: "test", RootDir: root, APISocket: APISocket(root, "test"), ListenTCP: "127.0.0.1:0", TLS: tls,
+	cfg := Config{Binary: "test", RootDir: root, APISocket: layout.APISocket(root, "test"), ListenTCP: "127.0.0.1:0", TLS: tls,
 		LogLevel: "info", LogFormat: "text"}
 	if err := cfg.validate(); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
@@ -98,7 +99,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	}); err != nil {
 		return err
 	}
-	podSock := app.PodResourcesSocket(rt.Config.RootDir)
+	podSock := layout.PodResourcesSocket(rt.Config.RootDir)
 	pr := podresources.New(m, rt.Metrics).WithClaims(cm)
 	if err := rt.ServeUnix(podSock, func(s *grpc.Server) {
 		podresourcesv1.RegisterPodResourcesListerServer(s, pr)
