@@ -290,6 +290,13 @@ func (n *draNode) listedClaim(uid string) (*dmv1.Claim, error) {
 // unprepare it exactly once.
 func (n *draNode) waitUnprepared(d *claimsDriver, uid string) {
 	n.t.Helper()
+	n.waitUnpreparedN(d, uid, 1)
+}
+
+// waitUnpreparedN is waitUnprepared for a claim the driver is asked to
+// unprepare want times in all.
+func (n *draNode) waitUnpreparedN(d *claimsDriver, uid string, want int) {
+	n.t.Helper()
 	testutil.Eventually(n.t, "claim "+uid+" unprepared", func() error {
 		s := d.readState()
 		if s.prepared(uid) {
@@ -304,8 +311,8 @@ func (n *draNode) waitUnprepared(d *claimsDriver, uid string) {
 		}
 		return nil
 	})
-	if got := d.readState().calls("NodeUnprepareResources", uid); got != 1 {
-		n.t.Fatalf("the driver was asked %d times to unprepare claim %s, want once", got, uid)
+	if got := d.readState().calls("NodeUnprepareResources", uid); got != want {
+		n.t.Fatalf("the driver was asked %d times to unprepare claim %s, want %d", got, uid, want)
 	}
 }
 
@@ -493,6 +500,11 @@ func TestDRAClaimDriverError(t *testing.T) {
 	if c, err := n.listedClaim(string(claim.UID)); err != nil || c == nil || c.GetState() == dmv1.ClaimState_CLAIM_STATE_PREPARED {
 		t.Fatalf("ListClaims after the failed prepare: %v, %v; want it listed, not prepared", c, err)
 	}
+	// The driver may hold a claim whose prepare failed (an answer lost),
+	// so it is unprepared before its reservation goes: once, here.
+	if got := s.calls("NodeUnprepareResources", string(claim.UID)); got != 1 {
+		t.Fatalf("after the failed prepare the driver was asked %d times to unprepare the claim, want once", got)
+	}
 
 	d.setFailPrepare(false)
 	resp, err := client.PrepareResources(ctxT(t), req)
@@ -505,7 +517,7 @@ func TestDRAClaimDriverError(t *testing.T) {
 		t.Fatalf("the driver holds %v prepared, not the claim", s.Prepared)
 	}
 	n.release("pod-uid-f", 1)
-	n.waitUnprepared(d, string(claim.UID))
+	n.waitUnpreparedN(d, string(claim.UID), 2) // the one after the failure, and the release's
 }
 
 // TestDRAClaimShared: a claim two pods use is prepared once, stays prepared
