@@ -101,6 +101,10 @@ func TestHealthNotSupported(t *testing.T) {
 	if h, m := r.Health(gpu, dratest.Node, "dev-0"); h != "" || m != "" {
 		t.Errorf("health = %q %q, want nothing", h, m)
 	}
+	// A watcher that retried would reopen the stream within its backoff
+	// (100 ms at first): give it ten of those. This can only miss a retry
+	// on a slow machine, never report one that did not happen.
+	time.Sleep(10 * 100 * time.Millisecond)
 	if n := p.HealthWatches(); n != 1 {
 		t.Errorf("WatchHealthStatus called %d times, want once", n)
 	}
