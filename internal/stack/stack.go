@@ -110,6 +110,9 @@ func Start(bin string, args []string, env []string) (*Process, error) {
 	if !slices.ContainsFunc(p.Cmd.Env, func(e string) bool { return strings.HasPrefix(e, resourceAPIListenEnv+"=") }) {
 		p.Cmd.Env = append(p.Cmd.Env, resourceAPIListenEnv+"=127.0.0.1:0")
 	}
+	if p.Name == "nodeplug-devicemanager" {
+		p.Cmd.Env = append(p.Cmd.Env, cdiEnv(args, p.Cmd.Env)...)
+	}
 	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr, err := p.Cmd.StderrPipe()
 	if err != nil {
@@ -121,6 +124,43 @@ func Start(bin string, args []string, env []string) (*Process, error) {
 	}
 	go p.scan(stderr)
 	return p, nil
+}
+
+// The devicemanager's CDI spec directories.
+const (
+	cdiSpecDirEnv  = "NODEPLUG_DEVICEMANAGER_CDI_SPEC_DIR"
+	cdiSpecDirsEnv = "NODEPLUG_DEVICEMANAGER_CDI_SPEC_DIRS"
+)
+
+// cdiEnv keeps a devicemanager's CDI specs under its root dir unless told
+// otherwise: many run at once in tests, and each removes at its start the
+// specs of nodeplug's kind that it did not write (the host's /var/run/cdi
+// is not theirs to share). Names resolve there alone.
+func cdiEnv(args, env []string) []string {
+	if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--cdi-spec-dir") }) ||
+		slices.ContainsFunc(env, func(e string) bool { return strings.HasPrefix(e, cdiSpecDirEnv) }) {
+		return nil
+	}
+	root := ""
+	for i, a := range args {
+		if a == "--root-dir" && i+1 < len(args) {
+			root = args[i+1]
+		} else if v, ok := strings.CutPrefix(a, "--root-dir="); ok {
+			root = v
+		}
+	}
+	if root == "" {
+		for _, e := range env {
+			if v, ok := strings.CutPrefix(e, "NODEPLUG_ROOT_DIR="); ok {
+				root = v
+			}
+		}
+	}
+	if root == "" {
+		return nil
+	}
+	dir := filepath.Join(root, "cdi")
+	return []string{cdiSpecDirEnv + "=" + dir, cdiSpecDirsEnv + "=" + dir}
 }
 
 func (p *Process) scan(r io.Reader) {

@@ -5,7 +5,7 @@
 // Roles are cumulative: internal ⊃ operator ⊃ reader.
 //   - reader: List*, Watch*, health and reflection — anyone who can connect
 //     to the API socket (its file mode decides who can);
-//   - operator: Allocate, Release and PrepareResources — root, the
+//   - operator: Allocate, Release, StartContainer and PrepareResources — root, the
 //     service's own uid and members of the operator group;
 //   - internal: RegisterPlugin, DeregisterPlugin and any method not named
 //     above — root and the service's own uid only.
@@ -98,7 +98,7 @@ func Required(fullMethod string) Role {
 		return RoleReader
 	case strings.HasPrefix(method, "List"), strings.HasPrefix(method, "Watch"):
 		return RoleReader
-	case method == "Allocate", method == "Release", method == "PrepareResources":
+	case method == "Allocate", method == "Release", method == "PrepareResources", method == "StartContainer":
 		return RoleOperator
 	default:
 		return RoleInternal

@@ -41,6 +41,7 @@ func TestRequired(t *testing.T) {
 		"/nodeplug.reconciler.v1.ReconcilerService/ListPlugins":                access.RoleReader,
 		"/nodeplug.devicemanager.v1.DeviceManagerService/Allocate":             access.RoleOperator,
 		"/nodeplug.devicemanager.v1.DeviceManagerService/Release":              access.RoleOperator,
+		"/nodeplug.devicemanager.v1.DeviceManagerService/StartContainer":       access.RoleOperator,
 		"/nodeplug.devicemanager.v1.DeviceManagerService/RegisterPlugin":       access.RoleInternal,
 		"/nodeplug.devicemanager.v1.DeviceManagerService/DeregisterPlugin":     access.RoleInternal,
 		"/nodeplug.devicemanager.v1.DeviceManagerService/SomethingNewTomorrow": access.RoleInternal,

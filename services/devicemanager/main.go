@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"os"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -19,8 +20,10 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/layout"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/cdispec"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/containerstart"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
@@ -35,6 +38,8 @@ func main() {
 	var opts store.Options
 	var kube kubeaccess.Options
 	var draDelay time.Duration
+	var cdi cdispec.Config
+	var cdiDirs *[]string
 	os.Exit(app.Main(app.Service{
 		Binary: "devicemanager", DefaultMetrics: app.DefaultDeviceManagerMetricsAddr,
 		Flags: func(fs *app.Flags) {
@@ -48,8 +53,17 @@ func main() {
 			fs.StringVar(&kube.NodeName, "node-name", "", "the Node this devicemanager serves (default: the host name)")
 			fs.DurationVar(&draDelay, "dra-disconnect-delay", dra.DefaultDisconnectDelay,
 				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
+			fs.StringVar(&cdi.Dir, "cdi-spec-dir", cdispec.DefaultDir,
+				"where the CDI spec of each allocated container (its device plugins' envs, mounts and device nodes) is written")
+			cdiDirs = fs.StringList("cdi-spec-dirs",
+				"a CDI spec directory the names a container start returns must resolve in (repeatable; default "+strings.Join(cdispec.DefaultSearchDirs(), ", ")+"; --cdi-spec-dir is searched too)")
 		},
-		Setup: func(ctx context.Context, rt *app.Runtime) error { return setup(ctx, rt, grace, opts, kube, draDelay) },
+		Setup: func(ctx context.Context, rt *app.Runtime) error {
+			if len(*cdiDirs) > 0 {
+				cdi.SearchDirs = *cdiDirs
+			}
+			return setup(ctx, rt, grace, opts, kube, draDelay, cdi)
+		},
 		// Half the collections of Go's default: in a burst of registrations
 		// the live heap is small while every plugin allocates, so at
 		// GOGC=100 the collector runs often (README "Performance" has what
@@ -65,20 +79,27 @@ func main() {
 	}, os.Args[1:]))
 }
 
-// setup refuses a live kubelet.sock, restores the state and removes stale
-// sockets (manager.Open), opens the Kubernetes API and the DRA parts, then
-// serves the API, kubelet.sock and the pod resources socket (rate-limited
-// as the kubelet's). The state core and the DRA claims share one journal
-// (claims.Journal). The manager runs until the service stops, then
-// flushes its state; it never deregisters plugins or releases
-// allocations.
-func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options, kube kubeaccess.Options, draDelay time.Duration) error {
+// setup refuses a live kubelet.sock, restores the state, removes stale
+// sockets and makes the containers' CDI specs match the allocations
+// (manager.Open), opens the Kubernetes API and the DRA parts, then serves
+// the API, kubelet.sock and the pod resources socket (rate-limited as the
+// kubelet's). The state core and the DRA claims share one journal
+// (claims.Journal); a container's start takes both (containerstart). The
+// manager runs until the service stops, then flushes its state; it never
+// deregisters plugins or releases allocations.
+func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options, kube kubeaccess.Options, draDelay time.Duration, cdi cdispec.Config) error {
 	dir := rt.Config.DevicePluginsDir()
 	opts.Log = rt.Log
+	cdi.Log = rt.Log
+	specs, err := cdispec.New(cdi)
+	if err != nil {
+		return err
+	}
 	journal := claims.NewJournal(store.New(dir, opts))
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: dir, AllowedDirs: rt.Config.AllowedDirs, GracePeriod: grace,
 		Store: journal, Log: rt.Log, Registerer: rt.Metrics, WatchLimits: rt.Config.WatchLimits(),
+		Specs: specs,
 	})
 	if err != nil {
 		return err
@@ -92,7 +113,8 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	if err != nil {
 		return err
 	}
-	dmv1.RegisterDeviceManagerServiceServer(rt.Server, server.NewService(m).WithClaims(cm))
+	starter := containerstart.New(m, cm, specs)
+	dmv1.RegisterDeviceManagerServiceServer(rt.Server, server.NewService(m).WithClaims(cm).WithStarter(starter))
 	kubeletSock := manager.KubeletSocketPath(dir)
 	if err := rt.ServeUnix(kubeletSock, func(s *grpc.Server) {
 		pluginapi.RegisterRegistrationServer(s, server.NewRegistration(m, dir, rt.Log))
@@ -107,7 +129,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 		return err
 	}
 	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "pod_resources_sock", podSock,
-		"instance_id", m.InstanceID(), "grace_period", m.GracePeriod())
+		"instance_id", m.InstanceID(), "grace_period", m.GracePeriod(), "cdi_spec_dir", specs.Dir(), "cdi_spec_dirs", specs.SearchDirs())
 	return nil
 }
 

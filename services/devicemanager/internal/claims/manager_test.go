@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
@@ -294,15 +295,21 @@ func TestTraceReachesDriver(t *testing.T) {
 	}
 	e.release("p1", 1)
 	e.waitGone("traced")
-	var unprepare int
-	for _, s := range spans.Ended() {
-		if s.Name() == "unprepare claim ns/traced" && hasAttr(s.Attributes(), "claim.uid", uid) && s.SpanContext().TraceID().String() != id {
-			unprepare++
+	// The claim leaves the list when its removal commits; the span of
+	// that attempt ends just after, so wait for it rather than look once.
+	testutil.Eventually(t, "one unprepare span of its own trace", func() error {
+		var unprepare int
+		for _, s := range spans.Ended() {
+			if s.Name() == "unprepare claim ns/traced" && hasAttr(s.Attributes(), "claim.uid", uid) &&
+				s.SpanContext().TraceID().String() != id && s.Status().Code != codes.Error {
+				unprepare++
+			}
 		}
-	}
-	if unprepare != 1 {
-		t.Fatalf("%d unprepare spans of their own trace, want 1", unprepare)
-	}
+		if unprepare != 1 {
+			return fmt.Errorf("%d successful unprepare spans of their own trace, want 1", unprepare)
+		}
+		return nil
+	})
 }
 
 func hasAttr(kvs []attribute.KeyValue, k, v string) bool {

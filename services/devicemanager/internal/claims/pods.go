@@ -68,3 +68,21 @@ func (m *Manager) Pods() []PodClaims {
 	})
 	return out
 }
+
+// Container returns what one container of a pod gets of the claims
+// prepared for the pod (as Pods lists it): the CDI device IDs of the
+// claims and requests it references, without duplicates, and those
+// devices. ok is false when the container references no prepared claim.
+func (m *Manager) Container(podUID, container string) (res ContainerResult, ok bool) {
+	for _, pc := range m.Pods() {
+		if pc.Pod.UID != podUID {
+			continue
+		}
+		for _, c := range pc.Containers {
+			if c.Container == container {
+				return c, true
+			}
+		}
+	}
+	return ContainerResult{}, false
+}

@@ -12,8 +12,10 @@ package manager
 //     error); else the lowest IDs in sorted order;
 //  3. reserves them before any plugin call, so two concurrent requests
 //     never get the same device;
-//  4. calls the plugin's Allocate, then PreStartContainer when required;
-//  5. records the allocation and makes it durable before it returns.
+//  4. calls the plugin's Allocate (PreStartContainer belongs to the
+//     container's start: start.go);
+//  5. records the allocation and makes it durable before it returns, then
+//     writes the container's CDI spec (start.go).
 //
 // Any failure releases every reservation of the request: nothing stays
 // allocated. Allocate calls for the same pod and container run one at a
@@ -94,6 +96,7 @@ func (m *Manager) allocate(ctx context.Context, req *allocator.Request) ([]alloc
 		if err := m.commitDurably(ctx, want, picks); err != nil {
 			return nil, err
 		}
+		m.writeSpec(ctx, req.PodUID, req.Container)
 	}
 	out, err := m.allocated(req)
 	if err != nil {
@@ -149,7 +152,7 @@ func (m *Manager) preferred(ctx context.Context, plugin endpoint.Plugin, avail, 
 	return ids, nil
 }
 
-// callPlugin runs Allocate, then PreStartContainer when required.
+// callPlugin runs the plugin's Allocate.
 func (m *Manager) callPlugin(ctx context.Context, p *pick) error {
 	start := time.Now()
 	resp, err := p.plugin.Allocate(ctx, p.ids)
@@ -162,9 +165,6 @@ func (m *Manager) callPlugin(ctx context.Context, p *pick) error {
 		return fmt.Errorf("device plugin %s: encode allocation response: %v: %w", p.plugin, err, errdefs.ErrInternal)
 	}
 	p.resp, p.respBytes = resp, b
-	if p.plugin.Options().PreStartRequired {
-		return p.plugin.PreStartContainer(ctx, p.ids)
-	}
 	return nil
 }
 
@@ -207,7 +207,7 @@ func (m *Manager) Release(ctx context.Context, pod, container string) (int64, er
 	if err := bounds.ContainerName(container, true); err != nil {
 		return 0, err
 	}
-	n := m.release(pod, container)
+	n, containers := m.release(pod, container)
 	if n == 0 {
 		// Nothing to free here; but an earlier Release of the same
 		// devices may have failed to save (this may be its retry): the
@@ -223,5 +223,6 @@ func (m *Manager) Release(ctx context.Context, pod, container string) (int64, er
 	if err := m.persist(); err != nil {
 		return n, fmt.Errorf("release not saved: %v: %w", err, errdefs.ErrInternal)
 	}
+	m.removeSpecs(ctx, pod, containers)
 	return n, nil
 }

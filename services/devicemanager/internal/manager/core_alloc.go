@@ -194,13 +194,16 @@ func (c *core) allocationViewLocked(a *allocation) allocator.ResourceAllocation 
 
 // release removes the allocations of pod, or of one of its containers when
 // container is set, staged and published, and returns how many devices
-// they held; the caller makes that durable.
-func (c *core) release(pod, container string) int64 {
+// they held and the containers that held them; the caller makes that
+// durable.
+func (c *core) release(pod, container string) (n int64, containers []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var n int64
 	var resources []string
 	for _, k := range c.ledger.podKeys(pod, container) {
+		if !slices.Contains(containers, k.container) {
+			containers = append(containers, k.container)
+		}
 		a := c.ledger.allocs[k]
 		c.ledger.remove(k)
 		c.ledger.unreserve(k, a.ids)
@@ -212,7 +215,7 @@ func (c *core) release(pod, container string) int64 {
 	if n > 0 {
 		c.allocationsChangedLocked(resources)
 	}
-	return n
+	return n, containers
 }
 
 // allocationsChangedLocked publishes again the views of resources (free

@@ -92,6 +92,9 @@ type Config struct {
 	// GiveBack says when the memory of a burst of endpoint arrivals or
 	// departures is returned to the OS; zero fields take its defaults.
 	GiveBack GiveBack
+	// Specs keeps each allocated container's CDI spec (start.go); nil
+	// keeps none.
+	Specs ContainerSpecs
 }
 
 // Manager is the device manager: the state core (core.go), which it
@@ -108,7 +111,8 @@ type Manager struct {
 	instanceID   string
 
 	regLocks   keylock.Mutex // per endpoint path
-	containers keylock.Mutex // per pod and container (allocate.go)
+	containers keylock.Mutex // per pod and container (allocate.go, start.go)
+	specs      ContainerSpecs
 
 	// giver gives the memory of a settled burst of endpoint changes back
 	// to the OS, the core's compaction its hook (see GiveBack).
@@ -152,6 +156,7 @@ func New(cfg Config) (*Manager, error) {
 		endpointWait: cfg.EndpointWait,
 		confiner:     conf,
 		instanceID:   uuid.NewString(),
+		specs:        cfg.Specs,
 		updates:      make(chan streamItem),
 	}
 	m.giver = memory.NewGiver(memory.GiverOptions{

@@ -54,6 +54,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		_ = m.Close()
 		return nil, err
 	}
+	m.syncSpecs()
 	if err := removeStaleSockets(cfg.DevicePluginsDir, m.recordedEndpointPaths(), m.log); err != nil {
 		_ = m.Close()
 		return nil, err

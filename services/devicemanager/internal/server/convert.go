@@ -9,6 +9,7 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/cdispec"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
 
@@ -111,6 +112,17 @@ func responseToAPI(r *pluginapi.ContainerAllocateResponse) *dmv1.ContainerAlloca
 	}
 	for _, c := range r.GetCdiDevices() {
 		out.CdiDevices = append(out.CdiDevices, &dmv1.CDIDevice{Name: c.GetName()})
+	}
+	return out
+}
+
+func editsToAPI(e cdispec.Edits) *dmv1.ContainerEdits {
+	out := &dmv1.ContainerEdits{Envs: e.Envs, Annotations: e.Annotations}
+	for _, m := range e.Mounts {
+		out.Mounts = append(out.Mounts, &dmv1.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
+	}
+	for _, d := range e.Devices {
+		out.Devices = append(out.Devices, &dmv1.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
 	}
 	return out
 }

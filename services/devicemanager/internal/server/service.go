@@ -16,12 +16,15 @@ import (
 	"context"
 
 	"google.golang.org/grpc"
+	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/containerstart"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 )
 
@@ -49,11 +52,17 @@ type ClaimReleaser interface {
 	ReleasePod(ctx context.Context, podUID string) (int, error)
 }
 
+// Starter answers container starts (containerstart.Starter).
+type Starter interface {
+	Start(ctx context.Context, pod, container string) (containerstart.Result, error)
+}
+
 // Service implements DeviceManagerService over a Backend.
 type Service struct {
 	dmv1.UnimplementedDeviceManagerServiceServer
-	m      Backend
-	claims ClaimReleaser
+	m       Backend
+	claims  ClaimReleaser
+	starter Starter
 }
 
 var _ dmv1.DeviceManagerServiceServer = (*Service)(nil)
@@ -67,6 +76,12 @@ func NewService(m Backend) *Service {
 // It is called before serving.
 func (s *Service) WithClaims(c ClaimReleaser) *Service {
 	s.claims = c
+	return s
+}
+
+// WithStarter serves StartContainer. It is called before serving.
+func (s *Service) WithStarter(st Starter) *Service {
+	s.starter = st
 	return s
 }
 
@@ -162,4 +177,19 @@ func (s *Service) ListAllocations(_ context.Context, req *dmv1.ListAllocationsRe
 		out.Allocations = append(out.Allocations, allocationToAPI(a))
 	}
 	return out, nil
+}
+
+// StartContainer implements DeviceManagerService.
+func (s *Service) StartContainer(ctx context.Context, req *dmv1.StartContainerRequest) (*dmv1.StartContainerResponse, error) {
+	if s.starter == nil {
+		return nil, status.Error(grpccodes.Unimplemented, "container start is not served by this devicemanager")
+	}
+	r, err := s.starter.Start(ctx, req.GetPodUid(), req.GetContainerName())
+	if err != nil {
+		return nil, err
+	}
+	return &dmv1.StartContainerResponse{
+		PodUid: req.GetPodUid(), ContainerName: req.GetContainerName(),
+		CdiDevices: r.CDIDevices, Edits: editsToAPI(r.Edits), CdiSpecDirs: r.SpecDirs, PreStartedResources: r.PreStarted,
+	}, nil
 }

@@ -2014,6 +2014,225 @@ func (x *ListAllocationsResponse) GetAllocations() []*Allocation {
 	return nil
 }
 
+type StartContainerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PodUid        string                 `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	ContainerName string                 `protobuf:"bytes,2,opt,name=container_name,json=containerName,proto3" json:"container_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartContainerRequest) Reset() {
+	*x = StartContainerRequest{}
+	mi := &file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartContainerRequest) ProtoMessage() {}
+
+func (x *StartContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartContainerRequest.ProtoReflect.Descriptor instead.
+func (*StartContainerRequest) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StartContainerRequest) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *StartContainerRequest) GetContainerName() string {
+	if x != nil {
+		return x.ContainerName
+	}
+	return ""
+}
+
+// ContainerEdits are the device plugins' answers for one container merged,
+// for a runtime without CDI: on a conflict (one environment variable, mount
+// or device path given two values) the first resource's, in name order,
+// wins, as the kubelet does.
+type ContainerEdits struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Envs          map[string]string      `protobuf:"bytes,1,rep,name=envs,proto3" json:"envs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Mounts        []*Mount               `protobuf:"bytes,2,rep,name=mounts,proto3" json:"mounts,omitempty"`
+	Devices       []*DeviceSpec          `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
+	Annotations   map[string]string      `protobuf:"bytes,4,rep,name=annotations,proto3" json:"annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerEdits) Reset() {
+	*x = ContainerEdits{}
+	mi := &file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerEdits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerEdits) ProtoMessage() {}
+
+func (x *ContainerEdits) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerEdits.ProtoReflect.Descriptor instead.
+func (*ContainerEdits) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ContainerEdits) GetEnvs() map[string]string {
+	if x != nil {
+		return x.Envs
+	}
+	return nil
+}
+
+func (x *ContainerEdits) GetMounts() []*Mount {
+	if x != nil {
+		return x.Mounts
+	}
+	return nil
+}
+
+func (x *ContainerEdits) GetDevices() []*DeviceSpec {
+	if x != nil {
+		return x.Devices
+	}
+	return nil
+}
+
+func (x *ContainerEdits) GetAnnotations() map[string]string {
+	if x != nil {
+		return x.Annotations
+	}
+	return nil
+}
+
+type StartContainerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PodUid        string                 `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	ContainerName string                 `protobuf:"bytes,2,opt,name=container_name,json=containerName,proto3" json:"container_name,omitempty"`
+	// The fully qualified CDI device names (vendor/class=name) to inject, each
+	// resolved in cdi_spec_dirs: first nodeplug's own for the device plugins'
+	// envs, mounts and device nodes (nodeplug.io/container=NAME, absent when
+	// the plugins gave none), then the plugins' cdi_devices, then the CDI
+	// device IDs of the DRA claims the container references; without
+	// duplicates.
+	CdiDevices []string `protobuf:"bytes,3,rep,name=cdi_devices,json=cdiDevices,proto3" json:"cdi_devices,omitempty"`
+	// The device plugins' envs, mounts, device nodes and annotations, merged;
+	// for runtimes without CDI (nodeplug's own CDI device holds the same,
+	// annotations aside).
+	Edits *ContainerEdits `protobuf:"bytes,4,opt,name=edits,proto3" json:"edits,omitempty"`
+	// The CDI spec directories the names were resolved in.
+	CdiSpecDirs []string `protobuf:"bytes,5,rep,name=cdi_spec_dirs,json=cdiSpecDirs,proto3" json:"cdi_spec_dirs,omitempty"`
+	// The resources whose plugins were called with PreStartContainer.
+	PreStartedResources []string `protobuf:"bytes,6,rep,name=pre_started_resources,json=preStartedResources,proto3" json:"pre_started_resources,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *StartContainerResponse) Reset() {
+	*x = StartContainerResponse{}
+	mi := &file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartContainerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartContainerResponse) ProtoMessage() {}
+
+func (x *StartContainerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartContainerResponse.ProtoReflect.Descriptor instead.
+func (*StartContainerResponse) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *StartContainerResponse) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *StartContainerResponse) GetContainerName() string {
+	if x != nil {
+		return x.ContainerName
+	}
+	return ""
+}
+
+func (x *StartContainerResponse) GetCdiDevices() []string {
+	if x != nil {
+		return x.CdiDevices
+	}
+	return nil
+}
+
+func (x *StartContainerResponse) GetEdits() *ContainerEdits {
+	if x != nil {
+		return x.Edits
+	}
+	return nil
+}
+
+func (x *StartContainerResponse) GetCdiSpecDirs() []string {
+	if x != nil {
+		return x.CdiSpecDirs
+	}
+	return nil
+}
+
+func (x *StartContainerResponse) GetPreStartedResources() []string {
+	if x != nil {
+		return x.PreStartedResources
+	}
+	return nil
+}
+
 var File_nodeplug_devicemanager_v1_devicemanager_proto protoreflect.FileDescriptor
 
 const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
@@ -2161,7 +2380,29 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\x17ListAllocationsResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12G\n" +
-	"\vallocations\x18\x02 \x03(\v2%.nodeplug.devicemanager.v1.AllocationR\vallocations*\x81\x01\n" +
+	"\vallocations\x18\x02 \x03(\v2%.nodeplug.devicemanager.v1.AllocationR\vallocations\"W\n" +
+	"\x15StartContainerRequest\x12\x17\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
+	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\"\xab\x03\n" +
+	"\x0eContainerEdits\x12G\n" +
+	"\x04envs\x18\x01 \x03(\v23.nodeplug.devicemanager.v1.ContainerEdits.EnvsEntryR\x04envs\x128\n" +
+	"\x06mounts\x18\x02 \x03(\v2 .nodeplug.devicemanager.v1.MountR\x06mounts\x12?\n" +
+	"\adevices\x18\x03 \x03(\v2%.nodeplug.devicemanager.v1.DeviceSpecR\adevices\x12\\\n" +
+	"\vannotations\x18\x04 \x03(\v2:.nodeplug.devicemanager.v1.ContainerEdits.AnnotationsEntryR\vannotations\x1a7\n" +
+	"\tEnvsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
+	"\x10AnnotationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x02\n" +
+	"\x16StartContainerResponse\x12\x17\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
+	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\x12\x1f\n" +
+	"\vcdi_devices\x18\x03 \x03(\tR\n" +
+	"cdiDevices\x12?\n" +
+	"\x05edits\x18\x04 \x01(\v2).nodeplug.devicemanager.v1.ContainerEditsR\x05edits\x12\"\n" +
+	"\rcdi_spec_dirs\x18\x05 \x03(\tR\vcdiSpecDirs\x122\n" +
+	"\x15pre_started_resources\x18\x06 \x03(\tR\x13preStartedResources*\x81\x01\n" +
 	"\x10RegistrationPath\x12!\n" +
 	"\x1dREGISTRATION_PATH_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"REGISTRATION_PATH_PLUGINS_REGISTRY\x10\x01\x12\"\n" +
@@ -2178,7 +2419,7 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\fDeviceHealth\x12\x1d\n" +
 	"\x19DEVICE_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15DEVICE_HEALTH_HEALTHY\x10\x01\x12\x1b\n" +
-	"\x17DEVICE_HEALTH_UNHEALTHY\x10\x022\xb8\x06\n" +
+	"\x17DEVICE_HEALTH_UNHEALTHY\x10\x022\xaf\a\n" +
 	"\x14DeviceManagerService\x12u\n" +
 	"\x0eRegisterPlugin\x120.nodeplug.devicemanager.v1.RegisterPluginRequest\x1a1.nodeplug.devicemanager.v1.RegisterPluginResponse\x12{\n" +
 	"\x10DeregisterPlugin\x122.nodeplug.devicemanager.v1.DeregisterPluginRequest\x1a3.nodeplug.devicemanager.v1.DeregisterPluginResponse\x12r\n" +
@@ -2186,7 +2427,8 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\x0eWatchResources\x120.nodeplug.devicemanager.v1.WatchResourcesRequest\x1a1.nodeplug.devicemanager.v1.WatchResourcesResponse0\x01\x12c\n" +
 	"\bAllocate\x12*.nodeplug.devicemanager.v1.AllocateRequest\x1a+.nodeplug.devicemanager.v1.AllocateResponse\x12`\n" +
 	"\aRelease\x12).nodeplug.devicemanager.v1.ReleaseRequest\x1a*.nodeplug.devicemanager.v1.ReleaseResponse\x12x\n" +
-	"\x0fListAllocations\x121.nodeplug.devicemanager.v1.ListAllocationsRequest\x1a2.nodeplug.devicemanager.v1.ListAllocationsResponseBPZNgithub.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1;devicemanagerv1b\x06proto3"
+	"\x0fListAllocations\x121.nodeplug.devicemanager.v1.ListAllocationsRequest\x1a2.nodeplug.devicemanager.v1.ListAllocationsResponse\x12u\n" +
+	"\x0eStartContainer\x120.nodeplug.devicemanager.v1.StartContainerRequest\x1a1.nodeplug.devicemanager.v1.StartContainerResponseBPZNgithub.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1;devicemanagerv1b\x06proto3"
 
 var (
 	file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescOnce sync.Once
@@ -2201,7 +2443,7 @@ func file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP() []byte {
 }
 
 var file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_nodeplug_devicemanager_v1_devicemanager_proto_goTypes = []any{
 	(RegistrationPath)(0),             // 0: nodeplug.devicemanager.v1.RegistrationPath
 	(EndpointState)(0),                // 1: nodeplug.devicemanager.v1.EndpointState
@@ -2234,55 +2476,67 @@ var file_nodeplug_devicemanager_v1_devicemanager_proto_goTypes = []any{
 	(*ListAllocationsRequest)(nil),    // 28: nodeplug.devicemanager.v1.ListAllocationsRequest
 	(*Allocation)(nil),                // 29: nodeplug.devicemanager.v1.Allocation
 	(*ListAllocationsResponse)(nil),   // 30: nodeplug.devicemanager.v1.ListAllocationsResponse
-	nil,                               // 31: nodeplug.devicemanager.v1.ContainerAllocateResponse.EnvsEntry
-	nil,                               // 32: nodeplug.devicemanager.v1.ContainerAllocateResponse.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),     // 33: google.protobuf.Timestamp
+	(*StartContainerRequest)(nil),     // 31: nodeplug.devicemanager.v1.StartContainerRequest
+	(*ContainerEdits)(nil),            // 32: nodeplug.devicemanager.v1.ContainerEdits
+	(*StartContainerResponse)(nil),    // 33: nodeplug.devicemanager.v1.StartContainerResponse
+	nil,                               // 34: nodeplug.devicemanager.v1.ContainerAllocateResponse.EnvsEntry
+	nil,                               // 35: nodeplug.devicemanager.v1.ContainerAllocateResponse.AnnotationsEntry
+	nil,                               // 36: nodeplug.devicemanager.v1.ContainerEdits.EnvsEntry
+	nil,                               // 37: nodeplug.devicemanager.v1.ContainerEdits.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),     // 38: google.protobuf.Timestamp
 }
 var file_nodeplug_devicemanager_v1_devicemanager_proto_depIdxs = []int32{
 	0,  // 0: nodeplug.devicemanager.v1.Endpoint.registration_path:type_name -> nodeplug.devicemanager.v1.RegistrationPath
 	1,  // 1: nodeplug.devicemanager.v1.Endpoint.state:type_name -> nodeplug.devicemanager.v1.EndpointState
 	8,  // 2: nodeplug.devicemanager.v1.Endpoint.options:type_name -> nodeplug.devicemanager.v1.DevicePluginOptions
-	33, // 3: nodeplug.devicemanager.v1.Endpoint.registered_time:type_name -> google.protobuf.Timestamp
-	33, // 4: nodeplug.devicemanager.v1.Endpoint.stopped_time:type_name -> google.protobuf.Timestamp
+	38, // 3: nodeplug.devicemanager.v1.Endpoint.registered_time:type_name -> google.protobuf.Timestamp
+	38, // 4: nodeplug.devicemanager.v1.Endpoint.stopped_time:type_name -> google.protobuf.Timestamp
 	9,  // 5: nodeplug.devicemanager.v1.Resource.endpoints:type_name -> nodeplug.devicemanager.v1.Endpoint
-	33, // 6: nodeplug.devicemanager.v1.Resource.grace_deadline:type_name -> google.protobuf.Timestamp
+	38, // 6: nodeplug.devicemanager.v1.Resource.grace_deadline:type_name -> google.protobuf.Timestamp
 	10, // 7: nodeplug.devicemanager.v1.ListResourcesResponse.resources:type_name -> nodeplug.devicemanager.v1.Resource
 	2,  // 8: nodeplug.devicemanager.v1.ResourceChange.type:type_name -> nodeplug.devicemanager.v1.ResourceChangeType
 	10, // 9: nodeplug.devicemanager.v1.ResourceChange.resource:type_name -> nodeplug.devicemanager.v1.Resource
 	14, // 10: nodeplug.devicemanager.v1.WatchResourcesResponse.change:type_name -> nodeplug.devicemanager.v1.ResourceChange
 	15, // 11: nodeplug.devicemanager.v1.WatchResourcesResponse.synced:type_name -> nodeplug.devicemanager.v1.Synced
 	17, // 12: nodeplug.devicemanager.v1.AllocateRequest.resources:type_name -> nodeplug.devicemanager.v1.ResourceRequest
-	31, // 13: nodeplug.devicemanager.v1.ContainerAllocateResponse.envs:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse.EnvsEntry
+	34, // 13: nodeplug.devicemanager.v1.ContainerAllocateResponse.envs:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse.EnvsEntry
 	19, // 14: nodeplug.devicemanager.v1.ContainerAllocateResponse.mounts:type_name -> nodeplug.devicemanager.v1.Mount
 	20, // 15: nodeplug.devicemanager.v1.ContainerAllocateResponse.devices:type_name -> nodeplug.devicemanager.v1.DeviceSpec
-	32, // 16: nodeplug.devicemanager.v1.ContainerAllocateResponse.annotations:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse.AnnotationsEntry
+	35, // 16: nodeplug.devicemanager.v1.ContainerAllocateResponse.annotations:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse.AnnotationsEntry
 	21, // 17: nodeplug.devicemanager.v1.ContainerAllocateResponse.cdi_devices:type_name -> nodeplug.devicemanager.v1.CDIDevice
 	3,  // 18: nodeplug.devicemanager.v1.DeviceStatus.health:type_name -> nodeplug.devicemanager.v1.DeviceHealth
 	22, // 19: nodeplug.devicemanager.v1.ResourceAllocation.container_response:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse
 	23, // 20: nodeplug.devicemanager.v1.ResourceAllocation.devices:type_name -> nodeplug.devicemanager.v1.DeviceStatus
 	24, // 21: nodeplug.devicemanager.v1.AllocateResponse.allocations:type_name -> nodeplug.devicemanager.v1.ResourceAllocation
 	22, // 22: nodeplug.devicemanager.v1.Allocation.container_response:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse
-	33, // 23: nodeplug.devicemanager.v1.Allocation.allocated_time:type_name -> google.protobuf.Timestamp
+	38, // 23: nodeplug.devicemanager.v1.Allocation.allocated_time:type_name -> google.protobuf.Timestamp
 	29, // 24: nodeplug.devicemanager.v1.ListAllocationsResponse.allocations:type_name -> nodeplug.devicemanager.v1.Allocation
-	4,  // 25: nodeplug.devicemanager.v1.DeviceManagerService.RegisterPlugin:input_type -> nodeplug.devicemanager.v1.RegisterPluginRequest
-	6,  // 26: nodeplug.devicemanager.v1.DeviceManagerService.DeregisterPlugin:input_type -> nodeplug.devicemanager.v1.DeregisterPluginRequest
-	11, // 27: nodeplug.devicemanager.v1.DeviceManagerService.ListResources:input_type -> nodeplug.devicemanager.v1.ListResourcesRequest
-	13, // 28: nodeplug.devicemanager.v1.DeviceManagerService.WatchResources:input_type -> nodeplug.devicemanager.v1.WatchResourcesRequest
-	18, // 29: nodeplug.devicemanager.v1.DeviceManagerService.Allocate:input_type -> nodeplug.devicemanager.v1.AllocateRequest
-	26, // 30: nodeplug.devicemanager.v1.DeviceManagerService.Release:input_type -> nodeplug.devicemanager.v1.ReleaseRequest
-	28, // 31: nodeplug.devicemanager.v1.DeviceManagerService.ListAllocations:input_type -> nodeplug.devicemanager.v1.ListAllocationsRequest
-	5,  // 32: nodeplug.devicemanager.v1.DeviceManagerService.RegisterPlugin:output_type -> nodeplug.devicemanager.v1.RegisterPluginResponse
-	7,  // 33: nodeplug.devicemanager.v1.DeviceManagerService.DeregisterPlugin:output_type -> nodeplug.devicemanager.v1.DeregisterPluginResponse
-	12, // 34: nodeplug.devicemanager.v1.DeviceManagerService.ListResources:output_type -> nodeplug.devicemanager.v1.ListResourcesResponse
-	16, // 35: nodeplug.devicemanager.v1.DeviceManagerService.WatchResources:output_type -> nodeplug.devicemanager.v1.WatchResourcesResponse
-	25, // 36: nodeplug.devicemanager.v1.DeviceManagerService.Allocate:output_type -> nodeplug.devicemanager.v1.AllocateResponse
-	27, // 37: nodeplug.devicemanager.v1.DeviceManagerService.Release:output_type -> nodeplug.devicemanager.v1.ReleaseResponse
-	30, // 38: nodeplug.devicemanager.v1.DeviceManagerService.ListAllocations:output_type -> nodeplug.devicemanager.v1.ListAllocationsResponse
-	32, // [32:39] is the sub-list for method output_type
-	25, // [25:32] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	36, // 25: nodeplug.devicemanager.v1.ContainerEdits.envs:type_name -> nodeplug.devicemanager.v1.ContainerEdits.EnvsEntry
+	19, // 26: nodeplug.devicemanager.v1.ContainerEdits.mounts:type_name -> nodeplug.devicemanager.v1.Mount
+	20, // 27: nodeplug.devicemanager.v1.ContainerEdits.devices:type_name -> nodeplug.devicemanager.v1.DeviceSpec
+	37, // 28: nodeplug.devicemanager.v1.ContainerEdits.annotations:type_name -> nodeplug.devicemanager.v1.ContainerEdits.AnnotationsEntry
+	32, // 29: nodeplug.devicemanager.v1.StartContainerResponse.edits:type_name -> nodeplug.devicemanager.v1.ContainerEdits
+	4,  // 30: nodeplug.devicemanager.v1.DeviceManagerService.RegisterPlugin:input_type -> nodeplug.devicemanager.v1.RegisterPluginRequest
+	6,  // 31: nodeplug.devicemanager.v1.DeviceManagerService.DeregisterPlugin:input_type -> nodeplug.devicemanager.v1.DeregisterPluginRequest
+	11, // 32: nodeplug.devicemanager.v1.DeviceManagerService.ListResources:input_type -> nodeplug.devicemanager.v1.ListResourcesRequest
+	13, // 33: nodeplug.devicemanager.v1.DeviceManagerService.WatchResources:input_type -> nodeplug.devicemanager.v1.WatchResourcesRequest
+	18, // 34: nodeplug.devicemanager.v1.DeviceManagerService.Allocate:input_type -> nodeplug.devicemanager.v1.AllocateRequest
+	26, // 35: nodeplug.devicemanager.v1.DeviceManagerService.Release:input_type -> nodeplug.devicemanager.v1.ReleaseRequest
+	28, // 36: nodeplug.devicemanager.v1.DeviceManagerService.ListAllocations:input_type -> nodeplug.devicemanager.v1.ListAllocationsRequest
+	31, // 37: nodeplug.devicemanager.v1.DeviceManagerService.StartContainer:input_type -> nodeplug.devicemanager.v1.StartContainerRequest
+	5,  // 38: nodeplug.devicemanager.v1.DeviceManagerService.RegisterPlugin:output_type -> nodeplug.devicemanager.v1.RegisterPluginResponse
+	7,  // 39: nodeplug.devicemanager.v1.DeviceManagerService.DeregisterPlugin:output_type -> nodeplug.devicemanager.v1.DeregisterPluginResponse
+	12, // 40: nodeplug.devicemanager.v1.DeviceManagerService.ListResources:output_type -> nodeplug.devicemanager.v1.ListResourcesResponse
+	16, // 41: nodeplug.devicemanager.v1.DeviceManagerService.WatchResources:output_type -> nodeplug.devicemanager.v1.WatchResourcesResponse
+	25, // 42: nodeplug.devicemanager.v1.DeviceManagerService.Allocate:output_type -> nodeplug.devicemanager.v1.AllocateResponse
+	27, // 43: nodeplug.devicemanager.v1.DeviceManagerService.Release:output_type -> nodeplug.devicemanager.v1.ReleaseResponse
+	30, // 44: nodeplug.devicemanager.v1.DeviceManagerService.ListAllocations:output_type -> nodeplug.devicemanager.v1.ListAllocationsResponse
+	33, // 45: nodeplug.devicemanager.v1.DeviceManagerService.StartContainer:output_type -> nodeplug.devicemanager.v1.StartContainerResponse
+	38, // [38:46] is the sub-list for method output_type
+	30, // [30:38] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_nodeplug_devicemanager_v1_devicemanager_proto_init() }
@@ -2300,7 +2554,7 @@ func file_nodeplug_devicemanager_v1_devicemanager_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc), len(file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   29,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	DeviceManagerService_Allocate_FullMethodName         = "/nodeplug.devicemanager.v1.DeviceManagerService/Allocate"
 	DeviceManagerService_Release_FullMethodName          = "/nodeplug.devicemanager.v1.DeviceManagerService/Release"
 	DeviceManagerService_ListAllocations_FullMethodName  = "/nodeplug.devicemanager.v1.DeviceManagerService/ListAllocations"
+	DeviceManagerService_StartContainer_FullMethodName   = "/nodeplug.devicemanager.v1.DeviceManagerService/StartContainer"
 )
 
 // DeviceManagerServiceClient is the client API for DeviceManagerService service.
@@ -55,6 +56,16 @@ type DeviceManagerServiceClient interface {
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// ListAllocations returns what is allocated to whom.
 	ListAllocations(ctx context.Context, in *ListAllocationsRequest, opts ...grpc.CallOption) (*ListAllocationsResponse, error)
+	// StartContainer is called at every start of a container, as the kubelet
+	// does before it asks the runtime to start one: it calls
+	// PreStartContainer on the device plugin of each of the container's
+	// resources whose options ask for it, and returns what a container
+	// runtime needs to start the container with its devices. A plugin's
+	// failure fails this start (the plugin's message) and keeps the
+	// allocation. Every CDI device name returned resolves in the CDI spec
+	// directories, else FAILED_PRECONDITION naming it and the directories. A
+	// container with neither devices nor prepared DRA claims is NOT_FOUND.
+	StartContainer(ctx context.Context, in *StartContainerRequest, opts ...grpc.CallOption) (*StartContainerResponse, error)
 }
 
 type deviceManagerServiceClient struct {
@@ -144,6 +155,16 @@ func (c *deviceManagerServiceClient) ListAllocations(ctx context.Context, in *Li
 	return out, nil
 }
 
+func (c *deviceManagerServiceClient) StartContainer(ctx context.Context, in *StartContainerRequest, opts ...grpc.CallOption) (*StartContainerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartContainerResponse)
+	err := c.cc.Invoke(ctx, DeviceManagerService_StartContainer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DeviceManagerServiceServer is the server API for DeviceManagerService service.
 // All implementations must embed UnimplementedDeviceManagerServiceServer
 // for forward compatibility.
@@ -171,6 +192,16 @@ type DeviceManagerServiceServer interface {
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// ListAllocations returns what is allocated to whom.
 	ListAllocations(context.Context, *ListAllocationsRequest) (*ListAllocationsResponse, error)
+	// StartContainer is called at every start of a container, as the kubelet
+	// does before it asks the runtime to start one: it calls
+	// PreStartContainer on the device plugin of each of the container's
+	// resources whose options ask for it, and returns what a container
+	// runtime needs to start the container with its devices. A plugin's
+	// failure fails this start (the plugin's message) and keeps the
+	// allocation. Every CDI device name returned resolves in the CDI spec
+	// directories, else FAILED_PRECONDITION naming it and the directories. A
+	// container with neither devices nor prepared DRA claims is NOT_FOUND.
+	StartContainer(context.Context, *StartContainerRequest) (*StartContainerResponse, error)
 	mustEmbedUnimplementedDeviceManagerServiceServer()
 }
 
@@ -201,6 +232,9 @@ func (UnimplementedDeviceManagerServiceServer) Release(context.Context, *Release
 }
 func (UnimplementedDeviceManagerServiceServer) ListAllocations(context.Context, *ListAllocationsRequest) (*ListAllocationsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAllocations not implemented")
+}
+func (UnimplementedDeviceManagerServiceServer) StartContainer(context.Context, *StartContainerRequest) (*StartContainerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartContainer not implemented")
 }
 func (UnimplementedDeviceManagerServiceServer) mustEmbedUnimplementedDeviceManagerServiceServer() {}
 func (UnimplementedDeviceManagerServiceServer) testEmbeddedByValue()                              {}
@@ -342,6 +376,24 @@ func _DeviceManagerService_ListAllocations_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DeviceManagerService_StartContainer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartContainerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DeviceManagerServiceServer).StartContainer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DeviceManagerService_StartContainer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DeviceManagerServiceServer).StartContainer(ctx, req.(*StartContainerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DeviceManagerService_ServiceDesc is the grpc.ServiceDesc for DeviceManagerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -372,6 +424,10 @@ var DeviceManagerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAllocations",
 			Handler:    _DeviceManagerService_ListAllocations_Handler,
+		},
+		{
+			MethodName: "StartContainer",
+			Handler:    _DeviceManagerService_StartContainer_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

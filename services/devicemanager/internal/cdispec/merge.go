@@ -1,0 +1,93 @@
+package cdispec
+
+import (
+	"fmt"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// Merge merges the device plugins' Allocate answers for one container, in
+// the order given (the caller gives them in resource name order), as the
+// kubelet's device manager does for a container's run options: the first
+// value of an environment variable, of a mount or device node at a
+// container path, and of an annotation wins; a later answer that gives a
+// different one is a conflict, returned as a message (the kubelet logs
+// it). The plugins' CDI devices are not edits: the caller passes them on
+// by name.
+func Merge(resps []*pluginapi.ContainerAllocateResponse) (Edits, []string) {
+	var e Edits
+	var conflicts []string
+	mounts := map[string]string{}
+	devices := map[string]string{}
+	for _, r := range resps {
+		if r == nil {
+			continue
+		}
+		for _, k := range sortedKeys(r.Envs) {
+			conflicts = mergeKey(&e.Envs, k, r.Envs[k], "environment variable", conflicts)
+		}
+		for _, m := range r.Mounts {
+			if m == nil {
+				continue
+			}
+			if host, ok := mounts[m.ContainerPath]; ok {
+				if host != m.HostPath {
+					conflicts = append(conflicts, fmt.Sprintf("mount at %q from %q conflicts with the earlier one from %q", m.ContainerPath, m.HostPath, host))
+				}
+				continue
+			}
+			mounts[m.ContainerPath] = m.HostPath
+			e.Mounts = append(e.Mounts, Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
+		}
+		for _, d := range r.Devices {
+			if d == nil {
+				continue
+			}
+			if host, ok := devices[d.ContainerPath]; ok {
+				if host != d.HostPath {
+					conflicts = append(conflicts, fmt.Sprintf("device node at %q from %q conflicts with the earlier one from %q", d.ContainerPath, d.HostPath, host))
+				}
+				continue
+			}
+			devices[d.ContainerPath] = d.HostPath
+			e.Devices = append(e.Devices, DeviceNode{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
+		}
+		for _, k := range sortedKeys(r.Annotations) {
+			conflicts = mergeKey(&e.Annotations, k, r.Annotations[k], "annotation", conflicts)
+		}
+	}
+	return e, conflicts
+}
+
+// mergeKey sets (*m)[k] = v unless k is set; a different value already
+// there is a conflict.
+func mergeKey(m *map[string]string, k, v, what string, conflicts []string) []string {
+	if *m == nil {
+		*m = map[string]string{}
+	}
+	if old, ok := (*m)[k]; ok {
+		if old != v {
+			conflicts = append(conflicts, fmt.Sprintf("%s %s=%q conflicts with the earlier value %q", what, k, v, old))
+		}
+		return conflicts
+	}
+	(*m)[k] = v
+	return conflicts
+}
+
+// CDIDevices returns the plugins' CDI device names, in the order given,
+// without duplicates.
+func CDIDevices(resps []*pluginapi.ContainerAllocateResponse) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, r := range resps {
+		for _, d := range r.GetCdiDevices() {
+			if d == nil || seen[d.Name] {
+				continue
+			}
+			seen[d.Name] = true
+			out = append(out, d.Name)
+		}
+	}
+	return out
+}
