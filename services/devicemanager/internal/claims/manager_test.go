@@ -116,6 +116,19 @@ func TestContainerRequests(t *testing.T) {
 	if !slices.Equal(out[1].Devices[0].Requests, []string{"b"}) || !slices.Contains(out[0].CDIDeviceIDs, out[1].CDIDeviceIDs[0]) {
 		t.Fatalf("request b: %+v", out[1])
 	}
+	// A container's start reads the same from the records.
+	for i, name := range []string{"all", "only-b"} {
+		got, ok := e.mgr.Container("uid-p1", name)
+		if !ok || !slices.Equal(got.CDIDeviceIDs, out[i].CDIDeviceIDs) {
+			t.Fatalf("Container(%s) = %+v, %v; prepare answered %+v", name, got, ok, out[i])
+		}
+	}
+	if got, ok := e.mgr.Container("uid-p1", "none"); ok {
+		t.Fatalf("a container referencing no claim: %+v", got)
+	}
+	if _, ok := e.mgr.Container("uid-other", "all"); ok {
+		t.Fatal("another pod's container")
+	}
 }
 
 // TestSharedClaim: a claim two pods use is prepared once and unprepared

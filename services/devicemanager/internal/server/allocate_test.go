@@ -174,15 +174,12 @@ func TestAllocatePreferredPreStartCDI(t *testing.T) {
 	if !slices.Equal(cdi, []string{"example.com/pref=dev-0", "example.com/pref=dev-3"}) {
 		t.Fatalf("CDI devices = %v", cdi)
 	}
-	pre := slices.IndexFunc(calls, func(c sampleplugin.Call) bool { return c.Method == sampleplugin.MethodPreStartContainer })
-	if pre < 0 || !slices.Equal(calls[pre].DeviceIDs, []string{"dev-0", "dev-3"}) {
-		t.Fatalf("PreStartContainer call = %+v", calls)
-	}
 	if _, err := e.client.Allocate(ctxT(t), allocReq("pod", "c", res, 2, "dev-0")); err != nil {
 		t.Fatal(err)
 	}
-	if n := p.CallCount(sampleplugin.MethodPreStartContainer); n != 1 {
-		t.Fatalf("PreStartContainer called %d times, want 1", n)
+	// PreStartContainer belongs to the container's start (start_test.go).
+	if n := p.CallCount(sampleplugin.MethodPreStartContainer); n != 0 {
+		t.Fatalf("Allocate called PreStartContainer %d times, want 0", n)
 	}
 }
 
@@ -251,7 +248,7 @@ func TestAllocatePreferredAnswerAsKubelet(t *testing.T) {
 func TestAllocatePluginErrorRollsBack(t *testing.T) {
 	e := newEnv(t, time.Minute)
 	p1 := e.plugin("p1", sampleplugin.Options{Resource: "example.com/ok", Devices: 2}, false)
-	p2 := e.plugin("p2", sampleplugin.Options{Resource: "example.com/fail", Devices: 2, PreStartRequired: true}, false)
+	p2 := e.plugin("p2", sampleplugin.Options{Resource: "example.com/fail", Devices: 2}, false)
 	e.mustRegister(p1)
 	e.mustRegister(p2)
 	e.waitCounts("example.com/ok", 2, 2)
@@ -265,9 +262,9 @@ func TestAllocatePluginErrorRollsBack(t *testing.T) {
 		msg    string
 	}{
 		{sampleplugin.MethodAllocate, codes.Internal, "Allocate rpc failed with err: plugin says no"},
-		{sampleplugin.MethodPreStartContainer, codes.Unavailable, "PreStartContainer rpc failed with err: plugin says no"},
+		{sampleplugin.MethodAllocate, codes.Unavailable, "Allocate rpc failed with err: plugin says no"},
 	} {
-		t.Run(tc.method, func(t *testing.T) {
+		t.Run(tc.method+" "+tc.code.String(), func(t *testing.T) {
 			p2.SetFailure(tc.method, status.Error(tc.code, "plugin says no"))
 			defer p2.SetFailure(tc.method, nil)
 			_, err := e.client.Allocate(ctxT(t), req)

@@ -28,6 +28,8 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/cdispec"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/containerstart"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
@@ -184,9 +186,14 @@ func (e *env) start() {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	e.metrics = prometheus.NewRegistry()
+	specs, err := cdispec.New(cdispec.Config{Dir: e.cdiDir(), SearchDirs: []string{e.cdiExtraDir()}, Log: e.logs.logger(e.t)})
+	if err != nil {
+		cancel()
+		e.t.Fatal(err)
+	}
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: e.dpDir, AllowedDirs: []string{e.root}, GracePeriod: e.grace, EndpointWait: e.endpointWait, WatchLimits: e.watchLimits,
-		Store: store.New(e.dpDir, store.Options{}), Log: e.logs.logger(e.t), Registerer: e.metrics,
+		Store: store.New(e.dpDir, store.Options{}), Log: e.logs.logger(e.t), Registerer: e.metrics, Specs: specs,
 	})
 	if err != nil {
 		cancel()
@@ -200,7 +207,7 @@ func (e *env) start() {
 		}
 	}()
 	stopAPI := serve(e.t, filepath.Join(e.root, "dm.sock"), func(s *grpc.Server) {
-		e.svc = NewService(m)
+		e.svc = NewService(m).WithStarter(containerstart.New(m, nil, specs))
 		dmv1.RegisterDeviceManagerServiceServer(s, e.svc)
 	})
 	stopKubelet := serve(e.t, e.kubeletSock(), func(s *grpc.Server) {
@@ -219,6 +226,11 @@ func (e *env) start() {
 		<-ran
 	}
 }
+
+// cdiDir is where the manager writes its CDI specs; cdiExtraDir is the
+// other directory names resolve in (searched first).
+func (e *env) cdiDir() string      { return filepath.Join(e.root, "cdi") }
+func (e *env) cdiExtraDir() string { return filepath.Join(e.root, "cdi-extra") }
 
 func (e *env) shutdown() {
 	if !e.stopped {
