@@ -21,6 +21,13 @@ LOGS=$RUN_DIR/logs
 GRPCURL=${GRPCURL:-}
 mkdir -p "$ROOT" "$LOGS"
 export NODEPLUG_ROOT_DIR=$ROOT
+# The containers' CDI specs go where the container runtimes look for them
+# (/var/run/cdi, the devicemanager's default) when this user may write
+# there; else under the root dir, which a runtime must then be told of.
+if [ -z "${NODEPLUG_DEVICEMANAGER_CDI_SPEC_DIR:-}" ] && ! { mkdir -p /var/run/cdi 2>/dev/null && [ -w /var/run/cdi ]; }; then
+  export NODEPLUG_DEVICEMANAGER_CDI_SPEC_DIR=$ROOT/cdi
+fi
+CDI_DIR=${NODEPLUG_DEVICEMANAGER_CDI_SPEC_DIR:-/var/run/cdi}
 
 pids=()
 names=()
@@ -171,6 +178,7 @@ nodeplug is running (logs in $LOGS, root dir $ROOT).
 
   APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager}.sock
   podres    $ROOT/pod-resources/kubelet.sock (the kubelet's pod resources API, for monitoring agents)
+  CDI specs $CDI_DIR (one per allocated container, for container runtimes)
   metrics   $(metrics_url nodeplug-watcher)  $(metrics_url nodeplug-reconciler)  $(metrics_url nodeplug-devicemanager)
   console   $console_url
   traces    exported to ${OTEL_EXPORTER_OTLP_ENDPOINT:-nowhere (the console runs without its receiver)}: open one from the console, or bin/nodeplugctl trace TRACE_ID
@@ -181,6 +189,7 @@ Look inside, from another shell in $PWD (nodeplugctl finds the sockets from the 
   bin/nodeplugctl resources
   bin/nodeplugctl allocate --pod pod-1 --container main example.com/sample=2
   bin/nodeplugctl allocations
+  bin/nodeplugctl start --pod pod-1 --container main -o podman   # the runtime's --device arguments
   bin/nodeplugctl watch plugins
   bin/nodeplugctl trace TRACE_ID      # a trace ID from plugins or allocations, read from the console
   $grpcurl_line
