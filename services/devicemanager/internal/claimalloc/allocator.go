@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,19 +62,32 @@ var features = structured.Features{
 
 // Allocator implements claims.Reserver over a Kubernetes API (the node-local
 // one, or a cluster's) for one node. It is safe for concurrent use: the
-// decisions "read the devices in use, allocate, write" are serialized, so two
-// claims reserved at once never get the same device — provided nothing else
-// allocates on this node at the same time (on the node-local API nothing
-// does; in a cluster the scheduler allocates claims before they reach a
-// node, and those arrive here already allocated). Unreserve is not
+// decisions "take the devices in use, allocate" are serialized, and a
+// decision's devices are in use from then on (pending until its write's
+// outcome is known, then as written), so two claims reserved at once never
+// get the same device — provided nothing else allocates on this node at the
+// same time (on the node-local API nothing does; in a cluster the scheduler
+// allocates claims before they reach a node, and those arrive here already
+// allocated). The writes themselves run in parallel. Unreserve is not
 // serialized with them: freeing devices cannot give one to two claims, and
 // writes of one claim are kept apart by its resourceVersion (409, read
 // again).
+//
+// The devices in use are those of the claims as last seen: listed from the
+// API for each decision, or, while Run runs, followed by an informer; either
+// way this Allocator's own writes count as soon as they are made.
 type Allocator struct {
 	client   kubernetes.Interface
 	node     string
 	log      *slog.Logger
 	celCache *cel.Cache
+	track    *tracker
+
+	// cached is set while Run's informers are synced.
+	cached  atomic.Pointer[caches]
+	running atomic.Bool
+	// fromAPI counts the decisions made again from the API.
+	fromAPI atomic.Int64
 
 	// mu serializes allocation decisions.
 	mu sync.Mutex
@@ -95,6 +109,7 @@ func New(client kubernetes.Interface, nodeName string, log *slog.Logger) (*Alloc
 	return &Allocator{
 		client: client, node: nodeName, log: log.With("node", nodeName),
 		celCache: cel.NewCache(100, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity}),
+		track:    newTracker(),
 	}, nil
 }
 
@@ -103,8 +118,6 @@ func (a *Allocator) Reserve(ctx context.Context, pod claims.PodRef, ref claims.C
 	if err := checkRefs(pod, ref); err != nil {
 		return nil, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	for attempt := 1; ; attempt++ {
 		claim, err := a.getClaim(ctx, ref)
 		if err != nil {
@@ -136,26 +149,12 @@ func (a *Allocator) Reserve(ctx context.Context, pod claims.PodRef, ref claims.C
 // allocate allocates an unallocated claim on this node and reserves it for
 // pod. The marker goes first (an Update: it is metadata), then allocation and
 // reservation in one status write.
-func (a *Allocator) allocate(ctx context.Context, pod claims.PodRef, claim *resourcev1.ResourceClaim) (*resourcev1.ResourceClaim, error) {
-	in, err := a.readInputs(ctx)
+func (a *Allocator) allocate(ctx context.Context, pod claims.PodRef, claim *resourcev1.ResourceClaim) (out *resourcev1.ResourceClaim, err error) {
+	result, written, err := a.decide(ctx, claim)
 	if err != nil {
 		return nil, err
 	}
-	alloc, err := structured.NewAllocator(ctx, features, in.state, in.classes, in.slices, a.celCache)
-	if err != nil {
-		return nil, fmt.Errorf("claim %s: the allocator: %w", objName(claim), errdefs.ErrInternal)
-	}
-	results, err := alloc.Allocate(ctx, in.node, []*resourcev1.ResourceClaim{claim})
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("claim %s: allocating: %w", objName(claim), ctx.Err())
-		}
-		return nil, fmt.Errorf("claim %s cannot be allocated on node %s: %s: %w", objName(claim), a.node, err.Error(), errdefs.ErrFailedPrecondition)
-	}
-	if len(results) != 1 {
-		return nil, fmt.Errorf("claim %s cannot be allocated on node %s: %s: %w",
-			objName(claim), a.node, a.explain(ctx, claim, in), errdefs.ErrFailedPrecondition)
-	}
+	defer func() { written(out) }()
 	if claim.Annotations[AllocatedByAnnotation] != a.node {
 		claim = claim.DeepCopy()
 		if claim.Annotations == nil {
@@ -168,9 +167,9 @@ func (a *Allocator) allocate(ctx context.Context, pod claims.PodRef, claim *reso
 		}
 	}
 	claim = claim.DeepCopy()
-	claim.Status.Allocation = &results[0]
+	claim.Status.Allocation = result
 	claim.Status.ReservedFor = append(claim.Status.ReservedFor, consumer(pod))
-	out, err := a.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{})
+	out, err = a.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{})
 	if err != nil {
 		if !apierrors.IsConflict(err) { // a conflict is read again and retried
 			a.unmark(ctx, claim)
@@ -181,9 +180,78 @@ func (a *Allocator) allocate(ctx context.Context, pod claims.PodRef, claim *reso
 	return out, nil
 }
 
+// errFromAPI asks decide to decide again from the API's state.
+var errFromAPI = errors.New("no allocation in the informers' view")
+
+// decide finds an allocation for claim, its devices in use from then on;
+// written notes the outcome of its write (the claim as written, nil when the
+// write failed). It decides from the informers' stores while Run runs, and
+// from the API when they find none (or Run does not run): what they miss
+// (a slice just published, a deallocation not yet seen) fails no claim.
+func (a *Allocator) decide(ctx context.Context, claim *resourcev1.ResourceClaim) (*resourcev1.AllocationResult, func(*resourcev1.ResourceClaim), error) {
+	if c := a.cached.Load(); c != nil {
+		in, err := a.cachedInputs(ctx, c)
+		if err != nil {
+			return nil, nil, err
+		}
+		result, written, err := a.decideWith(ctx, claim, in, true)
+		if !errors.Is(err, errFromAPI) {
+			return result, written, err
+		}
+		a.fromAPI.Add(1)
+		a.log.Debug("no allocation from the informers' view; reading the API", "claim", objName(claim))
+	}
+	in, err := a.readInputs(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return a.decideWith(ctx, claim, in, false)
+}
+
+// decideWith decides with the node, slices and classes of in and the
+// tracker's devices in use. A claim with an allocation pending (another
+// Reserve's) or with a newer version known is read again (a conflict),
+// after the pending write.
+func (a *Allocator) decideWith(ctx context.Context, claim *resourcev1.ResourceClaim, in *inputs, cached bool) (*resourcev1.AllocationResult, func(*resourcev1.ResourceClaim), error) {
+	again := apierrors.NewConflict(resourcev1.Resource("resourceclaims"), objName(claim), errors.New("being allocated by another call"))
+	a.mu.Lock()
+	if wait := a.track.pendingFor(claim.UID); wait != nil {
+		a.mu.Unlock()
+		select {
+		case <-wait:
+			return nil, nil, again
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("claim %s: waiting for its allocation by another call: %w", objName(claim), ctx.Err())
+		}
+	}
+	defer a.mu.Unlock()
+	if a.track.knowsNewer(claim) {
+		return nil, nil, again
+	}
+	in.state = a.track.state()
+	alloc, err := structured.NewAllocator(ctx, features, in.state, in.classes, in.slices, a.celCache)
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim %s: the allocator: %w", objName(claim), errdefs.ErrInternal)
+	}
+	results, err := alloc.Allocate(ctx, in.node, []*resourcev1.ResourceClaim{claim})
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return nil, nil, fmt.Errorf("claim %s: allocating: %w", objName(claim), ctx.Err())
+	case (err != nil || len(results) != 1) && cached:
+		return nil, nil, errFromAPI
+	case err != nil:
+		return nil, nil, fmt.Errorf("claim %s cannot be allocated on node %s: %s: %w", objName(claim), a.node, err.Error(), errdefs.ErrFailedPrecondition)
+	case len(results) != 1:
+		return nil, nil, fmt.Errorf("claim %s cannot be allocated on node %s: %s: %w",
+			objName(claim), a.node, a.explain(ctx, claim, in), errdefs.ErrFailedPrecondition)
+	}
+	return &results[0], a.track.assume(claim.UID, &results[0]), nil
+}
+
 // reserveAllocated reserves a claim that is already allocated: it must be
 // available on this node; the pod is added to reservedFor if missing.
 func (a *Allocator) reserveAllocated(ctx context.Context, pod claims.PodRef, claim *resourcev1.ResourceClaim) (*resourcev1.ResourceClaim, error) {
+	a.track.observe(claim) // its devices are in use here before the informer shows them
 	if sel := claim.Status.Allocation.NodeSelector; sel != nil {
 		node, err := a.client.CoreV1().Nodes().Get(ctx, a.node, metav1.GetOptions{})
 		if err != nil {
@@ -211,6 +279,7 @@ func (a *Allocator) reserveAllocated(ctx context.Context, pod claims.PodRef, cla
 	if err != nil {
 		return nil, err
 	}
+	a.track.observe(out)
 	a.log.Debug("reserved claim", "claim", objName(out), "pod", pod.UID)
 	return out, nil
 }
@@ -262,6 +331,7 @@ func (a *Allocator) unreserve(ctx context.Context, pod claims.PodRef, ref claims
 		if claim, err = a.client.ResourceV1().ResourceClaims(claim.Namespace).UpdateStatus(ctx, claim, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
+		a.track.observe(claim)
 		if ours && claim.Status.Allocation == nil {
 			a.log.Info("deallocated claim", "claim", objName(claim), "pod", pod.UID)
 		}
@@ -269,8 +339,10 @@ func (a *Allocator) unreserve(ctx context.Context, pod claims.PodRef, ref claims
 	if ours && claim.Status.Allocation == nil {
 		claim = claim.DeepCopy()
 		delete(claim.Annotations, AllocatedByAnnotation)
-		_, err = a.client.ResourceV1().ResourceClaims(claim.Namespace).Update(ctx, claim, metav1.UpdateOptions{})
-		return err
+		if claim, err = a.client.ResourceV1().ResourceClaims(claim.Namespace).Update(ctx, claim, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		a.track.observe(claim)
 	}
 	return nil
 }

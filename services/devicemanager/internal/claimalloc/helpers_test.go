@@ -32,7 +32,12 @@ type env struct {
 	stop   func()
 }
 
-func newEnv(t *testing.T) *env {
+// newEnv is an env whose Allocator runs its informers (Run, synced).
+func newEnv(t *testing.T) *env { return newEnvWith(t, true) }
+
+// newEnvWith is an env whose Allocator runs its informers when follow is
+// set, else lists from the API for each decision.
+func newEnvWith(t *testing.T, follow bool) *env {
 	t.Helper()
 	a, err := kubeaccess.Open(kubeaccess.Options{RootDir: testutil.TempDir(t), Listen: "127.0.0.1:0", NodeName: testNode,
 		Registerer: prometheus.NewRegistry()})
@@ -57,7 +62,26 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if follow {
+		runAllocator(t, al)
+	}
 	return &env{t: t, client: a.Client, alloc: al, stop: stop}
+}
+
+// runAllocator runs al's informers until the test ends (before the API
+// stops) and waits for them to sync.
+func runAllocator(t *testing.T, al *Allocator) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- al.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	testutil.WaitFor(t, "the allocator's informers synced", func() bool { return al.cached.Load() != nil })
 }
 
 // slice publishes devices of driver on node; each device has the

@@ -14,7 +14,9 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// inputs is what one allocation decision reads from the API.
+// inputs is what one allocation decision reads: from the API, or from
+// the informers' stores while Run runs. state, the devices in use, is the
+// tracker's, taken under Allocator.mu.
 type inputs struct {
 	node    *corev1.Node
 	slices  []*resourcev1.ResourceSlice
@@ -23,7 +25,8 @@ type inputs struct {
 }
 
 // readInputs reads the Node, the slices that may hold devices for it, the
-// DeviceClasses and the devices in use (every allocated claim's results).
+// DeviceClasses and every claim (handed to the tracker, the devices in use
+// being the tracker's).
 func (a *Allocator) readInputs(ctx context.Context) (*inputs, error) {
 	node, err := a.client.CoreV1().Nodes().Get(ctx, a.node, metav1.GetOptions{})
 	if err != nil {
@@ -45,7 +48,8 @@ func (a *Allocator) readInputs(ctx context.Context) (*inputs, error) {
 	if err != nil {
 		return nil, apiError("listing ResourceClaims", err)
 	}
-	return &inputs{node: node, slices: slices, classes: classes, state: allocatedState(claimList.Items)}, nil
+	a.track.reconcile(claimList.Items, claimList.ResourceVersion)
+	return &inputs{node: node, slices: slices, classes: classes}, nil
 }
 
 // listSlices lists this node's slices (spec.nodeName) and those not bound
@@ -78,38 +82,6 @@ func (a *Allocator) listSlices(ctx context.Context) ([]*resourcev1.ResourceSlice
 		}
 	}
 	return kept, nil
-}
-
-// allocatedState is the devices in use by allocated claims, as the
-// scheduler gathers it (pkg/scheduler/.../dynamicresources/allocateddevices.go):
-// devices allocated with admin access are not in use; with consumable
-// capacity, a shared device's share and the capacity it consumes are.
-func allocatedState(claimList []resourcev1.ResourceClaim) structured.AllocatedState {
-	state := structured.AllocatedState{
-		AllocatedDevices:         sets.New[structured.DeviceID](),
-		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-	}
-	for i := range claimList {
-		if claimList[i].Status.Allocation == nil {
-			continue
-		}
-		for _, r := range claimList[i].Status.Allocation.Devices.Results {
-			if ptr.Deref(r.AdminAccess, false) {
-				continue
-			}
-			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
-			if features.ConsumableCapacity && r.ShareID != nil {
-				state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
-				if r.ConsumedCapacity != nil {
-					state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
-				}
-				continue
-			}
-			state.AllocatedDevices.Insert(id)
-		}
-	}
-	return state
 }
 
 // classLister is the DeviceClasses read for one decision.
