@@ -17,6 +17,11 @@
 //   - with --control-listen, an HTTP endpoint: GET /devices lists devices,
 //     POST /health?device=<id>&healthy=<true|false> sets one device's health.
 //
+// Failures can be injected too: --prestart-error makes every
+// PreStartContainer fail with its message, and the control endpoint's
+// POST /failure?method=<DevicePlugin method>&message=<text> makes every
+// later call of that method fail with the message (an empty one clears it).
+//
 // It runs until SIGINT or SIGTERM and removes its socket on exit.
 //
 // With --healthcheck (and the flags it runs with) it checks a running
@@ -37,12 +42,15 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/nodeplug/nodeplug/internal/sampleplugin"
@@ -66,6 +74,7 @@ func main() {
 type config struct {
 	*app.Common
 	resource, mode, socketName, control string
+	mountHostDir, prestartErr           string
 	devices                             int
 	preferred, prestart, cdi            bool
 	healthcheck                         bool
@@ -86,6 +95,8 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(p *sam
 	fs.BoolVar(&c.preferred, "preferred", false, "offer GetPreferredAllocation (prefers the highest IDs)")
 	fs.BoolVar(&c.prestart, "prestart", false, "require PreStartContainer calls")
 	fs.BoolVar(&c.cdi, "cdi", false, "return CDI device names in Allocate responses")
+	fs.StringVar(&c.mountHostDir, "mount-host-dir", sampleplugin.DefaultMountHostDir, "host directory the mounts of Allocate responses come from (<dir>/<device id>)")
+	fs.StringVar(&c.prestartErr, "prestart-error", "", "make every PreStartContainer call fail with this message (the call is made only with --prestart); empty: they succeed")
 	fs.StringVar(&c.control, "control-listen", "", "HTTP control address for health flips (GET /devices, POST /health?device=ID&healthy=BOOL); empty disables it")
 	fs.BoolVar(&c.healthcheck, "healthcheck", false, "check the running plugin these flags describe (its socket answers GetDevicePluginOptions) and exit 0, or 1")
 	if err := fs.Parse(args); err != nil {
@@ -171,10 +182,13 @@ func serve(ctx context.Context, c config, log *slog.Logger, ready func(*samplepl
 	}
 	p, err := sampleplugin.New(sampleplugin.Options{
 		Resource: c.resource, Devices: c.devices, SocketPath: path,
-		Preferred: c.preferred, PreStartRequired: c.prestart, CDI: c.cdi, Log: log,
+		Preferred: c.preferred, PreStartRequired: c.prestart, CDI: c.cdi, MountHostDir: c.mountHostDir, Log: log,
 	})
 	if err != nil {
 		return err
+	}
+	if c.prestartErr != "" {
+		p.SetFailure(sampleplugin.MethodPreStartContainer, injected(c.prestartErr))
 	}
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
@@ -323,5 +337,28 @@ func controlHandler(p *sampleplugin.Plugin) http.Handler {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("POST /failure", func(w http.ResponseWriter, r *http.Request) {
+		method := r.URL.Query().Get("method")
+		if !slices.Contains(failMethods, method) {
+			http.Error(w, "method must be one of "+strings.Join(failMethods, ", "), http.StatusBadRequest)
+			return
+		}
+		var err error
+		if msg := r.URL.Query().Get("message"); msg != "" {
+			err = injected(msg)
+		}
+		p.SetFailure(method, err)
+		w.WriteHeader(http.StatusNoContent)
+	})
 	return mux
 }
+
+// failMethods are the DevicePlugin methods POST /failure takes.
+var failMethods = []string{
+	sampleplugin.MethodGetDevicePluginOptions, sampleplugin.MethodListAndWatch, sampleplugin.MethodGetPreferredAllocation,
+	sampleplugin.MethodAllocate, sampleplugin.MethodPreStartContainer,
+}
+
+// injected is the error an injected failure answers: code INTERNAL with
+// the message given.
+func injected(msg string) error { return status.Error(codes.Internal, msg) }

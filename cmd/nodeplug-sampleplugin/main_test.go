@@ -14,6 +14,8 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
@@ -230,4 +232,57 @@ func TestHealthcheck(t *testing.T) {
 	if code := run(context.Background(), []string{"--healthcheck", "--root-dir", root, "--resource", "example.com/other"}, io.Discard, nil); code != 1 {
 		t.Fatalf("healthcheck of another plugin's socket: exit %d, want 1", code)
 	}
+}
+
+// TestInjectedFailures: --prestart-error fails every PreStartContainer with
+// its message; POST /failure sets or clears a method's failure; --mount-host-dir
+// is where the mounts come from.
+func TestInjectedFailures(t *testing.T) {
+	root := testutil.TempDir(t)
+	s := runPlugin(t, "--root-dir", root, "--resource", "example.com/gpu", "--devices", "2", "--prestart",
+		"--prestart-error", "device dev-0 is resetting", "--mount-host-dir", "/srv/devs", "--control-listen", "127.0.0.1:0")
+	conn, err := rpcutil.DialPeer(s.p.SocketPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
+	defer cancel()
+	dp := pluginapi.NewDevicePluginClient(conn)
+	prestart := func() error {
+		_, err := dp.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: []string{"dev-0"}})
+		return err
+	}
+	if err := prestart(); status.Code(err) != codes.Internal || status.Convert(err).Message() != "device dev-0 is resetting" {
+		t.Fatalf("PreStartContainer with --prestart-error: %v", err)
+	}
+	post := func(q string, want int) {
+		t.Helper()
+		resp, err := http.Post("http://"+s.control+"/failure?"+q, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("POST /failure?%s: %d, want %d", q, resp.StatusCode, want)
+		}
+	}
+	post("method=PreStartContainer", http.StatusNoContent)
+	if err := prestart(); err != nil {
+		t.Fatalf("PreStartContainer after the failure was cleared: %v", err)
+	}
+	post("method=Allocate&message=out+of+luck", http.StatusNoContent)
+	req := &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"dev-1"}}}}
+	if _, err := dp.Allocate(ctx, req); status.Convert(err).Message() != "out of luck" {
+		t.Fatalf("Allocate with an injected failure: %v", err)
+	}
+	post("method=Allocate&message=", http.StatusNoContent)
+	resp, err := dp.Allocate(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := resp.GetContainerResponses()[0].GetMounts(); len(m) != 1 || m[0].GetHostPath() != "/srv/devs/dev-1" {
+		t.Fatalf("mounts %v, want /srv/devs/dev-1", m)
+	}
+	post("method=Nope&message=x", http.StatusBadRequest)
 }

@@ -72,6 +72,10 @@ type Options struct {
 	// device IDs. The default returns an env NODEPLUG_DEVICES, a mount, a
 	// device spec per device and an annotation.
 	AllocateResponse func(ids []string) *pluginapi.ContainerAllocateResponse
+	// MountHostDir is the host directory the default response's mounts
+	// come from: device id is mounted from <MountHostDir>/<id> on
+	// /dev/nodeplug/<id>, read-only. Empty means DefaultMountHostDir.
+	MountHostDir string
 	// NUMANodes gives devices a topology: the NUMA nodes of each device ID
 	// listed. Devices not listed report none; a device listed with an
 	// empty, non-nil slice reports a topology without nodes.
@@ -79,6 +83,10 @@ type Options struct {
 	// Log receives the plugin's own log lines; nil discards them.
 	Log *slog.Logger
 }
+
+// DefaultMountHostDir is where the default Allocate response's mounts come
+// from when Options.MountHostDir is empty.
+const DefaultMountHostDir = "/tmp"
 
 // Call is one entry of the call log.
 type Call struct {
@@ -458,8 +466,9 @@ func (p *Plugin) containerResponse(ids []string) *pluginapi.ContainerAllocateRes
 			Envs:        map[string]string{"NODEPLUG_DEVICES": strings.Join(ids, ",")},
 			Annotations: map[string]string{"nodeplug.io/resource": p.opts.Resource},
 		}
+		hostDir := cmp.Or(p.opts.MountHostDir, DefaultMountHostDir)
 		for _, id := range ids {
-			r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: "/dev/nodeplug/" + id, HostPath: "/tmp/" + id, ReadOnly: true})
+			r.Mounts = append(r.Mounts, &pluginapi.Mount{ContainerPath: "/dev/nodeplug/" + id, HostPath: filepath.Join(hostDir, id), ReadOnly: true})
 			r.Devices = append(r.Devices, &pluginapi.DeviceSpec{ContainerPath: "/dev/" + id, HostPath: "/dev/null", Permissions: "rw"})
 		}
 	}

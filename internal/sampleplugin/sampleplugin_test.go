@@ -190,3 +190,28 @@ func TestPluginRegisterOnKubeletSock(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// TestMountHostDir: the default response mounts each device from
+// <MountHostDir>/<id>, /tmp/<id> when it is not set.
+func TestMountHostDir(t *testing.T) {
+	for _, tc := range []struct{ dir, want string }{{"", "/tmp/dev-1"}, {"/srv/devs", "/srv/devs/dev-1"}} {
+		p := startPlugin(t, Options{Resource: "example.com/dev", Devices: 2, MountHostDir: tc.dir})
+		conn, err := rpcutil.DialPeer(p.SocketPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
+		resp, err := pluginapi.NewDevicePluginClient(conn).Allocate(ctx, &pluginapi.AllocateRequest{
+			ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"dev-1"}}},
+		})
+		cancel()
+		_ = conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := resp.GetContainerResponses()[0].GetMounts()
+		if len(m) != 1 || m[0].GetHostPath() != tc.want || m[0].GetContainerPath() != "/dev/nodeplug/dev-1" || !m[0].GetReadOnly() {
+			t.Fatalf("MountHostDir %q: mounts %v, want %s on /dev/nodeplug/dev-1, read-only", tc.dir, m, tc.want)
+		}
+	}
+}
