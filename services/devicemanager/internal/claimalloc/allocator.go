@@ -8,6 +8,10 @@
 // with the node's name; only such a claim is deallocated when its last pod
 // goes. A claim someone else allocated (a scheduler, in a cluster) is used as
 // it is and never deallocated here.
+//
+// Run, for the service's life, follows the claims, slices, classes and the
+// Node with informers, so that a decision reads them from memory; without
+// it each decision lists them from the API.
 package claimalloc
 
 import (

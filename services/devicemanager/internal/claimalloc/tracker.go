@@ -29,6 +29,7 @@ type tracker struct {
 	claims  map[types.UID]*tracked
 	inUse   map[types.UID]*tracked // the claims with an allocation or a pending one
 	deleted map[types.UID]time.Time
+	pruned  time.Time // when deleted was last pruned
 }
 
 type tracked struct {
@@ -110,9 +111,12 @@ func (t *tracker) forget(uid types.UID) {
 }
 
 func (t *tracker) forgetLocked(uid types.UID, now time.Time) {
-	for u, at := range t.deleted {
-		if now.Sub(at) > tombstoneTTL {
-			delete(t.deleted, u)
+	if now.Sub(t.pruned) > tombstoneTTL/10 {
+		t.pruned = now
+		for u, at := range t.deleted {
+			if now.Sub(at) > tombstoneTTL {
+				delete(t.deleted, u)
+			}
 		}
 	}
 	t.deleted[uid] = now
