@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
+
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 )
 
@@ -141,15 +143,12 @@ func cmdPrepare(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	cc, err := c.conn(devicemanagerSvc)
+	resp, err := devicemanagerCall(ctx, c, fmt.Sprintf("prepare the claims of pod %s/%s (%s)", *namespace, *name, *uid),
+		func(ctx context.Context, cc *grpc.ClientConn) (*dmv1.PrepareResourcesResponse, error) {
+			return dmv1.NewDRAServiceClient(cc).PrepareResources(ctx, req)
+		})
 	if err != nil {
 		return err
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := dmv1.NewDRAServiceClient(cc).PrepareResources(cctx, req)
-	if err != nil {
-		return c.rpcError(devicemanagerSvc, fmt.Sprintf("prepare the claims of pod %s/%s (%s)", *namespace, *name, *uid), err)
 	}
 	if *out == "json" {
 		return writeJSON(c.stdout, resp)

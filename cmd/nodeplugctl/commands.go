@@ -233,8 +233,7 @@ func parseResourceRequests(args, mustInclude []string) ([]*dmv1.ResourceRequest,
 func cmdAllocate(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("allocate", allocateArgs)
 	out := c.outputFlag(fs, "table", "json")
-	pod := fs.String("pod", "", "pod UID (required)")
-	container := fs.String("container", "", "container name (required)")
+	pod, container := containerFlags(fs)
 	namespace := fs.String("namespace", "", "the pod's namespace (optional, with --name; the pod's first Allocate fixes it)")
 	name := fs.String("name", "", "the pod's name (optional, with --namespace)")
 	var must stringList
@@ -256,17 +255,14 @@ func cmdAllocate(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	cc, err := c.conn(devicemanagerSvc)
+	resp, err := devicemanagerCall(ctx, c, fmt.Sprintf("allocate for pod %s container %s", *pod, *container),
+		func(ctx context.Context, cc *grpc.ClientConn) (*dmv1.AllocateResponse, error) {
+			return dmv1.NewDeviceManagerServiceClient(cc).Allocate(ctx, &dmv1.AllocateRequest{
+				PodUid: *pod, ContainerName: *container, Resources: reqs, PodNamespace: *namespace, PodName: *name,
+			})
+		})
 	if err != nil {
 		return err
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := dmv1.NewDeviceManagerServiceClient(cc).Allocate(cctx, &dmv1.AllocateRequest{
-		PodUid: *pod, ContainerName: *container, Resources: reqs, PodNamespace: *namespace, PodName: *name,
-	})
-	if err != nil {
-		return c.rpcError(devicemanagerSvc, fmt.Sprintf("allocate for pod %s container %s", *pod, *container), err)
 	}
 	if *out == "json" {
 		return writeJSON(c.stdout, resp)
@@ -284,22 +280,41 @@ func cmdRelease(ctx context.Context, c *cli, args []string) error {
 	if *pod == "" {
 		return usagef("--pod is required")
 	}
-	cc, err := c.conn(devicemanagerSvc)
+	resp, err := devicemanagerCall(ctx, c, "release pod "+*pod, func(ctx context.Context, cc *grpc.ClientConn) (*dmv1.ReleaseResponse, error) {
+		return dmv1.NewDeviceManagerServiceClient(cc).Release(ctx, &dmv1.ReleaseRequest{PodUid: *pod, ContainerName: *container})
+	})
 	if err != nil {
 		return err
-	}
-	cctx, cancel := c.call(ctx)
-	defer cancel()
-	resp, err := dmv1.NewDeviceManagerServiceClient(cc).Release(cctx, &dmv1.ReleaseRequest{PodUid: *pod, ContainerName: *container})
-	if err != nil {
-		return c.rpcError(devicemanagerSvc, "release pod "+*pod, err)
 	}
 	what := "pod " + *pod
 	if *container != "" {
 		what += " container " + *container
 	}
-	_, err = fmt.Fprintf(c.stdout, "released %d device(s) of %s\n", resp.GetReleasedDevices(), what)
+	released := fmt.Sprintf("%d device(s)", resp.GetReleasedDevices())
+	if n := resp.GetReleasedClaims(); n != 0 {
+		// The pod was dropped from these claims; one no other pod uses is
+		// unprepared in the background (claims shows it unpreparing).
+		released += fmt.Sprintf(" and %d DRA claim(s)", n)
+	}
+	_, err = fmt.Fprintf(c.stdout, "released %s of %s\n", released, what)
 	return err
+}
+
+// devicemanagerCall makes one call of the devicemanager within --timeout; a
+// failure is said as rpcError says it, op naming what was asked.
+func devicemanagerCall[R any](ctx context.Context, c *cli, op string, call func(context.Context, *grpc.ClientConn) (R, error)) (R, error) {
+	var none R
+	cc, err := c.conn(devicemanagerSvc)
+	if err != nil {
+		return none, err
+	}
+	cctx, cancel := c.call(ctx)
+	defer cancel()
+	resp, err := call(cctx, cc)
+	if err != nil {
+		return none, c.rpcError(devicemanagerSvc, op, err)
+	}
+	return resp, nil
 }
 
 // followStream opens one Watch stream of svc and hands every item to emit

@@ -1,6 +1,7 @@
 // Command nodeplugctl is the command line for people over nodeplug's three
 // gRPC services: it lists plugins, drivers, resources and allocations,
-// allocates and releases devices, follows live changes, draws a
+// allocates and releases devices, starts containers with them (the CDI
+// devices and a runtime's arguments), follows live changes, draws a
 // registration's or an allocation's trace (from nodeplug-console or
 // Jaeger), and checks a plugin against the kubelet's contract (conform).
 package main
@@ -109,6 +110,7 @@ func init() {
 		{"sockets", "[-o table|json]", "the sockets the watcher sees in plugins_registry", cmdSockets},
 		{"allocate", allocateArgs, "allocate devices to a container", cmdAllocate},
 		{"release", "--pod UID [--container NAME]", "free a pod's (or one container's) devices", cmdRelease},
+		{"start", startArgs, "a container starts: PreStartContainer where asked, its CDI devices resolved (-o podman|docker: a runtime's arguments)", cmdStart},
 		{"watch", "sockets|plugins|resources [-o text|json] [--no-allocations]", "follow live changes (Ctrl-C stops)", cmdWatch},
 		{"trace", "[--source auto|console|jaeger] TRACE_ID", "draw a trace from the console (make run) or Jaeger (make up) as a text waterfall", cmdTrace},
 		{"conform", conformArgs, "check a plugin against the kubelet's contract, playing the kubelet", cmdConform},
