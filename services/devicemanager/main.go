@@ -171,6 +171,9 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	if err != nil {
 		return nil, err
 	}
+	// The allocator's informers: its decisions read the node, its slices,
+	// the DeviceClasses and the devices in use from memory.
+	rt.Go(alloc.Run)
 	node := kubeAPI.NodeName
 	cm, err := claims.New(claims.Config{
 		Reserver: alloc, Drivers: reg, Journal: journal, Log: rt.Log, Registerer: rt.Metrics,

@@ -77,9 +77,10 @@ type Specs struct {
 	dirs []string
 	log  *slog.Logger
 
-	mu       sync.Mutex // serialises writes and removals, and the resolver's refresh
-	writer   *cdi.Cache // Dir alone: where WriteSpec and RemoveSpec act
-	resolver *cdi.Cache // every search directory, refreshed before each resolution
+	mu     sync.Mutex // serialises writes, removals and resolutions
+	writer *cdi.Cache // Dir alone: where WriteSpec and RemoveSpec act
+	// files are the spec files last read by Resolve (resolve.go), by path.
+	files map[string]*readSpec
 }
 
 // New returns Specs for cfg, creating its Dir.
@@ -113,13 +114,10 @@ func New(cfg Config) (*Specs, error) {
 	if !slices.Contains(dirs, dir) {
 		dirs = append(dirs, dir)
 	}
-	// The caches are manual: a spec written a moment ago must resolve at
-	// once, not after a file system event reached a watcher. Their first
-	// scan's errors are about other people's spec files; Resolve reports
-	// what matters of them.
+	// The writer writes and removes only: it never resolves, so it need
+	// not follow the directory (its first scan's errors do not matter).
 	writer, _ := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
-	resolver, _ := cdi.NewCache(cdi.WithSpecDirs(dirs...), cdi.WithAutoRefresh(false))
-	return &Specs{dir: dir, dirs: dirs, log: cfg.Log, writer: writer, resolver: resolver}, nil
+	return &Specs{dir: dir, dirs: dirs, log: cfg.Log, writer: writer, files: map[string]*readSpec{}}, nil
 }
 
 // Dir returns where the specs are written.
@@ -252,57 +250,6 @@ func (s *Specs) Sync(containers []Container) error {
 		s.log.Info("stale CDI spec removed", "file", filepath.Join(s.dir, n))
 	}
 	return errors.Join(errs...)
-}
-
-// Resolve checks that every name is a qualified CDI device name defined by
-// a spec in the search directories, after reading them again. A name that
-// is not is errdefs.ErrFailedPrecondition naming it and the directories
-// (and what was wrong with a spec file that may have meant to define it).
-func (s *Specs) Resolve(names []string) error {
-	s.mu.Lock()
-	// Refresh's error is about spec files that do not load; a name they
-	// were to define does not resolve, and is reported below with them.
-	_ = s.resolver.Refresh()
-	var missing []string
-	for _, n := range names {
-		if s.resolver.GetDevice(n) == nil {
-			missing = append(missing, n)
-		}
-	}
-	var why []string
-	if len(missing) > 0 {
-		why = s.specErrorsLocked(missing)
-	}
-	s.mu.Unlock()
-	if len(missing) == 0 {
-		return nil
-	}
-	msg := fmt.Sprintf("CDI device %s does not resolve in the CDI spec directories %s", quoteAll(missing), strings.Join(s.dirs, ", "))
-	if len(missing) > 1 {
-		msg = fmt.Sprintf("CDI devices %s do not resolve in the CDI spec directories %s", quoteAll(missing), strings.Join(s.dirs, ", "))
-	}
-	if len(why) > 0 {
-		msg += " (spec files with errors: " + strings.Join(why, "; ") + ")"
-	}
-	return fmt.Errorf("%s: %w", msg, errdefs.ErrFailedPrecondition)
-}
-
-// specErrorsLocked returns the errors of the spec files whose vendor and
-// class are those of a missing name (what a user would look at next).
-func (s *Specs) specErrorsLocked(missing []string) []string {
-	var out []string
-	for path, errs := range s.resolver.GetErrors() {
-		base := filepath.Base(path)
-		for _, n := range missing {
-			vendor, class, _ := parser.ParseDevice(n)
-			if vendor != "" && strings.HasPrefix(base, vendor+"-"+class) {
-				out = append(out, fmt.Sprintf("%s: %v", path, errors.Join(errs...)))
-				break
-			}
-		}
-	}
-	slices.Sort(out)
-	return out
 }
 
 func quoteAll(names []string) string {

@@ -56,3 +56,31 @@ func BenchmarkRegister(b *testing.B) {
 func newBenchEnv(b *testing.B) *env {
 	return newEnv(b, time.Minute)
 }
+
+// BenchmarkStartContainer measures one StartContainer over gRPC (the
+// container's spec written again, every CDI name resolved in the spec
+// directories, no PreStartContainer) with 1 and 1,000 containers
+// allocated, so as many specs in the directory a start reads.
+func BenchmarkStartContainer(b *testing.B) {
+	for _, containers := range []int{1, 1000} {
+		b.Run(fmt.Sprintf("containers=%d", containers), func(b *testing.B) { benchStartContainer(b, containers) })
+	}
+}
+
+func benchStartContainer(b *testing.B, containers int) {
+	e := newBenchEnv(b)
+	p := e.plugin("p", sampleplugin.Options{Resource: "example.com/bench", Devices: containers}, false)
+	e.mustRegister(p)
+	e.waitCounts("example.com/bench", int64(containers), int64(containers))
+	for i := range containers {
+		if _, err := e.client.Allocate(b.Context(), allocReq(fmt.Sprintf("pod-%d", i), "c", "example.com/bench", 1)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if _, err := e.client.StartContainer(b.Context(), startReq(fmt.Sprintf("pod-%d", i%containers), "c")); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
