@@ -64,6 +64,10 @@ type State struct {
 	Released map[string]bool
 	// Allocations is ListAllocations' answer.
 	Allocations []Listed
+	// Specs are the CDI device names of the devicemanager's container
+	// specs in its spec directory, compared (k) only when CheckSpecs.
+	CheckSpecs bool
+	Specs      map[string]bool
 	// Plugins, Resources and Live are compared only when CheckPlugins.
 	CheckPlugins bool
 	Plugins      []ListedPlugin
@@ -115,6 +119,9 @@ func Check(when string, s State) []Violation {
 			holder[dev] = a.Key
 		}
 	}
+	if s.CheckSpecs {
+		out = append(out, checkSpecs(when, s)...)
+	}
 	if !s.CheckPlugins {
 		return out
 	}
@@ -141,6 +148,39 @@ func Check(when string, s State) []Violation {
 	}
 	if msg := Mismatch(s.Plugins, s.Resources, s.Live); msg != "" {
 		add("c", "%s", msg)
+	}
+	return out
+}
+
+// checkSpecs checks (k): every container with an allocation listed has
+// its CDI spec, and no spec is left of a container with none (the sample
+// plugins answer every Allocate with an env, so each allocated container
+// has a spec). The load's pod UIDs and container names are plain, so a
+// spec's device is named <pod UID>_<container> (README "Starting a
+// container with its devices").
+func checkSpecs(when string, s State) []Violation {
+	var out []Violation
+	want := map[string]bool{}
+	for _, a := range s.Allocations {
+		want[a.Key.Pod+"_"+a.Key.Container] = true
+	}
+	for _, n := range sorted(keysOf(want)) {
+		if !s.Specs[n] {
+			out = append(out, Violation{Invariant: "k", When: when, Detail: "allocated container " + n + " has no CDI spec"})
+		}
+	}
+	for _, n := range sorted(keysOf(s.Specs)) {
+		if !want[n] {
+			out = append(out, Violation{Invariant: "k", When: when, Detail: "CDI spec of " + n + " left with no allocation listed"})
+		}
+	}
+	return out
+}
+
+func keysOf(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
 	}
 	return out
 }

@@ -17,6 +17,8 @@ func TestCheckReportsViolations(t *testing.T) {
 			Acked:        map[AllocKey][]string{k1: {"dev-0"}, k2: {"dev-1"}},
 			Released:     map[string]bool{"pod-9": true},
 			Allocations:  []Listed{{k1, []string{"dev-0"}}, {k2, []string{"dev-1"}}},
+			CheckSpecs:   true,
+			Specs:        map[string]bool{"pod-1_c": true, "pod-2_c": true},
 			CheckPlugins: true,
 			Plugins:      []ListedPlugin{{Socket: "/r/plugins_registry/p0.sock", Registered: true}},
 			Resources:    []ListedResource{{Name: "chaos.example.com/r0", Allocatable: 4, Sockets: []string{"/r/plugins_registry/p0.sock"}}},
@@ -38,6 +40,8 @@ func TestCheckReportsViolations(t *testing.T) {
 		{"socket twice", func(s *State) { s.Plugins = append(s.Plugins, s.Plugins[0]) }, "c", "listed 2 times"},
 		{"plugin missing", func(s *State) { s.Plugins = nil }, "c", "not listed"},
 		{"capacity short", func(s *State) { s.Resources[0].Allocatable = 3 }, "c", "allocatable 3, want 4"},
+		{"spec missing", func(s *State) { delete(s.Specs, "pod-2_c") }, "k", "allocated container pod-2_c has no CDI spec"},
+		{"spec left", func(s *State) { s.Specs["pod-9_c"] = true }, "k", "CDI spec of pod-9_c left with no allocation listed"},
 	}
 	if v := Check("baseline", good()); len(v) != 0 {
 		t.Fatalf("a correct state reported violations: %v", v)

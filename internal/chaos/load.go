@@ -3,7 +3,9 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -306,6 +308,7 @@ func (h *harness) snapshot(ctx context.Context) (State, error) {
 	}
 	h.mu.Unlock()
 	s.CheckPlugins = true
+	s.CheckSpecs, s.Specs = true, h.specs()
 	return s, nil
 }
 
@@ -358,4 +361,18 @@ func (h *harness) converge(ctx context.Context, when, svc string) (time.Duration
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// specs returns the CDI device names of the container specs in the
+// devicemanager's spec directory (<root>/cdi, as internal/stack sets it),
+// from their file names (nodeplug.io-container_<name>.json).
+func (h *harness) specs() map[string]bool {
+	out := map[string]bool{}
+	entries, _ := os.ReadDir(filepath.Join(h.root, "cdi"))
+	for _, e := range entries {
+		if n, ok := strings.CutPrefix(e.Name(), "nodeplug.io-container_"); ok && strings.HasSuffix(n, ".json") {
+			out[strings.TrimSuffix(n, ".json")] = true
+		}
+	}
+	return out
 }
