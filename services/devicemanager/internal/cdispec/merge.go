@@ -26,37 +26,38 @@ func Merge(resps []*pluginapi.ContainerAllocateResponse) (Edits, []string) {
 		for _, k := range sortedKeys(r.Envs) {
 			conflicts = mergeKey(&e.Envs, k, r.Envs[k], "environment variable", conflicts)
 		}
-		for _, m := range r.Mounts {
-			if m == nil {
-				continue
-			}
-			if host, ok := mounts[m.ContainerPath]; ok {
-				if host != m.HostPath {
-					conflicts = append(conflicts, fmt.Sprintf("mount at %q from %q conflicts with the earlier one from %q", m.ContainerPath, m.HostPath, host))
-				}
-				continue
-			}
-			mounts[m.ContainerPath] = m.HostPath
-			e.Mounts = append(e.Mounts, Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
-		}
-		for _, d := range r.Devices {
-			if d == nil {
-				continue
-			}
-			if host, ok := devices[d.ContainerPath]; ok {
-				if host != d.HostPath {
-					conflicts = append(conflicts, fmt.Sprintf("device node at %q from %q conflicts with the earlier one from %q", d.ContainerPath, d.HostPath, host))
-				}
-				continue
-			}
-			devices[d.ContainerPath] = d.HostPath
-			e.Devices = append(e.Devices, DeviceNode{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions})
-		}
+		e.Mounts, conflicts = mergeByPath(e.Mounts, r.Mounts, mounts, "mount", conflicts, func(m *pluginapi.Mount) (string, string, Mount) {
+			return m.ContainerPath, m.HostPath, Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly}
+		})
+		e.Devices, conflicts = mergeByPath(e.Devices, r.Devices, devices, "device node", conflicts, func(d *pluginapi.DeviceSpec) (string, string, DeviceNode) {
+			return d.ContainerPath, d.HostPath, DeviceNode{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions}
+		})
 		for _, k := range sortedKeys(r.Annotations) {
 			conflicts = mergeKey(&e.Annotations, k, r.Annotations[k], "annotation", conflicts)
 		}
 	}
 	return e, conflicts
+}
+
+// mergeByPath appends to out the items whose container path is not in
+// seen yet (host paths by container path); a later item at a seen path
+// with another host path is a conflict.
+func mergeByPath[P any, T any](out []T, items []*P, seen map[string]string, what string, conflicts []string, conv func(*P) (string, string, T)) ([]T, []string) {
+	for _, it := range items {
+		if it == nil {
+			continue
+		}
+		path, host, v := conv(it)
+		if prev, ok := seen[path]; ok {
+			if prev != host {
+				conflicts = append(conflicts, fmt.Sprintf("%s at %q from %q conflicts with the earlier one from %q", what, path, host, prev))
+			}
+			continue
+		}
+		seen[path] = host
+		out = append(out, v)
+	}
+	return out, conflicts
 }
 
 // mergeKey sets (*m)[k] = v unless k is set; a different value already
