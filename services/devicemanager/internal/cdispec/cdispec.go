@@ -313,7 +313,7 @@ func (e Edits) spec(name string) *cdispecs.Spec {
 	}
 	// The oldest CDI version that holds these edits, so that older
 	// runtimes read the spec too.
-	if v, err := cdi.MinimumRequiredVersion(raw); err == nil {
+	if v, err := cdispecs.MinimumRequiredVersion(raw); err == nil {
 		raw.Version = v
 	} else {
 		raw.Version = cdispecs.CurrentVersion
