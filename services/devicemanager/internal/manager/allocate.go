@@ -220,9 +220,11 @@ func (m *Manager) Release(ctx context.Context, pod, container string) (int64, er
 	if m.log.Enabled(ctx, slog.LevelDebug) {
 		m.log.DebugContext(ctx, "devices released", "pod_uid", pod, "container", container, "devices", n)
 	}
+	// The specs go with the allocations in memory, saved or not: a retry
+	// of a Release whose save failed finds nothing left to release.
+	m.removeSpecs(ctx, pod, containers)
 	if err := m.persist(); err != nil {
 		return n, fmt.Errorf("release not saved: %v: %w", err, errdefs.ErrInternal)
 	}
-	m.removeSpecs(ctx, pod, containers)
 	return n, nil
 }
