@@ -152,6 +152,9 @@ func Check(when string, s State) []Violation {
 	return out
 }
 
+// invSpecs is the invariant of the containers' CDI specs.
+const invSpecs = "k"
+
 // checkSpecs checks (k): every container with an allocation listed has
 // its CDI spec, and no spec is left of a container with none (the sample
 // plugins answer every Allocate with an env, so each allocated container
@@ -159,6 +162,7 @@ func Check(when string, s State) []Violation {
 // spec's device is named <pod UID>_<container> (README "Starting a
 // container with its devices").
 func checkSpecs(when string, s State) []Violation {
+	const inv = invSpecs
 	var out []Violation
 	want := map[string]bool{}
 	for _, a := range s.Allocations {
@@ -166,12 +170,12 @@ func checkSpecs(when string, s State) []Violation {
 	}
 	for _, n := range sorted(keysOf(want)) {
 		if !s.Specs[n] {
-			out = append(out, Violation{Invariant: "k", When: when, Detail: "allocated container " + n + " has no CDI spec"})
+			out = append(out, Violation{Invariant: inv, When: when, Detail: "allocated container " + n + " has no CDI spec"})
 		}
 	}
 	for _, n := range sorted(keysOf(s.Specs)) {
 		if !want[n] {
-			out = append(out, Violation{Invariant: "k", When: when, Detail: "CDI spec of " + n + " left with no allocation listed"})
+			out = append(out, Violation{Invariant: inv, When: when, Detail: "CDI spec of " + n + " left with no allocation listed"})
 		}
 	}
 	return out

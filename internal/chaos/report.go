@@ -41,7 +41,7 @@ func Print(w io.Writer, r *Results) {
 		fmt.Fprintf(tw, "DRA claims\t%d clients, %d devicemanager kills: %d prepares and %d releases acknowledged (%d shared claims), %d calls retried; the driver prepared %d, unprepared %d; %d checks\n",
 			c.Workers, c.Kills, c.Prepares, c.Releases, c.Shared, c.Retried, c.DriverPrepares, c.DriverUnprepares, c.Checks)
 	}
-	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward, invClaimTwice, invClaimLeft, invDeviceTwice, invClaimEarlyOff} {
+	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward, invClaimTwice, invClaimLeft, invDeviceTwice, invClaimEarlyOff, invSpecs} {
 		fmt.Fprintf(tw, "violations (%s)\t%d\n", inv, r.ViolationsN[inv])
 	}
 	tw.Flush()
