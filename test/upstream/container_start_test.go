@@ -20,9 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	resourcev1 "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
@@ -421,39 +419,16 @@ func TestContainerStartDevicePlugin(t *testing.T) {
 	}
 }
 
-// createConfiguredClaim creates a DeviceClass of the driver's devices and
-// claim in ns: one request "gpu" for one device, with the driver's opaque
-// config params (a JSON object, which the upstream test driver sets as env
-// variables user_<key>).
-func (n *draNode) createConfiguredClaim(cs kubernetes.Interface, driverName, ns, claim, params string) *resourcev1.ResourceClaim {
-	n.t.Helper()
-	ctx := ctxT(n.t)
-	class := &resourcev1.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: "gpu." + driverName},
-		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
-			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", driverName)},
-		}}},
-	}
-	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
-		n.t.Fatalf("create DeviceClass %s: %v", class.Name, err)
-	}
-	rc := &resourcev1.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: ns},
-		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
-			Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class.Name}}},
-			Config: []resourcev1.DeviceClaimConfiguration{{
-				Requests: []string{"gpu"},
-				DeviceConfiguration: resourcev1.DeviceConfiguration{Opaque: &resourcev1.OpaqueDeviceConfiguration{
-					Driver: driverName, Parameters: runtime.RawExtension{Raw: []byte(params)},
-				}},
-			}},
+// opaqueConfig is the driver's opaque config params for request "gpu" (a
+// JSON object, which the upstream test driver sets as env variables
+// user_<key>).
+func opaqueConfig(driverName, params string) resourcev1.DeviceClaimConfiguration {
+	return resourcev1.DeviceClaimConfiguration{
+		Requests: []string{"gpu"},
+		DeviceConfiguration: resourcev1.DeviceConfiguration{Opaque: &resourcev1.OpaqueDeviceConfiguration{
+			Driver: driverName, Parameters: runtime.RawExtension{Raw: []byte(params)},
 		}},
 	}
-	got, err := cs.ResourceV1().ResourceClaims(ns).Create(ctx, rc, metav1.CreateOptions{})
-	if err != nil {
-		n.t.Fatalf("create ResourceClaim %s/%s: %v", ns, claim, err)
-	}
-	return got
 }
 
 // setCDIDirs gives the devicemanagers the test starts dir as
@@ -484,7 +459,7 @@ func TestContainerStartDRA(t *testing.T) {
 	cs := n.operator()
 	n.waitSlices(cs, driverName, devs)
 	n.waitDriver(driverName, oneServing(1, ""))
-	claim := n.createConfiguredClaim(cs, driverName, "default", "train", `{"color":"teal"}`)
+	claim := n.createClassAndClaim(cs, driverName, "default", "train", opaqueConfig(driverName, `{"color":"teal"}`))
 	hostDir := testutil.TempDir(t)
 	hostDevices(t, hostDir)
 	const res = "example.com/sample"

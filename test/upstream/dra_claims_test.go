@@ -156,32 +156,31 @@ func (n *draNode) operator() kubernetes.Interface {
 
 // createClassAndClaim creates a DeviceClass selecting the driver's devices
 // and a ResourceClaim "claim" in namespace ns with one request "gpu" of
-// exactly one device of that class.
-func (n *draNode) createClassAndClaim(cs kubernetes.Interface, driverName, ns, claim string) *resourcev1.ResourceClaim {
+// exactly one device of that class, configured with config if any.
+func (n *draNode) createClassAndClaim(cs kubernetes.Interface, driverName, ns, claim string, config ...resourcev1.DeviceClaimConfiguration) *resourcev1.ResourceClaim {
 	n.t.Helper()
-	ctx := ctxT(n.t)
 	class := &resourcev1.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: "gpu." + driverName},
 		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
 			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", driverName)},
 		}}},
 	}
-	if _, err := cs.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+	if _, err := cs.ResourceV1().DeviceClasses().Create(ctxT(n.t), class, metav1.CreateOptions{}); err != nil {
 		n.t.Fatalf("create DeviceClass %s: %v", class.Name, err)
 	}
-	return n.createClaim(cs, class.Name, ns, claim)
+	return n.createClaim(cs, class.Name, ns, claim, config...)
 }
 
 // createClaim creates claim in ns: one request "gpu" for one device of
-// class.
-func (n *draNode) createClaim(cs kubernetes.Interface, class, ns, claim string) *resourcev1.ResourceClaim {
+// class, configured with config if any.
+func (n *draNode) createClaim(cs kubernetes.Interface, class, ns, claim string, config ...resourcev1.DeviceClaimConfiguration) *resourcev1.ResourceClaim {
 	n.t.Helper()
 	rc := &resourcev1.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: claim, Namespace: ns},
-		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{{
-			Name:    "gpu",
-			Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class},
-		}}}},
+		Spec: resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{
+			Requests: []resourcev1.DeviceRequest{{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: class}}},
+			Config:   config,
+		}},
 	}
 	got, err := cs.ResourceV1().ResourceClaims(ns).Create(ctxT(n.t), rc, metav1.CreateOptions{})
 	if err != nil {

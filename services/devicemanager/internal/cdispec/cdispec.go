@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -294,7 +295,7 @@ func (e Edits) spec(name string) *cdispecs.Spec {
 		return nil
 	}
 	var edits cdispecs.ContainerEdits
-	for _, k := range sortedKeys(e.Envs) {
+	for _, k := range slices.Sorted(maps.Keys(e.Envs)) {
 		edits.Env = append(edits.Env, k+"="+e.Envs[k])
 	}
 	for _, m := range e.Mounts {
@@ -319,13 +320,4 @@ func (e Edits) spec(name string) *cdispecs.Spec {
 		raw.Version = cdispecs.CurrentVersion
 	}
 	return raw
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

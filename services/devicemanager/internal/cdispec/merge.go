@@ -2,6 +2,8 @@ package cdispec
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -23,7 +25,7 @@ func Merge(resps []*pluginapi.ContainerAllocateResponse) (Edits, []string) {
 		if r == nil {
 			continue
 		}
-		for _, k := range sortedKeys(r.Envs) {
+		for _, k := range slices.Sorted(maps.Keys(r.Envs)) {
 			conflicts = mergeKey(&e.Envs, k, r.Envs[k], "environment variable", conflicts)
 		}
 		e.Mounts, conflicts = mergeByPath(e.Mounts, r.Mounts, mounts, "mount", conflicts, func(m *pluginapi.Mount) (string, string, Mount) {
@@ -32,7 +34,7 @@ func Merge(resps []*pluginapi.ContainerAllocateResponse) (Edits, []string) {
 		e.Devices, conflicts = mergeByPath(e.Devices, r.Devices, devices, "device node", conflicts, func(d *pluginapi.DeviceSpec) (string, string, DeviceNode) {
 			return d.ContainerPath, d.HostPath, DeviceNode{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: d.Permissions}
 		})
-		for _, k := range sortedKeys(r.Annotations) {
+		for _, k := range slices.Sorted(maps.Keys(r.Annotations)) {
 			conflicts = mergeKey(&e.Annotations, k, r.Annotations[k], "annotation", conflicts)
 		}
 	}

@@ -73,9 +73,6 @@ type Result struct {
 	// PreStarted are the resources whose plugins PreStartContainer was
 	// called on.
 	PreStarted []string
-	// Allocations counts the container's device-plugin resources, Claims
-	// the DRA claims it references.
-	Allocations, Claims int
 }
 
 // Start answers a start of container of pod (see the package comment). A
@@ -111,17 +108,5 @@ func (s *Starter) Start(ctx context.Context, pod, container string) (Result, err
 	}
 	return Result{
 		CDIDevices: names, Edits: d.Edits, SpecDirs: s.resolver.SearchDirs(), PreStarted: d.PreStarted,
-		Allocations: len(d.Allocations), Claims: countClaims(claimed),
 	}, nil
-}
-
-// countClaims counts the distinct claims of a container's devices.
-func countClaims(c claims.ContainerResult) int {
-	var uids []string
-	for _, d := range c.Devices {
-		if !slices.Contains(uids, d.Claim.UID) {
-			uids = append(uids, d.Claim.UID)
-		}
-	}
-	return len(uids)
 }
