@@ -25,6 +25,10 @@ var errListenGone = errors.New("--listen is gone: the API is served on a Unix so
 // goneFlag is a removed flag: setting it, or its variable, is an error.
 type goneFlag struct{ err error }
 
+// GoneFlag is a removed flag for fs.Var: setting it, or its environment
+// variable, fails with err (which says what replaced it).
+func GoneFlag(err error) flag.Value { return goneFlag{err} }
+
 func (g goneFlag) String() string   { return "" }
 func (g goneFlag) Set(string) error { return g.err }
 

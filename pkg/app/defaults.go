@@ -13,6 +13,9 @@ const (
 	DefaultReconcilerMetricsAddr = "127.0.0.1:9452"
 	// DefaultDeviceManagerMetricsAddr is the devicemanager's metrics address.
 	DefaultDeviceManagerMetricsAddr = "127.0.0.1:9453"
+	// DefaultAPIServerMetricsAddr is the node-local resource API's
+	// (nodeplug-apiserver's) metrics address.
+	DefaultAPIServerMetricsAddr = "127.0.0.1:9454"
 )
 
 // The web console's defaults (nodeplug-console): its page and its

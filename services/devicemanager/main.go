@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"time"
@@ -47,9 +48,8 @@ func main() {
 			fs.Int64Var(&opts.CompactAt, "checkpoint-compact-bytes", store.DefaultCompactAt,
 				"journal size past which the checkpoint snapshot is rewritten in the background (or past the snapshot's size, if larger)")
 			fs.StringVar(&kube.Kubeconfig, "kubeconfig", "",
-				"kubeconfig of the API server holding ResourceSlices, ResourceClaims and DeviceClasses (a cluster's); empty: serve the node-local resource API")
-			fs.StringVar(&kube.Listen, "resource-api-listen", kubeaccess.DefaultListen,
-				"loopback address of the node-local resource API (HTTPS; not served with --kubeconfig)")
+				"kubeconfig of a cluster's API server holding ResourceSlices, ResourceClaims and DeviceClasses; empty: the node-local resource API of nodeplug-apiserver, through the kubeconfig it writes under the root dir")
+			fs.Var(app.GoneFlag(errResourceAPIListenGone), "resource-api-listen", "removed: the node-local resource API is nodeplug-apiserver's (its --resource-api-listen)")
 			fs.StringVar(&kube.NodeName, "node-name", "", "the Node this devicemanager serves (default: the host name)")
 			fs.DurationVar(&draDelay, "dra-disconnect-delay", dra.DefaultDisconnectDelay,
 				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
@@ -133,21 +133,23 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	return nil
 }
 
+// errResourceAPIListenGone is what the devicemanager's former
+// --resource-api-listen answers.
+var errResourceAPIListenGone = errors.New("--resource-api-listen is gone from the devicemanager: the node-local resource API " +
+	"is served by nodeplug-apiserver (its --resource-api-listen); the devicemanager reaches it through <root-dir>/nodeplug/kubeconfig-internal")
+
 // openKubeAPI opens the Kubernetes API the DRA parts use: the cluster's
-// (--kubeconfig) or the node-local resource API, served until the service
-// stops.
+// (--kubeconfig) or nodeplug-apiserver's node-local one.
 func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, error) {
-	kube.RootDir, kube.Log, kube.Registerer = rt.Config.RootDir, rt.Log, rt.Metrics
+	kube.RootDir, kube.Log = rt.Config.RootDir, rt.Log
 	a, err := kubeaccess.Open(kube)
 	if err != nil {
 		return nil, err
 	}
-	rt.Go(a.Serve)
-	if a.Local != nil {
-		rt.Log.Info("serving the node-local resource API", "addr", a.Addr, "node", a.NodeName,
-			"kubeconfig", kubeaccess.KubeconfigPath(kube.RootDir, kubeaccess.Driver))
+	if a.Local {
+		rt.Log.Info("using the node-local resource API of nodeplug-apiserver", "kubeconfig", a.Kubeconfig, "node", a.NodeName)
 	} else {
-		rt.Log.Info("using the Kubernetes API of the kubeconfig", "server", a.Config.Host, "node", a.NodeName)
+		rt.Log.Info("using the Kubernetes API of the kubeconfig", "server", a.Config.Host, "kubeconfig", a.Kubeconfig, "node", a.NodeName)
 	}
 	return a, nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,8 +12,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/services/apiserver/apiservertest"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
 )
 
 const (
@@ -39,25 +38,8 @@ func newEnv(t *testing.T) *env { return newEnvWith(t, true) }
 // set, else lists from the API for each decision.
 func newEnvWith(t *testing.T, follow bool) *env {
 	t.Helper()
-	a, err := kubeaccess.Open(kubeaccess.Options{RootDir: testutil.TempDir(t), Listen: "127.0.0.1:0", NodeName: testNode,
-		Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Serve(ctx) }()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("the node-local API: %v", err)
-			}
-		}
-	}
-	t.Cleanup(stop)
+	a := apiservertest.Start(t, testutil.TempDir(t), testNode)
+	stop := a.Stop
 	al, err := New(a.Client, a.NodeName, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -29,7 +29,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/layout"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
+	"github.com/nodeplug/nodeplug/services/apiserver/apiservertest"
 )
 
 // Node is the node the API serves in these tests.
@@ -48,19 +48,7 @@ type API struct {
 // ends.
 func StartAPI(t testing.TB, root string) *API {
 	t.Helper()
-	a, err := kubeaccess.Open(kubeaccess.Options{RootDir: root, Listen: "127.0.0.1:0", NodeName: Node})
-	if err != nil {
-		t.Fatalf("open the node-local resource API: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("resource API: %v", err)
-		}
-	})
+	a := apiservertest.Start(t, root, Node)
 	cfg, err := clientcmd.BuildConfigFromFlags("", layout.KubeconfigFile(root))
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package kubeaccess
+package localapi
 
 import (
 	"crypto/ecdsa"
@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/resourceapi"
+	"github.com/nodeplug/nodeplug/services/apiserver/internal/resourceapi"
 )
 
 // Validity of what the PKI issues. A certificate that expires within

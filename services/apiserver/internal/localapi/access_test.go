@@ -1,4 +1,4 @@
-package kubeaccess
+package localapi
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -225,38 +226,14 @@ func TestRolesAreEnforced(t *testing.T) {
 	}
 }
 
-// TestKubeconfigUsesThatServer: with --kubeconfig nothing is served and
-// the client reaches the server the kubeconfig names (here another
-// node-local API standing in for a cluster's).
-func TestKubeconfigUsesThatServer(t *testing.T) {
-	cluster := testutil.TempDir(t)
-	startAPI(t, cluster, "")
+// TestOpenRefusesBadFlags: a listen address off loopback and an invalid
+// node name are refused, naming the flag.
+func TestOpenRefusesBadFlags(t *testing.T) {
 	root := testutil.TempDir(t)
-	a, err := Open(Options{RootDir: root, Kubeconfig: KubeconfigPath(cluster, Internal), NodeName: testNode})
-	if err != nil {
-		t.Fatal(err)
+	if _, err := Open(Options{RootDir: root, Listen: "0.0.0.0:0", NodeName: testNode}); err == nil || !strings.Contains(err.Error(), "--resource-api-listen") {
+		t.Fatalf("a non-loopback --resource-api-listen: %v", err)
 	}
-	if a.Local != nil {
-		t.Fatal("a local API is served although a kubeconfig is given")
-	}
-	if _, err := os.Stat(KubeconfigPath(root, Driver)); !os.IsNotExist(err) {
-		t.Fatalf("a driver kubeconfig was written with --kubeconfig: %v", err)
-	}
-	if _, err := a.Client.CoreV1().Nodes().Get(context.Background(), testNode, metav1.GetOptions{}); err != nil {
-		t.Fatalf("the kubeconfig's server: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := a.Serve(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Open(Options{RootDir: root, Kubeconfig: root + "/missing"}); err == nil {
-		t.Fatal("a missing kubeconfig was accepted")
-	}
-	if _, err := Open(Options{RootDir: root, Listen: "0.0.0.0:0", NodeName: testNode}); err == nil {
-		t.Fatal("a non-loopback --resource-api-listen was accepted")
-	}
-	if _, err := Open(Options{RootDir: root, NodeName: "Not_A_Node"}); err == nil {
-		t.Fatal("an invalid --node-name was accepted")
+	if _, err := Open(Options{RootDir: root, NodeName: "Not_A_Node"}); err == nil || !strings.Contains(err.Error(), "--node-name") {
+		t.Fatalf("an invalid --node-name: %v", err)
 	}
 }

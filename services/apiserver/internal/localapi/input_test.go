@@ -1,4 +1,4 @@
-package kubeaccess
+package localapi
 
 import (
 	"context"

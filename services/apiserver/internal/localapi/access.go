@@ -1,11 +1,11 @@
-// Package kubeaccess gives the devicemanager its Kubernetes API: a
-// cluster's, named by --kubeconfig, or, by default, the node-local
-// resource API (package resourceapi) it serves itself, with the
-// credentials that API needs — a CA and certificates under
-// <root>/nodeplug/pki/ and a kubeconfig per role under <root>/nodeplug/.
-// Either way the rest of the devicemanager gets a client-go
-// kubernetes.Interface and the node name.
-package kubeaccess
+// Package localapi is the node-local resource API with everything it
+// needs to be served: its store (package resourceapi), a CA and
+// certificates under <root>/nodeplug/pki/, a kubeconfig per identity under
+// <root>/nodeplug/ (the drivers', the operator's, the reader's and the
+// devicemanager's), and its loopback listener. nodeplug-apiserver serves
+// it; the devicemanager and the drivers reach it through the kubeconfigs,
+// as they would reach a cluster's API server.
+package localapi
 
 import (
 	"context"
@@ -14,21 +14,20 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/nodeplug/nodeplug/pkg/layout"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/resourceapi"
+	"github.com/nodeplug/nodeplug/pkg/nodename"
+	"github.com/nodeplug/nodeplug/services/apiserver/internal/resourceapi"
 )
 
-// DefaultListen is the node-local API's address (--resource-api-listen).
+// DefaultListen is the node-local API's address (nodeplug-apiserver --resource-api-listen).
 const DefaultListen = "127.0.0.1:6446"
 
 // KubeconfigPath is an identity's kubeconfig: layout.KubeconfigFile for
@@ -43,8 +42,6 @@ func KubeconfigPath(root string, id Identity) string {
 // Options configures Open.
 type Options struct {
 	RootDir string
-	// Kubeconfig, when set, names the API server to use; nothing is served.
-	Kubeconfig string
 	// Listen is the node-local API's address (loopback only).
 	Listen string
 	// NodeName is the one Node (default: the host name).
@@ -57,16 +54,16 @@ type Options struct {
 	BookmarkInterval time.Duration
 }
 
-// Access is the API the devicemanager uses.
+// Access is the node-local API, ready to be served, and a client of it.
 type Access struct {
-	// Client reaches the API: the node-local one with the devicemanager's
-	// own (internal) certificate, or the cluster's.
+	// Client reaches the API with the devicemanager's (internal)
+	// certificate.
 	Client kubernetes.Interface
 	// Config is Client's configuration.
 	Config *rest.Config
-	// NodeName is the node whose slices and claims are handled here.
+	// NodeName is the one Node the API serves.
 	NodeName string
-	// Local is the node-local server (nil with a kubeconfig); Serve runs it.
+	// Local is the server; Serve runs it.
 	Local *resourceapi.Server
 	// Addr is the address the node-local API listens on.
 	Addr string
@@ -76,20 +73,13 @@ type Access struct {
 	pki   *PKI
 }
 
-// Open sets up the API: with a kubeconfig, a client for that server;
-// otherwise the store, the credentials, the kubeconfigs and the listener of
-// the node-local API (served by Serve). Errors name the flag or file.
+// Open sets up the node-local API: its store, the credentials, the
+// kubeconfigs and the listener (served by Serve). Errors name the flag or
+// file.
 func Open(opts Options) (*Access, error) {
-	node, err := nodeName(opts.NodeName)
+	node, err := nodename.Resolve(opts.NodeName)
 	if err != nil {
 		return nil, err
-	}
-	if opts.Kubeconfig != "" {
-		cfg, err := clientcmd.BuildConfigFromFlags("", opts.Kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("--kubeconfig %s: %w", opts.Kubeconfig, err)
-		}
-		return newAccess(cfg, node)
 	}
 	if opts.Listen == "" {
 		opts.Listen = DefaultListen
@@ -175,12 +165,7 @@ func newAccess(cfg *rest.Config, node string) (*Access, error) {
 }
 
 // Serve serves the node-local API until ctx ends, then closes its store.
-// With a kubeconfig there is nothing to serve: it returns when ctx ends.
 func (a *Access) Serve(ctx context.Context) error {
-	if a.Local == nil {
-		<-ctx.Done()
-		return nil
-	}
 	tlsCfg, err := a.pki.ServerTLS()
 	if err != nil {
 		return err
@@ -229,22 +214,6 @@ func WriteKubeconfig(path, url string, pki *PKI, id Identity) error {
 		return nil
 	}
 	return WriteFileAtomic(path, data, 0o600)
-}
-
-// nodeName is the flag's value or the host name, which must be a valid
-// Node name.
-func nodeName(name string) (string, error) {
-	if name == "" {
-		h, err := os.Hostname()
-		if err != nil {
-			return "", fmt.Errorf("--node-name not set and the host name is unknown: %w", err)
-		}
-		name = strings.ToLower(h)
-	}
-	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
-		return "", fmt.Errorf("--node-name %q is not a valid Node name: %s", name, strings.Join(msgs, "; "))
-	}
-	return name, nil
 }
 
 func isLoopback(host string) bool {
