@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Processes runs the three services over one root dir, each as a process of
+// Processes runs the four services over one root dir, each as a process of
 // its own binary. Each serves its API on <root>/nodeplug/<service>.sock, so
 // a restarted service is where its clients (the reconciler, tests) reconnect.
 type Processes struct {
@@ -31,7 +31,7 @@ func NewProcesses(bin, root string, env ...string) *Processes {
 	return &Processes{Bin: bin, Root: root, Env: env, procs: map[string]*Process{}, addrs: map[string]string{}, tcpAddrs: map[string]string{}}
 }
 
-// StartAll starts the watcher, the devicemanager and the reconciler, each
+// StartAll starts the apiserver, the watcher, the devicemanager and the reconciler, each
 // once the previous one listens.
 func (s *Processes) StartAll(ctx context.Context) error {
 	for _, name := range Services {

@@ -1,6 +1,6 @@
 // Package stack builds nodeplug's binaries and runs them as real processes,
 // finding their bound addresses from their logs: one Process per binary, and
-// Processes for the three services over one root dir. The end-to-end tests,
+// Processes for the four services over one root dir. The end-to-end tests,
 // nodeplug-bench and the devicemanager's binary tests use it. (It is the
 // process stack of tests and tools; the services compose themselves in
 // their own main.go.)
@@ -25,14 +25,16 @@ import (
 	"time"
 )
 
-// Services are the three service binaries, in start order.
-var Services = []string{"watcher", "devicemanager", "reconciler"}
+// Services are the service binaries, in start order: the node-local
+// resource API first, so that the devicemanager's DRA half finds it.
+var Services = []string{"apiserver", "watcher", "devicemanager", "reconciler"}
 
 // Packages maps binary names to their Go packages.
 var Packages = map[string]string{
 	"nodeplug-watcher":       "./services/watcher",
 	"nodeplug-reconciler":    "./services/reconciler",
 	"nodeplug-devicemanager": "./services/devicemanager",
+	"nodeplug-apiserver":     "./services/apiserver",
 	"nodeplug-sampleplugin":  "./cmd/nodeplug-sampleplugin",
 	"nodeplugctl":            "./cmd/nodeplugctl",
 	"nodeplug-bench":         "./cmd/nodeplug-bench",
@@ -94,8 +96,8 @@ type Process struct {
 	addrCh  chan struct{}
 }
 
-// resourceAPIListenEnv is the devicemanager's --resource-api-listen.
-const resourceAPIListenEnv = "NODEPLUG_DEVICEMANAGER_RESOURCE_API_LISTEN"
+// resourceAPIListenEnv is nodeplug-apiserver's --resource-api-listen.
+const resourceAPIListenEnv = "NODEPLUG_APISERVER_RESOURCE_API_LISTEN"
 
 // Start runs bin with args and extra env (KEY=VALUE). Logs must be JSON
 // (Start adds --log-format json); stderr is kept for Logs and scanned for
@@ -104,10 +106,10 @@ func Start(bin string, args []string, env []string) (*Process, error) {
 	p := &Process{Name: filepath.Base(bin), addrs: map[string]string{}, done: make(chan struct{}), addrCh: make(chan struct{}, 1)}
 	p.Cmd = exec.Command(bin, append([]string{"--log-format", "json"}, args...)...)
 	p.Cmd.Env = append(os.Environ(), env...)
-	// Many devicemanagers run at once in tests: unless told otherwise each
+	// Many API servers run at once in tests: unless told otherwise each
 	// serves its node-local resource API on a free port (kept across
 	// restarts of one root dir), not on the default 6446.
-	if !slices.ContainsFunc(p.Cmd.Env, func(e string) bool { return strings.HasPrefix(e, resourceAPIListenEnv+"=") }) {
+	if p.Name == "nodeplug-apiserver" && !slices.ContainsFunc(p.Cmd.Env, func(e string) bool { return strings.HasPrefix(e, resourceAPIListenEnv+"=") }) {
 		p.Cmd.Env = append(p.Cmd.Env, resourceAPIListenEnv+"=127.0.0.1:0")
 	}
 	if p.Name == "nodeplug-devicemanager" {
