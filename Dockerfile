@@ -22,6 +22,13 @@ COPY bin/nodeplug-devicemanager /nodeplug-devicemanager
 ENV NODEPLUG_DEVICEMANAGER_METRICS_LISTEN=0.0.0.0:9453
 ENTRYPOINT ["/nodeplug-devicemanager"]
 
+# The node-local resource API. It serves on loopback only; in compose the
+# devicemanager (and DRA drivers) share its network namespace.
+FROM scratch AS apiserver
+COPY bin/nodeplug-apiserver /nodeplug-apiserver
+ENV NODEPLUG_APISERVER_METRICS_LISTEN=0.0.0.0:9454
+ENTRYPOINT ["/nodeplug-apiserver"]
+
 FROM scratch AS sampleplugin
 COPY bin/nodeplug-sampleplugin /nodeplug-sampleplugin
 ENTRYPOINT ["/nodeplug-sampleplugin"]

@@ -27,6 +27,7 @@ export DOCKER_CONFIG ?= $(HOME)/.docker
 BINARIES := nodeplug-watcher:./services/watcher \
             nodeplug-reconciler:./services/reconciler \
             nodeplug-devicemanager:./services/devicemanager \
+            nodeplug-apiserver:./services/apiserver \
             nodeplugctl:./cmd/nodeplugctl \
             nodeplug-sampleplugin:./cmd/nodeplug-sampleplugin \
             nodeplug-bench:./cmd/nodeplug-bench \
@@ -34,7 +35,7 @@ BINARIES := nodeplug-watcher:./services/watcher \
             nodeplug-console:./cmd/nodeplug-console
 # What make run starts, and nodeplugctl beside it: a first make run compiles
 # no more than these.
-RUN_BINARIES := $(filter nodeplug-watcher:% nodeplug-reconciler:% nodeplug-devicemanager:% nodeplugctl:% nodeplug-sampleplugin:% nodeplug-console:%,$(BINARIES))
+RUN_BINARIES := $(filter nodeplug-apiserver:% nodeplug-watcher:% nodeplug-reconciler:% nodeplug-devicemanager:% nodeplugctl:% nodeplug-sampleplugin:% nodeplug-console:%,$(BINARIES))
 LDFLAGS  := -s -w -X github.com/nodeplug/nodeplug/pkg/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 45m
 
@@ -139,7 +140,7 @@ compose: ## Make sure a current 'docker compose' is available (builds the pinned
 .PHONY: images
 images: build $(JAEGER) ## Build the container images (FROM scratch) from bin/.
 	@mkdir -p bin/images && cp -f $(JAEGER) bin/images/jaeger
-	@for t in watcher reconciler devicemanager sampleplugin nodeplugctl console jaeger; do \
+	@for t in apiserver watcher reconciler devicemanager sampleplugin nodeplugctl console jaeger; do \
 	  docker build -q --target $$t -t nodeplug/$$t:dev . 2>&1 >/dev/null | { grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e '^ *$$' || true; }; \
 	  echo "built image nodeplug/$$t:dev"; done
 

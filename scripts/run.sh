@@ -113,6 +113,13 @@ metrics_url() {
   if [ "$addr" = off ]; then echo "off"; else echo "http://$addr/metrics"; fi
 }
 
+# resource_api_url prints the address the node-local resource API logged.
+resource_api_url() {
+  local addr
+  addr=$(sed -n 's/.*msg="serving the node-local resource API" addr=\([^ ]*\).*/\1/p' "$LOGS/nodeplug-apiserver.log" | tail -1)
+  echo "https://${addr:-?}"
+}
+
 # wait_console waits for the console's info file, reads the page's URL and
 # token and the receiver's address from it, and points the services at the
 # receiver.
@@ -148,6 +155,10 @@ rm -f "$ROOT/nodeplug/console.json"
 (umask 077 && : >"$LOGS/nodeplug-console.log")
 start nodeplug-console
 wait_console
+# The node-local resource API before the devicemanager, so that its DRA
+# half finds it at once (it would follow it whenever it came).
+start nodeplug-apiserver
+wait_healthy nodeplug-apiserver
 start nodeplug-watcher
 wait_healthy nodeplug-watcher
 start nodeplug-devicemanager
@@ -176,10 +187,11 @@ cat <<INFO
 
 nodeplug is running (logs in $LOGS, root dir $ROOT).
 
-  APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager}.sock
+  APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager,apiserver}.sock
+  resource API  $(resource_api_url) (nodeplug-apiserver: resource.k8s.io for DRA drivers; drivers' kubeconfig $ROOT/nodeplug/kubeconfig)
   podres    $ROOT/pod-resources/kubelet.sock (the kubelet's pod resources API, for monitoring agents)
   CDI specs $CDI_DIR (one per allocated container, for container runtimes)
-  metrics   $(metrics_url nodeplug-watcher)  $(metrics_url nodeplug-reconciler)  $(metrics_url nodeplug-devicemanager)
+  metrics   $(metrics_url nodeplug-watcher)  $(metrics_url nodeplug-reconciler)  $(metrics_url nodeplug-devicemanager)  $(metrics_url nodeplug-apiserver)
   console   $console_url
   traces    exported to ${OTEL_EXPORTER_OTLP_ENDPOINT:-nowhere (the console runs without its receiver)}: open one from the console, or bin/nodeplugctl trace TRACE_ID
 
