@@ -29,7 +29,7 @@ func TestChaosShort(t *testing.T) {
 	dir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"); err != nil {
+	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-apiserver"); err != nil {
 		t.Fatal(err)
 	}
 	cfg := Short()

@@ -17,7 +17,7 @@ func TestChaosClaims(t *testing.T) {
 	dir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"); err != nil {
+	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-apiserver"); err != nil {
 		t.Fatal(err)
 	}
 	cfg := Config{Bin: dir, Plugins: 2, Devices: 2, Clients: 1, Interval: 300 * time.Millisecond,

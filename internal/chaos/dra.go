@@ -37,6 +37,9 @@ const (
 	invRVBackward = "f"
 )
 
+// draKillTargets are the services the DRA phase kills, in turn.
+var draKillTargets = []string{"apiserver", "devicemanager"}
+
 // draSlicesPerDriver is how many slices each chaos driver keeps writing.
 const draSlicesPerDriver = 3
 
@@ -46,7 +49,8 @@ const seqAttr = "seq"
 // DRAResults are the DRA phase's figures.
 type DRAResults struct {
 	Drivers int `json:"drivers"`
-	Kills   int `json:"devicemanager_kills"`
+	// Kills of nodeplug-apiserver and of the devicemanager, in turn.
+	Kills int `json:"kills"`
 	// Acked counts acknowledged slice writes (creates and updates);
 	// Uncertain those whose answer a kill cut off; Conflicts the 409s
 	// (and AlreadyExists) that followed an uncertain write that had been
@@ -113,9 +117,8 @@ func (chaosPlugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.Devic
 	return kubeletplugin.ErrHealthNotSupported
 }
 
-// draClient loads a kubeconfig the devicemanager wrote, unthrottled and
-// with a short timeout, so that a call to a killed devicemanager fails
-// fast.
+// draClient loads a kubeconfig nodeplug-apiserver wrote, unthrottled and
+// with a short timeout, so that a call to a killed API server fails fast.
 func (h *harness) draClient(file string) (kubernetes.Interface, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", file)
 	if err != nil {
@@ -125,14 +128,14 @@ func (h *harness) draClient(file string) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
-// draPhase starts the DRA drivers, kills the devicemanager cfg.DRAKills
-// times while they publish, and checks (e) and (f) and the drivers'
+// draPhase starts the DRA drivers, kills nodeplug-apiserver and the
+// devicemanager in turn, cfg.DRAKills times, while they publish, and checks (e) and (f) and the drivers'
 // connections after each restart, and the device plugins' invariants too.
 func (h *harness) draPhase(ctx context.Context) error {
 	if h.cfg.DRADrivers == 0 {
 		return nil
 	}
-	h.logf("DRA: %d drivers publishing %d slices each, %d devicemanager kills", h.cfg.DRADrivers, draSlicesPerDriver, h.cfg.DRAKills)
+	h.logf("DRA: %d drivers publishing %d slices each, %d kills of the apiserver and the devicemanager in turn", h.cfg.DRADrivers, draSlicesPerDriver, h.cfg.DRAKills)
 	d := &draState{}
 	h.dra = d
 	var err error
@@ -211,8 +214,12 @@ func (h *harness) draPhase(ctx context.Context) error {
 			return ctx.Err()
 		case <-time.After(time.Duration(h.intn(int(max(h.cfg.Interval/time.Millisecond, 1)))) * time.Millisecond):
 		}
-		when := fmt.Sprintf("DRA kill %d", i+1)
-		if err := h.killRestart(ctx, "devicemanager"); err != nil {
+		// The API server holds the slices, the devicemanager the
+		// drivers' connections (and deletes a gone driver's slices): each
+		// is killed in turn.
+		svc := draKillTargets[i%len(draKillTargets)]
+		when := fmt.Sprintf("DRA kill %d (%s)", i+1, svc)
+		if err := h.killRestart(ctx, svc); err != nil {
 			return err
 		}
 		d.mu.Lock()
@@ -221,7 +228,7 @@ func (h *harness) draPhase(ctx context.Context) error {
 		if err := h.draConverge(ctx, when); err != nil {
 			return err
 		}
-		if _, err := h.converge(ctx, when, "devicemanager"); err != nil {
+		if _, err := h.converge(ctx, when, svc); err != nil {
 			return err
 		}
 	}
@@ -309,7 +316,7 @@ func (h *harness) draWriteOne(ctx context.Context, dr *draDriver, s *draSlice) e
 	case isAPIStatus(err):
 		return fmt.Errorf("DRA: write %d of slice %s: %w", seq, s.name, err)
 	default:
-		// No answer (the devicemanager was killed): maybe written.
+		// No answer (the API server was killed): maybe written.
 		s.uncertain = append(s.uncertain, seq)
 		d.mu.Lock()
 		d.res.Uncertain++

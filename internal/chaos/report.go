@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
 )
 
 // Print writes the results as a table.
@@ -13,7 +15,7 @@ func Print(w io.Writer, r *Results) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	var kills []string
 	total := 0
-	for _, s := range []string{"watcher", "devicemanager", "reconciler"} {
+	for _, s := range stack.Services {
 		kills = append(kills, fmt.Sprintf("%s %d", s, r.Kills[s]))
 		total += r.Kills[s]
 	}
@@ -26,7 +28,7 @@ func Print(w io.Writer, r *Results) {
 	fmt.Fprintf(tw, "checks\t%d\n", r.Checks)
 	fmt.Fprintf(tw, "restart (ms)\tp50 %.1f  p99 %.1f  max %.1f\n", r.Restart.P50, r.Restart.P99, r.Restart.Max)
 	fmt.Fprintf(tw, "converge after a restart (ms)\tp50 %.1f  p99 %.1f  max %.1f  (n=%d)\n", r.Converge.P50, r.Converge.P99, r.Converge.Max, r.Converge.Count)
-	for _, s := range []string{"watcher", "devicemanager", "reconciler"} {
+	for _, s := range stack.Services {
 		if d, ok := r.ConvergeBy[s]; ok {
 			fmt.Fprintf(tw, "  after %s\tp50 %.1f  p99 %.1f  max %.1f  (n=%d)\n", s, d.P50, d.P99, d.Max, d.Count)
 		}
@@ -34,7 +36,7 @@ func Print(w io.Writer, r *Results) {
 	fmt.Fprintf(tw, "convergences over %v\t%d\n", SlowConverge, len(r.Slow))
 	fmt.Fprintf(tw, "dips across devicemanager restarts\t%d (not counted as violations)\n", r.DMDips)
 	if r.DRA.Drivers > 0 {
-		fmt.Fprintf(tw, "DRA\t%d drivers, %d devicemanager kills while they publish: %d slice writes acknowledged, %d cut off, %d conflicts after them, %d checks\n",
+		fmt.Fprintf(tw, "DRA\t%d drivers, %d kills while they publish (apiserver and devicemanager in turn): %d slice writes acknowledged, %d cut off, %d conflicts after them, %d checks\n",
 			r.DRA.Drivers, r.DRA.Kills, r.DRA.Acked, r.DRA.Uncertain, r.DRA.Conflicts, r.DRA.Checks)
 	}
 	if c := r.Claims; c.Workers > 0 {
