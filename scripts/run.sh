@@ -214,7 +214,8 @@ Press Ctrl-C to stop.
 INFO
 
 # Wait until a process exits (then report it), Ctrl-C or SIGTERM arrives, or
-# make is interrupted.
+# make is interrupted. A crashed nodeplug-apiserver is started again.
+apiserver_restarts=0
 while :; do
   for i in "${!pids[@]}"; do
     if ! kill -0 "${pids[$i]}" 2>/dev/null; then
@@ -232,6 +233,15 @@ while :; do
       esac
       echo "${names[$i]} exited with status $status; its log ends with:"
       tail -20 "$LOGS/${names[$i]}.log"
+      # The node-local resource API is restarted: the rest serves on
+      # without it (DRA calls fail, naming it, until it is back).
+      if [ "${names[$i]}" = nodeplug-apiserver ] && ((apiserver_restarts < 5)); then
+        apiserver_restarts=$((apiserver_restarts + 1))
+        echo "restarting nodeplug-apiserver ($apiserver_restarts of at most 5)"
+        "$BIN/nodeplug-apiserver" >>"$LOGS/nodeplug-apiserver.log" 2>&1 &
+        pids[$i]=$!
+        continue
+      fi
       exit 1
     fi
   done
