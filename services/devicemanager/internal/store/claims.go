@@ -7,6 +7,12 @@
 // carries them under "claims", a journal record under "claims" and
 // "removed_claims". Files written before this kind existed have neither
 // and load with no claims.
+//
+// The same kind carries the intents of reservations (ClaimIntent): put
+// before a pod's reservation of a claim is written to the API, removed in
+// the commit that records the prepare or its rollback. Their key is
+// IntentKey's, which no claim UID can equal; files written before intents
+// existed simply hold none.
 
 package store
 
@@ -24,10 +30,26 @@ const (
 	// ClaimUnpreparing: its last pod was released; NodeUnprepareResources
 	// is owed.
 	ClaimUnpreparing = "unpreparing"
+	// ClaimIntent is not a claim prepared here but an intent: the pod of
+	// Pods is being reserved the claim Namespace/Name (ClaimUID, once
+	// read), and Drivers, once set, are being asked to prepare it. A
+	// restart that finds one owes what a failed prepare does: unprepare
+	// when Drivers are set, then remove the pod from the claim's
+	// reservations (which deallocates what this node allocated).
+	ClaimIntent = "intent"
 )
 
-// Claim is a ResourceClaim recorded on this node.
+// IntentKey is the key (Claim.UID) of the intent of the pod podUID to
+// reserve the claim namespace/name. Namespaces and names hold no "/", so
+// keys of different intents differ; claim UIDs never start "intent/".
+func IntentKey(podUID, namespace, name string) string {
+	return "intent/" + podUID + "/" + namespace + "/" + name
+}
+
+// Claim is a ResourceClaim recorded on this node, or an intent
+// (ClaimIntent).
 type Claim struct {
+	// UID is the claim's UID; an intent's IntentKey.
 	UID       string `json:"uid"`
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
@@ -43,6 +65,9 @@ type Claim struct {
 	// AllocatedHere: this node allocated it (and deallocates it after
 	// its last pod).
 	AllocatedHere bool `json:"allocated_here,omitempty"`
+	// ClaimUID is an intent's claim UID: empty until the claim was read
+	// (the pod's UID in its reservations then says what is ours).
+	ClaimUID string `json:"claim_uid,omitempty"`
 }
 
 // ClaimDevice is a device of a prepared claim, as its driver answered.

@@ -139,3 +139,35 @@ func TestClaimWithoutUIDRefused(t *testing.T) {
 func containsField(s, name string) bool {
 	return strings.Contains(s, `"`+name+`"`)
 }
+
+// TestIntentsReplayed: intents are claim records under their own keys:
+// put beside the claims, updated, removed in the commit that records the
+// claim, and replayed after a crash as they stood.
+func TestIntentsReplayed(t *testing.T) {
+	dir := testutil.TempDir(t)
+	j, _, err := open(t, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := ClaimPod{UID: "p1", Namespace: "ns", Name: "pod-p1"}
+	a := Claim{UID: IntentKey("p1", "ns", "claim-a"), Namespace: "ns", Name: "claim-a", State: ClaimIntent, Pods: []ClaimPod{pod}}
+	b := Claim{UID: IntentKey("p1", "ns", "claim-b"), Namespace: "ns", Name: "claim-b", State: ClaimIntent, Pods: []ClaimPod{pod}}
+	commit(t, j, Batch{Claims: []Claim{a, b}})
+	a.ClaimUID, a.Drivers, a.AllocatedHere = "uid-a", []string{"gpu.example.com"}, true
+	commit(t, j, Batch{Claims: []Claim{a}})
+	prepared := claimRec("uid-b", "p1")
+	commit(t, j, Batch{Claims: []Claim{prepared}, RemovedClaims: []string{b.UID}})
+	crash(j)
+
+	_, d, err := open(t, dir, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Claim{a, prepared}
+	if a.UID > prepared.UID {
+		want = []Claim{prepared, a}
+	}
+	if !reflect.DeepEqual(d.Claims, want) {
+		t.Fatalf("after replay:\n got %+v\nwant %+v", d.Claims, want)
+	}
+}
