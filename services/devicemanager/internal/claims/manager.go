@@ -57,9 +57,10 @@ type Manager struct {
 	locks   keylock.Mutex
 
 	mu      sync.Mutex
-	records map[string]*record // by claim UID
-	byName  map[string]string  // namespace/name → UID
-	working map[string]bool    // UIDs with a retry loop running
+	records map[string]*record     // by claim UID
+	byName  map[string]string      // namespace/name → UID
+	intents map[string]store.Claim // by store.IntentKey (intents.go)
+	working map[string]bool        // UIDs and intent keys with a retry loop running
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -73,8 +74,9 @@ type record struct {
 	lastError string
 }
 
-// New restores the claims the journal holds and starts the retry loops of
-// the unprepares (and reservation removals) they owe. Close stops them.
+// New restores the claims and intents the journal holds and starts the
+// retry loops of the unprepares (and reservation removals) they owe, and
+// of the rollbacks the intents owe. Close stops them.
 func New(cfg Config) (*Manager, error) {
 	if cfg.Reserver == nil || cfg.Drivers == nil || cfg.Journal == nil {
 		return nil, fmt.Errorf("claims: a Reserver, Drivers and a Journal are required: %w", errdefs.ErrInvalidArgument)
@@ -92,24 +94,34 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.RetryMax < cfg.RetryInitial {
 		cfg.RetryMax = max(DefaultRetryMax, cfg.RetryInitial)
 	}
-	m := &Manager{cfg: cfg, log: cfg.Log, records: map[string]*record{}, byName: map[string]string{}, working: map[string]bool{}}
+	m := &Manager{cfg: cfg, log: cfg.Log, records: map[string]*record{}, byName: map[string]string{}, intents: map[string]store.Claim{}, working: map[string]bool{}}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.metrics = newMetrics(cfg.Registerer, m)
+	m.restore(saved)
+	return m, nil
+}
+
+// restore takes in the records and intents saved and starts the work
+// they owe.
+func (m *Manager) restore(saved []store.Claim) {
 	for _, c := range saved {
+		if c.State == store.ClaimIntent {
+			m.intents[c.UID] = c
+			continue
+		}
 		m.records[c.UID] = &record{rec: c}
 		m.byName[key(c.Namespace, c.Name)] = c.UID
 	}
 	owed := 0
 	for _, c := range saved {
-		if c.State == store.ClaimUnpreparing || len(c.Released) > 0 {
+		if c.State == store.ClaimIntent || owes(c) {
 			owed++
 			m.kick(c.UID)
 		}
 	}
 	if len(saved) > 0 {
-		m.log.Info("prepared claims restored", "claims", len(saved), "owing_work", owed)
+		m.log.Info("prepared claims restored", "claims", len(m.records), "intents", len(m.intents), "owing_work", owed)
 	}
-	return m, nil
 }
 
 // Close stops the retry loops; what they owe stays recorded and a later
@@ -192,6 +204,7 @@ func (m *Manager) commit(put []store.Claim, removed []string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, uid := range removed {
+		delete(m.intents, uid)
 		if r := m.records[uid]; r != nil {
 			if m.byName[key(r.rec.Namespace, r.rec.Name)] == uid {
 				delete(m.byName, key(r.rec.Namespace, r.rec.Name))
@@ -200,6 +213,10 @@ func (m *Manager) commit(put []store.Claim, removed []string) error {
 		}
 	}
 	for _, c := range put {
+		if c.State == store.ClaimIntent {
+			m.intents[c.UID] = cloneRec(c)
+			continue
+		}
 		if old := m.records[c.UID]; old != nil {
 			old.rec = cloneRec(c)
 			continue
@@ -248,7 +265,11 @@ func newMetrics(reg prometheus.Registerer, m *Manager) *metrics {
 			defer m.mu.Unlock()
 			return float64(len(m.records))
 		})
-		reg.MustRegister(mt.prepares, mt.unprepares, claims)
+		intents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "nodeplug_devicemanager_claim_intents",
+			Help: "Reservations of DRA claims whose prepare is neither committed nor rolled back: in flight, or a rollback owed after a failure or a restart.",
+		}, func() float64 { return float64(m.Intents()) })
+		reg.MustRegister(mt.prepares, mt.unprepares, claims, intents)
 	}
 	return mt
 }

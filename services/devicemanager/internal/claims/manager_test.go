@@ -235,7 +235,8 @@ func TestUnregisteredDriver(t *testing.T) {
 
 // TestUnprepareRetried: an unprepare that fails is retried until it
 // succeeds; meanwhile the claim is listed as unpreparing with the error,
-// and a prepare of it is refused as unavailable.
+// and a prepare of it, which tries that unprepare at once, fails with
+// the driver's error as unavailable.
 func TestUnprepareRetried(t *testing.T) {
 	e := newEnv(t)
 	e.claim("one", "gpu")
@@ -249,7 +250,7 @@ func TestUnprepareRetried(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := e.mgr.Prepare(ctx, podReq("p2", "one")); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := e.mgr.Prepare(ctx, podReq("p2", "one")); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "busy") {
 		t.Fatalf("prepare while unpreparing: %v", err)
 	}
 	e.plugin.set(func(p *plugin) { p.unprepareFails = 0 })

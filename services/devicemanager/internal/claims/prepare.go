@@ -30,7 +30,9 @@ const unreserveTimeout = 30 * time.Second
 // others are reserved (allocated on this node when nobody allocated them),
 // grouped by driver and sent to NodePrepareResources; a claim is recorded
 // as prepared, with the pod, once every driver of its devices succeeded,
-// and the records are durable before Prepare returns.
+// and the records are durable before Prepare returns. Before a claim is
+// reserved, the intent to is recorded (intents.go), so that a kill before
+// the records are durable leaves what to roll back.
 //
 // A failure fails the whole call and is retryable. What did succeed stays
 // recorded with the pod (the claims prepared by the same driver call, the
@@ -39,9 +41,9 @@ const unreserveTimeout = 30 * time.Second
 // unprepared and their reservation for the pod is removed (which
 // deallocates a claim this node allocated for it alone) — or, when their
 // driver cannot be reached for that, recorded as unpreparing until it can
-// (see abandon). A driver's error
-// for a claim is errdefs.ErrUnavailable with the driver's message; a
-// claim being unprepared is errdefs.ErrUnavailable too.
+// (see undo). A claim whose unprepare is owed is unprepared first, and
+// fails the call only when that fails. A driver's error for a claim is
+// errdefs.ErrUnavailable with the driver's message.
 func (m *Manager) Prepare(ctx context.Context, req PrepareRequest) ([]ContainerResult, error) {
 	if err := validate(&req); err != nil {
 		return nil, err
@@ -80,66 +82,108 @@ func (m *Manager) prepare(ctx context.Context, req PrepareRequest) ([]ContainerR
 	podOf := func(claim string) store.ClaimPod {
 		return store.ClaimPod{UID: req.Pod.UID, Namespace: req.Pod.Namespace, Name: req.Pod.Name, Containers: uses[claim]}
 	}
-	recs := make(map[string]store.Claim, len(names)) // by claim name
-	var put []store.Claim
-	var fresh []*resourcev1.ResourceClaim
-	var err error
-	for _, n := range names {
-		rec, lastErr, ok := m.lookup(req.Pod.Namespace, n)
-		switch {
-		case ok && rec.State == store.ClaimUnpreparing:
-			err = fmt.Errorf("ResourceClaim %s/%s is being unprepared (last error: %q); retry once it is gone: %w",
-				req.Pod.Namespace, n, lastErr, errdefs.ErrUnavailable)
-		case ok && hasPod(rec.Pods, req.Pod.UID):
-			recs[n] = rec
-			continue
-		}
-		if err != nil {
-			break
-		}
-		ref := ClaimRef{Namespace: req.Pod.Namespace, Name: n, UID: rec.UID}
-		obj, rerr := m.cfg.Reserver.Reserve(ctx, req.Pod, ref)
-		if rerr != nil {
-			err = fmt.Errorf("reserve ResourceClaim %s/%s: %w", ref.Namespace, ref.Name, rerr)
-			break
-		}
-		if !ok {
-			fresh = append(fresh, obj)
-			continue
-		}
-		if string(obj.UID) != rec.UID {
-			err = fmt.Errorf("ResourceClaim %s/%s has UID %s, but the one prepared here (UID %s) is still in use: %w",
-				ref.Namespace, ref.Name, obj.UID, rec.UID, errdefs.ErrFailedPrecondition)
-			break
-		}
-		rec.Pods = append(rec.Pods, podOf(n))
-		rec.Released = slices.DeleteFunc(rec.Released, func(p store.ClaimPod) bool { return p.UID == req.Pod.UID })
-		recs[n] = rec
-		put = append(put, rec)
+	recs, need, uids, err := m.sortOut(ctx, req.Pod, names)
+	if err != nil {
+		return nil, false, err
 	}
+	if len(need) == 0 {
+		return answer(&req, recs), false, nil
+	}
+	keys, err := m.intend(req.Pod, need, uids)
+	if err != nil {
+		return nil, false, err
+	}
+	fresh, put, err := m.reserve(ctx, req.Pod, need, recs, podOf)
 	var prepared []store.Claim
-	var failed []*resourcev1.ResourceClaim
 	if err == nil && len(fresh) > 0 {
-		prepared, failed, err = m.callDrivers(ctx, fresh, podOf)
-	} else {
-		failed = fresh
+		if err = m.intendCalls(req.Pod, fresh); err == nil {
+			Crash(CrashCalling)
+			prepared, _, err = m.callDrivers(ctx, fresh, podOf)
+			Crash(CrashPrepared)
+		}
 	}
 	for _, c := range prepared {
 		recs[c.Name] = c
 	}
 	put = append(put, prepared...)
-	if cerr := m.commit(put, nil); cerr != nil {
-		// Nothing of this call is recorded: every claim it reserved is
-		// released again, the prepared ones are prepared again by the
-		// retry (drivers treat a repeated prepare as a no-op).
+	done := make([]string, 0, len(put))
+	for _, c := range put {
+		done = append(done, store.IntentKey(req.Pod.UID, c.Namespace, c.Name))
+	}
+	// What succeeded is recorded with the pod, and its intent goes, even
+	// when the call fails: the retry calls no driver for it.
+	if cerr := m.commit(put, done); cerr != nil {
 		err = errors.Join(err, cerr)
-		failed = fresh
+	} else if err == nil {
+		Crash(CrashCommitted)
 	}
 	if err != nil {
-		m.abandon(ctx, req.Pod, failed, podOf)
+		m.abandon(ctx, keys)
 		return nil, len(fresh) > 0, err
 	}
 	return answer(&req, recs), len(fresh) > 0, nil
+}
+
+// sortOut sorts the claims of names out: those recorded with pod (recs),
+// and those to reserve for it (need), with the UIDs of those recorded for
+// other pods. What a claim owes blocks no prepare: a rollback owed for
+// this pod and claim (its intent), or the unprepare of a claim whose
+// last pod went, is done now, and the claim then reserved afresh.
+func (m *Manager) sortOut(ctx context.Context, pod PodRef, names []string) (recs map[string]store.Claim, need []string, uids map[string]string, err error) {
+	recs, uids = make(map[string]store.Claim, len(names)), map[string]string{}
+	for _, n := range names {
+		if k := store.IntentKey(pod.UID, pod.Namespace, n); m.hasIntent(k) {
+			if err := m.owed(ctx, k); err != nil {
+				return nil, nil, nil, fmt.Errorf("ResourceClaim %s/%s: the rollback of an earlier prepare for pod %s, done now: %w", pod.Namespace, n, pod.UID, err)
+			}
+		}
+		rec, _, ok := m.lookup(pod.Namespace, n)
+		if ok && rec.State == store.ClaimUnpreparing {
+			if err := m.owed(ctx, rec.UID); err != nil {
+				return nil, nil, nil, fmt.Errorf("ResourceClaim %s/%s is being unprepared (UID %s); its unprepare, done now: %w", pod.Namespace, n, rec.UID, err)
+			}
+			if rec, _, ok = m.lookup(pod.Namespace, n); ok && rec.State == store.ClaimUnpreparing {
+				return nil, nil, nil, fmt.Errorf("ResourceClaim %s/%s (UID %s) is still being unprepared: %w", pod.Namespace, n, rec.UID, errdefs.ErrUnavailable)
+			}
+		}
+		switch {
+		case ok && hasPod(rec.Pods, pod.UID):
+			recs[n] = rec
+			continue
+		case ok:
+			uids[n] = rec.UID
+		}
+		need = append(need, n)
+	}
+	return recs, need, uids, nil
+}
+
+// reserve reserves the claims of need for pod: a claim recorded for other
+// pods is recorded with this one too (put, recs); the others are fresh, to
+// be prepared.
+func (m *Manager) reserve(ctx context.Context, pod PodRef, need []string, recs map[string]store.Claim, podOf func(claim string) store.ClaimPod) (fresh []*resourcev1.ResourceClaim, put []store.Claim, err error) {
+	for _, n := range need {
+		rec, _, ok := m.lookup(pod.Namespace, n)
+		ref := ClaimRef{Namespace: pod.Namespace, Name: n, UID: rec.UID}
+		obj, err := m.cfg.Reserver.Reserve(ctx, pod, ref)
+		if err != nil {
+			return fresh, put, fmt.Errorf("reserve ResourceClaim %s/%s: %w", ref.Namespace, ref.Name, err)
+		}
+		Crash(CrashReserved)
+		if !ok {
+			fresh = append(fresh, obj)
+			continue
+		}
+		if string(obj.UID) != rec.UID {
+			return fresh, put, fmt.Errorf("ResourceClaim %s/%s has UID %s, but the one prepared here (UID %s) is still in use: %w",
+				ref.Namespace, ref.Name, obj.UID, rec.UID, errdefs.ErrFailedPrecondition)
+		}
+		rec.Pods = append(rec.Pods, podOf(n))
+		rec.Released = slices.DeleteFunc(rec.Released, func(p store.ClaimPod) bool { return p.UID == pod.UID })
+		recs[n] = rec
+		put = append(put, rec)
+	}
+	return fresh, put, nil
 }
 
 // callDrivers prepares fresh claims for pod: each driver once, with the
@@ -195,51 +239,12 @@ func (m *Manager) callDrivers(ctx context.Context, fresh []*resourcev1.ResourceC
 	return prepared, failed, errors.Join(callErrs...)
 }
 
-// abandon undoes pod's reservations of the claims whose prepare failed.
-// A driver may hold such a claim prepared all the same: this call's
-// NodePrepareResources may have succeeded for it with the answer lost, or
-// an earlier call's did just before a crash (its claim then comes back
-// allocated and reserved, with nothing recorded). So each claim is
-// unprepared first (a no-op for a driver that never prepared it) and its
-// reservation removed only after that succeeded; when the driver cannot
-// be reached, the unprepare and the removal are recorded as owed and
-// retried in the background, as a release's are, so the claim keeps its
-// devices until the driver has let go of them.
-func (m *Manager) abandon(ctx context.Context, pod PodRef, objs []*resourcev1.ResourceClaim, podOf func(claim string) store.ClaimPod) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unreserveTimeout)
-	defer cancel()
-	for _, obj := range objs {
-		ref := ClaimRef{Namespace: obj.Namespace, Name: obj.Name, UID: string(obj.UID)}
-		drivers := claimDrivers(obj)
-		err := m.unprepareNow(ctx, ref, drivers)
-		if err == nil {
-			if err := m.cfg.Reserver.Unreserve(ctx, pod, ref); err != nil {
-				m.log.WarnContext(ctx, "reservation of a claim that failed to prepare not removed", "claim", key(ref.Namespace, ref.Name), "pod_uid", pod.UID, "error", err)
-			}
-			continue
-		}
-		rec := store.Claim{UID: ref.UID, Namespace: ref.Namespace, Name: ref.Name, State: store.ClaimUnpreparing,
-			Drivers: drivers, Devices: []store.ClaimDevice{}, Released: []store.ClaimPod{podOf(obj.Name)}}
-		if m.cfg.AllocatedHere != nil {
-			rec.AllocatedHere = m.cfg.AllocatedHere(obj)
-		}
-		if cerr := m.commit([]store.Claim{rec}, nil); cerr != nil {
-			// Nothing recorded: the reservation stays (and so do the
-			// devices) until the pod is prepared and released again.
-			m.log.WarnContext(ctx, "claim that failed to prepare left reserved", "claim", key(ref.Namespace, ref.Name), "pod_uid", pod.UID, "error", errors.Join(err, cerr))
-			continue
-		}
-		m.log.WarnContext(ctx, "claim that failed to prepare could not be unprepared; retrying", "claim", key(ref.Namespace, ref.Name), "uid", ref.UID, "error", err)
-		m.kick(rec.UID)
-	}
-}
-
 // unprepareNow calls NodeUnprepareResources for claim on each of drivers.
 func (m *Manager) unprepareNow(ctx context.Context, ref ClaimRef, drivers []string) error {
 	for _, driver := range drivers {
 		res, err := m.cfg.Drivers.Unprepare(ctx, driver, []ClaimRef{ref})
-		if err == nil {
-			err = res[ref.UID]
+		if err == nil && res[ref.UID] != nil {
+			err = fmt.Errorf("%v: %w", res[ref.UID], errdefs.ErrUnavailable)
 		}
 		if err != nil {
 			m.metrics.unprepares.WithLabelValues(driver, "failed").Inc()

@@ -76,14 +76,19 @@ func (m *Manager) releaseClaim(ctx context.Context, uid, podUID string) (bool, e
 	}
 	m.log.InfoContext(ctx, "claim released by a pod", "claim", key(rec.Namespace, rec.Name), "uid", uid, "pod_uid", podUID,
 		"pods_left", len(rec.Pods), "unprepare_owed", rec.State == store.ClaimUnpreparing)
+	Crash(CrashReleased)
 	m.kick(uid)
 	return true, nil
 }
 
-// nameOf returns the lock key (namespace/name) of claim uid.
+// nameOf returns the lock key (namespace/name) of claim uid, or of the
+// intent of key uid.
 func (m *Manager) nameOf(uid string) (string, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if in, ok := m.intents[uid]; ok {
+		return key(in.Namespace, in.Name), true
+	}
 	r := m.records[uid]
 	if r == nil {
 		return "", false
@@ -91,7 +96,8 @@ func (m *Manager) nameOf(uid string) (string, bool) {
 	return key(r.rec.Namespace, r.rec.Name), true
 }
 
-// kick starts the retry loop of claim uid unless it runs.
+// kick starts the retry loop of claim uid (or of the intent of key uid)
+// unless it runs.
 func (m *Manager) kick(uid string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -115,7 +121,8 @@ func (m *Manager) work(uid string) {
 			// Work owed after the attempt read the record (a pod released
 			// meanwhile) finds working still set: look once more.
 			r := m.records[uid]
-			more := r != nil && owes(r.rec)
+			_, intent := m.intents[uid]
+			more := intent || (r != nil && owes(r.rec))
 			if !more {
 				delete(m.working, uid)
 			}
@@ -141,9 +148,8 @@ func (m *Manager) work(uid string) {
 
 func owes(c store.Claim) bool { return c.State == store.ClaimUnpreparing || len(c.Released) > 0 }
 
-// attempt does what claim uid owes once, under its lock: unprepare it
-// when no pod uses it, remove the released pods' reservations, record the
-// result. It reports whether nothing is owed any longer.
+// attempt does what claim uid (or the intent of key uid) owes once,
+// under its lock (owed). It reports whether nothing is owed any longer.
 func (m *Manager) attempt(uid string, n int) bool {
 	name, ok := m.nameOf(uid)
 	if !ok {
@@ -151,34 +157,47 @@ func (m *Manager) attempt(uid string, n int) bool {
 	}
 	unlock := m.locks.Lock(name)
 	defer unlock()
+	ctx, span := tracer.Start(m.ctx, "unprepare claim "+name, trace.WithNewRoot(), trace.WithAttributes(
+		attribute.String("claim.uid", uid), attribute.Int("attempt", n)))
+	defer span.End()
+	if err := m.owed(ctx, uid); err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		if m.ctx.Err() == nil {
+			m.log.WarnContext(ctx, "claim work failed; retrying", "claim", name, "uid", uid, "attempt", n, "error", err)
+		}
+		return false
+	}
+	return true
+}
+
+// owed does what claim uid owes, or what the intent of key uid does, once;
+// the caller holds the claim's lock. For a claim: unprepare it when no pod
+// uses it, remove the released pods' reservations, record the result.
+func (m *Manager) owed(ctx context.Context, uid string) error {
 	m.mu.Lock()
+	in, intent := m.intents[uid]
 	r := m.records[uid]
 	var rec store.Claim
 	if r != nil {
 		rec = cloneRec(r.rec)
 	}
 	m.mu.Unlock()
-	if r == nil || !owes(rec) {
-		return true
+	switch {
+	case intent:
+		return m.undo(ctx, cloneRec(in))
+	case r == nil || !owes(rec):
+		return nil
 	}
-	ctx, span := tracer.Start(m.ctx, "unprepare claim "+key(rec.Namespace, rec.Name), trace.WithNewRoot(), trace.WithAttributes(
-		attribute.String("claim.uid", uid), attribute.Int("attempt", n), attribute.Bool("unprepare", rec.State == store.ClaimUnpreparing)))
-	defer span.End()
 	err := m.settle(ctx, &rec)
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
 		m.mu.Lock()
 		if r := m.records[uid]; r != nil {
 			r.lastError = err.Error()
 		}
 		m.mu.Unlock()
-		if m.ctx.Err() == nil {
-			m.log.WarnContext(ctx, "claim work failed; retrying", "claim", key(rec.Namespace, rec.Name), "uid", uid, "attempt", n, "error", err)
-		}
-		return false
 	}
-	return true
+	return err
 }
 
 // settle does rec's owed work and records it.
@@ -188,6 +207,7 @@ func (m *Manager) settle(ctx context.Context, rec *store.Claim) error {
 		if err := m.unprepareNow(ctx, ref, rec.Drivers); err != nil {
 			return err
 		}
+		Crash(CrashUnprepared)
 	}
 	for len(rec.Released) > 0 {
 		p := rec.Released[0]
