@@ -1,6 +1,7 @@
 package claims_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -127,6 +129,10 @@ type env struct {
 	dir    string
 	core   *manager.Manager
 	mgr    *claims.Manager
+	// journal is the current start's; retry, when set, is the first
+	// retry's delay (else 10 ms).
+	journal *claims.Journal
+	retry   time.Duration
 }
 
 const driverName = "gpu.example.com"
@@ -195,8 +201,9 @@ func (e *env) start() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.core = core
-	m, err := claims.New(claims.Config{Reserver: e.res, Drivers: e.reg, Journal: j, RetryInitial: 10e6, RetryMax: 50e6,
+	e.core, e.journal = core, j
+	retry := cmp.Or(e.retry, 10*time.Millisecond)
+	m, err := claims.New(claims.Config{Reserver: e.res, Drivers: e.reg, Journal: j, RetryInitial: retry, RetryMax: 5 * retry,
 		AllocatedHere: func(c *resourcev1.ResourceClaim) bool {
 			return c.Annotations[claimalloc.AllocatedByAnnotation] == dratest.Node
 		}})
