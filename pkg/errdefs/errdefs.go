@@ -63,7 +63,9 @@ func Code(err error) codes.Code {
 }
 
 // ToGRPC converts err into a gRPC status error. Errors that already are
-// statuses pass through unchanged; the message is err.Error().
+// statuses pass through unchanged; the message is err.Error(), and an
+// ErrorInfo detail in Domain says that a nodeplug service answered (with
+// the reason err carries, see WithReason).
 func ToGRPC(err error) error {
 	if err == nil {
 		return nil
@@ -71,7 +73,7 @@ func ToGRPC(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	return status.Error(Code(err), err.Error())
+	return withInfo(status.New(Code(err), err.Error()), err).Err()
 }
 
 // FromGRPC converts a gRPC status error into an error that wraps the matching

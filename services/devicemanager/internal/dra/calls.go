@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 
@@ -51,7 +53,8 @@ func (c v1beta1Client) NodeUnprepareResources(ctx context.Context, req *drapbv1.
 func (r *Registry) clientFor(driver string) (Conn, client, error) {
 	c, err := r.Serving(driver)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return Conn{}, nil, fmt.Errorf("DRA driver %s is not registered on this node: %w", bounds.Text(driver), errdefs.ErrUnavailable)
+		return Conn{}, nil, errdefs.WithReason(fmt.Errorf("DRA driver %s is not registered on this node: %w", bounds.Text(driver), errdefs.ErrUnavailable),
+			errdefs.ReasonDRADriverNotRegistered, map[string]string{errdefs.MetaDriver: bounds.Text(driver)})
 	}
 	if err != nil {
 		return Conn{}, nil, err
@@ -74,10 +77,20 @@ func claimsRequest(refs []claims.ClaimRef) []*drapbv1.Claim {
 	return out
 }
 
-// callError describes a failed call as a whole; the driver's gRPC status
-// becomes the matching errdefs kind (an unreachable driver is unavailable).
+// callError describes a failed call as a whole, the driver named first:
+// the driver's gRPC status becomes the matching errdefs kind (an
+// unreachable driver is unavailable), and the error carries the reason
+// (errdefs.ReasonDRADriverUnreachable, or ReasonDRADriverFailed for any
+// other failure) with the driver, its socket and the call, so that the
+// caller learns that the driver, not the devicemanager, is at fault.
 func callError(method string, c Conn, err error) error {
-	return fmt.Errorf("%s of DRA driver %s at %s: %w", method, bounds.Text(c.Driver), bounds.Quote(c.Endpoint), errdefs.FromGRPC(err))
+	reason := errdefs.ReasonDRADriverFailed
+	if status.Code(err) == codes.Unavailable {
+		reason = errdefs.ReasonDRADriverUnreachable
+	}
+	return errdefs.WithReason(
+		fmt.Errorf("DRA driver %s (socket %s): %s: %w", bounds.Text(c.Driver), bounds.Quote(c.Endpoint), method, errdefs.FromGRPC(err)),
+		reason, map[string]string{errdefs.MetaDriver: bounds.Text(c.Driver), errdefs.MetaSocket: bounds.Text(c.Endpoint), errdefs.MetaCall: method})
 }
 
 // Prepare calls NodePrepareResources of driver's serving instance (within

@@ -1,0 +1,111 @@
+package errdefs
+
+import (
+	"errors"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Domain is the google.rpc.ErrorInfo domain of the statuses nodeplug's
+// services return. ToGRPC gives every status it makes such a detail, so a
+// client tells an answer of a running service (it has one) from a failure
+// of the transport to reach it (it has none).
+const Domain = "nodeplug.io"
+
+// Reasons a service sets with WithReason when the fault lies with another
+// party than the service answering; the metadata keys name that party.
+const (
+	// ReasonDRADriverUnreachable: a DRA driver's serving socket did not
+	// answer (nothing listens, it died mid-call).
+	ReasonDRADriverUnreachable = "DRA_DRIVER_UNREACHABLE"
+	// ReasonDRADriverFailed: a DRA driver answered a call with an error,
+	// or with an answer that is not valid.
+	ReasonDRADriverFailed = "DRA_DRIVER_FAILED"
+	// ReasonDRADriverNotRegistered: no instance of the DRA driver is
+	// registered on the node.
+	ReasonDRADriverNotRegistered = "DRA_DRIVER_NOT_REGISTERED"
+
+	// MetaDriver, MetaSocket and MetaCall are metadata keys: the driver's
+	// name, its socket, the call that failed.
+	MetaDriver = "driver"
+	MetaSocket = "socket"
+	MetaCall   = "call"
+)
+
+// reasoned is an error with the ErrorInfo reason and metadata ToGRPC
+// sends with it.
+type reasoned struct {
+	err      error
+	reason   string
+	metadata map[string]string
+}
+
+func (e *reasoned) Error() string { return e.err.Error() }
+func (e *reasoned) Unwrap() error { return e.err }
+
+// WithReason returns err (its message, its sentinels) with the reason and
+// metadata of its status's ErrorInfo detail: ToGRPC sends the outermost
+// reason err carries. A nil err stays nil.
+func WithReason(err error, reason string, metadata map[string]string) error {
+	if err == nil {
+		return nil
+	}
+	return &reasoned{err: err, reason: reason, metadata: metadata}
+}
+
+// InfoOf returns the ErrorInfo detail in Domain of a gRPC status error: ok
+// is false for an error that is not a status, or a status no nodeplug
+// service made (a transport failure, another server's answer).
+func InfoOf(err error) (*errdetails.ErrorInfo, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil, false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
+			return info, true
+		}
+	}
+	return nil, false
+}
+
+// withInfo adds err's ErrorInfo to st: its reason when it carries one (see
+// WithReason), else the code's name. A status whose strings are not UTF-8
+// cannot carry details (they travel marshaled) and is returned as it is.
+func withInfo(st *status.Status, err error) *status.Status {
+	info := &errdetails.ErrorInfo{Domain: Domain, Reason: reasonOf(st.Code())}
+	var r *reasoned
+	if errors.As(err, &r) {
+		info.Reason, info.Metadata = r.reason, r.metadata
+	}
+	if !utf8.ValidString(st.Message()) {
+		return st
+	}
+	for _, v := range info.GetMetadata() {
+		if !utf8.ValidString(v) {
+			return st
+		}
+	}
+	out, derr := st.WithDetails(info)
+	if derr != nil {
+		return st
+	}
+	return out
+}
+
+// reasonOf is a code's name in upper snake case ("FAILED_PRECONDITION").
+func reasonOf(c codes.Code) string {
+	var b strings.Builder
+	for i, r := range c.String() {
+		if i > 0 && unicode.IsUpper(r) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToUpper(r))
+	}
+	return b.String()
+}
