@@ -169,6 +169,7 @@ func (a *Allocator) allocate(ctx context.Context, pod claims.PodRef, claim *reso
 		if err != nil {
 			return nil, err
 		}
+		claims.Crash(claims.CrashMarked)
 	}
 	claim = claim.DeepCopy()
 	claim.Status.Allocation = result
@@ -181,6 +182,7 @@ func (a *Allocator) allocate(ctx context.Context, pod claims.PodRef, claim *reso
 		return nil, err
 	}
 	a.log.Info("allocated claim", "claim", objName(out), "pod", pod.UID, "devices", deviceNames(out.Status.Allocation))
+	claims.Crash(claims.CrashAllocated)
 	return out, nil
 }
 
