@@ -24,13 +24,16 @@ import (
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/cdispec"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimview"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/containerstart"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubecache"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/podresources"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/slicewatch"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
 
@@ -155,10 +158,13 @@ func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, 
 }
 
 // setupDRA serves DRAService: the DRA driver connections (their slices
-// deleted through kubeAPI when a driver stays away), this node's
-// ResourceSlices, followed until the service stops, and the claims
-// manager (allocation on this node by claimalloc, the drivers' calls by
-// the registry, its records in journal), which it returns.
+// deleted through kubeAPI when a driver stays away), the informers of the
+// objects the DRA half reads (kubecache: each kind once, shared by the
+// claim allocator and the slices view), this node's ResourceSlices as
+// streamed (slicewatch), and the claims manager (allocation on this node
+// by claimalloc, the drivers' calls by the registry, its records in
+// journal), which it returns; ListClaims joins its records with the API's
+// claims (claimview).
 func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal) (*claims.Manager, error) {
 	reg, err := dra.New(dra.Config{
 		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, AllowedDirs: rt.Config.AllowedDirs,
@@ -169,13 +175,21 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	}
 	reg.Start()
 	rt.Go(func(ctx context.Context) error { <-ctx.Done(); reg.Close(); return nil })
+	kc, err := kubecache.New(kubeAPI.Client, kubeAPI.NodeName)
+	if err != nil {
+		return nil, err
+	}
 	alloc, err := claimalloc.New(kubeAPI.Client, kubeAPI.NodeName, rt.Log)
 	if err != nil {
 		return nil, err
 	}
-	// The allocator's informers: its decisions read the node, its slices,
-	// the DeviceClasses and the devices in use from memory.
+	// The allocator's decisions read the node, its slices, the
+	// DeviceClasses and the devices in use from kc's memory.
+	alloc.Follow(kc)
+	slices := slicewatch.New(kc.NodeSlices, kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
 	rt.Go(alloc.Run)
+	rt.Go(slices.Run)
+	rt.Go(kc.Run)
 	node := kubeAPI.NodeName
 	cm, err := claims.New(claims.Config{
 		Reserver: alloc, Drivers: reg, Journal: journal, Log: rt.Log, Registerer: rt.Metrics,
@@ -187,8 +201,7 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	// The owed unprepares stop with the service; they stay recorded and
 	// resume at the next start.
 	rt.Go(func(ctx context.Context) error { <-ctx.Done(); cm.Close(); return nil })
-	slices := draserver.NewSlices(kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
-	rt.Go(slices.Run)
-	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(cm)))
+	view := claimview.New(kubeAPI.Client, node, cm, reg)
+	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(view)))
 	return cm, nil
 }

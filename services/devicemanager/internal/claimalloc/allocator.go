@@ -35,6 +35,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubecache"
 )
 
 // AllocatedByAnnotation marks a claim this node allocated; its value is the
@@ -87,6 +88,8 @@ type Allocator struct {
 	celCache *cel.Cache
 	track    *tracker
 
+	// kc, when set (Follow), are the informers Run reads.
+	kc *kubecache.Cache
 	// cached is set while Run's informers are synced.
 	cached  atomic.Pointer[caches]
 	running atomic.Bool

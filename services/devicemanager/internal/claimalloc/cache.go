@@ -8,11 +8,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubecache"
 )
 
 // caches are the informers' stores an allocation decision reads while Run
@@ -24,79 +24,57 @@ type caches struct {
 
 var errRunning = errors.New("claim allocation: Run is already running")
 
+// Follow makes Run read kc's informers, shared with the devicemanager's
+// other readers of the API, instead of informers of its own. It is called
+// before Run; kc is run by its owner.
+func (a *Allocator) Follow(kc *kubecache.Cache) { a.kc = kc }
+
 // Run follows the claims, this node's ResourceSlices, the DeviceClasses and
-// the Node until ctx ends. Once they are listed, allocation decisions read
-// them from memory (and the devices in use from the claims followed plus
-// the allocations made here); before that, and after ctx ends, each
-// decision lists them from the API. A decision that finds no allocation in
-// memory is made again from the API, so that a slice, class or
-// deallocation not yet seen never fails a claim.
+// the Node until ctx ends (through the informers given to Follow, or its
+// own). Once they are listed, allocation decisions read them from memory
+// (and the devices in use from the claims followed plus the allocations
+// made here); before that, and after ctx ends, each decision lists them
+// from the API. A decision that finds no allocation in memory is made
+// again from the API, so that a slice, class or deallocation not yet seen
+// never fails a claim.
 func (a *Allocator) Run(ctx context.Context) error {
 	if !a.running.CompareAndSwap(false, true) {
 		return errRunning
 	}
 	defer a.running.Store(false)
-	byField := func(sel fields.Selector) informers.SharedInformerOption {
-		return informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sel.String() })
+	kc := a.kc
+	if kc == nil {
+		var err error
+		if kc, err = kubecache.New(a.client, a.node); err != nil {
+			return fmt.Errorf("claim allocation: %w", err)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = kc.Run(ctx) }()
+		defer func() { cancel(); <-done }()
 	}
-	all := informers.NewSharedInformerFactory(a.client, 0)
-	nodeF := informers.NewSharedInformerFactoryWithOptions(a.client, 0, byField(fields.OneTermEqualSelector("metadata.name", a.node)))
-	mineF := informers.NewSharedInformerFactoryWithOptions(a.client, 0,
-		byField(fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, a.node)))
-	otherF := informers.NewSharedInformerFactoryWithOptions(a.client, 0,
-		byField(fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, "")))
-	factories := []informers.SharedInformerFactory{all, nodeF, mineF, otherF}
-
-	claimInf := all.Resource().V1().ResourceClaims().Informer()
-	if err := claimInf.SetTransform(stripClaim); err != nil {
-		return fmt.Errorf("claim allocation: the claim informer: %w", err)
-	}
-	if _, err := claimInf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	reg, err := kc.Claims.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { a.observeObj(obj) },
 		UpdateFunc: func(_, obj any) { a.observeObj(obj) },
 		DeleteFunc: a.forgetObj,
-	}); err != nil {
+	})
+	if err != nil {
 		return fmt.Errorf("claim allocation: the claim informer: %w", err)
 	}
-	infs := []cache.SharedIndexInformer{
-		claimInf,
-		nodeF.Core().V1().Nodes().Informer(),
-		mineF.Resource().V1().ResourceSlices().Informer(),
-		otherF.Resource().V1().ResourceSlices().Informer(),
-		all.Resource().V1().DeviceClasses().Informer(),
+	defer func() { _ = kc.Claims.RemoveEventHandler(reg) }()
+	defer a.cached.Store(nil)
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-kc.Synced():
 	}
-	for _, f := range factories {
-		f.Start(ctx.Done())
-	}
-	defer func() {
-		a.cached.Store(nil)
-		for _, f := range factories {
-			f.Shutdown()
-		}
-	}()
-	synced := make([]cache.InformerSynced, len(infs))
-	for i, inf := range infs {
-		synced[i] = inf.HasSynced
-	}
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
 		return nil
 	}
-	a.cached.Store(&caches{node: infs[1].GetStore(), nodeSlices: infs[2].GetStore(), otherSlices: infs[3].GetStore(), classes: infs[4].GetStore()})
+	a.cached.Store(&caches{node: kc.Node.GetStore(), nodeSlices: kc.NodeSlices.GetStore(), otherSlices: kc.OtherSlices.GetStore(), classes: kc.Classes.GetStore()})
 	a.log.Debug("following claims, slices, classes and the node")
 	<-ctx.Done()
 	return nil
-}
-
-// stripClaim keeps of a claim what the devices in use need.
-func stripClaim(obj any) (any, error) {
-	c, ok := obj.(*resourcev1.ResourceClaim)
-	if !ok {
-		return obj, nil
-	}
-	return &resourcev1.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: c.Name, Namespace: c.Namespace, UID: c.UID, ResourceVersion: c.ResourceVersion},
-		Status:     resourcev1.ResourceClaimStatus{Allocation: c.Status.Allocation},
-	}, nil
 }
 
 func (a *Allocator) observeObj(obj any) {

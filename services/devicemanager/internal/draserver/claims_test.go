@@ -21,9 +21,9 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimview"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
 )
@@ -36,7 +36,7 @@ const gpu = "gpu.example.com"
 // the drivers.
 func startClaims(t *testing.T) *env {
 	t.Helper()
-	return startWith(t, 0, func(reg *dra.Registry, api *dratest.API) []draserver.Option {
+	return startWith(t, 0, func(reg *dra.Registry, api *dratest.API) claimview.Records {
 		dir := filepath.Join(api.Root, "device-plugins")
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			t.Fatal(err)
@@ -62,7 +62,7 @@ func startClaims(t *testing.T) *env {
 				t.Error(err)
 			}
 		})
-		return []draserver.Option{draserver.WithClaims(m)}
+		return m
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/slicewatch"
 )
 
 func registrationFromAPI(req *dmv1.RegisterDRADriverRequest) (dra.Registration, error) {
@@ -129,4 +130,11 @@ func attributeText(a resourcev1.DeviceAttribute) string {
 		return strconv.FormatBool(*a.BoolValue)
 	}
 	return ""
+}
+
+func changeTypeToAPI(t slicewatch.ChangeType) dmv1.ResourceSliceChangeType {
+	if t == slicewatch.Removed {
+		return dmv1.ResourceSliceChangeType_RESOURCE_SLICE_CHANGE_TYPE_REMOVED
+	}
+	return dmv1.ResourceSliceChangeType_RESOURCE_SLICE_CHANGE_TYPE_UPDATED
 }

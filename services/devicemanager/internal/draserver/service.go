@@ -15,28 +15,38 @@ import (
 	"context"
 
 	"google.golang.org/grpc"
+	resourcev1 "k8s.io/api/resource/v1"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/slicewatch"
 )
+
+// Slices is what the service needs of this node's slices
+// (slicewatch.Slices).
+type Slices interface {
+	List(ctx context.Context, driver string) ([]resourcev1.ResourceSlice, error)
+	Watch(ctx context.Context, driver string) (uint64, *stream.Subscription[slicewatch.Change], error)
+}
+
+var _ Slices = (*slicewatch.Slices)(nil)
 
 // Service implements DRAService.
 type Service struct {
 	dmv1.UnimplementedDRAServiceServer
 	instanceID string
 	reg        *dra.Registry
-	slices     *Slices
+	slices     Slices
 	claims     Claims
-	failed     failures
 }
 
 var _ dmv1.DRAServiceServer = (*Service)(nil)
 
 // NewService returns the adapter; instanceID is the devicemanager's. The
 // claims are listed through the slices' Kubernetes client.
-func NewService(instanceID string, reg *dra.Registry, slices *Slices, opts ...Option) *Service {
+func NewService(instanceID string, reg *dra.Registry, slices Slices, opts ...Option) *Service {
 	s := &Service{instanceID: instanceID, reg: reg, slices: slices}
 	for _, o := range opts {
 		o(s)
@@ -81,9 +91,13 @@ func (s *Service) ListDRADrivers(_ context.Context, req *dmv1.ListDRADriversRequ
 
 // ListResourceSlices implements DRAService.
 func (s *Service) ListResourceSlices(ctx context.Context, req *dmv1.ListResourceSlicesRequest) (*dmv1.ListResourceSlicesResponse, error) {
-	items, err := s.slices.List(ctx, req.GetDriverName())
+	list, err := s.slices.List(ctx, req.GetDriverName())
 	if err != nil {
 		return nil, err
+	}
+	items := make([]*dmv1.ResourceSlice, 0, len(list))
+	for i := range list {
+		items = append(items, sliceToAPI(&list[i]))
 	}
 	if s.reg != nil {
 		for _, sl := range items {
@@ -103,9 +117,9 @@ func (s *Service) WatchResourceSlices(req *dmv1.WatchResourceSlicesRequest, ss g
 	if err != nil {
 		return err
 	}
-	send := func(c change) error {
+	send := func(c slicewatch.Change) error {
 		return ss.Send(&dmv1.WatchResourceSlicesResponse{InstanceId: s.instanceID, Item: &dmv1.WatchResourceSlicesResponse_Change{
-			Change: &dmv1.ResourceSliceChange{Type: c.typ, Slice: c.slice, Revision: c.rev},
+			Change: &dmv1.ResourceSliceChange{Type: changeTypeToAPI(c.Type), Slice: sliceToAPI(c.Slice), Revision: c.Rev},
 		}})
 	}
 	synced := func() error {

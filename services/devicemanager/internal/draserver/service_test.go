@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,9 +25,12 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimview"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubecache"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/slicewatch"
 )
 
 // env is DRAService on a real Unix socket over a registry and the real
@@ -43,9 +47,9 @@ func start(t *testing.T, delay time.Duration) *env {
 	return startWith(t, delay, nil)
 }
 
-// startWith is start with the service's options from opts, called with
-// the registry and the API before the service is built.
-func startWith(t *testing.T, delay time.Duration, opts func(*dra.Registry, *dratest.API) []draserver.Option) *env {
+// startWith is start with the claims manager that records returns, called
+// with the registry and the API before the service is built (nil: none).
+func startWith(t *testing.T, delay time.Duration, records func(*dra.Registry, *dratest.API) claimview.Records) *env {
 	t.Helper()
 	root := testutil.TempDir(t)
 	api := dratest.StartAPI(t, root)
@@ -55,11 +59,16 @@ func startWith(t *testing.T, delay time.Duration, opts func(*dra.Registry, *drat
 	}
 	t.Cleanup(reg.Close)
 	log := slog.New(slog.DiscardHandler)
-	sl := draserver.NewSlices(api.Client, dratest.Node, stream.Limits{}, log)
+	kc, err := kubecache.New(api.Client, dratest.Node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl := slicewatch.New(kc.NodeSlices, api.Client, dratest.Node, stream.Limits{}, log)
 	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); _ = sl.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-ran })
+	var ran sync.WaitGroup
+	ran.Go(func() { _ = sl.Run(ctx) })
+	ran.Go(func() { _ = kc.Run(ctx) })
+	t.Cleanup(func() { cancel(); ran.Wait() })
 
 	path := filepath.Join(root, "dm.sock")
 	lis, err := unixsock.Listen(path)
@@ -67,11 +76,12 @@ func startWith(t *testing.T, delay time.Duration, opts func(*dra.Registry, *drat
 		t.Fatal(err)
 	}
 	srv, _ := rpcutil.NewServer(log)
-	var o []draserver.Option
-	if opts != nil {
-		o = opts(reg, api)
+	var rec claimview.Records
+	if records != nil {
+		rec = records(reg, api)
 	}
-	dmv1.RegisterDRAServiceServer(srv, draserver.NewService("dm-1", reg, sl, o...))
+	view := claimview.New(api.Client, dratest.Node, rec, reg)
+	dmv1.RegisterDRAServiceServer(srv, draserver.NewService("dm-1", reg, sl, draserver.WithClaims(view)))
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-served })
