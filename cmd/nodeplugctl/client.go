@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"strings"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
@@ -60,17 +62,28 @@ func (c *cli) call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.g.timeout)
 }
 
-// rpcError says what failed and what to try.
+// rpcError says what failed and what to try. A status a nodeplug service
+// made carries an ErrorInfo (errdefs.InfoOf): the service answered, so its
+// UNAVAILABLE is never "cannot reach" it, and a reason that blames a DRA
+// driver is said as the driver's fault. Only a status without one, from
+// the transport, can mean the service is not reached.
 func (c *cli) rpcError(svc service, op string, err error) error {
 	addr := svc.addr(&c.g)
 	st := status.Convert(err)
 	msg := st.Message()
+	info, answered := errdefs.InfoOf(err)
+	if answered {
+		if derr := driverFault(op, msg, info); derr != nil {
+			return derr
+		}
+	}
 	switch st.Code() {
 	case codes.Unavailable:
-		if strings.Contains(msg, "permission denied") {
+		switch {
+		case answered:
+		case strings.Contains(msg, "permission denied"):
 			return fmt.Errorf("may not open the %s's socket %s: %s — the API is for root, the service's user and its --api-group (README: Security)", svc.name, addr, msg)
-		}
-		if isConnectError(msg) {
+		case isConnectError(msg):
 			return fmt.Errorf("cannot reach the %s at %s: %s — is it running? (make run, or %s)", svc.name, addr, msg, svc.flag)
 		}
 		return fmt.Errorf("%s: %s (the %s at %s says: unavailable)", op, msg, svc.name, addr)
@@ -87,6 +100,25 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 	default:
 		return fmt.Errorf("%s: %s (%s from the %s at %s)", op, msg, st.Code(), svc.name, addr)
 	}
+}
+
+// driverFault says an error whose reason blames a DRA driver as the
+// driver's fault, naming it and its socket; nil for other reasons.
+func driverFault(op, msg string, info *errdetails.ErrorInfo) error {
+	md := info.GetMetadata()
+	driver, socket := md[errdefs.MetaDriver], md[errdefs.MetaSocket]
+	switch info.GetReason() {
+	case errdefs.ReasonDRADriverUnreachable:
+		return fmt.Errorf("%s: DRA driver %s is not reachable at %s: the driver is at fault, not the devicemanager — is the driver running? (nodeplugctl drivers)\n  the devicemanager said: %s",
+			op, driver, socket, msg)
+	case errdefs.ReasonDRADriverFailed:
+		return fmt.Errorf("%s: DRA driver %s (socket %s) failed: the driver is at fault, not the devicemanager — see the driver's log\n  the devicemanager said: %s",
+			op, driver, socket, msg)
+	case errdefs.ReasonDRADriverNotRegistered:
+		return fmt.Errorf("%s: DRA driver %s is not registered on this node — start it, or see why it did not register (nodeplugctl drivers)\n  the devicemanager said: %s",
+			op, driver, msg)
+	}
+	return nil
 }
 
 // isConnectError tells a transport failure (nothing listening, wrong

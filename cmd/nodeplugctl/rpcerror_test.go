@@ -1,0 +1,72 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+)
+
+// failingClaims answers PrepareResources with err, mapped to a status as
+// the services' interceptor maps it (errdefs.ToGRPC).
+type failingClaims struct {
+	dmv1.UnimplementedDRAServiceServer
+	err error
+}
+
+func (f failingClaims) PrepareResources(context.Context, *dmv1.PrepareResourcesRequest) (*dmv1.PrepareResourcesResponse, error) {
+	return nil, errdefs.ToGRPC(f.err)
+}
+
+// An UNAVAILABLE the devicemanager answers is never "cannot reach the
+// devicemanager", whatever words its message holds: a DRA driver that
+// cannot be reached, failed or is not registered is said as the driver's
+// fault, naming it and its socket; another UNAVAILABLE as the
+// devicemanager's answer. Only a transport failure is "cannot reach".
+func TestDriverFaultsAreNotTheDevicemanagers(t *testing.T) {
+	const sock = "/var/lib/kubelet/plugins/gpu.example.com/dra.sock"
+	meta := map[string]string{errdefs.MetaDriver: "gpu.example.com", errdefs.MetaSocket: sock, errdefs.MetaCall: "NodePrepareResources"}
+	driverErr := func(reason, msg string, kind error) error {
+		return fmt.Errorf("prepare ResourceClaim default/c: driver gpu.example.com: %w",
+			errdefs.WithReason(fmt.Errorf("DRA driver gpu.example.com (socket %q): NodePrepareResources: %s: %w", sock, msg, kind), reason, meta))
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want []string
+	}{
+		{"driver down", driverErr(errdefs.ReasonDRADriverUnreachable, "connection error: dial unix: connect: connection refused", errdefs.ErrUnavailable),
+			[]string{"DRA driver gpu.example.com is not reachable at " + sock, "the driver is at fault, not the devicemanager", "connection refused"}},
+		{"driver failed", driverErr(errdefs.ReasonDRADriverFailed, "boom", errdefs.ErrInternal),
+			[]string{"DRA driver gpu.example.com (socket " + sock + ") failed", "the driver is at fault, not the devicemanager", "boom"}},
+		{"driver not registered", errdefs.WithReason(fmt.Errorf("DRA driver gpu.example.com is not registered on this node: %w", errdefs.ErrUnavailable),
+			errdefs.ReasonDRADriverNotRegistered, map[string]string{errdefs.MetaDriver: "gpu.example.com"}),
+			[]string{"DRA driver gpu.example.com is not registered on this node — start it"}},
+		{"the devicemanager's own", fmt.Errorf("reserve ResourceClaim default/c: Get \"https://127.0.0.1/\": EOF: %w", errdefs.ErrUnavailable),
+			[]string{"EOF: unavailable (the devicemanager at ", "says: unavailable)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := serveFake(t, func(s *grpc.Server) { dmv1.RegisterDRAServiceServer(s, failingClaims{err: tc.err}) })
+			code, _, errOut := runCLI(t, "--devicemanager-addr", addr, "prepare", "--pod-uid", "u", "--namespace", "default", "--name", "p",
+				"--claim", "c=c", "--container", "main=c")
+			if code != exitError || strings.Contains(errOut, "cannot reach the devicemanager") {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("output lacks %q:\n%s", w, errOut)
+				}
+			}
+		})
+	}
+	code, _, errOut := runCLI(t, "--devicemanager-addr", "/nonexistent/devicemanager.sock", "prepare", "--pod-uid", "u", "--namespace", "default",
+		"--name", "p", "--claim", "c=c", "--container", "main=c")
+	if code != exitError || !strings.Contains(errOut, "cannot reach the devicemanager at /nonexistent/devicemanager.sock") {
+		t.Errorf("no devicemanager: exit %d: %s", code, errOut)
+	}
+}
