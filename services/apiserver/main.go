@@ -20,21 +20,40 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/services/apiserver/internal/localapi"
+	"github.com/nodeplug/nodeplug/services/apiserver/internal/resourceapi"
 )
 
 func main() {
-	var opts localapi.Options
+	opts := localapi.Options{Limits: resourceapi.Limits{}.WithDefaults()}
 	os.Exit(app.Main(app.Service{
 		Binary: "apiserver", DefaultMetrics: app.DefaultAPIServerMetricsAddr,
+		// What drivers write is large and short-lived (a slice replaced
+		// by the next): collect at half Go's default growth, and give the
+		// memory of a burst back once it is over.
+		GCPercent: 50,
+		Settle:    &app.Settle{},
 		Flags: func(fs *app.Flags) {
 			fs.StringVar(&opts.Listen, "resource-api-listen", localapi.DefaultListen,
 				"loopback address of the node-local resource API (HTTPS; port 0: a free port, kept across restarts)")
 			fs.StringVar(&opts.NodeName, "node-name", "", "the one Node the API serves (default: the host name; the devicemanager's --node-name must match)")
+			limitFlags(fs, &opts.Limits)
 		},
 		Setup: func(_ context.Context, rt *app.Runtime) error {
 			return setup(rt, opts)
 		},
 	}, os.Args[1:]))
+}
+
+// limitFlags are the bounds of the resource API's watches (see
+// resourceapi.Limits).
+func limitFlags(fs *app.Flags, l *resourceapi.Limits) {
+	fs.IntVar(&l.HistoryEvents, "resource-api-watch-history-events", l.HistoryEvents, "changes the watch history keeps, for watches that start from a resourceVersion (older: 410 Gone, the client lists again)")
+	fs.Var((*resourceapi.Bytes)(&l.HistoryBytes), "resource-api-watch-history-bytes", "bytes of objects (encoded) the watch history keeps, e.g. 32Mi")
+	fs.DurationVar(&l.HistoryAge, "resource-api-watch-history-age", l.HistoryAge, "how long the watch history keeps a change")
+	fs.IntVar(&l.WatchBufferEvents, "resource-api-watch-buffer-events", l.WatchBufferEvents, "changes a watch may fall behind before it is cut off (its client watches again)")
+	fs.Var((*resourceapi.Bytes)(&l.WatchBufferBytes), "resource-api-watch-buffer-bytes", "bytes of changes a watch may fall behind before it is cut off, at least the largest object (1.5Mi)")
+	fs.IntVar(&l.MaxWatches, "resource-api-max-watches", l.MaxWatches, "watches open at once in total; one more is 429")
+	fs.IntVar(&l.MaxWatchesPerCaller, "resource-api-max-watches-per-caller", l.MaxWatchesPerCaller, "watches open at once per caller (a client certificate's name: every driver shares one); one more is 429")
 }
 
 // setup opens the store, the credentials and the listener, and serves the

@@ -48,9 +48,10 @@ type Options struct {
 	NodeName   string
 	Log        *slog.Logger
 	Registerer prometheus.Registerer
-	// History and BookmarkInterval tune the node-local API (0: its
-	// defaults, resourceapi.DefaultHistory and DefaultBookmarkInterval).
-	History          int
+	// Limits bound the memory of its watches (zero fields: the defaults
+	// of resourceapi.Limits).
+	Limits resourceapi.Limits
+	// BookmarkInterval: 0 means resourceapi.DefaultBookmarkInterval.
 	BookmarkInterval time.Duration
 }
 
@@ -99,7 +100,7 @@ func openLocal(opts Options, host, node string) (*Access, error) {
 	if err != nil {
 		return nil, err
 	}
-	store, err := resourceapi.OpenStore(layout.ResourceStoreFile(opts.RootDir), opts.History)
+	store, err := resourceapi.OpenStore(layout.ResourceStoreFile(opts.RootDir), opts.Limits)
 	if err != nil {
 		return nil, err
 	}

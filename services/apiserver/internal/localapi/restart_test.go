@@ -130,7 +130,7 @@ func TestRestartLosesNothing(t *testing.T) {
 
 func TestTooOldResourceVersionIsGone(t *testing.T) {
 	root := testutil.TempDir(t)
-	a := startAPI(t, root, "", func(o *Options) { o.History = 3 })
+	a := startAPI(t, root, "", func(o *Options) { o.Limits.HistoryEvents = 3 })
 	ctx := context.Background()
 	slices := a.Client.ResourceV1().ResourceSlices()
 	first, err := slices.Create(ctx, slice("s", "gpu.example.com", testNode), metav1.CreateOptions{})

@@ -103,7 +103,7 @@ func (s *Server) deleteCollection(w http.ResponseWriter, r *http.Request, req re
 		return err
 	}
 	k := req.kind
-	match, fsel, err := matcher(k, req.namespace, opts)
+	amatch, fsel, err := matcher(k, req.namespace, opts)
 	if err != nil {
 		return err
 	}
@@ -112,6 +112,7 @@ func (s *Server) deleteCollection(w http.ResponseWriter, r *http.Request, req re
 			return err
 		}
 	}
+	match := objectMatcher(k, amatch)
 	objs, _ := s.store.list(k, match)
 	list := k.newList()
 	var deleted []runtime.Object

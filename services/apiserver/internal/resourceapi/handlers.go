@@ -41,8 +41,9 @@ func listOptions(r *http.Request) (metav1.ListOptions, error) {
 }
 
 // matcher is the request's namespace, label and field selectors as one
-// predicate; an unknown field or a malformed selector is 400.
-func matcher(k *kind, namespace string, opts metav1.ListOptions) (func(runtime.Object) bool, fields.Selector, error) {
+// predicate on what selectors see of an object (attrs); an unknown field
+// or a malformed selector is 400.
+func matcher(k *kind, namespace string, opts metav1.ListOptions) (func(*attrs) bool, fields.Selector, error) {
 	fsel, err := k.fieldSelector(opts.FieldSelector)
 	if err != nil {
 		return nil, nil, err
@@ -51,13 +52,17 @@ func matcher(k *kind, namespace string, opts metav1.ListOptions) (func(runtime.O
 	if err != nil {
 		return nil, nil, apierrors.NewBadRequest(fmt.Sprintf("invalid label selector %q: %v", opts.LabelSelector, err))
 	}
-	return func(obj runtime.Object) bool {
-		m, err := meta.Accessor(obj)
-		if err != nil || (namespace != "" && m.GetNamespace() != namespace) {
+	return func(a *attrs) bool {
+		if a == nil || (namespace != "" && a.namespace != namespace) {
 			return false
 		}
-		return lsel.Matches(labels.Set(m.GetLabels())) && fsel.Matches(k.fields(obj))
+		return lsel.Matches(a.labels) && fsel.Matches(a.fields)
 	}, fsel, nil
+}
+
+// objectMatcher is match applied to objects of k.
+func objectMatcher(k *kind, match func(*attrs) bool) func(runtime.Object) bool {
+	return func(obj runtime.Object) bool { return match(k.attrsOf(obj)) }
 }
 
 // parseRV parses a resourceVersion given by a client ("" and "0": none).
@@ -92,7 +97,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request, req request) error
 	if opts.ResourceVersionMatch != "" && opts.ResourceVersion == "" {
 		return apierrors.NewBadRequest("resourceVersionMatch is forbidden unless resourceVersion is provided")
 	}
-	objs, cur := s.store.list(req.kind, match)
+	objs, cur := s.store.list(req.kind, objectMatcher(req.kind, match))
 	switch {
 	case want > cur:
 		return tooLargeRV(want, cur)

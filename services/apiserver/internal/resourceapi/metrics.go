@@ -14,9 +14,14 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	watches  prometheus.Gauge
+	// watchesRefused counts watches refused by the bound they hit
+	// (per_caller, total); watchCutoffs watches cut off by the bound
+	// they exceeded (buffer_events, buffer_bytes, history).
+	watchesRefused *prometheus.CounterVec
+	watchCutoffs   *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer, st *Store) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeplug_resource_api_requests_total",
@@ -31,9 +36,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "nodeplug_resource_api_watches",
 			Help: "Watches open on the node-local resource API.",
 		}),
+		watchesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeplug_resource_api_watches_refused_total",
+			Help: "Watches of the node-local resource API refused (429) by the bound they hit: per_caller or total.",
+		}, []string{"bound"}),
+		watchCutoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeplug_resource_api_watch_cutoffs_total",
+			Help: "Watches of the node-local resource API cut off because their client fell behind, by the bound: buffer_events, buffer_bytes or history.",
+		}, []string{"bound"}),
+	}
+	for _, b := range []string{boundPerCaller, boundTotal} {
+		m.watchesRefused.WithLabelValues(b)
+	}
+	for _, b := range []string{boundEvents, boundBytes, boundHistory} {
+		m.watchCutoffs.WithLabelValues(b)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.watches)
+		reg.MustRegister(m.requests, m.duration, m.watches, m.watchesRefused, m.watchCutoffs, historyGauge(st, "events"), historyGauge(st, "bytes"))
 	}
 	return m
 }
@@ -55,4 +74,18 @@ func (m *metrics) observe(req request, code int, took time.Duration) {
 	if verb != "watch" {
 		m.duration.WithLabelValues(verb).Observe(took.Seconds())
 	}
+}
+
+// historyGauge reports the watch history's size in events or bytes.
+func historyGauge(st *Store, unit string) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "nodeplug_resource_api_watch_history_" + unit,
+		Help: "The " + unit + " the node-local resource API's watch history holds (bounded by --resource-api-watch-history-" + unit + ").",
+	}, func() float64 {
+		events, bytes := st.HistorySize()
+		if unit == "events" {
+			return float64(events)
+		}
+		return float64(bytes)
+	})
 }

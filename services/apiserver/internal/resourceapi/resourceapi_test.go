@@ -17,9 +17,9 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-func openTestServer(t *testing.T, path string, history int) (*Server, *Store) {
+func openTestServer(t *testing.T, path string, lim Limits) (*Server, *Store) {
 	t.Helper()
-	st, err := OpenStore(path, history)
+	st, err := OpenStore(path, lim)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func put(t *testing.T, st *Store, obj runtime.Object) runtime.Object {
 // serves watches from its own resourceVersion on only.
 func TestStoreHistoryAndReopen(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "api.db")
-	_, st := openTestServer(t, path, 2)
+	_, st := openTestServer(t, path, Limits{HistoryEvents: 2})
 	base := st.ResourceVersion() // the Node
 	for i := range 4 {
 		put(t, st, testSlice("s"+strconv.Itoa(i)))
@@ -58,19 +58,22 @@ func TestStoreHistoryAndReopen(t *testing.T) {
 	if got := st.ResourceVersion(); got != base+4 {
 		t.Fatalf("resourceVersion %d after 4 writes from %d", got, base)
 	}
-	if _, _, _, _, err := st.subscribe(kindSlice, base+1, false); err == nil {
+	if _, _, err := st.subscribe(kindSlice, watchStart{from: base + 1}, "t", nil); err == nil {
 		t.Fatal("a watch from before the history kept was served")
 	}
-	w, _, past, _, err := st.subscribe(kindSlice, base+2, false)
-	if err != nil || len(past) != 2 {
-		t.Fatalf("watch from the history's start: %d events, %v; want 2", len(past), err)
+	w, _, err := st.subscribe(kindSlice, watchStart{from: base + 2}, "t", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if past, _, _, _ := st.pending(w); len(past) != 2 {
+		t.Fatalf("watch from the history's start: %d events; want 2", len(past))
 	}
 	st.unsubscribe(w)
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
 	}
 
-	_, st2 := openTestServer(t, path, 2)
+	_, st2 := openTestServer(t, path, Limits{HistoryEvents: 2})
 	defer st2.Close()
 	if got := st2.ResourceVersion(); got != base+4 {
 		t.Fatalf("resourceVersion %d after a reopen, want %d", got, base+4)
@@ -78,7 +81,7 @@ func TestStoreHistoryAndReopen(t *testing.T) {
 	if objs, _ := st2.list(kindSlice, func(runtime.Object) bool { return true }); len(objs) != 4 {
 		t.Fatalf("%d slices after a reopen, want 4", len(objs))
 	}
-	if _, _, _, _, err := st2.subscribe(kindSlice, base+3, false); err == nil {
+	if _, _, err := st2.subscribe(kindSlice, watchStart{from: base + 3}, "t", nil); err == nil {
 		t.Fatal("a watch from before the reopen was served from a history the reopen does not have")
 	}
 	if out := put(t, st2, testSlice("s9")); out.(*resourcev1.ResourceSlice).ResourceVersion != strconv.FormatUint(base+5, 10) {
@@ -89,7 +92,7 @@ func TestStoreHistoryAndReopen(t *testing.T) {
 // TestGarbageNeverFailsTheServer sends malformed bodies, paths and options
 // to every route: each gets a 4xx Status and the server keeps serving.
 func TestGarbageNeverFailsTheServer(t *testing.T) {
-	srv, st := openTestServer(t, filepath.Join(t.TempDir(), "api.db"), 0)
+	srv, st := openTestServer(t, filepath.Join(t.TempDir(), "api.db"), Limits{})
 	defer st.Close()
 	cert := &x509.Certificate{Subject: pkix.Name{CommonName: "t", Organization: []string{RoleInternal}}}
 	state := &tls.ConnectionState{PeerCertificates: []*x509.Certificate{cert}, VerifiedChains: [][]*x509.Certificate{{cert}}}

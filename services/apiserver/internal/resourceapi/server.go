@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nodeplug/nodeplug/pkg/memory"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -29,9 +31,6 @@ import (
 // DefaultBookmarkInterval is how often a watch that allows bookmarks gets
 // one.
 const DefaultBookmarkInterval = time.Minute
-
-// maxBody bounds a request body, as the API server's 3 MiB.
-const maxBody = 3 << 20
 
 // Config configures a Server.
 type Config struct {
@@ -52,6 +51,7 @@ type Server struct {
 	log     *slog.Logger
 	metrics *metrics
 	node    string
+	watches *watchSlots
 }
 
 // NewServer makes the server and makes sure the Node exists (its UID,
@@ -66,7 +66,8 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, store: cfg.Store, log: cfg.Log, node: cfg.NodeName, metrics: newMetrics(cfg.Registerer)}
+	s := &Server{cfg: cfg, store: cfg.Store, log: cfg.Log, node: cfg.NodeName,
+		metrics: newMetrics(cfg.Registerer, cfg.Store), watches: newWatchSlots(cfg.Store.Limits())}
 	if err := s.ensureNode(); err != nil {
 		return nil, err
 	}
@@ -87,6 +88,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, tlsCfg *tls.Config
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.ServeTLS(lis, "", "") }()
+	go s.expire(base)
 	select {
 	case err := <-done:
 		return fmt.Errorf("resource API on %s: %w", lis.Addr(), err)
@@ -253,14 +255,20 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, req reque
 
 func isRead(verb string) bool { return verb == "get" || verb == "list" || verb == "watch" }
 
-// readBody reads a request body of at most maxBody bytes.
+// readBody reads a request body of at most MaxBodyBytes: one that says
+// it is larger is 413 unread, one that turns out larger is 413 once the
+// limit is read.
 func readBody(r *http.Request) ([]byte, error) {
-	data, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
+	tooLarge := apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("limit is %d bytes", MaxBodyBytes))
+	if r.ContentLength > MaxBodyBytes {
+		return nil, tooLarge
+	}
+	data, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
 	if err != nil {
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("reading the request body: %v", err))
 	}
-	if len(data) > maxBody {
-		return nil, apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("limit is %d bytes", maxBody))
+	if len(data) > MaxBodyBytes {
+		return nil, tooLarge
 	}
 	return data, nil
 }
@@ -353,9 +361,41 @@ func (s *statusRecorder) WriteHeader(code int) {
 	s.ResponseWriter.WriteHeader(code)
 }
 
+// Unwrap lets an http.ResponseController reach the connection (a watch
+// sets a write deadline through it to end a blocked write).
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
 func (s *statusRecorder) Flush() {
 	if f, ok := s.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
+	}
+}
+
+// expireEvery is how often the history's age is enforced.
+const expireEvery = 5 * time.Second
+
+// giveBackAfter is how much an expiry must drop for the freed memory to
+// be returned to the OS at once.
+const giveBackAfter = 4 << 20
+
+// expire drops the history's changes older than its age until ctx ends;
+// after a large drop it returns the memory to the OS (an idle process
+// would otherwise keep it: the Go runtime returns memory only after a
+// collection, which an idle process rarely runs).
+func (s *Server) expire(ctx context.Context) {
+	t := time.NewTicker(expireEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if dropped := s.store.Expire(time.Now()); dropped >= giveBackAfter {
+			before, after := memory.Release()
+			s.log.Info("resource API watch history expired; memory returned to the OS", "dropped_bytes", dropped,
+				"retained_before", before, "retained_after", after)
+		}
 	}
 }
 

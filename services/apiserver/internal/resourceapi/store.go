@@ -1,6 +1,7 @@
 package resourceapi
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -18,14 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 )
 
-// DefaultHistory is how many events a Store keeps for watches that resume
-// from a resourceVersion; a watch from before the oldest gets 410 Gone.
-const DefaultHistory = 4096
-
-// watcherBuffer is how many events a watcher may fall behind before its
-// stream is ended (the client watches again from its last resourceVersion).
-const watcherBuffer = 1024
-
 var (
 	metaBucket = []byte("meta")
 	rvKey      = []byte("resourceVersion")
@@ -36,56 +29,44 @@ var (
 // before the write returns, and takes the next resourceVersion from one
 // counter kept in the same file, so resourceVersions only grow, across
 // restarts too. Objects held are never modified: a write replaces them.
+// It keeps the last writes, bounded by its Limits, for watches, and cuts
+// off a watch that falls behind them. It is safe for concurrent use; no
+// lock is held while a watch writes to its client.
 type Store struct {
-	db      *bolt.DB
-	history int
+	db  *bolt.DB
+	lim Limits
 
 	mu   sync.RWMutex
 	rv   uint64
 	objs map[*kind]map[string]runtime.Object
-	// events holds the last writes, oldest first; a watch from a
-	// resourceVersion >= oldest can be served from it.
-	events   []event
-	oldest   uint64
+	hist *history
+	// changed is closed (and replaced) at every write: watches wait on it.
+	changed  chan struct{}
 	watchers map[*watcher]struct{}
 }
 
-// event is one write, as watches see it. prev is the object before the
-// write (nil on create).
-type event struct {
-	typ       watch.EventType
-	kind      *kind
-	obj, prev runtime.Object
-	rv        uint64
-}
-
-// watcher receives the events written after it subscribed.
-type watcher struct {
-	kind *kind
-	ch   chan event
-	// overflow is closed when the watcher fell too far behind.
-	overflow chan struct{}
-	once     sync.Once
-}
-
-// OpenStore opens (creating it, 0600) the store's file; history <= 0
-// means DefaultHistory.
-func OpenStore(path string, history int) (*Store, error) {
-	if history <= 0 {
-		history = DefaultHistory
+// OpenStore opens (creating it, 0600) the store's file; lim's zero
+// fields take the defaults.
+func OpenStore(path string, lim Limits) (*Store, error) {
+	lim = lim.WithDefaults()
+	if err := lim.Validate(); err != nil {
+		return nil, fmt.Errorf("resource API limits: %w", err)
 	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 5 * time.Second, OpenFile: openNoFollow})
 	if err != nil {
 		return nil, fmt.Errorf("open resource API store %s: %w", path, err)
 	}
-	s := &Store{db: db, history: history, objs: map[*kind]map[string]runtime.Object{}, watchers: map[*watcher]struct{}{}}
+	s := &Store{db: db, lim: lim, objs: map[*kind]map[string]runtime.Object{}, watchers: map[*watcher]struct{}{}, changed: make(chan struct{})}
 	if err := s.load(); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("resource API store %s: %w", path, err)
 	}
-	s.oldest = s.rv
+	s.hist = newHistory(lim, s.rv)
 	return s, nil
 }
+
+// Limits are the store's limits, with their defaults.
+func (s *Store) Limits() Limits { return s.lim }
 
 // openNoFollow opens the store's file without following a symbolic link.
 func openNoFollow(name string, flag int, perm os.FileMode) (*os.File, error) {
@@ -142,11 +123,12 @@ func storageCodec() runtime.Codec {
 // Close closes the file. Open watches end.
 func (s *Store) Close() error {
 	s.mu.Lock()
+	var cut []*watcher
 	for w := range s.watchers {
-		w.stop()
-		delete(s.watchers, w)
+		cut = append(cut, s.cutLocked(w, boundStopped, ""))
 	}
 	s.mu.Unlock()
+	abortAll(cut)
 	return s.db.Close()
 }
 
@@ -193,10 +175,17 @@ var errNoChange = errors.New("no change")
 // mutate is every write: fn gets the stored object (nil if absent; a copy
 // it may change) and returns the object to store, or nil to delete it. The
 // store sets the new resourceVersion, writes it durably, then updates
-// memory and the watchers. It returns the object stored (or deleted).
+// memory and the history. It returns the object stored (or deleted). An
+// object larger than MaxObjectBytes, encoded, is 413.
 func (s *Store) mutate(k *kind, key string, fn func(old runtime.Object) (runtime.Object, error)) (runtime.Object, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	cut, out, err := s.mutateLocked(k, key, fn)
+	s.mu.Unlock()
+	abortAll(cut)
+	return out, err
+}
+
+func (s *Store) mutateLocked(k *kind, key string, fn func(old runtime.Object) (runtime.Object, error)) ([]*watcher, runtime.Object, error) {
 	prev := s.objs[k][key]
 	var cur runtime.Object
 	if prev != nil {
@@ -204,31 +193,69 @@ func (s *Store) mutate(k *kind, key string, fn func(old runtime.Object) (runtime
 	}
 	next, err := fn(cur)
 	if errors.Is(err, errNoChange) {
-		return prev, nil
+		return nil, prev, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	if next == nil && prev == nil {
-		return nil, nil
+	if err != nil || (next == nil && prev == nil) {
+		return nil, nil, err
 	}
 	rv := s.rv + 1
-	var data []byte
-	if next != nil {
-		k.setTypeMeta(next)
-		m, err := meta.Accessor(next)
-		if err != nil {
-			return nil, apierrors.NewInternalError(err)
-		}
-		m.SetResourceVersion(strconv.FormatUint(rv, 10))
-		if data, err = runtime.Encode(storageCodec(), next); err != nil {
-			return nil, apierrors.NewInternalError(fmt.Errorf("encode %s %s: %w", k.resource, key, err))
-		}
+	ev := &event{kind: k, rv: rv, prev: k.attrsOf(prev), cur: k.attrsOf(next), at: time.Now()}
+	switch {
+	case next == nil:
+		ev.typ, next = watch.Deleted, withRV(k, prev.DeepCopyObject(), rv)
+		ev.cur = nil
+	case prev == nil:
+		ev.typ = watch.Added
+	default:
+		ev.typ = watch.Modified
 	}
-	if err := s.db.Update(func(tx *bolt.Tx) error {
+	data, err := encodeStored(k, key, withRV(k, next, rv))
+	if err != nil {
+		return nil, nil, err
+	}
+	if ev.typ != watch.Deleted && len(data) > MaxObjectBytes {
+		return nil, nil, apierrors.NewRequestEntityTooLargeError(fmt.Sprintf(
+			"the %s %s is %d bytes encoded; the node-local API stores objects of at most %d bytes (1.5 MiB)", k.gvk.Kind, key, len(data), MaxObjectBytes))
+	}
+	if err := s.commit(k, key, rv, data, ev.typ == watch.Deleted); err != nil {
+		return nil, nil, err
+	}
+	s.rv = rv
+	if ev.typ == watch.Deleted {
+		delete(s.objs[k], key)
+	} else {
+		s.objs[k][key] = next
+	}
+	// The event keeps the encoding alone, exactly sized, without the
+	// encoder's newline.
+	ev.data = bytes.Clone(bytes.TrimSuffix(data, []byte("\n")))
+	return s.recordLocked(ev), next, nil
+}
+
+// withRV sets obj's type meta and resourceVersion, and returns it.
+func withRV(k *kind, obj runtime.Object, rv uint64) runtime.Object {
+	k.setTypeMeta(obj)
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetResourceVersion(strconv.FormatUint(rv, 10))
+	}
+	return obj
+}
+
+func encodeStored(k *kind, key string, obj runtime.Object) ([]byte, error) {
+	data, err := runtime.Encode(storageCodec(), obj)
+	if err != nil {
+		return nil, apierrors.NewInternalError(fmt.Errorf("encode %s %s: %w", k.resource, key, err))
+	}
+	return data, nil
+}
+
+// commit writes (or, with del, deletes) one object and the counter in one
+// transaction.
+func (s *Store) commit(k *kind, key string, rv uint64, data []byte, del bool) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(k.resource))
 		var err error
-		if next == nil {
+		if del {
 			err = b.Delete([]byte(key))
 		} else {
 			err = b.Put([]byte(key), data)
@@ -239,88 +266,133 @@ func (s *Store) mutate(k *kind, key string, fn func(old runtime.Object) (runtime
 		var v [8]byte
 		binary.BigEndian.PutUint64(v[:], rv)
 		return tx.Bucket(metaBucket).Put(rvKey, v[:])
-	}); err != nil {
-		return nil, apierrors.NewInternalError(fmt.Errorf("store %s %s: %w", k.resource, key, err))
+	})
+	if err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("store %s %s: %w", k.resource, key, err))
 	}
-	s.rv = rv
-	ev := event{kind: k, obj: next, prev: prev, rv: rv}
-	switch {
-	case next == nil:
-		delete(s.objs[k], key)
-		ev.typ, ev.obj = watch.Deleted, deletedCopy(k, prev, rv)
-	case prev == nil:
-		s.objs[k][key] = next
-		ev.typ = watch.Added
-	default:
-		s.objs[k][key] = next
-		ev.typ = watch.Modified
-	}
-	s.record(ev)
-	if next == nil {
-		return ev.obj, nil
-	}
-	return next, nil
+	return nil
 }
 
-// deletedCopy is the object as a DELETED event carries it: its last state
-// with the deletion's resourceVersion, as a real server sends.
-func deletedCopy(k *kind, prev runtime.Object, rv uint64) runtime.Object {
-	obj := prev.DeepCopyObject()
-	k.setTypeMeta(obj)
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetResourceVersion(strconv.FormatUint(rv, 10))
-	}
-	return obj
+// recordLocked keeps ev in the history, trims it, wakes the watches and
+// returns those it cut off.
+func (s *Store) recordLocked(ev *event) []*watcher {
+	s.hist.add(ev)
+	cut := s.trimLocked(ev.at)
+	close(s.changed)
+	s.changed = make(chan struct{})
+	return cut
 }
 
-// record keeps ev in the history and hands it to the watchers of its kind.
-func (s *Store) record(ev event) {
-	s.events = append(s.events, ev)
-	if len(s.events) > s.history {
-		drop := len(s.events) - s.history
-		s.oldest = s.events[drop-1].rv
-		s.events = append(s.events[:0], s.events[drop:]...)
-	}
+// trimLocked trims the history at now and cuts off the watches that fell
+// behind its bounds.
+func (s *Store) trimLocked(now time.Time) []*watcher {
+	s.hist.trim(now)
+	var cut []*watcher
 	for w := range s.watchers {
-		if w.kind != ev.kind {
-			continue
+		if bound, lag := s.hist.behind(w); bound != "" {
+			cut = append(cut, s.cutLocked(w, bound, lag))
 		}
-		select {
-		case w.ch <- ev:
-		default:
-			w.stop()
-			delete(s.watchers, w)
+	}
+	return cut
+}
+
+// Expire drops the changes older than the history's age (and with them
+// the watches still owed them), and returns the bytes dropped. The server
+// calls it periodically: without writes the history would keep its last
+// changes for ever.
+func (s *Store) Expire(now time.Time) int64 {
+	s.mu.Lock()
+	before := s.hist.bytes
+	cut := s.trimLocked(now)
+	dropped := before - s.hist.bytes
+	s.mu.Unlock()
+	abortAll(cut)
+	return dropped
+}
+
+// HistorySize is the events the history holds and their bytes.
+func (s *Store) HistorySize() (events int, bytes int64) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.hist.events), s.hist.bytes
+}
+
+// cutLocked ends w's watch because of bound, and returns it.
+func (s *Store) cutLocked(w *watcher, bound, lag string) *watcher {
+	delete(s.watchers, w)
+	w.bound, w.lag = bound, lag
+	close(w.cut)
+	return w
+}
+
+// abortAll ends the writes in progress of watches that were cut off.
+// It runs after the lock is released: ending a write takes the HTTP
+// connection's own locks.
+func abortAll(cut []*watcher) {
+	for _, w := range cut {
+		if w.abort != nil {
+			go w.abort()
 		}
 	}
 }
 
-// subscribe starts a watch of k. With from == 0 it returns the current
-// objects (initial) and the events after them; otherwise the events after
-// from, or 410 Gone when from is older than the history kept. rv is the
-// resourceVersion the watch starts at.
-func (s *Store) subscribe(k *kind, from uint64, initial bool) (w *watcher, objs []runtime.Object, past []event, rv uint64, err error) {
+// subscribe starts a watch of k for user. With start.initial it returns
+// the current objects, and the watch is at the store's resourceVersion;
+// otherwise it is at start.from, or 410 Gone when changes of k after it
+// left the history. abort ends a write to its client (see watcher).
+func (s *Store) subscribe(k *kind, start watchStart, user string, abort func()) (*watcher, []runtime.Object, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !initial {
-		if from < s.oldest {
-			return nil, nil, nil, 0, apierrors.NewResourceExpired(
-				fmt.Sprintf("too old resource version: %d (%d)", from, s.oldest))
-		}
-		if from > s.rv {
-			return nil, nil, nil, 0, tooLargeRV(from, s.rv)
-		}
-		for _, ev := range s.events {
-			if ev.rv > from && ev.kind == k {
-				past = append(past, ev)
-			}
-		}
-	} else {
-		objs = s.listLocked(k, func(runtime.Object) bool { return true })
+	if start.from > s.rv {
+		return nil, nil, tooLargeRV(start.from, s.rv)
 	}
-	w = &watcher{kind: k, ch: make(chan event, watcherBuffer), overflow: make(chan struct{})}
+	w := &watcher{kind: k, user: user, cut: make(chan struct{}), abort: abort}
+	var objs []runtime.Object
+	if start.initial {
+		objs = s.listLocked(k, func(runtime.Object) bool { return true })
+		w.rv, w.seq, w.cum = s.rv, s.hist.seq[k], s.hist.cum[k]
+	} else {
+		if start.from < s.hist.trimmed[k] {
+			return nil, nil, apierrors.NewResourceExpired(
+				fmt.Sprintf("too old resource version: %d (%d)", start.from, s.hist.trimmed[k]))
+		}
+		w.rv = start.from
+		w.seq, w.cum = s.hist.countersAt(k, start.from)
+	}
 	s.watchers[w] = struct{}{}
-	return w, objs, past, s.rv, nil
+	return w, objs, nil
 }
+
+// pending returns w's events after its position, the resourceVersion
+// they run to, and a channel closed at the next write; ok is false once
+// w was cut off (the events it is owed may be gone).
+func (s *Store) pending(w *watcher) (evs []*event, head uint64, changed <-chan struct{}, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if w.bound != "" {
+		return nil, 0, nil, false
+	}
+	return s.hist.since(w.kind, w.rv), s.rv, s.changed, true
+}
+
+// sent moves w's position past ev, once it was written to the client.
+func (s *Store) sent(w *watcher, ev *event) {
+	s.mu.RLock()
+	w.rv, w.seq, w.cum = ev.rv, ev.seq, ev.cum
+	s.mu.RUnlock()
+}
+
+// caughtUp moves w's position to head, once every event of its kind up
+// to head was written.
+func (s *Store) caughtUp(w *watcher, head uint64) {
+	s.mu.RLock()
+	w.rv = max(w.rv, head)
+	s.mu.RUnlock()
+}
+
+// position is the resourceVersion w was sent everything up to (its own
+// goroutine's read).
+func (w *watcher) position() uint64 { return w.rv }
 
 // unsubscribe ends a watch.
 func (s *Store) unsubscribe(w *watcher) {
@@ -328,8 +400,6 @@ func (s *Store) unsubscribe(w *watcher) {
 	delete(s.watchers, w)
 	s.mu.Unlock()
 }
-
-func (w *watcher) stop() { w.once.Do(func() { close(w.overflow) }) }
 
 // tooLargeRV is the error of a real server asked for a resourceVersion it
 // has not reached (client-go recognises it by its cause).

@@ -7,6 +7,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -19,31 +20,17 @@ import (
 // selectors are not compiled, and the feature-gated fields (counters,
 // taints, binding conditions) are only bounded in size.
 
-// validateMeta checks the name (a DNS subdomain), the namespace (a DNS
-// label, only for namespaced kinds) and the generateName prefix.
+// validateMeta is the API server's own validation of an object's
+// metadata (k8s.io/apimachinery's): the name (a DNS subdomain), the
+// namespace (a DNS label, only for namespaced kinds), generateName, the
+// labels (keys and values), the annotations (keys, and 256 KiB in total),
+// the owner references and the finalizers. A failure is 422 Invalid.
 func validateMeta(k *kind, obj runtime.Object) field.ErrorList {
-	var errs field.ErrorList
 	m, err := meta.Accessor(obj)
 	if err != nil {
 		return field.ErrorList{field.InternalError(field.NewPath("metadata"), err)}
 	}
-	p := field.NewPath("metadata")
-	if m.GetName() == "" {
-		errs = append(errs, field.Required(p.Child("name"), "name or generateName is required"))
-	} else {
-		for _, msg := range validation.IsDNS1123Subdomain(m.GetName()) {
-			errs = append(errs, field.Invalid(p.Child("name"), m.GetName(), msg))
-		}
-	}
-	if k.namespaced {
-		if m.GetNamespace() == "" {
-			errs = append(errs, field.Required(p.Child("namespace"), ""))
-		}
-		for _, msg := range validation.IsDNS1123Label(m.GetNamespace()) {
-			errs = append(errs, field.Invalid(p.Child("namespace"), m.GetNamespace(), msg))
-		}
-	}
-	return errs
+	return apivalidation.ValidateObjectMetaAccessor(m, k.namespaced, apivalidation.NameIsDNSSubdomain, field.NewPath("metadata"))
 }
 
 // validateSlice: driver, pool, exactly one node selection, the devices.
@@ -167,8 +154,8 @@ func validateDevices(devices []resourcev1.Device, p *field.Path) field.ErrorList
 	return errs
 }
 
-// validateQualifiedName: an optional DNS subdomain, '/', and a C
-// identifier of at most 32 bytes.
+// validateQualifiedName: an optional domain (a DNS subdomain of at most
+// 63 bytes), '/', and a C identifier of at most 32 bytes.
 func validateQualifiedName(name string, p *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	domain, id, found := strings.Cut(name, "/")
@@ -176,9 +163,8 @@ func validateQualifiedName(name string, p *field.Path) field.ErrorList {
 		id, domain = domain, ""
 	}
 	if found {
-		for _, msg := range validation.IsDNS1123Subdomain(domain) {
-			errs = append(errs, field.Invalid(p, name, msg))
-		}
+		// The domain is held to a driver name's rules, as upstream does.
+		errs = append(errs, validateDriverName(domain, p)...)
 	}
 	if id == "" {
 		errs = append(errs, field.Required(p, "the name after the domain"))

@@ -1,7 +1,10 @@
 package resourceapi
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -51,8 +54,10 @@ func watchStartOf(opts metav1.ListOptions) (watchStart, error) {
 }
 
 // watch streams events as newline-delimited JSON WatchEvents until the
-// client goes, timeoutSeconds pass, the server stops, or the client falls
-// too far behind (it then watches again from its last resourceVersion).
+// client goes, timeoutSeconds pass, the server stops, or the watch is cut
+// off for falling too far behind (see Limits; the client watches again
+// from its last resourceVersion, and lists again when that is gone). A
+// watch beyond the limits per caller or in total is 429.
 func (s *Server) watch(w http.ResponseWriter, r *http.Request, req request) error {
 	opts, err := listOptions(r)
 	if err != nil {
@@ -66,10 +71,14 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, req request) erro
 	if err != nil {
 		return err
 	}
-	if start.initial && start.from > s.store.ResourceVersion() {
-		return tooLargeRV(start.from, s.store.ResourceVersion())
+	release, bound, err := s.watches.take(req.user.name)
+	if err != nil {
+		s.metrics.watchesRefused.WithLabelValues(bound).Inc()
+		return err
 	}
-	wt, objs, past, rv, err := s.store.subscribe(req.kind, start.from, start.initial)
+	defer release()
+	rc := http.NewResponseController(w)
+	wt, objs, err := s.store.subscribe(req.kind, start, req.user.name, func() { _ = rc.SetWriteDeadline(time.Now()) })
 	if err != nil {
 		return err
 	}
@@ -82,27 +91,38 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request, req request) erro
 	w.Header().Set("Cache-Control", "no-cache, private")
 	w.WriteHeader(http.StatusOK)
 	for _, obj := range objs {
-		if match(obj) {
+		if match(req.kind.attrsOf(obj)) {
 			ew.send(watch.Added, obj)
 		}
 	}
-	last := rv
-	for _, ev := range past {
-		ew.event(ev, match)
-		last = ev.rv
-	}
 	if start.listEnd {
-		ew.bookmark(last, true)
+		ew.bookmark(wt.position(), true)
 	}
-	if err := ew.flush(); err != nil {
-		return nil
+	if ew.flush() == nil {
+		s.streamEvents(r.Context(), ew, wt, match, opts)
 	}
-	s.streamEvents(r, ew, wt, match, opts, last)
+	s.cutOff(wt, req)
 	return nil
 }
 
-// streamEvents is the live part of a watch.
-func (s *Server) streamEvents(r *http.Request, ew *eventWriter, wt *watcher, match func(runtime.Object) bool, opts metav1.ListOptions, last uint64) {
+// cutOff logs and counts a watch that was cut off for falling behind.
+func (s *Server) cutOff(wt *watcher, req request) {
+	select {
+	case <-wt.cut:
+	default:
+		return
+	}
+	if wt.bound == boundStopped {
+		return
+	}
+	s.metrics.watchCutoffs.WithLabelValues(wt.bound).Inc()
+	s.log.Warn("resource API watch cut off: its client fell behind", "user", wt.user, "resource", req.kind.resource,
+		"bound", wt.bound, "behind", wt.lag, "resource_version", wt.position())
+}
+
+// streamEvents is the live part of a watch: it writes the history from
+// the watch's position, then waits for the next write.
+func (s *Server) streamEvents(ctx context.Context, ew *eventWriter, wt *watcher, match func(*attrs) bool, opts metav1.ListOptions) {
 	var timeout <-chan time.Time
 	if opts.TimeoutSeconds != nil && *opts.TimeoutSeconds > 0 {
 		t := time.NewTimer(time.Duration(*opts.TimeoutSeconds) * time.Second)
@@ -116,31 +136,30 @@ func (s *Server) streamEvents(r *http.Request, ew *eventWriter, wt *watcher, mat
 		bookmarks = t.C
 	}
 	for {
+		evs, head, changed, ok := s.store.pending(wt)
+		if !ok {
+			return
+		}
+		for _, ev := range evs {
+			if ew.event(ev, match); ew.err != nil {
+				return
+			}
+			s.store.sent(wt, ev)
+		}
+		s.store.caughtUp(wt, head)
+		if ew.flush() != nil {
+			return
+		}
 		select {
-		case <-r.Context().Done():
+		case <-ctx.Done():
 			return
 		case <-timeout:
 			return
-		case <-wt.overflow:
+		case <-wt.cut:
 			return
 		case <-bookmarks:
-			ew.bookmark(last, false)
-		case ev := <-wt.ch:
-			ew.event(ev, match)
-			last = ev.rv
-		drain:
-			for {
-				select {
-				case ev := <-wt.ch:
-					ew.event(ev, match)
-					last = ev.rv
-				default:
-					break drain
-				}
-			}
-		}
-		if ew.flush() != nil {
-			return
+			ew.bookmark(wt.position(), false)
+		case <-changed:
 		}
 	}
 }
@@ -154,19 +173,16 @@ type eventWriter struct {
 
 // event sends ev as the selectors see it: an object that starts to match
 // is ADDED, one that stops matching is DELETED, as the API server does.
-func (e *eventWriter) event(ev event, match func(runtime.Object) bool) {
-	now := ev.obj != nil && ev.typ != watch.Deleted && match(ev.obj)
+func (e *eventWriter) event(ev *event, match func(*attrs) bool) {
+	now := ev.cur != nil && match(ev.cur)
 	was := ev.prev != nil && match(ev.prev)
 	switch {
-	case ev.typ == watch.Deleted && was:
-		e.send(watch.Deleted, ev.obj)
-	case ev.typ == watch.Deleted:
 	case now && was:
-		e.send(watch.Modified, ev.obj)
+		e.raw(watch.Modified, ev.data)
 	case now:
-		e.send(watch.Added, ev.obj)
+		e.raw(watch.Added, ev.data)
 	case was:
-		e.send(watch.Deleted, ev.obj)
+		e.raw(watch.Deleted, ev.data)
 	}
 }
 
@@ -184,18 +200,33 @@ func (e *eventWriter) bookmark(rv uint64, listEnd bool) {
 	e.send(watch.Bookmark, obj)
 }
 
+// send encodes obj and sends it.
 func (e *eventWriter) send(typ watch.EventType, obj runtime.Object) {
 	if e.err != nil {
 		return
 	}
-	info := jsonInfo()
-	data, err := runtime.Encode(info.Serializer, obj)
+	data, err := runtime.Encode(jsonInfo().Serializer, obj)
 	if err != nil {
 		e.err = fmt.Errorf("encode watch event: %w", err)
 		return
 	}
-	ev := &metav1.WatchEvent{Type: string(typ), Object: runtime.RawExtension{Raw: data}}
-	e.err = info.StreamSerializer.Encode(ev, info.StreamSerializer.NewFrameWriter(e.w))
+	e.raw(typ, bytes.TrimSuffix(data, []byte("\n")))
+}
+
+// raw writes one WatchEvent, {"type":...,"object":<data>}, and a newline,
+// as the JSON stream serializer frames it, from the object's encoding
+// (shared by every watch: it is not copied).
+func (e *eventWriter) raw(typ watch.EventType, data []byte) {
+	if e.err != nil {
+		return
+	}
+	if _, e.err = io.WriteString(e.w, `{"type":"`+string(typ)+`","object":`); e.err != nil {
+		return
+	}
+	if _, e.err = e.w.Write(data); e.err != nil {
+		return
+	}
+	_, e.err = io.WriteString(e.w, "}\n")
 }
 
 func (e *eventWriter) flush() error {
