@@ -52,6 +52,9 @@ type Config struct {
 	// ClaimWorkers clients prepare and release DRA claims while the
 	// devicemanager is killed ClaimKills times (claims.go).
 	ClaimWorkers, ClaimKills int
+	// Intents kills the devicemanager at each step of a prepare and of a
+	// release of a claim (intents.go).
+	Intents bool
 	Seed                     uint64 // 0: from the clock
 	// Converge bounds the wait for one convergence; past it the run fails.
 	Converge time.Duration
@@ -61,7 +64,7 @@ type Config struct {
 // Default is the full run.
 func Default() Config {
 	return Config{Plugins: 50, Devices: 8, Clients: 4, Kills: 66, Interval: 2 * time.Second,
-		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, ClaimWorkers: 4, ClaimKills: 20, Converge: 2 * time.Minute}
+		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, ClaimWorkers: 4, ClaimKills: 20, Intents: true, Converge: 2 * time.Minute}
 }
 
 // Short is the quick run `make test` uses: a few kills, each fault kind.
@@ -111,6 +114,7 @@ type Results struct {
 	Faults      []FaultResult     `json:"faults"`
 	DRA         DRAResults        `json:"dra"`
 	Claims      ClaimsResults     `json:"dra_claims"`
+	Intents     IntentsResults    `json:"dra_intents"`
 	Violations  []Violation       `json:"violations"`
 	ViolationsN map[string]int    `json:"violations_by_invariant"`
 }
@@ -221,6 +225,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return h.finish(start), err
 	}
 	if err := h.claimsPhase(ctx); err != nil {
+		return h.finish(start), err
+	}
+	if err := h.intentsPhase(ctx); err != nil {
 		return h.finish(start), err
 	}
 	if cfg.Faults {
