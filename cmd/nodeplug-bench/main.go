@@ -38,6 +38,7 @@ func run() int {
 	pprofDir := flag.String("pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
 	pprofSecs := flag.Int("pprof-seconds", 20, "how long the -pprof profiles run")
 	showVersion := flag.Bool("version", false, "print the version and exit")
+	scenario := flag.String("scenario", "", "run this scenario instead of the phases: "+scenarios)
 	apiTCP := flag.Bool("api-tcp", false, "serve each service's API on a free 127.0.0.1 TCP port too (--listen-tcp) and make the bench's own API calls there, "+
 		"over mutual TLS; without certificate files the bench makes a throwaway CA, a server and a client certificate (role operator) under <root-dir>/bench-tls/")
 	// The client flags of nodeplugctl and the reconciler, with the same
@@ -117,6 +118,9 @@ func run() int {
 	if cfg.Bin, err = stack.BinDir(cfg.Bin); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if *scenario != "" {
+		return runScenario(*scenario, cfg.Bin, cfg.Root, *short)
 	}
 	cfg.Progress = os.Stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
