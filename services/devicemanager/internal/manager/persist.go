@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -16,13 +17,19 @@ import (
 // Resources whose endpoints do not answer are kept with every device
 // unhealthy until a plugin registers or the grace period ends. Saved state
 // that cannot be trusted is moved aside, logged as an error, and the
-// manager starts empty. Call Restore once, before serving (Open does).
+// manager starts empty; a journal damaged inside is moved aside too, but
+// every valid record in it is kept, and the damage named (logGaps). Call
+// Restore once, before serving (Open does).
 func (m *Manager) Restore(ctx context.Context) error {
 	d, err := m.store.Load()
 	if !store.OnlyCorruptions(err) {
 		return err
 	}
 	for _, c := range store.Corruptions(err) {
+		if len(c.Gaps) > 0 {
+			m.logGaps(c)
+			continue
+		}
 		msg := "CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints"
 		if d != nil {
 			msg = "CHECKPOINT UNUSABLE: moved aside; starting with what preceded the damage"
@@ -76,4 +83,42 @@ func (m *Manager) redial(ctx context.Context, old *entry) {
 		return
 	}
 	m.log.InfoContext(ctx, "recorded endpoint live again", "resource", e.resource, "endpoint", e.path, "dial_path", e.dialPath, "generation", e.generation)
+}
+
+// gapsRecovered is what a state recovered around damage in the journal
+// holds: see store.Gap.
+const gapsRecovered = "every record after the damage was replayed: what it changed is as acknowledged. " +
+	"What was last changed inside the damage is as the change before it left it: an allocation made there is missing " +
+	"and its devices may be given again, a release made there is undone (its devices look held), a registration made there " +
+	"is missing; a release after the damage of an allocation made inside it removes nothing. Check the pods named"
+
+// logGaps says, in one loud line, that a journal damaged inside was moved
+// aside and its valid records kept: where each unreadable span is, what
+// its surviving bytes name, and the releases after it that found nothing
+// to release.
+func (m *Manager) logGaps(c *store.CorruptError) {
+	var spans, pods, devices, unmatched []string
+	seen := map[string]bool{}
+	for _, g := range c.Gaps {
+		spans = append(spans, g.String())
+		for _, uid := range g.Pods() {
+			if !seen[uid] {
+				seen[uid] = true
+				pods = append(pods, uid)
+			}
+		}
+		for _, a := range g.Named.Allocations {
+			if len(a.DeviceIDs) > 0 {
+				devices = append(devices, fmt.Sprintf("%s %v (pod %s)", a.ResourceName, a.DeviceIDs, a.PodUID))
+			}
+		}
+		for _, k := range g.Unmatched.Allocations {
+			unmatched = append(unmatched, fmt.Sprintf("pod %s container %s resource %s", k.PodUID, k.ContainerName, k.ResourceName))
+		}
+	}
+	m.log.Error("CHECKPOINT UNUSABLE: journal damaged inside, moved aside; every readable record recovered, "+
+		"the changes in its unreadable bytes are unknown",
+		"path", c.Path, "moved_to", c.MovedTo, "also_moved", c.Also, "unreadable", spans,
+		"pods_named", pods, "devices_named", devices, "released_after_damage", unmatched,
+		"recovered", gapsRecovered, "error", c.Err)
 }

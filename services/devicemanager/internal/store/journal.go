@@ -467,11 +467,11 @@ func ReadState(dir string) (*Data, error) {
 			continue
 		}
 		sj := scanJournal(jf)
-		if sj.err != nil {
-			return nil, sj.err
+		if err := sj.damage(); err != nil {
+			return nil, err
 		}
-		for _, p := range sj.records {
-			if err := st.replay(p); err != nil {
+		for _, r := range sj.records {
+			if err := st.replay(r.payload); err != nil {
 				return nil, err
 			}
 		}

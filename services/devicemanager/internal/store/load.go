@@ -11,8 +11,9 @@ import (
 
 // Load implements Store. It reads the snapshot, then the journals that
 // continue it: a torn last record is dropped; a damaged snapshot is moved
-// aside with its journals; a damaged journal is moved aside with the
-// journals after it, and the records before the damage are kept. It then
+// aside with its journals; a damaged journal is moved aside, and every
+// valid record in it and in the journals after it is kept, the damage
+// named (CorruptError.Gaps; see replay and gaps.go). It then
 // writes a fresh snapshot with an empty journal (which also migrates an
 // older-format checkpoint) and removes what that replaces.
 //
@@ -66,6 +67,11 @@ type loader struct {
 	journals []journalFile
 	highest  uint64 // the highest journal number found
 	problems []error
+	// recovered counts the journal records replayed; gaps are those
+	// found, open the last (removals replayed after it are noted in it).
+	recovered int
+	gaps      []*Gap
+	open      *Gap
 }
 
 // readSnapshot reads the snapshot and lists the journals beside it. A
@@ -164,47 +170,84 @@ func (l *loader) olderFormat(jf journalFile) error {
 	return nil
 }
 
-// replay applies the records of the journals in order, up to the first
-// damage: a damaged journal, a record that does not apply, or a torn
-// record before the last record written. The damaged journal and the
-// later ones are moved aside; what precedes the damage is kept.
+// replay applies every valid record of the journals, in order. Damage is
+// passed over (see resync): each span of a journal that holds no readable
+// record, each record that does not apply, a torn write before the last
+// record written (a later journal holds records) and a journal that
+// cannot be used at all is a Gap; a journal with one is moved aside once
+// read, with one CorruptError that lists its gaps, and the journals after
+// it are replayed still. See gaps.go for what the state recovered means.
 func (l *loader) replay(replay []scannedJournal) error {
-	for i, sj := range replay {
-		for _, p := range sj.records {
-			if err := l.st.replay(p); err != nil {
-				sj.err = fmt.Errorf("%s: %w", sj.path, err)
-				break
-			}
+	for i := range replay {
+		sj := &replay[i]
+		later := false
+		for _, s := range replay[i+1:] {
+			later = later || s.err != nil || len(s.records) > 0 || len(s.spans) > 0 || s.torn
 		}
-		if sj.err == nil && sj.torn {
-			// A torn write is the last thing written: later journals
-			// (made by a compaction that had not started using them)
-			// hold no record.
-			for _, later := range replay[i+1:] {
-				if later.err != nil || len(later.records) > 0 || later.torn {
-					sj.err = fmt.Errorf("%w: %s: a damaged record before the journal's end", ErrCorrupt, sj.path)
-					break
-				}
-			}
-		}
-		if sj.err == nil {
+		gaps := l.replayJournal(sj, later)
+		if len(gaps) == 0 {
 			continue
 		}
-		ce, err := l.j.moveAside(sj.path, sj.err, l.now)
+		why := fmt.Errorf("%w: %d unreadable span(s); the valid records around them were kept", ErrCorrupt, len(gaps))
+		if gaps[0].Whole {
+			why = gaps[0].Why
+		}
+		ce, err := l.j.moveAside(sj.path, why, l.now)
 		if err != nil {
 			return err
 		}
-		later := make([]journalFile, 0, len(replay)-i-1)
-		for _, s := range replay[i+1:] {
-			later = append(later, s.journalFile)
-		}
-		if err := l.moveAsideToo(ce, later); err != nil {
-			return err
-		}
+		ce.Gaps = gaps
 		l.problems = append(l.problems, ce)
-		return nil
+	}
+	for _, g := range l.gaps {
+		g.After = l.recovered - g.After
 	}
 	return nil
+}
+
+// replayJournal applies the valid records of sj and returns its gaps. A
+// torn write at its end is a gap when a later journal holds anything: a
+// torn write is only ever the last thing written.
+func (l *loader) replayJournal(sj *scannedJournal, later bool) []*Gap {
+	if sj.err != nil {
+		return []*Gap{l.gap(sj, span{to: len(sj.data), err: sj.err}, true)}
+	}
+	var gaps []*Gap
+	spans, end := sj.spans, sj.start
+	for _, r := range sj.records {
+		for ; len(spans) > 0 && spans[0].from < r.off; spans = spans[1:] {
+			gaps = append(gaps, l.gap(sj, spans[0], false))
+		}
+		end = r.end()
+		u, err := l.st.replayNoting(r.payload)
+		if err != nil {
+			gaps = append(gaps, l.gap(sj, span{from: r.off, to: r.end(), records: 1,
+				err: fmt.Errorf("a record at offset %d that does not apply: %w", r.off, err)}, false))
+			continue
+		}
+		l.recovered++
+		if l.open != nil {
+			l.open.Unmatched.add(u)
+		}
+	}
+	for _, s := range spans {
+		gaps = append(gaps, l.gap(sj, s, false))
+	}
+	if sj.torn && later {
+		gaps = append(gaps, l.gap(sj, span{from: end, to: damagedEnd(sj.data, end),
+			err: fmt.Errorf("%w: a torn write at offset %d before the journal's end (a later journal holds records)", ErrCorrupt, end)}, false))
+	}
+	return gaps
+}
+
+// gap describes span s of sj as a Gap, which the removals replayed after
+// it are then noted in.
+func (l *loader) gap(sj *scannedJournal, s span, whole bool) *Gap {
+	g := &Gap{Journal: sj.path, From: int64(s.from), To: int64(s.to), Whole: whole, Records: s.records, Why: s.err,
+		Named: nameIn(sj.data[s.from:s.to]), After: l.recovered}
+	l.gaps = append(l.gaps, g)
+	l.open = g
+	return g
 }
 
 // restart writes the state loaded as a fresh snapshot continued by a new,

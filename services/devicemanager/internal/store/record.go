@@ -33,7 +33,6 @@
 package store
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -75,28 +74,48 @@ func appendFrame(dst, payload []byte) []byte {
 // (scanFrames then checks that nothing valid follows); err (wrapping
 // ErrCorrupt) says a frame that is all there is damaged, at offset good.
 func splitFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
+	frames, good, torn, err := splitFramesAt(b, 0)
+	for _, f := range frames {
+		payloads = append(payloads, f.payload)
+	}
+	return payloads, good, torn, err
+}
+
+// frame is a valid frame of a journal: its payload and the offset where
+// it starts.
+type frame struct {
+	off     int
+	payload []byte
+}
+
+// end is the offset just past f.
+func (f frame) end() int { return f.off + frameHeader + len(f.payload) }
+
+// splitFramesAt is splitFrames from offset good of b: offsets, and the
+// sectors a torn write is judged by, stay those of b.
+func splitFramesAt(b []byte, good int) (frames []frame, _ int, torn bool, err error) {
 	for good < len(b) {
 		rest := b[good:]
 		if allZero(rest[:min(len(rest), frameHeader)]) {
 			// The padding: the end of the records, unless a write torn
 			// by a crash left some of its sectors past here.
-			return payloads, good, !allZero(rest), nil
+			return frames, good, !allZero(rest), nil
 		}
 		if len(rest) < frameHeader {
-			return payloads, good, true, nil
+			return frames, good, true, nil
 		}
 		n := binary.LittleEndian.Uint32(rest[0:])
 		if crc32.Checksum(rest[:8], castagnoli) != binary.LittleEndian.Uint32(rest[8:]) {
 			if tornSector(b, good, frameHeader) {
-				return payloads, good, true, nil
+				return frames, good, true, nil
 			}
-			return payloads, good, false, fmt.Errorf("%w: damaged record header at offset %d", ErrCorrupt, good)
+			return frames, good, false, fmt.Errorf("%w: damaged record header at offset %d", ErrCorrupt, good)
 		}
 		if n > maxRecord {
-			return payloads, good, false, fmt.Errorf("%w: record of %d bytes at offset %d", ErrCorrupt, n, good)
+			return frames, good, false, fmt.Errorf("%w: record of %d bytes at offset %d", ErrCorrupt, n, good)
 		}
 		if len(rest) < frameHeader+int(n) {
-			return payloads, good, true, nil
+			return frames, good, true, nil
 		}
 		payload := rest[frameHeader : frameHeader+int(n)]
 		if crc32.Checksum(payload, castagnoli) != binary.LittleEndian.Uint32(rest[4:]) {
@@ -104,14 +123,14 @@ func splitFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
 			// payload can hold a sector that was never written: a
 			// header's own bytes may be zeros (a length's low byte).
 			if tornSector(b, good+frameHeader, int(n)) {
-				return payloads, good, true, nil
+				return frames, good, true, nil
 			}
-			return payloads, good, false, fmt.Errorf("%w: record checksum mismatch at offset %d", ErrCorrupt, good)
+			return frames, good, false, fmt.Errorf("%w: record checksum mismatch at offset %d", ErrCorrupt, good)
 		}
-		payloads = append(payloads, payload)
+		frames = append(frames, frame{off: good, payload: payload})
 		good += frameHeader + int(n)
 	}
-	return payloads, good, false, nil
+	return frames, good, false, nil
 }
 
 // sectorSize is the unit a disk writes whole: a write torn by a crash
@@ -429,49 +448,6 @@ func listJournals(path string) ([]journalFile, error) {
 		return 0
 	})
 	return out, nil
-}
-
-// scannedJournal is a journal file read and checked.
-type scannedJournal struct {
-	journalFile
-	records [][]byte // the payloads after the header
-	good    int64    // length of the valid frames
-	torn    bool     // a torn write follows them
-	err     error    // damage (wraps ErrCorrupt); records holds what precedes it
-}
-
-// scanJournal reads journal file jf, not following a symlink.
-func scanJournal(jf journalFile) scannedJournal {
-	sj := scannedJournal{journalFile: jf}
-	b, err := readRegular(jf.path)
-	if err != nil {
-		sj.err = err
-		return sj
-	}
-	if b == nil {
-		sj.err = fmt.Errorf("%w: %s disappeared while being read", ErrCorrupt, jf.path)
-		return sj
-	}
-	payloads, good, torn, err := scanFrames(b)
-	if len(payloads) == 0 {
-		if err == nil {
-			err = fmt.Errorf("%w: %s has no header (%d bytes)", ErrCorrupt, jf.path, len(b))
-		}
-		sj.err = err
-		return sj
-	}
-	var h journalHeader
-	dec := json.NewDecoder(bytes.NewReader(payloads[0]))
-	dec.DisallowUnknownFields()
-	if herr := dec.Decode(&h); herr != nil || h.Journal != jf.num {
-		sj.err = fmt.Errorf("%w: %s has a foreign header %.64q", ErrCorrupt, jf.path, payloads[0])
-		return sj
-	}
-	sj.records, sj.good, sj.torn = payloads[1:], int64(good), torn
-	if err != nil {
-		sj.err = fmt.Errorf("%s: %w", jf.path, err)
-	}
-	return sj
 }
 
 // createJournal creates journal number n beside the snapshot at path,

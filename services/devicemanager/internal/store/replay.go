@@ -36,44 +36,67 @@ func (s *state) apply(e *encodedBatch) {
 // replay applies one journal record's payload to s. Errors wrap
 // ErrCorrupt.
 func (s *state) replay(payload []byte) error {
+	_, err := s.replayNoting(payload)
+	return err
+}
+
+// unmatched are the removals of a record that found nothing to remove:
+// after damage in a journal, the trace of a put the damage took (see Gap).
+type unmatched struct {
+	allocations []AllocationKey
+	resources   []string
+	claims      []string
+}
+
+// replayNoting is replay, and returns the record's removals that found
+// nothing to remove.
+func (s *state) replayNoting(payload []byte) (unmatched, error) {
 	var r record
+	var u unmatched
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
-		return fmt.Errorf("%w: journal record: %v", ErrCorrupt, err)
+		return u, fmt.Errorf("%w: journal record: %v", ErrCorrupt, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("%w: data after a journal record", ErrCorrupt)
+		return u, fmt.Errorf("%w: data after a journal record", ErrCorrupt)
 	}
 	// Check every record before changing anything, so that a record is
 	// applied whole or not at all.
 	staged := newState()
 	for _, raw := range r.Resources {
 		if err := staged.putResource(raw); err != nil {
-			return err
+			return u, err
 		}
 	}
 	for _, raw := range r.Allocations {
 		if err := staged.putAllocation(raw); err != nil {
-			return err
+			return u, err
 		}
 	}
 	for _, raw := range r.Claims {
 		if err := staged.putClaim(raw); err != nil {
-			return err
+			return u, err
 		}
 	}
-	for _, name := range r.RemovedResources {
-		delete(s.resources, name)
-	}
-	for _, k := range r.RemovedAllocations {
-		delete(s.allocations, k)
-	}
+	u.resources = removeAll(s.resources, r.RemovedResources)
+	u.allocations = removeAll(s.allocations, r.RemovedAllocations)
 	maps.Copy(s.resources, staged.resources)
-	for _, uid := range r.RemovedClaims {
-		delete(s.claims, uid)
-	}
+	u.claims = removeAll(s.claims, r.RemovedClaims)
 	maps.Copy(s.allocations, staged.allocations)
 	maps.Copy(s.claims, staged.claims)
-	return nil
+	return u, nil
+}
+
+// removeAll removes keys from m and returns those it did not hold.
+func removeAll[K comparable, V any](m map[K]V, keys []K) []K {
+	var absent []K
+	for _, k := range keys {
+		if _, ok := m[k]; !ok {
+			absent = append(absent, k)
+			continue
+		}
+		delete(m, k)
+	}
+	return absent
 }

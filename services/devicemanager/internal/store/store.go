@@ -126,12 +126,18 @@ type CorruptError struct {
 	// Also lists files moved aside with it, because they only make sense
 	// on top of it (the journal of a corrupt snapshot).
 	Also []string
+	// Gaps, for a journal, are its spans that could not be read; the
+	// valid records around them were kept (see Gap).
+	Gaps []*Gap
 }
 
 func (e *CorruptError) Error() string {
 	s := fmt.Sprintf("%s moved aside to %s: %v", e.Path, e.MovedTo, e.Err)
 	if len(e.Also) > 0 {
 		s += fmt.Sprintf(" (moved aside with it: %s)", strings.Join(e.Also, ", "))
+	}
+	for _, g := range e.Gaps {
+		s += "; " + g.String()
 	}
 	return s
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -326,8 +327,12 @@ func TestTornWriteOverPadding(t *testing.T) {
 			}
 			_, d, err := open(t, dir, Options{})
 			if !tc.quiet {
-				if ces := Corruptions(err); len(ces) != 1 || ces[0].Path != path || d == nil || !reflect.DeepEqual(d.Allocations, want.Allocations) {
-					t.Fatalf("Load = %+v, %v; want the journal moved aside, its records kept", d, err)
+				// The record after the damage is kept too: it was
+				// acknowledged.
+				kept := append(slices.Clone(want.Allocations), alloc("nor-this", "example.com/a", "d8"))
+				slices.SortFunc(kept, func(a, b Allocation) int { return a.Key().compare(b.Key()) })
+				if ces := Corruptions(err); len(ces) != 1 || ces[0].Path != path || len(ces[0].Gaps) != 1 || d == nil || !reflect.DeepEqual(d.Allocations, kept) {
+					t.Fatalf("Load = %+v, %v; want the journal moved aside, its records and the one after the damage kept", d, err)
 				}
 				return
 			}
@@ -343,31 +348,31 @@ func TestTornWriteOverPadding(t *testing.T) {
 
 // TestDamageBeforeTheTail: a damaged record with records after it, or a
 // damaged header, moves the journal aside (one CorruptError) and keeps
-// the records before the damage.
+// every valid record, before the damage and after it.
 func TestDamageBeforeTheTail(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// damage alters the journal's bytes; frames are the offsets
 		// where its records start (the header first).
 		damage func(b []byte, frames []int) []byte
-		kept   int // allocations kept
+		kept   []int // the allocations kept, by index
 		why    string
 	}{
-		{"payload byte flipped in the second record", func(b []byte, fr []int) []byte { b[fr[2]+frameHeader+3] ^= 0x20; return b }, 1, "checksum mismatch"},
-		{"length flipped in the second record", func(b []byte, fr []int) []byte { b[fr[2]] ^= 0x01; return b }, 1, "damaged record header"},
+		{"payload byte flipped in the second record", func(b []byte, fr []int) []byte { b[fr[2]+frameHeader+3] ^= 0x20; return b }, []int{0, 2}, "checksum mismatch"},
+		{"length flipped in the second record", func(b []byte, fr []int) []byte { b[fr[2]] ^= 0x01; return b }, []int{0, 2}, "damaged record header"},
 		{"last record complete but damaged", func(b []byte, fr []int) []byte {
 			_, end, _, _ := scanFrames(b)
 			b[end-2] ^= 0x20
 			return b
-		}, 2, "checksum mismatch"},
+		}, []int{0, 1}, "checksum mismatch"},
 		{"last record complete but damaged, no padding", func(b []byte, fr []int) []byte {
 			_, end, _, _ := scanFrames(b)
 			b[end-2] ^= 0x20
 			return b[:end]
-		}, 2, "checksum mismatch"},
-		{"header damaged", func(b []byte, fr []int) []byte { b[frameHeader+2] ^= 0x20; return b }, 0, "checksum mismatch"},
-		{"empty file", func([]byte, []int) []byte { return nil }, 0, "no header"},
-		{"foreign JSON", func([]byte, []int) []byte { return []byte(`{"kind":"SomethingElse"}`) }, 0, "damaged record header"},
+		}, []int{0, 1}, "checksum mismatch"},
+		{"header damaged", func(b []byte, fr []int) []byte { b[frameHeader+2] ^= 0x20; return b }, []int{0, 1, 2}, "checksum mismatch"},
+		{"empty file", func([]byte, []int) []byte { return nil }, nil, "no header"},
+		{"foreign JSON", func([]byte, []int) []byte { return []byte(`{"kind":"SomethingElse"}`) }, nil, "damaged record header"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testutil.TempDir(t)
@@ -397,25 +402,28 @@ func TestDamageBeforeTheTail(t *testing.T) {
 			if got, _ := os.ReadFile(ces[0].MovedTo); string(got) != string(damaged) {
 				t.Fatal("the moved-aside journal differs from the damaged one")
 			}
-			var kept []Allocation
+			var kept, wantKept []Allocation
 			if d != nil {
 				kept = d.Allocations
 			}
-			if len(kept) != tc.kept || (tc.kept > 0 && !reflect.DeepEqual(kept, want.Allocations[:tc.kept])) {
-				t.Fatalf("kept %+v, want the first %d of %+v", kept, tc.kept, want.Allocations)
+			for _, i := range tc.kept {
+				wantKept = append(wantKept, want.Allocations[i])
+			}
+			if len(kept) != len(wantKept) || (len(wantKept) > 0 && !reflect.DeepEqual(kept, wantKept)) {
+				t.Fatalf("kept %+v, want %v of %+v", kept, tc.kept, want.Allocations)
 			}
 			// What was kept is saved afresh: a second start is quiet.
-			if _, d2, err := open(t, dir, Options{}); err != nil || len(d2.Allocations) != tc.kept {
+			if _, d2, err := open(t, dir, Options{}); err != nil || len(d2.Allocations) != len(wantKept) {
 				t.Fatalf("second Load: %+v, %v", d2, err)
 			}
 		})
 	}
 }
 
-// TestDamagedJournalMovesLaterOnesAside: a journal damaged before its end
-// moves the journals after it aside too: their changes follow ones that
-// are lost.
-func TestDamagedJournalMovesLaterOnesAside(t *testing.T) {
+// TestDamagedJournalKeepsLaterOnes: a journal torn before its end, with a
+// later journal holding records, is damage: it is moved aside, its
+// records kept, and the later journal's records are replayed after it.
+func TestDamagedJournalKeepsLaterOnes(t *testing.T) {
 	dir := testutil.TempDir(t)
 	path, _ := tornJournal(t, dir)
 	// A later journal with a record, as a compaction that switched to it
@@ -438,11 +446,14 @@ func TestDamagedJournalMovesLaterOnesAside(t *testing.T) {
 	}
 	_, d, err := open(t, dir, Options{})
 	ces := Corruptions(err)
-	if len(ces) != 1 || ces[0].Path != path || len(ces[0].Also) != 1 || !strings.Contains(err.Error(), "before the journal's end") {
+	if len(ces) != 1 || ces[0].Path != path || len(ces[0].Also) != 0 || len(ces[0].Gaps) != 1 || !strings.Contains(err.Error(), "before the journal's end") {
 		t.Fatalf("Load error %v", err)
 	}
-	if d == nil || len(d.Allocations) != 2 {
-		t.Fatalf("kept %+v, want the two records before the damage", d)
+	if g := ces[0].Gaps[0]; g.After != 1 || len(g.Named.Allocations) != 1 || g.Named.Allocations[0].PodUID != "p2" {
+		t.Fatalf("gap %+v: want one record recovered after it, and p2 named in it", g)
+	}
+	if d == nil || len(d.Allocations) != 3 || d.Allocations[0].PodUID != "later" {
+		t.Fatalf("kept %+v, want the two records before the damage and the later journal's", d)
 	}
 }
 

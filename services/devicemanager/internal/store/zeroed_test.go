@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -52,26 +53,30 @@ func zeroedJournal(t *testing.T, dir string) (string, []byte, []int, [][]Allocat
 
 // TestZeroedRecordBeforeTheTailIsLoud: zeros inside a record with intact
 // records after it are damage, not a torn write: the journal is moved
-// aside with one CorruptError that says where, and the records before the
-// damage are kept, none after it. Zeros in the last record, with nothing
-// valid after it but the padding, are still a torn write, dropped quietly.
+// aside with one CorruptError whose one Gap names the damaged record's
+// bytes exactly, and every record but the damaged one is kept, those after
+// it too. A release after the gap of an allocation the gap held is named
+// as such. Zeros in the last record, with nothing valid after it but the
+// padding, are still a torn write, dropped quietly.
 func TestZeroedRecordBeforeTheTailIsLoud(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// zero returns the range of the journal to zero, given the frames'
 		// offsets (fr[i]: record i, fr[0] the header, fr[8] the end).
 		zero func(fr []int) (int, int)
-		kept int // records kept (0: none)
-		loud bool
+		lost int // the record lost, 1 to 7 (7: the torn tail, quiet)
+		// named is the pod the gap's surviving bytes still name.
+		named string
 	}{
 		// As found: the tail of the first record zeroed, its header
-		// intact, the six records after it whole.
-		{"the first record's payload", func(fr []int) (int, int) { return fr[1] + frameHeader, fr[2] }, 0, true},
-		{"the second record, header and all", func(fr []int) (int, int) { return fr[2], fr[3] }, 1, true},
-		{"the second half of the third record", func(fr []int) (int, int) { return (fr[3] + fr[4]) / 2, fr[4] }, 2, true},
-		{"the sixth record's payload", func(fr []int) (int, int) { return fr[6] + frameHeader, fr[7] }, 5, true},
-		{"the last record's payload: a torn tail", func(fr []int) (int, int) { return fr[7] + frameHeader, fr[8] }, 6, false},
-		{"the last record, header and all: a torn tail", func(fr []int) (int, int) { return fr[7], fr[8] }, 6, false},
+		// intact, the six records after it whole; the last of them
+		// releases the allocation the first made.
+		{"the first record's payload", func(fr []int) (int, int) { return fr[1] + frameHeader, fr[2] }, 1, ""},
+		{"the second record, header and all", func(fr []int) (int, int) { return fr[2], fr[3] }, 2, ""},
+		{"the second half of the third record", func(fr []int) (int, int) { return (fr[3] + fr[4]) / 2, fr[4] }, 3, "pod-2"},
+		{"the sixth record's payload", func(fr []int) (int, int) { return fr[6] + frameHeader, fr[7] }, 6, ""},
+		{"the last record's payload: a torn tail", func(fr []int) (int, int) { return fr[7] + frameHeader, fr[8] }, 7, ""},
+		{"the last record, header and all: a torn tail", func(fr []int) (int, int) { return fr[7], fr[8] }, 7, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := testutil.TempDir(t)
@@ -82,37 +87,70 @@ func TestZeroedRecordBeforeTheTailIsLoud(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, d, err := open(t, dir, Options{})
-			var want []Allocation
-			if tc.kept > 0 {
-				want = after[tc.kept-1]
+			want := after[5] // the six allocations; the release of pod-0 is record 7
+			switch {
+			case tc.lost == 7:
+			case tc.lost == 1:
+				want = after[6] // pod-0 lost, and released all the same
+			default:
+				want = slices.Delete(slices.Clone(after[6]), tc.lost-2, tc.lost-1)
 			}
-			var got []Allocation
-			if d != nil {
-				got = d.Allocations
-			}
-			if len(got) != len(want) || (len(want) > 0 && !reflect.DeepEqual(got, want)) {
-				t.Fatalf("kept %d allocations %+v; want %d: %+v", len(got), got, len(want), want)
-			}
+			checkKept(t, d, want)
 			ces := Corruptions(err)
-			if !tc.loud {
+			if tc.lost == 7 {
 				if err != nil || len(asides(t, dir)) != 0 {
 					t.Fatalf("a torn tail: Load error %v, moved aside %v; want neither", err, asides(t, dir))
 				}
 				return
 			}
-			if len(ces) != 1 || !OnlyCorruptions(err) || !errors.Is(err, ErrCorrupt) || ces[0].Path != path ||
-				!strings.Contains(err.Error(), fmt.Sprintf("at offset %d with a valid record after it", fr[tc.kept+1])) {
-				t.Fatalf("Load error %v; want the journal moved aside, damage at offset %d", err, fr[tc.kept+1])
+			if len(ces) != 1 || !OnlyCorruptions(err) || !errors.Is(err, ErrCorrupt) || ces[0].Path != path || len(ces[0].Gaps) != 1 ||
+				!strings.Contains(err.Error(), fmt.Sprintf("at offset %d with a valid record after it", fr[tc.lost])) {
+				t.Fatalf("Load error %v; want the journal moved aside, damage at offset %d", err, fr[tc.lost])
 			}
+			checkZeroedGap(t, ces[0].Gaps[0], fr, tc.lost, tc.named)
 			if aside, rerr := os.ReadFile(ces[0].MovedTo); rerr != nil || string(aside) != string(b) {
 				t.Fatalf("the moved-aside journal (%v) differs from the damaged one", rerr)
 			}
 			// What was kept is saved afresh: a second start is quiet and
 			// keeps the same.
-			if _, d2, err := open(t, dir, Options{}); err != nil || len(d2.Allocations) != len(want) {
+			if _, d2, err := open(t, dir, Options{}); err != nil || len(d2.Allocations) != len(d.Allocations) {
 				t.Fatalf("second Load: %+v, %v", d2, err)
 			}
 		})
+	}
+}
+
+// checkKept fails t unless d holds exactly the allocations want.
+func checkKept(t *testing.T, d *Data, want []Allocation) {
+	t.Helper()
+	var got []Allocation
+	if d != nil {
+		got = d.Allocations
+	}
+	if len(got) != len(want) || (len(want) > 0 && !reflect.DeepEqual(got, want)) {
+		t.Fatalf("kept %d allocations %+v; want %d: %+v", len(got), got, len(want), want)
+	}
+}
+
+// checkZeroedGap fails t unless g is exactly record lost of the journal
+// whose frames start at fr, with the records after it recovered, named as
+// it survives, and the release of pod-0 unmatched when its allocation is
+// the record lost.
+func checkZeroedGap(t *testing.T, g *Gap, fr []int, lost int, named string) {
+	t.Helper()
+	if g.From != int64(fr[lost]) || g.To != int64(fr[lost+1]) || g.After != 7-lost || g.Whole {
+		t.Fatalf("gap %d to %d, %d records after it, whole %v; want %d to %d, %d after", g.From, g.To, g.After, g.Whole, fr[lost], fr[lost+1], 7-lost)
+	}
+	var pods []string
+	for _, a := range g.Named.Allocations {
+		pods = append(pods, a.PodUID)
+	}
+	if (named == "" && len(pods) != 0) || (named != "" && !slices.Equal(pods, []string{named})) {
+		t.Fatalf("gap names pods %v; want %q", pods, named)
+	}
+	unmatched := len(g.Unmatched.Allocations) == 1 && g.Unmatched.Allocations[0].PodUID == "pod-0"
+	if unmatched != (lost == 1) {
+		t.Fatalf("releases after the gap with nothing to release: %+v", g.Unmatched)
 	}
 }
 
