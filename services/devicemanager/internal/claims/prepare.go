@@ -210,7 +210,7 @@ func (m *Manager) callDrivers(ctx context.Context, fresh []*resourcev1.ResourceC
 		refs := byDriver[driver]
 		res, cerr := m.cfg.Drivers.Prepare(ctx, driver, refs)
 		for _, ref := range refs {
-			r, ok := res[ref.UID]
+			r, ok := checkAnswer(driver, fresh, ref, res)
 			switch {
 			case cerr != nil:
 				errs[ref.UID] = append(errs[ref.UID], cerr.Error())
