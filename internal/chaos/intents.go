@@ -261,7 +261,14 @@ func (s *intentsState) run(ctx context.Context, i int, st intentStep) (IntentSte
 	if st.release {
 		_, _ = s.h.dm.Release(cctx, &dmv1.ReleaseRequest{PodUid: pod}, grpc.WaitForReady(true))
 	} else {
-		_ = s.prepare(cctx, claim, pod) // the kill cuts its answer off
+		// The kill cuts the answer off; a prepare that fails before the
+		// step (the driver not registered again yet) is made again.
+		_ = s.retry(cctx, func(c context.Context) error {
+			if err := s.prepare(c, claim, pod); err != nil && victim.Err() == nil {
+				return err
+			}
+			return nil
+		})
 	}
 	cancel()
 	if err := s.restart(ctx, st, victim); err != nil {
