@@ -175,10 +175,10 @@ func (m *Manager) commitDurably(ctx context.Context, want podIdentity, picks []*
 		return err
 	}
 	if err := m.persist(); err != nil {
+		// Taken back in memory; the devices stay taken until the
+		// removal is durable too (core_unsaved.go).
 		m.uncommit(picks)
-		if err2 := m.persist(); err2 != nil {
-			m.log.ErrorContext(ctx, "writing checkpoint after rollback", "error", err2)
-		}
+		m.persistRollback(ctx, "allocation")
 		return fmt.Errorf("allocation not saved: %v: %w", err, errdefs.ErrInternal)
 	}
 	// Debug, as the kubelet logs each allocation at verbosity 3: the
@@ -194,37 +194,4 @@ func (m *Manager) commitDurably(ctx context.Context, want podIdentity, picks []*
 		}
 	}
 	return nil
-}
-
-// Release frees the devices of a pod, or of one of its containers when
-// container is set, and returns how many were freed. Releasing what is not
-// there frees nothing and succeeds. A Release that returns nil has made its
-// change durable.
-func (m *Manager) Release(ctx context.Context, pod, container string) (int64, error) {
-	if err := bounds.PodUID(pod); err != nil {
-		return 0, err
-	}
-	if err := bounds.ContainerName(container, true); err != nil {
-		return 0, err
-	}
-	n, containers := m.release(pod, container)
-	if n == 0 {
-		// Nothing to free here; but an earlier Release of the same
-		// devices may have failed to save (this may be its retry): the
-		// answer says they are free, so that must be durable.
-		if err := m.persist(); err != nil {
-			return 0, fmt.Errorf("release not saved: %v: %w", err, errdefs.ErrInternal)
-		}
-		return 0, nil
-	}
-	if m.log.Enabled(ctx, slog.LevelDebug) {
-		m.log.DebugContext(ctx, "devices released", "pod_uid", pod, "container", container, "devices", n)
-	}
-	// The specs go with the allocations in memory, saved or not: a retry
-	// of a Release whose save failed finds nothing left to release.
-	m.removeSpecs(ctx, pod, containers)
-	if err := m.persist(); err != nil {
-		return n, fmt.Errorf("release not saved: %v: %w", err, errdefs.ErrInternal)
-	}
-	return n, nil
 }

@@ -43,7 +43,12 @@ type core struct {
 	ledger ledger
 	// staged holds the records changed since they were last staged for
 	// the store.
-	staged   map[journalKey]struct{}
+	staged map[journalKey]struct{}
+	// stages counts the stagings for the store (persist); freeing are
+	// the devices of removed allocations, taken until the removal is
+	// durable (core_unsaved.go).
+	stages   uint64
+	freeing  []*freeing
 	seq      uint64
 	revision uint64
 	burst    *burst        // endpoint changes since memory was last given back
@@ -135,18 +140,50 @@ func (c *core) stageLocked(b *store.Batch) {
 // order, so that concurrent callers share one sync (the store's group
 // commit). A caller whose change was staged by another one appends
 // nothing and waits for that one's sync.
+//
+// Once the write succeeds, the devices whose removal it holds are free
+// (settle). A batch the store refuses to take is staged again, so the next
+// write holds it.
 func (c *core) persist() error {
 	c.saveMu.Lock()
 	var b store.Batch
 	c.mu.Lock()
 	c.stageLocked(&b)
+	c.stages++
+	stage := c.stages
 	c.mu.Unlock()
 	t, err := c.store.Append(b)
+	if err != nil {
+		c.mu.Lock()
+		c.restageLocked(&b)
+		c.mu.Unlock()
+	}
 	c.saveMu.Unlock()
+	if err == nil {
+		err = c.store.Wait(t)
+	}
 	if err != nil {
 		return err
 	}
-	return c.store.Wait(t)
+	c.settle(stage)
+	return nil
+}
+
+// restageLocked marks again every record of b, which the store did not
+// take.
+func (c *core) restageLocked(b *store.Batch) {
+	for _, r := range b.Resources {
+		c.markLocked(resourceRecord(r.Name))
+	}
+	for _, name := range b.RemovedResources {
+		c.markLocked(resourceRecord(name))
+	}
+	for _, a := range b.Allocations {
+		c.markLocked(allocationRecord(allocKey{a.PodUID, a.ContainerName, a.ResourceName}))
+	}
+	for _, k := range b.RemovedAllocations {
+		c.markLocked(allocationRecord(allocKey{k.PodUID, k.ContainerName, k.ResourceName}))
+	}
 }
 
 // recordLocked is the stored record of res.

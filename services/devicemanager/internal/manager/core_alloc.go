@@ -144,19 +144,17 @@ func (c *core) commit(want podIdentity, picks []*pick, traceID string, now time.
 }
 
 // uncommit takes back the committed allocations of picks, which could not
-// be saved: they are removed, their devices freed, and that staged and
-// published.
+// be saved: they are removed, and that staged. Their devices stay taken
+// until the removal is durable (see freeing): the allocation may be on
+// disk already, and a device free in memory is free on disk.
 func (c *core) uncommit(picks []*pick) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	resources := make([]string, 0, len(picks))
 	for _, p := range picks {
 		c.ledger.remove(p.key)
-		c.ledger.unreserve(p.key, p.ids)
 		c.markLocked(allocationRecord(p.key))
-		resources = append(resources, p.key.resource)
+		c.freeLaterLocked(p.key, p.ids)
 	}
-	c.allocationsChangedLocked(resources)
 }
 
 // allocated returns the container's allocations of every resource of req,
@@ -192,30 +190,68 @@ func (c *core) allocationViewLocked(a *allocation) allocator.ResourceAllocation 
 	return v
 }
 
-// release removes the allocations of pod, or of one of its containers when
-// container is set, staged and published, and returns how many devices
-// they held and the containers that held them; the caller makes that
-// durable.
-func (c *core) release(pod, container string) (n int64, containers []string) {
+// released is what one Release removed from memory, not yet durable.
+type released struct {
+	pod        string
+	n          int64    // devices
+	containers []string // the containers that held them
+	allocs     []*allocation
+	freeing    []*freeing
+}
+
+// release removes the allocations of the containers of pod, staged; the
+// caller makes that durable. Their devices stay taken until it is (see
+// freeing), so that a Release whose save fails can be taken back
+// (unrelease) with no device given to another pod meanwhile.
+func (c *core) release(pod string, containers []string) *released {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var resources []string
-	for _, k := range c.ledger.podKeys(pod, container) {
-		if !slices.Contains(containers, k.container) {
-			containers = append(containers, k.container)
+	r := &released{pod: pod}
+	for _, ctr := range containers {
+		keys := c.ledger.podKeys(pod, ctr)
+		if len(keys) > 0 {
+			r.containers = append(r.containers, ctr)
 		}
-		a := c.ledger.allocs[k]
-		c.ledger.remove(k)
-		c.ledger.unreserve(k, a.ids)
-		c.markLocked(allocationRecord(k))
-		n += int64(len(a.ids))
-		resources = append(resources, k.resource)
-		c.metrics.released.WithLabelValues(k.resource).Add(float64(len(a.ids)))
+		for _, k := range keys {
+			a := c.ledger.allocs[k]
+			c.ledger.remove(k)
+			c.markLocked(allocationRecord(k))
+			r.allocs = append(r.allocs, a)
+			r.freeing = append(r.freeing, c.freeLaterLocked(k, a.ids))
+			r.n += int64(len(a.ids))
+		}
 	}
-	if n > 0 {
-		c.allocationsChangedLocked(resources)
+	return r
+}
+
+// unrelease takes back r, whose save failed: its allocations are recorded
+// again (and that staged, to follow the removal in the journal) and hold
+// their devices as before. It reports false, and changes nothing, when
+// another write made r durable meanwhile (its devices were freed).
+func (c *core) unrelease(r *released) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(r.freeing) == 0 || !c.cancelFreeLocked(r.freeing) {
+		return false
 	}
-	return n, containers
+	for _, a := range r.allocs {
+		c.ledger.add(a)
+		c.markLocked(allocationRecord(a.key))
+	}
+	return true
+}
+
+// podContainers returns the containers of pod that hold allocations,
+// sorted.
+func (c *core) podContainers(pod string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, k := range c.ledger.podKeys(pod, "") {
+		out = append(out, k.container)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // allocationsChangedLocked publishes again the views of resources (free

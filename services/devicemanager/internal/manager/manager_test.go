@@ -75,8 +75,10 @@ func registered(t *testing.T, resource string, devices int) (*Manager, *samplepl
 }
 
 // TestAllocationNotSavedIsRolledBack: an allocation that cannot be made
-// durable is refused and leaves nothing allocated; once the store works
-// again, allocating works and is saved.
+// durable is refused and leaves nothing allocated; its device stays taken
+// until the taking back is durable too (the allocation may have reached
+// the disk). Once the store works again, allocating works and is saved,
+// and the device is free again.
 func TestAllocationNotSavedIsRolledBack(t *testing.T) {
 	const res = "example.com/unsaved"
 	m, p, dpDir := registered(t, res, 2)
@@ -94,8 +96,8 @@ func TestAllocationNotSavedIsRolledBack(t *testing.T) {
 	if l := m.ListAllocations(""); len(l) != 0 {
 		t.Fatalf("allocations after the failure: %+v", l)
 	}
-	if r := m.ListResources()[0]; r.Free != 2 || len(r.Allocated) != 0 {
-		t.Fatalf("devices still taken after the failure: %+v", r)
+	if r := m.ListResources()[0]; r.Free != 1 || len(r.Allocated) != 1 {
+		t.Fatalf("the device of the allocation taken back is free before that is saved: %+v", r)
 	}
 
 	if err := os.Mkdir(dpDir, 0o750); err != nil {
@@ -104,6 +106,9 @@ func TestAllocationNotSavedIsRolledBack(t *testing.T) {
 	got, err := m.Allocate(ctxT(t), req)
 	if err != nil || len(got) != 1 || len(got[0].DeviceIDs) != 1 {
 		t.Fatalf("Allocate once the store works: %+v, %v", got, err)
+	}
+	if r := m.ListResources()[0]; r.Free != 1 || len(r.Allocated) != 1 {
+		t.Fatalf("devices once the store works: %+v; want the one allocated taken, the other free", r)
 	}
 	d, err := store.ReadState(dpDir)
 	if err != nil || d == nil || len(d.Allocations) != 1 || len(d.Resources) != 1 {
@@ -154,9 +159,9 @@ func TestRegistrationNotSavedFails(t *testing.T) {
 }
 
 // TestReleaseNotSavedFailsUntilSaved: a Release that cannot be saved
-// fails, and so does its retry, although the devices are already free in
-// memory; the retry succeeds once the store works, with the release on
-// disk.
+// fails and is taken back: the pod still holds its device, and so does
+// its retry while the store is broken; the retry succeeds once the store
+// works, with the release on disk.
 func TestReleaseNotSavedFailsUntilSaved(t *testing.T) {
 	const res = "example.com/unsaved-release"
 	m, _, dpDir := registered(t, res, 2)
@@ -167,23 +172,28 @@ func TestReleaseNotSavedFailsUntilSaved(t *testing.T) {
 	if err := os.RemoveAll(dpDir); err != nil {
 		t.Fatal(err)
 	}
-	n, err := m.Release(ctxT(t), "pod", "")
-	if n != 1 || !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "release not saved") {
-		t.Fatalf("Release with a broken store: %d, %v", n, err)
-	}
-	if n, err := m.Release(ctxT(t), "pod", ""); n != 0 || !errors.Is(err, errdefs.ErrInternal) {
-		t.Fatalf("Release retried with a broken store: %d, %v", n, err)
+	for i := range 2 {
+		n, err := m.Release(ctxT(t), "pod", "")
+		if n != 0 || !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "not saved, its devices stay allocated") {
+			t.Fatalf("Release %d with a broken store: %d, %v", i+1, n, err)
+		}
+		if l := m.ListAllocations("pod"); len(l) != 1 {
+			t.Fatalf("allocations of the pod after Release %d failed: %+v", i+1, l)
+		}
 	}
 
 	if err := os.Mkdir(dpDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := m.Release(ctxT(t), "pod", ""); n != 0 || err != nil {
+	if n, err := m.Release(ctxT(t), "pod", ""); n != 1 || err != nil {
 		t.Fatalf("Release retried once the store works: %d, %v", n, err)
 	}
 	d, err := store.ReadState(dpDir)
 	if err != nil || d == nil || len(d.Allocations) != 0 || len(d.Resources) != 1 {
 		t.Fatalf("saved state: %+v, %v", d, err)
+	}
+	if r := m.ListResources()[0]; r.Free != 2 {
+		t.Fatalf("devices after the release: %+v", r)
 	}
 }
 

@@ -20,6 +20,8 @@ func (m *Manager) Run(ctx context.Context) error {
 func (m *Manager) loop(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var retry <-chan time.Time
+	failing := false
 	for {
 		now := time.Now()
 		next, changes, give := m.tick(now)
@@ -40,6 +42,8 @@ func (m *Manager) loop(ctx context.Context) {
 				break writes
 			case <-timer.C:
 				break writes
+			case <-retry:
+				retry = m.write(&failing)
 			case <-m.flush:
 				// Gather the changes of a burst (many plugins registering
 				// at once) into one write.
@@ -47,10 +51,30 @@ func (m *Manager) loop(ctx context.Context) {
 				case <-ctx.Done():
 				case <-time.After(persistBatch):
 				}
-				if err := m.persist(); err != nil {
-					m.log.Error("writing checkpoint", "error", err)
-				}
+				retry = m.write(&failing)
 			}
 		}
 	}
+}
+
+// persistRetry is how long Run waits before it writes again after a write
+// failed: the changes wait in the store, and devices whose release is not
+// durable stay taken until a write works (core_unsaved.go).
+const persistRetry = time.Second
+
+// write is Run's write of the state. A failure is logged once, until a
+// write works again (logged too), and write returns when to retry.
+func (m *Manager) write(failing *bool) <-chan time.Time {
+	if err := m.persist(); err != nil {
+		if !*failing {
+			m.log.Error("writing checkpoint; retrying every "+persistRetry.String()+" until it works", "error", err)
+		}
+		*failing = true
+		return time.After(persistRetry)
+	}
+	if *failing {
+		m.log.Info("checkpoint written again")
+	}
+	*failing = false
+	return nil
 }
