@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	drapbv1beta1 "k8s.io/kubelet/pkg/apis/dra/v1beta1"
 
@@ -84,12 +82,13 @@ func claimsRequest(refs []claims.ClaimRef) []*drapbv1.Claim {
 // other failure) with the driver, its socket and the call, so that the
 // caller learns that the driver, not the devicemanager, is at fault.
 func callError(method string, c Conn, err error) error {
+	err = errdefs.FromGRPC(err)
 	reason := errdefs.ReasonDRADriverFailed
-	if status.Code(err) == codes.Unavailable {
+	if errors.Is(err, errdefs.ErrUnavailable) {
 		reason = errdefs.ReasonDRADriverUnreachable
 	}
 	return errdefs.WithReason(
-		fmt.Errorf("DRA driver %s (socket %s): %s: %w", bounds.Text(c.Driver), bounds.Quote(c.Endpoint), method, errdefs.FromGRPC(err)),
+		fmt.Errorf("DRA driver %s (socket %s): %s: %w", bounds.Text(c.Driver), bounds.Quote(c.Endpoint), method, err),
 		reason, map[string]string{errdefs.MetaDriver: bounds.Text(c.Driver), errdefs.MetaSocket: bounds.Text(c.Endpoint), errdefs.MetaCall: method})
 }
 
