@@ -170,74 +170,125 @@ func healthcheck(ctx context.Context, c config) error {
 	return nil
 }
 
+// serve runs the plugin its flags describe until ctx ends: it serves the
+// plugin's socket and the control endpoint, flips device health on
+// SIGUSR1 and SIGUSR2, and in kubelet-sock mode registers on kubelet.sock
+// each time it is created.
 func serve(ctx context.Context, c config, log *slog.Logger, ready func(*sampleplugin.Plugin, string)) error {
-	path, err := socketPath(c)
+	p, root, err := newPlugin(c, log)
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	root, err := filepath.Abs(c.RootDir)
-	if err != nil {
-		return err
-	}
-	p, err := sampleplugin.New(sampleplugin.Options{
-		Resource: c.resource, Devices: c.devices, SocketPath: path,
-		Preferred: c.preferred, PreStartRequired: c.prestart, CDI: c.cdi, MountHostDir: c.mountHostDir, Log: log,
-	})
-	if err != nil {
-		return err
-	}
-	if c.prestartErr != "" {
-		p.SetFailure(sampleplugin.MethodPreStartContainer, injected(c.prestartErr))
-	}
+	dir := filepath.Dir(p.SocketPath())
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return err
 	}
 	var watcher *fsnotify.Watcher
 	if c.mode == modeKubelet {
 		// Watch before starting, so a kubelet.sock created meanwhile is seen.
-		if watcher, err = fsnotify.NewWatcher(); err != nil {
+		if watcher, err = watchDir(dir); err != nil {
 			return err
 		}
 		defer watcher.Close()
-		if err := watcher.Add(dir); err != nil {
-			return fmt.Errorf("watch %s: %w", dir, err)
-		}
 	}
 	if err := p.Start(); err != nil {
 		return err
 	}
 	defer p.Stop()
-
-	controlAddr := ""
-	if c.control != "" {
-		lis, err := net.Listen("tcp", c.control)
-		if err != nil {
-			return fmt.Errorf("control listen on %s: %w", c.control, err)
-		}
-		srv := &http.Server{Handler: controlHandler(p), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(lis) }()
-		defer srv.Close()
-		controlAddr = lis.Addr().String()
-		log.Info("control endpoint listening", "addr", controlAddr)
+	controlAddr, stopControl, err := startControl(c.control, p, log)
+	if err != nil {
+		return err
 	}
+	defer stopControl()
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGUSR2)
 	defer signal.Stop(sigs)
 
-	kubeletSock := layout.KubeletSocket(root)
-	var registerc <-chan error
-	register := func() {
-		errc := make(chan error, 1)
-		registerc = errc
-		go func() { errc <- registerWithRetry(ctx, p, kubeletSock, log) }()
-	}
+	s := &server{p: p, log: log, kubeletSock: layout.KubeletSocket(root)}
 	if c.mode == modeKubelet {
-		register()
+		s.register(ctx)
 	}
 	if ready != nil {
 		ready(p, controlAddr)
 	}
+	return s.loop(ctx, sigs, watcher)
+}
+
+// newPlugin makes the plugin its flags describe, not yet started, with the
+// absolute root directory.
+func newPlugin(c config, log *slog.Logger) (*sampleplugin.Plugin, string, error) {
+	path, err := socketPath(c)
+	if err != nil {
+		return nil, "", err
+	}
+	root, err := filepath.Abs(c.RootDir)
+	if err != nil {
+		return nil, "", err
+	}
+	p, err := sampleplugin.New(sampleplugin.Options{
+		Resource: c.resource, Devices: c.devices, SocketPath: path,
+		Preferred: c.preferred, PreStartRequired: c.prestart, CDI: c.cdi, MountHostDir: c.mountHostDir, Log: log,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	if c.prestartErr != "" {
+		p.SetFailure(sampleplugin.MethodPreStartContainer, injected(c.prestartErr))
+	}
+	return p, root, nil
+}
+
+// watchDir watches dir, where kubelet.sock is created.
+func watchDir(dir string) (*fsnotify.Watcher, error) {
+	watcher, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, err
+	}
+	if err := watcher.Add(dir); err != nil {
+		_ = watcher.Close()
+		return nil, fmt.Errorf("watch %s: %w", dir, err)
+	}
+	return watcher, nil
+}
+
+// startControl serves the control endpoint on addr, unless it is empty.
+// It returns the address it listens on ("" without one) and the function
+// that closes it.
+func startControl(addr string, p *sampleplugin.Plugin, log *slog.Logger) (string, func(), error) {
+	if addr == "" {
+		return "", func() {}, nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("control listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: controlHandler(p), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(lis) }()
+	controlAddr := lis.Addr().String()
+	log.Info("control endpoint listening", "addr", controlAddr)
+	return controlAddr, func() { _ = srv.Close() }, nil
+}
+
+// server is a started plugin and the state of its event loop; it is used
+// by one goroutine.
+type server struct {
+	p           *sampleplugin.Plugin
+	log         *slog.Logger
+	kubeletSock string
+	registerc   <-chan error // the outcome of the registration under way; nil: none
+}
+
+// register starts a registration on kubelet.sock; its outcome comes on
+// registerc.
+func (s *server) register(ctx context.Context) {
+	errc := make(chan error, 1)
+	s.registerc = errc
+	go func() { errc <- registerWithRetry(ctx, s.p, s.kubeletSock, s.log) }()
+}
+
+// loop handles health-flip signals, registration outcomes and the events
+// of watcher (nil: none) until ctx ends.
+func (s *server) loop(ctx context.Context, sigs <-chan os.Signal, watcher *fsnotify.Watcher) error {
 	var events <-chan fsnotify.Event
 	var werrs <-chan error
 	if watcher != nil {
@@ -246,33 +297,41 @@ func serve(ctx context.Context, c config, log *slog.Logger, ready func(*samplepl
 	for {
 		select {
 		case <-ctx.Done():
-			log.Info("stopping", "socket", p.SocketPath())
+			s.log.Info("stopping", "socket", s.p.SocketPath())
 			return nil
 		case sig := <-sigs:
-			flip(p, sig == syscall.SIGUSR2, log)
-		case err := <-registerc:
-			registerc = nil
+			flip(s.p, sig == syscall.SIGUSR2, s.log)
+		case err := <-s.registerc:
+			s.registerc = nil
 			if err != nil {
-				log.Warn("registration on kubelet.sock failed; waiting for kubelet.sock to be created again", "error", err)
+				s.log.Warn("registration on kubelet.sock failed; waiting for kubelet.sock to be created again", "error", err)
 			}
 		case ev := <-events:
-			if ev.Name == kubeletSock && ev.Has(fsnotify.Create) {
-				// A restarted kubelet removes the plugins' sockets; a
-				// restarted devicemanager keeps those it could redial.
-				if _, err := os.Stat(p.SocketPath()); err != nil {
-					log.Info("kubelet.sock created and our socket is gone: restarting the server")
-					p.Stop()
-					if err := p.Start(); err != nil {
-						return err
-					}
+			if ev.Name == s.kubeletSock && ev.Has(fsnotify.Create) {
+				if err := s.kubeletSockCreated(ctx); err != nil {
+					return err
 				}
-				log.Info("kubelet.sock created: registering again")
-				register()
 			}
 		case err := <-werrs:
-			log.Warn("watching the device-plugins directory", "error", err)
+			s.log.Warn("watching the device-plugins directory", "error", err)
 		}
 	}
+}
+
+// kubeletSockCreated registers again, restarting the server first if its
+// socket is gone: a restarted kubelet removes the plugins' sockets; a
+// restarted devicemanager keeps those it could redial.
+func (s *server) kubeletSockCreated(ctx context.Context) error {
+	if _, err := os.Stat(s.p.SocketPath()); err != nil {
+		s.log.Info("kubelet.sock created and our socket is gone: restarting the server")
+		s.p.Stop()
+		if err := s.p.Start(); err != nil {
+			return err
+		}
+	}
+	s.log.Info("kubelet.sock created: registering again")
+	s.register(ctx)
+	return nil
 }
 
 // registerWithRetry registers on kubelet.sock, retrying briefly: kubelet.sock

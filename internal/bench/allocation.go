@@ -177,6 +177,9 @@ type JournalLoop struct {
 // manyCallers is the number of callers of the many-plugins figure.
 const manyCallers = 8
 
+// durability measures what making allocations durable costs: the fsync
+// floors, Allocate beside them, Allocate with cfg.AllocPlugins plugins
+// registered, and the journal's size under a cfg.JournalLoop loop.
 func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	var out DurabilityResult
 	r.logf("durability: fsync floor, Allocate beside it, %d plugins, journal loop %v", r.cfg.AllocPlugins, r.cfg.JournalLoop)
@@ -186,65 +189,124 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	}
 	out.FsyncFloor, out.FsyncOverwriteFloor, out.FsyncPacedFloor = fl.append, fl.overwrite, fl.paced
 	r.logf("  fsync floor %v\n  over zeros  %v\n  paced       %v", out.FsyncFloor, out.FsyncOverwriteFloor, out.FsyncPacedFloor)
-	dp, err := r.newDevicePlugin("bench.example.com/durable8", 8)
+	dp, err := r.eightDevices(ctx, &out)
 	if err != nil {
 		return out, err
 	}
+	defer dp.Stop()
+
+	// Many plugins, two devices each.
+	out.Plugins = r.cfg.AllocPlugins
+	plugins, err := r.startManyPlugins(ctx, out.Plugins)
+	if err != nil {
+		return out, err
+	}
+	defer stopManyPlugins(plugins)
+	spread := spreadOver(plugins)
+	if err := r.manyPlugins(ctx, &out, spread); err != nil {
+		return out, err
+	}
+
+	// The longer loop, following the files.
+	loop, err := r.journalLoop(ctx, spread)
+	if err != nil {
+		return out, err
+	}
+	out.Loop = loop
+	r.logf("  allocate p99 %.3f ms over the floor's; %d plugins: %.0f pairs/s, p99 %.2f× the 8-device one; loop of %d pairs: journal ≤ %d bytes (%d files seen), snapshot %d bytes",
+		out.OverFloorP99Ms, out.Plugins, out.Many.PairsPerSec, out.ManyP99Ratio, out.Loop.Pairs, out.Loop.MaxJournalBytes, out.Loop.Journals, out.Loop.SnapshotBytes)
+	return out, nil
+}
+
+// eightDevices starts a plugin of 8 devices and fills out's Allocate8
+// figures (one caller, beside the floors already in out) and
+// Allocate8Many (manyCallers callers). It returns the plugin, still
+// registered, for the caller to stop; on an error after it started, it
+// stops it itself.
+func (r *runner) eightDevices(ctx context.Context, out *DurabilityResult) (*devicePlugin, error) {
+	dp, err := r.newDevicePlugin("bench.example.com/durable8", 8)
+	if err != nil {
+		return nil, err
+	}
 	ready := r.res.wait(dp.Resource(), allocatable(8))
 	if err := dp.start(); err != nil {
-		return out, err
+		return nil, err
 	}
-	defer dp.Stop()
+	resource := func(int, int) string { return dp.Resource() }
 	if _, err := waitTime(ctx, ready, dp.Resource()+" allocatable"); err != nil {
-		return out, err
+		dp.Stop()
+		return nil, err
 	}
-	if out.Allocate8, err = r.allocRun(ctx, func(int, int) string { return dp.Resource() }, 8, 1, r.cfg.AllocDuration, nil); err != nil {
-		return out, err
+	if out.Allocate8, err = r.allocRun(ctx, resource, 8, 1, r.cfg.AllocDuration, nil); err != nil {
+		dp.Stop()
+		return nil, err
 	}
 	out.OverFloorP99Ms = round2(out.Allocate8.Allocate.P99 - out.FsyncFloor.P99)
 	out.OverOverwriteFloorP99Ms = round2(out.Allocate8.Allocate.P99 - out.FsyncOverwriteFloor.P99)
 	out.OverPacedFloorP99Ms = round2(out.Allocate8.Allocate.P99 - out.FsyncPacedFloor.P99)
-	if out.Allocate8Many, err = r.allocRun(ctx, func(int, int) string { return dp.Resource() }, 8, manyCallers, r.cfg.AllocDuration, nil); err != nil {
-		return out, err
+	if out.Allocate8Many, err = r.allocRun(ctx, resource, 8, manyCallers, r.cfg.AllocDuration, nil); err != nil {
+		dp.Stop()
+		return nil, err
 	}
+	return dp, nil
+}
 
-	// Many plugins, two devices each.
-	out.Plugins = r.cfg.AllocPlugins
-	plugins := make([]*devicePlugin, 0, out.Plugins)
-	defer func() {
-		for _, p := range plugins {
-			_ = os.Remove(p.final)
-		}
-		for _, p := range plugins {
-			p.Stop()
-		}
-	}()
-	readies := make([]<-chan time.Time, 0, out.Plugins)
-	for i := range out.Plugins {
+// startManyPlugins starts n device plugins of two devices each and waits
+// until all are allocatable. On an error it stops those it started.
+func (r *runner) startManyPlugins(ctx context.Context, n int) ([]*devicePlugin, error) {
+	plugins := make([]*devicePlugin, 0, n)
+	readies := make([]<-chan time.Time, 0, n)
+	for i := range n {
 		p, err := r.newDevicePlugin(fmt.Sprintf("bench.example.com/many%d", i), 2)
 		if err != nil {
-			return out, err
+			stopManyPlugins(plugins)
+			return nil, err
 		}
 		readies = append(readies, r.res.wait(p.Resource(), allocatable(2)))
 		if err := p.start(); err != nil {
-			return out, err
+			stopManyPlugins(plugins)
+			return nil, err
 		}
 		plugins = append(plugins, p)
 	}
 	for i, ch := range readies {
 		if _, err := waitTime(ctx, ch, plugins[i].Resource()+" allocatable"); err != nil {
-			return out, err
+			stopManyPlugins(plugins)
+			return nil, err
 		}
 	}
-	// Caller c takes turns over the plugins whose index is c modulo the
-	// callers, so that callers never wait for each other's devices.
-	spread := func(c, i int) string {
+	return plugins, nil
+}
+
+// stopManyPlugins removes the plugins' sockets from plugins_registry, then
+// stops them.
+func stopManyPlugins(plugins []*devicePlugin) {
+	for _, p := range plugins {
+		_ = os.Remove(p.final)
+	}
+	for _, p := range plugins {
+		p.Stop()
+	}
+}
+
+// spreadOver is the resource of caller c's i-th pair over plugins: caller
+// c takes turns over the plugins whose index is c modulo manyCallers, so
+// that callers never wait for each other's devices.
+func spreadOver(plugins []*devicePlugin) func(c, i int) string {
+	return func(c, i int) string {
 		n := (len(plugins) - c + manyCallers - 1) / manyCallers
 		return plugins[c+manyCallers*(i%n)].Resource()
 	}
+}
+
+// manyPlugins fills out's Many figures: Allocate/Release pairs from
+// manyCallers callers over the plugins spread gives, their devicemanager
+// CPU per pair, and their p99 beside the 8-device ones already in out.
+func (r *runner) manyPlugins(ctx context.Context, out *DurabilityResult, spread func(c, i int) string) error {
 	cpu0 := r.cpuByService()["devicemanager"]
+	var err error
 	if out.Many, err = r.allocRun(ctx, spread, 2, manyCallers, r.cfg.AllocDuration, nil); err != nil {
-		return out, err
+		return err
 	}
 	if out.Many.Pairs > 0 {
 		out.ManyCPUPerPairUs = round2((r.cpuByService()["devicemanager"] - cpu0) * 1e6 / float64(out.Many.Pairs))
@@ -255,43 +317,57 @@ func (r *runner) durability(ctx context.Context) (DurabilityResult, error) {
 	if p99 := out.Allocate8Many.Allocate.P99; p99 > 0 {
 		out.ManyP99RatioSameCallers = round2(out.Many.Allocate.P99 / p99)
 	}
+	return nil
+}
 
-	// The longer loop, following the files.
-	dir := layout.DevicePluginsDir(r.root)
-	seen := map[string]bool{}
-	var maxJournal int64
-	sample := func() int64 {
-		js, _ := filepath.Glob(filepath.Join(dir, layout.CheckpointFileName+layout.CheckpointJournalInfix+"*"))
-		var total int64
-		for _, j := range js {
-			if fi, err := os.Stat(j); err == nil {
-				total += fi.Size()
-				seen[filepath.Base(j)] = true
-			}
-		}
-		return total
-	}
-	var sampleMu sync.Mutex
-	tick := func() {
-		sampleMu.Lock()
-		defer sampleMu.Unlock()
-		maxJournal = max(maxJournal, sample())
-	}
-	loop, err := r.allocRun(ctx, spread, 2, manyCallers, r.cfg.JournalLoop, tick)
+// journalLoop runs Allocate/Release pairs from manyCallers callers over
+// the plugins spread gives for cfg.JournalLoop, sampling the checkpoint's
+// journal files every 100 ms.
+func (r *runner) journalLoop(ctx context.Context, spread func(c, i int) string) (JournalLoop, error) {
+	js := &journalSampler{dir: layout.DevicePluginsDir(r.root), seen: map[string]bool{}}
+	loop, err := r.allocRun(ctx, spread, 2, manyCallers, r.cfg.JournalLoop, js.tick)
 	if err != nil {
-		return out, err
+		return JournalLoop{}, err
 	}
-	sampleMu.Lock()
-	out.Loop = JournalLoop{Seconds: r.cfg.JournalLoop.Seconds(), Pairs: loop.Pairs, PairsPerSec: loop.PairsPerSec, Allocate: loop.Allocate, FinalJournalBytes: sample()}
-	out.Loop.MaxJournalBytes = max(maxJournal, out.Loop.FinalJournalBytes)
-	out.Loop.Journals = len(seen)
-	sampleMu.Unlock()
-	if fi, err := os.Stat(filepath.Join(dir, layout.CheckpointFileName)); err == nil {
-		out.Loop.SnapshotBytes = fi.Size()
+	js.mu.Lock()
+	out := JournalLoop{Seconds: r.cfg.JournalLoop.Seconds(), Pairs: loop.Pairs, PairsPerSec: loop.PairsPerSec, Allocate: loop.Allocate, FinalJournalBytes: js.size()}
+	out.MaxJournalBytes = max(js.largest, out.FinalJournalBytes)
+	out.Journals = len(js.seen)
+	js.mu.Unlock()
+	if fi, err := os.Stat(filepath.Join(js.dir, layout.CheckpointFileName)); err == nil {
+		out.SnapshotBytes = fi.Size()
 	}
-	r.logf("  allocate p99 %.3f ms over the floor's; %d plugins: %.0f pairs/s, p99 %.2f× the 8-device one; loop of %d pairs: journal ≤ %d bytes (%d files seen), snapshot %d bytes",
-		out.OverFloorP99Ms, out.Plugins, out.Many.PairsPerSec, out.ManyP99Ratio, out.Loop.Pairs, out.Loop.MaxJournalBytes, out.Loop.Journals, out.Loop.SnapshotBytes)
 	return out, nil
+}
+
+// journalSampler follows the total size of the checkpoint's journal files
+// in dir. Its methods are safe for concurrent use as documented.
+type journalSampler struct {
+	dir     string
+	mu      sync.Mutex      // guards seen and largest, and serializes size
+	seen    map[string]bool // the journal file names seen
+	largest int64           // the largest total tick sampled
+}
+
+// size is the journal files' total size now; it records their names in
+// seen. The caller holds mu.
+func (s *journalSampler) size() int64 {
+	js, _ := filepath.Glob(filepath.Join(s.dir, layout.CheckpointFileName+layout.CheckpointJournalInfix+"*"))
+	var total int64
+	for _, j := range js {
+		if fi, err := os.Stat(j); err == nil {
+			total += fi.Size()
+			s.seen[filepath.Base(j)] = true
+		}
+	}
+	return total
+}
+
+// tick samples the total size and keeps the largest; it takes mu.
+func (s *journalSampler) tick() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.largest = max(s.largest, s.size())
 }
 
 // printDurability writes the durability figures.

@@ -13,129 +13,206 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
 
+// footprint measures the services' RSS and idle CPU with cfg.IdlePlugins
+// registration-only plugins, then the devicemanager's RSS before, with and
+// after cfg.RSSPlugins device plugins, beside a bare grpc-go client's.
 func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 	cfg := r.cfg
-	out := FootprintResult{IdlePlugins: cfg.IdlePlugins, RSSMiB: map[string]float64{}, IdleCPUPercent: map[string]float64{}, DeviceManagerPlugins: cfg.RSSPlugins}
-	r.logf("footprint: %d registration-only plugins, idle for %v", cfg.IdlePlugins, cfg.IdleWindow)
-	var plugins []*testplugin.Plugin
-	defer func() {
-		for _, p := range plugins {
-			p.Stop()
-		}
-	}()
-	for i := 0; i < cfg.IdlePlugins; i++ {
+	f := &footprintRun{r: r, out: FootprintResult{IdlePlugins: cfg.IdlePlugins, RSSMiB: map[string]float64{}, IdleCPUPercent: map[string]float64{}, DeviceManagerPlugins: cfg.RSSPlugins}}
+	defer f.stop()
+	if err := f.startIdle(ctx); err != nil {
+		return f.out, err
+	}
+	if err := f.idleUsage(); err != nil {
+		return f.out, err
+	}
+	if err := f.deviceManagerRSS(ctx); err != nil {
+		return f.out, err
+	}
+	return f.out, nil
+}
+
+// footprintRun is the state the phases of the footprint figures share.
+type footprintRun struct {
+	r     *runner
+	out   FootprintResult
+	idle  []*testplugin.Plugin // the registration-only plugins
+	dps   []*devicePlugin      // the device plugins of the RSS figure, until they leave
+	dmPid int                  // the devicemanager's
+	base  float64              // the devicemanager's RSS before the device plugins, MiB
+}
+
+// stop stops the device plugins still there, then the idle plugins.
+func (f *footprintRun) stop() {
+	for _, dp := range f.dps {
+		dp.Stop()
+	}
+	for _, p := range f.idle {
+		p.Stop()
+	}
+}
+
+// startIdle starts cfg.IdlePlugins registration-only DRA plugins and waits
+// until each registered.
+func (f *footprintRun) startIdle(ctx context.Context) error {
+	r := f.r
+	r.logf("footprint: %d registration-only plugins, idle for %v", r.cfg.IdlePlugins, r.cfg.IdleWindow)
+	for i := 0; i < r.cfg.IdlePlugins; i++ {
 		p, _, err := r.draPlugin("idle")
 		if err != nil {
-			return out, err
+			return err
 		}
-		plugins = append(plugins, p)
+		f.idle = append(f.idle, p)
 	}
-	for _, p := range plugins {
+	for _, p := range f.idle {
 		if _, err := registeredAt(ctx, p.Registration, p.Path()+" registered"); err != nil {
-			return out, err
+			return err
 		}
 	}
-	time.Sleep(cfg.IdleWindow / 2) // let start-up work settle before sampling
+	return nil
+}
+
+// idleUsage lets start-up work settle, then records each service's CPU
+// over cfg.IdleWindow and its RSS.
+func (f *footprintRun) idleUsage() error {
+	r := f.r
+	time.Sleep(r.cfg.IdleWindow / 2) // let start-up work settle before sampling
 	before := map[string]float64{}
 	for _, s := range stack.Services {
 		before[s], _ = cpuSeconds(r.st.Process(s).Cmd.Process.Pid)
 	}
 	t0 := time.Now()
-	time.Sleep(cfg.IdleWindow)
+	time.Sleep(r.cfg.IdleWindow)
 	elapsed := time.Since(t0).Seconds()
 	for _, s := range stack.Services {
 		pid := r.st.Process(s).Cmd.Process.Pid
 		after, err := cpuSeconds(pid)
 		if err != nil {
-			return out, err
+			return err
 		}
-		out.IdleCPUPercent[s] = round2(100 * (after - before[s]) / elapsed)
+		f.out.IdleCPUPercent[s] = round2(100 * (after - before[s]) / elapsed)
 		rss, err := rssMiB(pid)
 		if err != nil {
-			return out, err
+			return err
 		}
-		out.RSSMiB[s] = round2(rss)
+		f.out.RSSMiB[s] = round2(rss)
 	}
-	r.logf("  rss MiB %v\n  idle cpu %% %v", out.RSSMiB, out.IdleCPUPercent)
+	r.logf("  rss MiB %v\n  idle cpu %% %v", f.out.RSSMiB, f.out.IdleCPUPercent)
+	return nil
+}
 
-	r.logf("footprint: devicemanager RSS with %d device plugins", cfg.RSSPlugins)
-	dmPid := r.st.Process("devicemanager").Cmd.Process.Pid
-	base, err := rssMiB(dmPid)
-	if err != nil {
-		return out, err
+// deviceManagerRSS records the devicemanager's RSS before, with and after
+// cfg.RSSPlugins device plugins, and a bare grpc-go client's beside it.
+func (f *footprintRun) deviceManagerRSS(ctx context.Context) error {
+	r := f.r
+	r.logf("footprint: devicemanager RSS with %d device plugins", r.cfg.RSSPlugins)
+	f.dmPid = r.st.Process("devicemanager").Cmd.Process.Pid
+	var err error
+	if f.base, err = rssMiB(f.dmPid); err != nil {
+		return err
 	}
 	if err := r.heapProfile(ctx, "devicemanager", "before"); err != nil {
-		return out, err
+		return err
 	}
-	var dps []*devicePlugin
-	defer func() {
-		for _, dp := range dps {
-			dp.Stop()
-		}
-	}()
-	for i := 0; i < cfg.RSSPlugins; i++ {
+	if err := f.startDevicePlugins(ctx); err != nil {
+		return err
+	}
+	if err := f.loaded(ctx); err != nil {
+		return err
+	}
+	if err := f.bare(ctx); err != nil {
+		return err
+	}
+	return f.afterLeaving(ctx)
+}
+
+// startDevicePlugins starts cfg.RSSPlugins device plugins of two devices
+// each and waits until all are allocatable.
+func (f *footprintRun) startDevicePlugins(ctx context.Context) error {
+	r := f.r
+	for i := 0; i < r.cfg.RSSPlugins; i++ {
 		dp, err := r.newDevicePlugin(fmt.Sprintf("bench.example.com/rss-%d", i), 2)
 		if err != nil {
-			return out, err
+			return err
 		}
-		dps = append(dps, dp)
+		f.dps = append(f.dps, dp)
 	}
-	for _, dp := range dps {
+	for _, dp := range f.dps {
 		if err := dp.start(); err != nil {
-			return out, err
+			return err
 		}
 	}
-	for _, dp := range dps {
+	for _, dp := range f.dps {
 		if _, err := waitTime(ctx, r.res.wait(dp.Resource(), allocatable(2)), dp.Resource()+" allocatable"); err != nil {
-			return out, err
+			return err
 		}
 	}
-	time.Sleep(cfg.IdleWindow / 2)
-	loaded, err := rssMiB(dmPid)
+	return nil
+}
+
+// loaded records the devicemanager's RSS with the device plugins, and
+// what each costs it.
+func (f *footprintRun) loaded(ctx context.Context) error {
+	r := f.r
+	time.Sleep(r.cfg.IdleWindow / 2)
+	loaded, err := rssMiB(f.dmPid)
 	if err != nil {
-		return out, err
+		return err
 	}
 	if err := r.heapProfile(ctx, "devicemanager", "loaded"); err != nil {
-		return out, err
+		return err
 	}
-	out.DeviceManagerBaseMiB, out.DeviceManagerLoadedMiB = round2(base), round2(loaded)
-	if cfg.RSSPlugins > 0 {
-		out.DeviceManagerPerPlugin = round2((loaded - base) * 1024 / float64(cfg.RSSPlugins))
+	f.out.DeviceManagerBaseMiB, f.out.DeviceManagerLoadedMiB = round2(f.base), round2(loaded)
+	if r.cfg.RSSPlugins > 0 {
+		f.out.DeviceManagerPerPlugin = round2((loaded - f.base) * 1024 / float64(r.cfg.RSSPlugins))
 	}
-	r.logf("  devicemanager %.1f MiB → %.1f MiB, %.1f KiB per plugin", base, loaded, out.DeviceManagerPerPlugin)
-	paths := make([]string, len(dps))
-	for i, dp := range dps {
+	r.logf("  devicemanager %.1f MiB → %.1f MiB, %.1f KiB per plugin", f.base, loaded, f.out.DeviceManagerPerPlugin)
+	return nil
+}
+
+// bare records what a bare grpc-go client pays per connection to the
+// device plugins, and the devicemanager's cost per plugin over it.
+func (f *footprintRun) bare(ctx context.Context) error {
+	r := f.r
+	paths := make([]string, len(f.dps))
+	for i, dp := range f.dps {
 		paths[i] = dp.final
 	}
-	if out.Bare, err = r.bareClient(ctx, paths); err != nil {
-		return out, err
+	var err error
+	if f.out.Bare, err = r.bareClient(ctx, paths); err != nil {
+		return err
 	}
-	out.DeviceManagerOverBare = ratio(out.DeviceManagerPerPlugin, out.Bare.KiBPerConn)
+	f.out.DeviceManagerOverBare = ratio(f.out.DeviceManagerPerPlugin, f.out.Bare.KiBPerConn)
 	r.logf("  bare grpc-go client: %.1f KiB and %.2f goroutines per connection with one stream; devicemanager / bare %.2f (target ≤ 1.1)",
-		out.Bare.KiBPerConn, out.Bare.GoroutinesPer, out.DeviceManagerOverBare)
+		f.out.Bare.KiBPerConn, f.out.Bare.GoroutinesPer, f.out.DeviceManagerOverBare)
+	return nil
+}
 
-	// The plugins leave: once the devicemanager forgot them (their grace
-	// period ended), how much of the burst's memory did it give back?
-	for _, dp := range dps {
+// afterLeaving removes the device plugins and, once the devicemanager
+// forgot them (their grace period ended), records how much of the burst's
+// memory it gave back.
+func (f *footprintRun) afterLeaving(ctx context.Context) error {
+	r := f.r
+	for _, dp := range f.dps {
 		remove(dp.final, dp.Stop)
 	}
-	dps = nil
+	f.dps = nil
 	if err := r.noResources(ctx); err != nil {
-		return out, err
+		return err
 	}
-	time.Sleep(cfg.IdleWindow / 2)
-	after, err := rssMiB(dmPid)
+	time.Sleep(r.cfg.IdleWindow / 2)
+	after, err := rssMiB(f.dmPid)
 	if err != nil {
-		return out, err
+		return err
 	}
 	if err := r.heapProfile(ctx, "devicemanager", "after"); err != nil {
-		return out, err
+		return err
 	}
-	out.DeviceManagerAfterMiB = round2(after)
-	out.DeviceManagerAfterOverBase = ratio(after, base)
+	f.out.DeviceManagerAfterMiB = round2(after)
+	f.out.DeviceManagerAfterOverBase = ratio(after, f.base)
 	r.logf("  devicemanager after the plugins left: %.1f MiB (%.2f× its RSS before them; target ≤ 1.2×); the bare client after closing its connections: %.2f× its own",
-		after, out.DeviceManagerAfterOverBase, out.Bare.ClosedOverBefore)
-	return out, nil
+		after, f.out.DeviceManagerAfterOverBase, f.out.Bare.ClosedOverBefore)
+	return nil
 }
 
 // cpuByService returns the CPU seconds each service has used so far.

@@ -138,6 +138,37 @@ func (h *harness) draPhase(ctx context.Context) error {
 	h.logf("DRA: %d drivers publishing %d slices each, %d kills of the apiserver and the devicemanager in turn", h.cfg.DRADrivers, draSlicesPerDriver, h.cfg.DRAKills)
 	d := &draState{}
 	h.dra = d
+	if err := h.draConnect(ctx, d); err != nil {
+		return err
+	}
+	defer d.stopDrivers()
+	if err := h.draStartDrivers(ctx, d); err != nil {
+		return err
+	}
+	d.res.Drivers = len(d.drivers)
+	defer h.draPublish()
+
+	errc, stopWriters := h.draStartWriters(ctx)
+	defer stopWriters()
+	if err := h.draConverge(ctx, "DRA start"); err != nil {
+		return err
+	}
+	for i := range h.cfg.DRAKills {
+		if err := h.draKill(ctx, i, errc); err != nil {
+			return err
+		}
+	}
+	select {
+	case err := <-errc:
+		return err
+	default:
+	}
+	return h.draConverge(ctx, "end of DRA")
+}
+
+// draConnect makes d's clients of the local API, with the driver and the
+// reader kubeconfigs, and finds its one Node.
+func (h *harness) draConnect(ctx context.Context, d *draState) error {
 	var err error
 	if d.driver, err = h.draClient(layout.KubeconfigFile(h.root)); err != nil {
 		return fmt.Errorf("DRA: the driver kubeconfig: %w", err)
@@ -150,6 +181,14 @@ func (h *harness) draPhase(ctx context.Context) error {
 		return fmt.Errorf("DRA: the local API's one Node: %v (%v)", nodes, err)
 	}
 	d.node = nodes.Items[0].Name
+	return nil
+}
+
+// draStartDrivers starts cfg.DRADrivers chaos drivers, each registered
+// through plugins_registry by the kubeletplugin helper with
+// draSlicesPerDriver slices to write, and adds each to d.drivers once
+// started (d.stopDrivers stops them).
+func (h *harness) draStartDrivers(ctx context.Context, d *draState) error {
 	for i := range h.cfg.DRADrivers {
 		name := fmt.Sprintf("dra-%d.chaos.nodeplug.test", i)
 		dataDir := filepath.Join(h.root, "plugins", name)
@@ -163,81 +202,99 @@ func (h *harness) draPhase(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("DRA: start driver %s: %w", name, err)
 		}
-		defer helper.Stop()
 		dr := &draDriver{name: name, helper: helper}
 		for j := range draSlicesPerDriver {
 			dr.slices = append(dr.slices, &draSlice{name: fmt.Sprintf("%s-%d", name, j)})
 		}
 		d.drivers = append(d.drivers, dr)
 	}
-	d.res.Drivers = len(d.drivers)
-	defer func() {
-		d.mu.Lock()
-		res := d.res
-		d.mu.Unlock()
-		h.mu.Lock()
-		h.res.DRA = res
-		h.mu.Unlock()
-	}()
+	return nil
+}
 
+// stopDrivers stops the drivers' helpers, the last started first.
+func (d *draState) stopDrivers() {
+	for i := len(d.drivers) - 1; i >= 0; i-- {
+		d.drivers[i].helper.Stop()
+	}
+}
+
+// draPublish copies the DRA phase's figures into the harness's results.
+func (h *harness) draPublish() {
+	d := h.dra
+	d.mu.Lock()
+	res := d.res
+	d.mu.Unlock()
+	h.mu.Lock()
+	h.res.DRA = res
+	h.mu.Unlock()
+}
+
+// draStartWriters starts a writer per driver. A writer's error comes on
+// errc; stop stops the writers and waits for them.
+func (h *harness) draStartWriters(ctx context.Context) (errc <-chan error, stop func()) {
+	d := h.dra
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	errc := make(chan error, len(d.drivers))
+	errs := make(chan error, len(d.drivers))
 	for _, dr := range d.drivers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := h.draWrite(wctx, dr); err != nil {
-				errc <- err
+				errs <- err
 			}
 		}()
 	}
-	defer func() { cancel(); wg.Wait() }()
-	if err := h.draConverge(ctx, "DRA start"); err != nil {
+	return errs, func() { cancel(); wg.Wait() }
+}
+
+// draKill kills the i-th service of draKillTargets (in turn) while the
+// drivers publish, restarts it, and checks that the DRA drivers and the
+// device plugins converge again.
+func (h *harness) draKill(ctx context.Context, i int, errc <-chan error) error {
+	if err := h.draAwaitKillMoment(ctx, errc); err != nil {
 		return err
 	}
-	for i := range h.cfg.DRAKills {
-		// Kill while the drivers publish: once some writes were
-		// acknowledged since the last check, a random moment later.
-		acked := d.acked()
-		for d.acked() < acked+len(d.drivers) {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case err := <-errc:
-				return err
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
+	// The API server holds the slices, the devicemanager the
+	// drivers' connections (and deletes a gone driver's slices): each
+	// is killed in turn.
+	svc := draKillTargets[i%len(draKillTargets)]
+	when := fmt.Sprintf("DRA kill %d (%s)", i+1, svc)
+	if err := h.killRestart(ctx, svc); err != nil {
+		return err
+	}
+	d := h.dra
+	d.mu.Lock()
+	d.res.Kills++
+	d.mu.Unlock()
+	if err := h.draConverge(ctx, when); err != nil {
+		return err
+	}
+	_, err := h.converge(ctx, when, svc)
+	return err
+}
+
+// draAwaitKillMoment waits until the drivers publish: once some writes
+// were acknowledged since the last check, a random moment later. It
+// returns a writer's error from errc, if one comes first.
+func (h *harness) draAwaitKillMoment(ctx context.Context, errc <-chan error) error {
+	d := h.dra
+	acked := d.acked()
+	for d.acked() < acked+len(d.drivers) {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(time.Duration(h.intn(int(max(h.cfg.Interval/time.Millisecond, 1)))) * time.Millisecond):
-		}
-		// The API server holds the slices, the devicemanager the
-		// drivers' connections (and deletes a gone driver's slices): each
-		// is killed in turn.
-		svc := draKillTargets[i%len(draKillTargets)]
-		when := fmt.Sprintf("DRA kill %d (%s)", i+1, svc)
-		if err := h.killRestart(ctx, svc); err != nil {
+		case err := <-errc:
 			return err
-		}
-		d.mu.Lock()
-		d.res.Kills++
-		d.mu.Unlock()
-		if err := h.draConverge(ctx, when); err != nil {
-			return err
-		}
-		if _, err := h.converge(ctx, when, svc); err != nil {
-			return err
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	select {
-	case err := <-errc:
-		return err
-	default:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Duration(h.intn(int(max(h.cfg.Interval/time.Millisecond, 1)))) * time.Millisecond):
 	}
-	return h.draConverge(ctx, "end of DRA")
+	return nil
 }
 
 func (d *draState) acked() int {
