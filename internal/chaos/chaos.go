@@ -55,7 +55,10 @@ type Config struct {
 	// Intents kills the devicemanager at each step of a prepare and of a
 	// release of a claim (intents.go).
 	Intents bool
-	Seed                     uint64 // 0: from the clock
+	// Journal runs the journal phase (journal.go): a sector zeroed inside
+	// the journal, and a Release whose save fails.
+	Journal bool
+	Seed    uint64 // 0: from the clock
 	// Converge bounds the wait for one convergence; past it the run fails.
 	Converge time.Duration
 	Progress io.Writer // progress lines; nil discards
@@ -64,7 +67,7 @@ type Config struct {
 // Default is the full run.
 func Default() Config {
 	return Config{Plugins: 50, Devices: 8, Clients: 4, Kills: 66, Interval: 2 * time.Second,
-		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, ClaimWorkers: 4, ClaimKills: 20, Intents: true, Converge: 2 * time.Minute}
+		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, ClaimWorkers: 4, ClaimKills: 20, Intents: true, Journal: true, Converge: 2 * time.Minute}
 }
 
 // Short is the quick run `make test` uses: a few kills, each fault kind.
@@ -72,7 +75,7 @@ func Default() Config {
 // TestChaosClaims); `make chaos` runs it.
 func Short() Config {
 	return Config{Plugins: 10, Devices: 8, Clients: 4, Kills: 6, Interval: 300 * time.Millisecond,
-		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, ClaimWorkers: 2, ClaimKills: 3, Converge: 2 * time.Minute}
+		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, ClaimWorkers: 2, ClaimKills: 3, Journal: true, Converge: 2 * time.Minute}
 }
 
 // Results holds the figures of a run.
@@ -115,6 +118,7 @@ type Results struct {
 	DRA         DRAResults        `json:"dra"`
 	Claims      ClaimsResults     `json:"dra_claims"`
 	Intents     IntentsResults    `json:"dra_intents"`
+	Journal     JournalResults    `json:"journal"`
 	Violations  []Violation       `json:"violations"`
 	ViolationsN map[string]int    `json:"violations_by_invariant"`
 }
@@ -142,7 +146,7 @@ func (r *Results) OK() bool {
 	if len(r.Violations) > 0 {
 		return false
 	}
-	if r.CompactionAimed > 0 && r.CompactionLanded == 0 {
+	if r.CompactionAimed > 0 && r.CompactionLanded == 0 || !r.Journal.OK() {
 		return false
 	}
 	for _, f := range r.Faults {
@@ -234,6 +238,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		if err := h.faults(ctx); err != nil {
 			return h.finish(start), err
 		}
+	}
+	if err := h.journalPhase(ctx); err != nil {
+		return h.finish(start), err
 	}
 	return h.finish(start), nil
 }
