@@ -277,7 +277,7 @@ func (l *loader) restart() error {
 // damaged: as a new journal is created.
 func emptyJournal(jf journalFile) bool {
 	sj := scanJournal(jf)
-	return sj.err == nil && !sj.torn && len(sj.records) == 0
+	return sj.err == nil && !sj.torn && len(sj.records) == 0 && len(sj.spans) == 0
 }
 
 // moveAside moves a damaged file aside and describes it.

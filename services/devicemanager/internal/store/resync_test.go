@@ -236,3 +236,27 @@ func TestNameIn(t *testing.T) {
 		t.Fatalf("a name cut by zeros: %+v", n.Allocations)
 	}
 }
+
+// TestDamagedJournalBesideOlderFormatIsLoud: a journal beside a checkpoint
+// of the older format that holds no valid record but damage is not the
+// migration's empty journal: it is moved aside loudly, not removed.
+func TestDamagedJournalBesideOlderFormatIsLoud(t *testing.T) {
+	dir := testutil.TempDir(t)
+	d, _ := writeVersion1(t, dir)
+	f, size, err := createJournal(Path(dir), 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := appendFrame(nil, []byte(`{"removed_resources":["x"]}`))
+	rec[frameHeader+3] ^= 0x20 // whole, but its checksum fails: damage
+	if _, err := f.WriteAt(rec, size); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	if _, got, err := open(t, dir, Options{}); len(Corruptions(err)) != 1 || !reflect.DeepEqual(got, d) {
+		t.Fatalf("Load = %+v, %v; want the older checkpoint's state and the journal moved aside", got, err)
+	}
+	if a := asides(t, dir); len(a) != 1 {
+		t.Fatalf("moved aside: %v", a)
+	}
+}
