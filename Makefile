@@ -73,6 +73,10 @@ bench: build ## Run the benchmarks: nodeplug-bench against real processes, then 
 	bin/nodeplug-bench -bin bin -json bench-results.json
 	go test -run '^$$' -bench . -benchmem ./...
 
+.PHONY: bench-apiflood
+bench-apiflood: build ## nodeplug-apiserver alone under a flood (500 watches that never read, 300 slice create/delete, 150 updates of a maximal object): its peak and settled RSS and heap.
+	bin/nodeplug-bench -scenario apiflood
+
 .PHONY: generate
 generate: $(BUF) ## Regenerate pkg/api from proto/ with buf.
 	$(BUF) generate
