@@ -202,3 +202,22 @@ func checkRefused(t *testing.T, e *env, l *liar, claim string, err error, want s
 		return nil
 	})
 }
+
+// A driver that is down fails the prepare as unavailable, and the reason
+// that blames the driver, with its name and socket, survives to the
+// status the devicemanager answers.
+func TestDriverDownIsTheDriversFault(t *testing.T) {
+	e := newEnv(t)
+	e.claim("one", "gpu")
+	e.driver.Helper.Stop()
+	_, err := e.mgr.Prepare(ctx, podReq("p1", "one"))
+	info, ok := errdefs.InfoOf(errdefs.ToGRPC(err))
+	if !errors.Is(err, errdefs.ErrUnavailable) || !ok || info.GetReason() != errdefs.ReasonDRADriverUnreachable ||
+		info.GetMetadata()[errdefs.MetaDriver] != driverName || info.GetMetadata()[errdefs.MetaSocket] != e.driver.Endpoint {
+		t.Fatalf("prepare with the driver down: %v (ErrorInfo %v), want unavailable, reason %s naming %s at %s",
+			err, info, errdefs.ReasonDRADriverUnreachable, driverName, e.driver.Endpoint)
+	}
+	if !strings.Contains(err.Error(), "DRA driver "+driverName+" (socket \""+e.driver.Endpoint+"\"): NodePrepareResources: ") {
+		t.Errorf("message %q does not name the driver and its socket", err)
+	}
+}
