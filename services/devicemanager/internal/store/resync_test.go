@@ -260,3 +260,35 @@ func TestDamagedJournalBesideOlderFormatIsLoud(t *testing.T) {
 		t.Fatalf("moved aside: %v", a)
 	}
 }
+
+// FuzzResync: whatever a journal holds, resync finds frames that are
+// valid, in order, and spans between them that do not overlap them or
+// each other, and nothing valid is left between them unfound.
+func FuzzResync(f *testing.F) {
+	rec := appendFrame(nil, []byte(`{"removed_resources":["x"]}`))
+	two := append(slices.Clone(rec), rec...)
+	f.Add(two)
+	f.Add(append(append(slices.Clone(rec[:5]), make([]byte, 40)...), rec...))
+	f.Add(append(append(slices.Clone(rec), 1, 2, 3), rec...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		frames, spans, _ := resync(b)
+		at := 0
+		for _, fr := range frames {
+			// frameAt passes over empty frames, which no writer makes.
+			if fr.off < at || len(fr.payload) > 0 && !frameAt(b, fr.off) {
+				t.Fatalf("frame at %d: not valid, or before %d", fr.off, at)
+			}
+			at = fr.end()
+		}
+		end := 0
+		for _, s := range spans {
+			if s.from < end || s.to < s.from || s.to > len(b) || s.err == nil {
+				t.Fatalf("span %+v after %d", s, end)
+			}
+			if at := nextFrame(b, s.from+1); at >= 0 && at < s.to {
+				t.Fatalf("a valid frame at %d inside the span %d to %d", at, s.from, s.to)
+			}
+			end = s.to
+		}
+	})
+}
