@@ -387,12 +387,10 @@ func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
 	if a := h.asides(); len(a) > before {
 		f.MovedAside = a[len(a)-1]
 	}
-	// Damage is state lost on purpose (all of it, or, in a journal
-	// damaged inside, the records the damage touched: journal.go checks
-	// that every other record is kept): what was acknowledged or released
-	// before it no longer binds, and the kubelet.sock plugins register
-	// again. A torn write
-	// loses nothing acknowledged: every invariant still holds.
+	// Damage is state lost on purpose (all of it, or the records a journal's
+	// damage touched; journal.go checks that the rest are kept): what was
+	// acknowledged or released before it no longer binds, and the kubelet.sock
+	// plugins register again. A torn write loses nothing acknowledged.
 	if !lossless {
 		h.pause.Lock()
 		h.mu.Lock()
