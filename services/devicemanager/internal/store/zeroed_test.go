@@ -88,9 +88,9 @@ func TestZeroedRecordBeforeTheTailIsLoud(t *testing.T) {
 			}
 			_, d, err := open(t, dir, Options{})
 			want := after[5] // the six allocations; the release of pod-0 is record 7
-			switch {
-			case tc.lost == 7:
-			case tc.lost == 1:
+			switch tc.lost {
+			case 7:
+			case 1:
 				want = after[6] // pod-0 lost, and released all the same
 			default:
 				want = slices.Delete(slices.Clone(after[6]), tc.lost-2, tc.lost-1)
