@@ -18,7 +18,8 @@ package manager
 //     writes the container's CDI spec (start.go).
 //
 // Any failure releases every reservation of the request: nothing stays
-// allocated. Allocate calls for the same pod and container run one at a
+// allocated. An allocation whose save failed is taken back, but its devices
+// stay taken until the taking back is durable (core_unsaved.go). Allocate calls for the same pod and container run one at a
 // time, so concurrent identical requests yield one allocation; other calls
 // run concurrently.
 

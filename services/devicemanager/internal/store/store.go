@@ -22,8 +22,11 @@
 // switches the file that appends and syncs write to), load.go (Load, in
 // phases: the snapshot, the journals, replay, and the fresh start that
 // also migrates an older-format checkpoint; it recovers from a compaction
-// stopped at any of its steps), kubelet.go (the kubelet's checkpoint
-// format and checksum) and mirror.go (the KubeletMirror).
+// stopped at any of its steps), frames.go (finding every valid record of
+// a damaged journal: torn writes, damage, resynchronising past it),
+// gaps.go (the damage Load passed over, what it names, and what the state
+// recovered around it means), kubelet.go (the kubelet's checkpoint format
+// and checksum) and mirror.go (the KubeletMirror).
 package store
 
 import (
