@@ -89,18 +89,23 @@ func (m *Manager) redial(ctx context.Context, old *entry) {
 // holds: see store.Gap.
 const gapsRecovered = "every record after the damage was replayed: what it changed is as acknowledged. " +
 	"What was last changed inside the damage is as the change before it left it: an allocation made there is missing " +
-	"and its devices may be given again, a release made there is undone (its devices look held), a registration made there " +
-	"is missing; a release after the damage of an allocation made inside it removes nothing. Check the pods named"
+	"and its devices may be given again, a release made there is undone (its devices look held), a registration or a DRA claim's " +
+	"change made there is missing; a release after the damage of an allocation made inside it removes nothing. Check the pods and claims named"
 
 // logGaps says, in one loud line, that a journal damaged inside was moved
 // aside and its valid records kept: where each unreadable span is, what
 // its surviving bytes name, and the releases after it that found nothing
 // to release.
 func (m *Manager) logGaps(c *store.CorruptError) {
-	var spans, pods, devices, unmatched []string
+	var spans, pods, devices, unmatched, claims, resources []string
 	seen := map[string]bool{}
 	for _, g := range c.Gaps {
 		spans = append(spans, g.String())
+		claims = append(claims, g.Named.Claims...)
+		resources = append(resources, g.Named.Resources...)
+		for _, uid := range g.Unmatched.Claims {
+			unmatched = append(unmatched, "claim "+uid)
+		}
 		for _, uid := range g.Pods() {
 			if !seen[uid] {
 				seen[uid] = true
@@ -119,6 +124,7 @@ func (m *Manager) logGaps(c *store.CorruptError) {
 	m.log.Error("CHECKPOINT UNUSABLE: journal damaged inside, moved aside; every readable record recovered, "+
 		"the changes in its unreadable bytes are unknown",
 		"path", c.Path, "moved_to", c.MovedTo, "also_moved", c.Also, "unreadable", spans,
-		"pods_named", pods, "devices_named", devices, "released_after_damage", unmatched,
+		"pods_named", pods, "devices_named", devices, "claims_named", claims, "resources_named", resources,
+		"released_after_damage", unmatched,
 		"recovered", gapsRecovered, "error", c.Err)
 }
