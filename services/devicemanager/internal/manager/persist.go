@@ -32,7 +32,7 @@ func (m *Manager) Restore(ctx context.Context) error {
 		}
 		msg := "CHECKPOINT UNUSABLE: moved aside; starting with no allocations and no endpoints"
 		if d != nil {
-			msg = "CHECKPOINT UNUSABLE: moved aside; starting with what preceded the damage"
+			msg = "CHECKPOINT UNUSABLE: moved aside; starting with the rest of the saved state"
 		}
 		m.log.Error(msg, "path", c.Path, "moved_to", c.MovedTo, "also_moved", c.Also, "error", c.Err)
 	}
