@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,6 +27,7 @@ var composePorts = map[string]string{
 	"NODEPLUG_WATCHER_METRICS_PORT":       "",
 	"NODEPLUG_RECONCILER_METRICS_PORT":    "",
 	"NODEPLUG_DEVICEMANAGER_METRICS_PORT": "",
+	"NODEPLUG_APISERVER_METRICS_PORT":     "",
 	"NODEPLUG_JAEGER_PORT":                "",
 	"NODEPLUG_CONSOLE_PORT":               "",
 }
@@ -55,7 +57,10 @@ const composeProject = "nodeplug-e2e"
 // TestCompose brings the compose stack up with `make up` under its own
 // project name and ports, waits for the sample plugin to register, allocates
 // through nodeplugctl, finds the registration trace in Jaeger's query API
-// with spans from all three services, and takes it down with `make down`.
+// with spans from the three services it crosses, checks that
+// nodeplug-apiserver's metrics answer on their published port (the
+// devicemanager's too, published by the apiserver service whose network
+// namespace it shares), and takes it down with `make down`.
 // It runs when a Docker engine answers and is skipped, saying so, otherwise.
 func TestCompose(t *testing.T) {
 	if testing.Short() {
@@ -159,7 +164,7 @@ func TestCompose(t *testing.T) {
 		t.Fatalf("no trace ID for the sample plugin:\n%s", out)
 	}
 	jaeger := "http://127.0.0.1:" + composePorts["NODEPLUG_JAEGER_PORT"]
-	testutil.Eventually(t, "the registration trace in Jaeger with all three services", func() error {
+	testutil.Eventually(t, "the registration trace in Jaeger with the three services it crosses", func() error {
 		resp, err := http.Get(jaeger + "/api/traces/" + traceID)
 		if err != nil {
 			return err
@@ -181,6 +186,9 @@ func TestCompose(t *testing.T) {
 	} else {
 		t.Logf("nodeplugctl trace %s:\n%s", traceID, out)
 	}
+	for _, port := range []string{"NODEPLUG_APISERVER_METRICS_PORT", "NODEPLUG_DEVICEMANAGER_METRICS_PORT"} {
+		checkMetrics(t, "http://127.0.0.1:"+composePorts[port]+"/metrics")
+	}
 }
 
 func asList(v any) []any {
@@ -190,25 +198,82 @@ func asList(v any) []any {
 
 // TestComposeFileAccessRules reads docker-compose.yaml (no Docker needed):
 // every published port binds the host's loopback, no gRPC port or old
-// --listen setting is left, the healthchecks check the API sockets, and
-// every nodeplug container mounts the shared kubelet volume, where the
-// services reach each other's sockets.
+// --listen setting is left, the healthchecks check the API sockets, every
+// nodeplug container mounts the shared kubelet volume, where the services
+// reach each other's sockets, and runs its own image, a target of the
+// Dockerfile; the devicemanager shares nodeplug-apiserver's network
+// namespace, where the resource API's loopback address is.
 func TestComposeFileAccessRules(t *testing.T) {
 	root, err := stack.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(filepath.Join(root, "docker-compose.yaml"))
+	c := readCompose(t, filepath.Join(root, "docker-compose.yaml"))
+	dockerfile, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var (
-		inServices      bool
-		service, within string // the current service and its current key
-		ports           = map[string][]string{}
-		health          = map[string]string{}
-		volume          = map[string]bool{}
-	)
+	for svc, ps := range c.ports {
+		for _, p := range ps {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q: ports must bind 127.0.0.1 on the host", svc, p)
+			}
+		}
+	}
+	for _, svc := range stack.Services {
+		if h := c.health[svc]; !strings.Contains(h, `"/nodeplug-`+svc+`", "healthcheck"`) {
+			t.Errorf("service %s: healthcheck %q, want its binary's healthcheck on the API socket", svc, h)
+		}
+	}
+	for _, svc := range append(slices.Clone(stack.Services), "sampleplugin", "console", "nodeplugctl") {
+		if !c.volume[svc] {
+			t.Errorf("service %s does not mount the kubelet volume at /var/lib/kubelet", svc)
+		}
+		if want := "nodeplug/" + svc + ":dev"; c.image[svc] != want {
+			t.Errorf("service %s runs image %q, want %q", svc, c.image[svc], want)
+		}
+		if !strings.Contains(string(dockerfile), "\nFROM scratch AS "+svc+"\n") {
+			t.Errorf("the Dockerfile has no target %s for the image of service %s", svc, svc)
+		}
+	}
+	if got := c.network["devicemanager"]; got != "service:apiserver" {
+		t.Errorf("the devicemanager's network_mode is %q, want \"service:apiserver\" (the resource API listens on the apiserver's loopback)", got)
+	}
+	// Every long-running service says when it is ready, so that make up
+	// --wait returns a stack that answers; nodeplugctl is a one-shot tool.
+	wantHealth := append(append([]string{"jaeger"}, stack.Services...), "sampleplugin", "console")
+	for _, svc := range wantHealth {
+		if c.health[svc] == "" {
+			t.Errorf("service %s has no healthcheck", svc)
+		}
+	}
+	if len(c.ports) == 0 || len(c.health) != len(wantHealth) {
+		t.Fatalf("read %d services with ports and %d healthchecks (want %d): the file's layout changed, update this test", len(c.ports), len(c.health), len(wantHealth))
+	}
+}
+
+// composeFile is what TestComposeFileAccessRules reads of each service of
+// docker-compose.yaml.
+type composeFile struct {
+	ports          map[string][]string // published ports
+	health         map[string]string   // the healthcheck's test line
+	volume         map[string]bool     // mounts the kubelet volume
+	image, network map[string]string   // image, network_mode
+}
+
+// readCompose reads the services of the compose file at path, line by line
+// (the file's own layout: two spaces a level), and fails t on any old
+// gRPC listen address or port left in it.
+func readCompose(t *testing.T, path string) composeFile {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := composeFile{ports: map[string][]string{}, health: map[string]string{}, volume: map[string]bool{},
+		image: map[string]string{}, network: map[string]string{}}
+	var inServices bool
+	var service, within string // the current service and its current key
 	for _, line := range strings.Split(string(data), "\n") {
 		if i := strings.Index(line, "#"); i >= 0 && !strings.Contains(line[:i], `"`) {
 			line = line[:i]
@@ -226,44 +291,24 @@ func TestComposeFileAccessRules(t *testing.T) {
 		case indent == 2:
 			service, within = strings.TrimSuffix(text, ":"), ""
 		case indent == 4:
-			within = strings.TrimSuffix(strings.SplitN(text, ":", 2)[0], ":")
+			key, value, _ := strings.Cut(text, ":")
+			within, value = key, strings.Trim(strings.TrimSpace(value), `"'`)
+			switch key {
+			case "image":
+				c.image[service] = value
+			case "network_mode":
+				c.network[service] = value
+			}
 		case within == "ports" && strings.HasPrefix(text, "- "):
-			ports[service] = append(ports[service], strings.Trim(strings.TrimPrefix(text, "- "), `"'`))
+			c.ports[service] = append(c.ports[service], strings.Trim(strings.TrimPrefix(text, "- "), `"'`))
 		case within == "healthcheck" && strings.HasPrefix(text, "test:"):
-			health[service] = text
+			c.health[service] = text
 		case within == "volumes" && text == "- kubelet:/var/lib/kubelet":
-			volume[service] = true
+			c.volume[service] = true
 		}
 		if strings.Contains(text, "--listen ") || strings.Contains(text, "_LISTEN:") || strings.Contains(text, "5005") {
 			t.Errorf("docker-compose.yaml still has an old gRPC listen address or port: %q", text)
 		}
 	}
-	for svc, ps := range ports {
-		for _, p := range ps {
-			if !strings.HasPrefix(p, "127.0.0.1:") {
-				t.Errorf("service %s publishes %q: ports must bind 127.0.0.1 on the host", svc, p)
-			}
-		}
-	}
-	for _, svc := range []string{"watcher", "reconciler", "devicemanager"} {
-		if h := health[svc]; !strings.Contains(h, `"/nodeplug-`+svc+`", "healthcheck"`) {
-			t.Errorf("service %s: healthcheck %q, want its binary's healthcheck on the API socket", svc, h)
-		}
-	}
-	for _, svc := range []string{"watcher", "reconciler", "devicemanager", "sampleplugin", "nodeplugctl"} {
-		if !volume[svc] {
-			t.Errorf("service %s does not mount the kubelet volume at /var/lib/kubelet", svc)
-		}
-	}
-	// Every long-running service says when it is ready, so that make up
-	// --wait returns a stack that answers; nodeplugctl is a one-shot tool.
-	wantHealth := []string{"jaeger", "watcher", "reconciler", "devicemanager", "sampleplugin", "console"}
-	for _, svc := range wantHealth {
-		if health[svc] == "" {
-			t.Errorf("service %s has no healthcheck", svc)
-		}
-	}
-	if len(ports) == 0 || len(health) != len(wantHealth) {
-		t.Fatalf("read %d services with ports and %d healthchecks (want %d): the file's layout changed, update this test", len(ports), len(health), len(wantHealth))
-	}
+	return c
 }

@@ -291,7 +291,7 @@ func (consoleDRADriver) WatchHealthStatus(context.Context, chan<- kubeletplugin.
 }
 
 // checkDRAView starts a DRA driver on the upstream kubeletplugin helper
-// (in this process, with the driver kubeconfig the devicemanager writes,
+// (in this process, with the driver kubeconfig nodeplug-apiserver writes,
 // registering through plugins_registry/ as any driver does) and follows
 // it in the DRA view: the driver and its connected instance appear, a
 // device it publishes appears with its attributes and capacity, and a

@@ -38,8 +38,8 @@ func TestMain(m *testing.M) {
 		defer os.RemoveAll(dir)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager",
-			"nodeplug-sampleplugin", "nodeplugctl", "nodeplug-console"); err != nil {
+		if err := stack.Build(ctx, dir, "nodeplug-apiserver", "nodeplug-watcher", "nodeplug-reconciler",
+			"nodeplug-devicemanager", "nodeplug-sampleplugin", "nodeplugctl", "nodeplug-console"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}

@@ -69,11 +69,12 @@ func readmeCommands(t *testing.T, root string) []string {
 }
 
 // freePorts is the environment that puts every TCP listener of a make run
-// stack on a free loopback port, so that a test runs beside a make run (or
-// make up) on the default ports.
+// stack on a free loopback port (the node-local resource API's too), so
+// that a test runs beside a make run (or make up) on the default ports.
 func freePorts() []string {
 	var env []string
-	for _, v := range []string{"NODEPLUG_WATCHER_METRICS_LISTEN", "NODEPLUG_RECONCILER_METRICS_LISTEN",
+	for _, v := range []string{"NODEPLUG_APISERVER_METRICS_LISTEN", "NODEPLUG_APISERVER_RESOURCE_API_LISTEN",
+		"NODEPLUG_WATCHER_METRICS_LISTEN", "NODEPLUG_RECONCILER_METRICS_LISTEN",
 		"NODEPLUG_DEVICEMANAGER_METRICS_LISTEN", "NODEPLUG_CONSOLE_LISTEN", "NODEPLUG_CONSOLE_OTLP_LISTEN"} {
 		env = append(env, v+"=127.0.0.1:0")
 	}
@@ -81,7 +82,8 @@ func freePorts() []string {
 }
 
 // checkMetricsLine checks that the stack printed the metrics addresses its
-// services bound, and that each serves /metrics there.
+// four services bound, none a default port, and that each serves /metrics
+// there.
 func checkMetricsLine(t *testing.T, out string) {
 	t.Helper()
 	var urls []string
@@ -90,26 +92,32 @@ func checkMetricsLine(t *testing.T, out string) {
 			urls = f[1:]
 		}
 	}
-	if len(urls) != 3 {
-		t.Errorf("want a metrics line with three URLs, got %q", urls)
+	if len(urls) != len(stack.Services) {
+		t.Errorf("want a metrics line with %d URLs, one a service, got %q", len(stack.Services), urls)
 		return
 	}
 	for _, u := range urls {
-		for _, def := range []string{":9451/", ":9452/", ":9453/"} {
+		for _, def := range []string{":9451/", ":9452/", ":9453/", ":9454/"} {
 			if strings.Contains(u, def) {
 				t.Errorf("metrics URL %s is on a default port: the stack was asked for free ports", u)
 			}
 		}
-		resp, err := http.Get(u)
-		if err != nil {
-			t.Errorf("GET %s: %v", u, err)
-			continue
-		}
-		body, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte("go_goroutines")) {
-			t.Errorf("GET %s: %s, %d bytes: not the service's metrics", u, resp.Status, len(body))
-		}
+		checkMetrics(t, u)
+	}
+}
+
+// checkMetrics checks that url serves a service's metrics.
+func checkMetrics(t *testing.T, url string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Errorf("GET %s: %v", url, err)
+		return
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte("go_goroutines")) {
+		t.Errorf("GET %s: %s, %d bytes: not the service's metrics", url, resp.Status, len(body))
 	}
 }
 
@@ -418,8 +426,8 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 	checkMetricsLine(t, out.String())
 	// Every process of the stack runs as nobody.
 	pids := processesWithRoot(filepath.Join(runDir, "root"))
-	if len(pids) < 4 {
-		t.Fatalf("found %d stack processes, want the three services and the plugin", len(pids))
+	if len(pids) < len(stack.Services)+1 {
+		t.Fatalf("found %d stack processes, want the %d services and the plugin", len(pids), len(stack.Services))
 	}
 	for _, pid := range pids {
 		info, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid)))

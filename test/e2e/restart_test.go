@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
@@ -97,12 +98,12 @@ func (w *allocWatch) stop() (minimum map[string]int64, streams int) {
 
 // TestRestartsKeepState kills each service in turn with SIGKILL while a
 // plugin of each registration path is registered and an allocation exists,
-// starts it again, and checks that allocatable never dipped (watcher,
-// reconciler) or came back without any plugin re-creating its socket
-// (devicemanager), that the allocation is intact, and that no endpoint is
-// duplicated.
+// starts it again, and checks that allocatable never dipped (apiserver,
+// watcher, reconciler) or came back without any plugin re-creating its
+// socket (devicemanager), that the allocation is intact, and that no
+// endpoint is duplicated.
 func TestRestartsKeepState(t *testing.T) {
-	for _, svc := range []string{"watcher", "reconciler", "devicemanager"} {
+	for _, svc := range stack.Services {
 		t.Run(svc, func(t *testing.T) {
 			e := newEnv(t)
 			viaRegistry := e.plugin("registry", "example.com/registry", 4, false)
