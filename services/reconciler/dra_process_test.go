@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -17,27 +18,37 @@ import (
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
-// realDeviceManager is a nodeplug-devicemanager binary running on root.
+// realDeviceManager is a nodeplug-devicemanager binary running on root,
+// beside the nodeplug-apiserver that serves its node-local resource API.
 type realDeviceManager struct {
 	t    *testing.T
 	bin  string
 	root string
+	api  *stack.Process
 	proc *stack.Process
 	dra  devicemanagerv1.DRAServiceClient
 }
 
-// startDeviceManager builds nodeplug-devicemanager and runs it on root,
-// serving the node-local resource API on a free loopback port, until the
-// test ends; it returns once the devicemanager serves gRPC.
+// startDeviceManager builds nodeplug-apiserver and nodeplug-devicemanager
+// and runs them on root (the resource API on a free loopback port) until
+// the test ends; it returns once the devicemanager serves gRPC.
 func startDeviceManager(t *testing.T, root string) *realDeviceManager {
 	t.Helper()
 	bin := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, bin, "nodeplug-devicemanager"); err != nil {
+	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-devicemanager"); err != nil {
 		t.Fatal(err)
 	}
 	d := &realDeviceManager{t: t, bin: bin, root: root}
+	t.Cleanup(func() {
+		for _, p := range []*stack.Process{d.proc, d.api} {
+			if p != nil {
+				p.Kill()
+			}
+		}
+	})
+	d.api = d.run("nodeplug-apiserver")
 	d.start()
 	conn, err := rpcutil.DialPeer(layout.APISocket(root, "devicemanager"))
 	if err != nil {
@@ -45,26 +56,27 @@ func startDeviceManager(t *testing.T, root string) *realDeviceManager {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	d.dra = devicemanagerv1.NewDRAServiceClient(conn)
-	t.Cleanup(func() {
-		if d.proc != nil {
-			d.proc.Kill()
-		}
-	})
 	return d
 }
 
-func (d *realDeviceManager) start() {
+// run starts the binary name on the root dir and waits until it serves
+// gRPC.
+func (d *realDeviceManager) run(name string) *stack.Process {
 	d.t.Helper()
-	p, err := stack.Start(d.bin+"/nodeplug-devicemanager", []string{"--root-dir", d.root, "--metrics-listen", "",
-		"--resource-api-listen", "127.0.0.1:0", "--log-level", "debug"}, nil)
+	p, err := stack.Start(filepath.Join(d.bin, name), []string{"--root-dir", d.root, "--metrics-listen", "", "--log-level", "debug"}, nil)
 	if err != nil {
 		d.t.Fatal(err)
 	}
 	if _, err := p.GRPCAddr(waitCtx(d.t)); err != nil {
 		p.Kill()
-		d.t.Fatalf("devicemanager did not serve: %v\n%s", err, p.Logs())
+		d.t.Fatalf("%s did not serve: %v\n%s", name, err, p.Logs())
 	}
-	d.proc = p
+	return p
+}
+
+func (d *realDeviceManager) start() {
+	d.t.Helper()
+	d.proc = d.run("nodeplug-devicemanager")
 }
 
 // restart kills the devicemanager (SIGKILL) and starts it again.
