@@ -50,35 +50,39 @@ func sliceDevices(snap Snapshot, name string) map[string]*dmv1.Device {
 	return out
 }
 
-// TestFollowsResourceSlices runs a real devicemanager and follows it: a
-// ResourceSlice created through its node-local API with the driver
-// kubeconfig (client-go, as a driver writes) shows with its devices'
-// attributes and capacity; after a kill -9 and a restart the DRA status
-// says the stream went down and then synced again, and an update made
-// after the restart shows; a deletion removes the slice; the driver list
-// and the claim list are fetched without error.
+// TestFollowsResourceSlices runs a real nodeplug-apiserver and
+// devicemanager and follows the devicemanager: a ResourceSlice created
+// through the node-local API with the driver kubeconfig (client-go, as a
+// driver writes) shows with its devices' attributes and capacity; after a
+// kill -9 of the devicemanager and a restart the DRA status says the stream
+// went down and then synced again, and an update made after the restart
+// shows; a deletion removes the slice; the driver list and the claim list
+// are fetched without error.
 func TestFollowsResourceSlices(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the devicemanager")
+		t.Skip("builds and runs nodeplug-apiserver and the devicemanager")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	bin := testutil.TempDir(t)
-	if err := stack.Build(ctx, bin, "nodeplug-devicemanager"); err != nil {
+	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-devicemanager"); err != nil {
 		t.Fatal(err)
 	}
 	root := testutil.TempDir(t)
 	ps := stack.NewProcesses(bin, root)
 	t.Cleanup(func() {
 		ps.StopAll()
-		if t.Failed() {
-			if p := ps.Process("devicemanager"); p != nil {
-				t.Logf("devicemanager log:\n%s", p.Logs())
+		for _, name := range []string{"apiserver", "devicemanager"} {
+			if p := ps.Process(name); t.Failed() && p != nil {
+				t.Logf("%s log:\n%s", name, p.Logs())
 			}
 		}
 	})
-	if err := ps.Start(ctx, "devicemanager"); err != nil {
-		t.Fatal(err)
+	// The node-local API first, as StartAll starts it.
+	for _, name := range []string{"apiserver", "devicemanager"} {
+		if err := ps.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
 	}
 	dm, err := rpcutil.DialPeer(ps.Addr("devicemanager"))
 	if err != nil {
