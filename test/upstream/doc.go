@@ -5,8 +5,8 @@
 // as a kubelet does. The DRA tests (dra*_test.go) run the upstream DRA test
 // driver (k8s.io/kubernetes/test/e2e/dra/test-driver/app, built on the
 // k8s.io/dynamic-resource-allocation/kubeletplugin helper) as a process of
-// its own, cmd/dradriver, against the devicemanager's node-local resource
-// API with nothing but KUBECONFIG and its usual flags. It is a module of its own so that the main
+// its own, cmd/dradriver, against the node-local resource API of
+// nodeplug-apiserver with nothing but KUBECONFIG and its usual flags. It is a module of its own so that the main
 // module's dependencies stay small; run it with
 //
 //	cd test/upstream && go test -race ./...

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
@@ -100,12 +101,14 @@ func TestDRADriverSlices(t *testing.T) {
 	alive(t, n.dmProcess())
 }
 
-// TestDRASlicesSurviveDeviceManagerKill kills the devicemanager with
-// SIGKILL while a driver is published: after the restart the slice is the
-// same object (UID, devices), the Node keeps its UID, the driver writes on
-// through the restarted API, and the resourceVersion after the restart is
-// larger than any before it.
-func TestDRASlicesSurviveDeviceManagerKill(t *testing.T) {
+// TestDRASlicesSurviveKills kills the devicemanager and then
+// nodeplug-apiserver with SIGKILL while a driver is published. The
+// devicemanager's kill leaves the API serving the same slice while it is
+// down, and its restart deletes nothing. After the API server's restart the
+// slice is the same object (UID, devices), the Node keeps its UID, the
+// driver writes on through the restarted API, and the resourceVersion after
+// the restart is larger than any before it.
+func TestDRASlicesSurviveKills(t *testing.T) {
 	n := startDRANode(t, longDelay)
 	cs := n.client(n.kubeconfig())
 	devs := []resourcev1.Device{gpu("gpu-0", "a100", 0, "40Gi")}
@@ -118,21 +121,14 @@ func TestDRASlicesSurviveDeviceManagerKill(t *testing.T) {
 	}
 
 	n.killDM()
+	sameSlice(t, n, cs, before, devs, "with the devicemanager down")
 	n.startDM()
+	n.waitDriver(testDriver, oneServing(1, ""))
+	sameSlice(t, n, cs, before, devs, "after the devicemanager's restart")
 
-	list, err := n.slices(cs, testDriver)
-	if err != nil {
-		t.Fatalf("list after the restart: %v", err)
-	}
-	if len(list.Items) != 1 || list.Items[0].UID != before.UID || list.Items[0].ResourceVersion != before.ResourceVersion {
-		t.Fatalf("after the restart: %+v, want the slice %s (UID %s, resourceVersion %s)", list.Items, before.Name, before.UID, before.ResourceVersion)
-	}
-	if err := sameDevices(list.Items[0].Spec.Devices, devs); err != nil {
-		t.Fatalf("after the restart: %v", err)
-	}
-	if rv(t, list.ResourceVersion) < rv(t, before.ResourceVersion) {
-		t.Errorf("list resourceVersion %s after the restart, below the slice's %s", list.ResourceVersion, before.ResourceVersion)
-	}
+	n.killAPI()
+	n.startAPI()
+	sameSlice(t, n, cs, before, devs, "after nodeplug-apiserver's restart")
 	nodeAfter, err := cs.CoreV1().Nodes().Get(ctxT(t), n.node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -141,28 +137,44 @@ func TestDRASlicesSurviveDeviceManagerKill(t *testing.T) {
 		t.Errorf("Node UID %s after the restart, was %s", nodeAfter.UID, nodeBefore.UID)
 	}
 
-	// The restarted devicemanager connects to the driver again (the
-	// reconciler hands it over anew).
-	n.waitDriver(testDriver, oneServing(1, ""))
-
 	// The driver kept running: its next change lands on the same slice
-	// (had the restart deleted it, the helper would have made a new one).
+	// (had a restart deleted it, the helper would have made a new one).
 	changed := []resourcev1.Device{gpu("gpu-0", "a100", 0, "40Gi"), gpu("gpu-1", "a100", 1, "40Gi")}
 	d.publish(changed)
 	after := n.waitSlices(cs, testDriver, changed)
 	if after.UID != before.UID {
-		t.Errorf("slice UID %s after the restart and a change, was %s: the slice was deleted and made again", after.UID, before.UID)
+		t.Errorf("slice UID %s after the restarts and a change, was %s: the slice was deleted and made again", after.UID, before.UID)
 	}
 	if rv(t, after.ResourceVersion) <= rv(t, before.ResourceVersion) {
-		t.Errorf("resourceVersion %s after the restart, was %s before it", after.ResourceVersion, before.ResourceVersion)
+		t.Errorf("resourceVersion %s after the restarts, was %s before them", after.ResourceVersion, before.ResourceVersion)
+	}
+	alive(t, n.dmProcess())
+}
+
+// sameSlice checks that the API lists the driver's one slice as before
+// (UID, resourceVersion, devices), at a list resourceVersion not below it.
+func sameSlice(t *testing.T, n *draNode, cs kubernetes.Interface, before resourcev1.ResourceSlice, devs []resourcev1.Device, when string) {
+	t.Helper()
+	list, err := n.slices(cs, testDriver)
+	if err != nil {
+		t.Fatalf("list %s: %v", when, err)
+	}
+	if len(list.Items) != 1 || list.Items[0].UID != before.UID || list.Items[0].ResourceVersion != before.ResourceVersion {
+		t.Fatalf("%s: %+v, want the slice %s (UID %s, resourceVersion %s)", when, list.Items, before.Name, before.UID, before.ResourceVersion)
+	}
+	if err := sameDevices(list.Items[0].Spec.Devices, devs); err != nil {
+		t.Fatalf("%s: %v", when, err)
+	}
+	if rv(t, list.ResourceVersion) < rv(t, before.ResourceVersion) {
+		t.Errorf("list resourceVersion %s %s, below the slice's %s", list.ResourceVersion, when, before.ResourceVersion)
 	}
 }
 
-// TestDRAInformerSurvivesDeviceManagerRestart runs a client-go informer on
-// ResourceSlices against the local API through a devicemanager SIGKILL and
-// restart: it recovers by itself (relist and watch) and sees the driver's
-// later change.
-func TestDRAInformerSurvivesDeviceManagerRestart(t *testing.T) {
+// TestDRAInformerSurvivesAPIServerRestart runs a client-go informer on
+// ResourceSlices against the local API through a SIGKILL and restart of
+// nodeplug-apiserver: it recovers by itself (relist and watch) and sees the
+// driver's later change.
+func TestDRAInformerSurvivesAPIServerRestart(t *testing.T) {
 	n := startDRANode(t, longDelay)
 	cs := n.client(n.kubeconfig())
 	devs := []resourcev1.Device{gpu("gpu-0", "a100", 0, "40Gi")}
@@ -198,8 +210,8 @@ func TestDRAInformerSurvivesDeviceManagerRestart(t *testing.T) {
 	}
 	testutil.Eventually(t, "the informer's first view", informed(devs))
 
-	n.killDM()
-	n.startDM()
+	n.killAPI()
+	n.startAPI()
 	changed := []resourcev1.Device{gpu("gpu-0", "h100", 0, "80Gi"), gpu("gpu-1", "h100", 1, "80Gi")}
 	d.publish(changed)
 	testutil.Eventually(t, "the informer seeing the change made after the restart", informed(changed))

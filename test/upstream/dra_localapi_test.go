@@ -159,8 +159,8 @@ func TestDRALocalAPIForbidden(t *testing.T) {
 // JSON, JSON of the wrong shape or kind, objects that fail validation,
 // selectors that do not parse, a body over the limit. Each gets a 4xx
 // Status (422 naming the bad fields for invalid objects), nothing is
-// stored, and the devicemanager serves on: its API, its gRPC API, the same
-// process.
+// stored, nodeplug-apiserver serves on (the same process), and so does the
+// devicemanager, on its gRPC API.
 func TestDRALocalAPIBadInput(t *testing.T) {
 	n := startDRANode(t, longDelay)
 	cfg := n.restConfig(n.kubeconfig())
@@ -168,7 +168,7 @@ func TestDRALocalAPIBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := n.dmProcess().Cmd.Process.Pid
+	pid := n.apiProcess().Cmd.Process.Pid
 	base := cfg.Host + "/apis/resource.k8s.io/v1/resourceslices"
 
 	invalid := testSlice("", n.node)
@@ -232,10 +232,11 @@ func TestDRALocalAPIBadInput(t *testing.T) {
 		})
 	}
 
-	alive(t, n.dmProcess())
-	if got := n.dmProcess().Cmd.Process.Pid; got != pid {
-		t.Fatalf("devicemanager pid %d, was %d", got, pid)
+	alive(t, n.apiProcess())
+	if got := n.apiProcess().Cmd.Process.Pid; got != pid {
+		t.Fatalf("nodeplug-apiserver pid %d, was %d", got, pid)
 	}
+	alive(t, n.dmProcess())
 	cs := n.client(n.kubeconfig())
 	list, err := cs.ResourceV1().ResourceSlices().List(ctxT(t), metav1.ListOptions{})
 	if err != nil {

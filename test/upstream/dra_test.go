@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,18 +41,19 @@ const (
 	longDelay  = 5 * time.Minute
 )
 
-// draNode is the three services over one root dir, the devicemanager
-// serving the node-local resource API on a free loopback port, and the
-// DRA drivers the test started, each a process of cmd/dradriver.
+// draNode is the four services over one root dir, nodeplug-apiserver
+// serving the node-local resource API on a free loopback port (kept across
+// its restarts: the kubeconfigs name it), and the DRA drivers the test
+// started, each a process of cmd/dradriver.
 type draNode struct {
-	t       *testing.T
-	root    string
-	node    string
-	apiAddr string
-	// svc runs the watcher and the reconciler; dmp the devicemanager,
-	// which alone takes the DRA flags.
-	svc, dmp *stack.Processes
-	drivers  []*stack.Process
+	t    *testing.T
+	root string
+	node string
+	// svc runs the watcher and the reconciler; api nodeplug-apiserver and
+	// dmp the devicemanager, which alone take the node's name (and the
+	// devicemanager the DRA flags).
+	svc, api, dmp *stack.Processes
+	drivers       []*stack.Process
 }
 
 // startDRANode starts the services over a new root dir; they and every
@@ -62,35 +62,17 @@ type draNode struct {
 func startDRANode(t *testing.T, delay time.Duration) *draNode {
 	t.Helper()
 	root := testutil.TempDir(t)
-	n := &draNode{t: t, root: root, node: "node-" + strconv.Itoa(os.Getpid()), apiAddr: freeAddr(t)}
+	n := &draNode{t: t, root: root, node: "node-" + strconv.Itoa(os.Getpid())}
 	n.svc = stack.NewProcesses(binDir, root)
+	n.api = stack.NewProcesses(binDir, root)
+	n.api.Args = []string{"--node-name", n.node}
 	n.dmp = stack.NewProcesses(binDir, root)
 	n.dmp.Args = []string{
-		"--resource-api-listen", n.apiAddr,
 		"--node-name", n.node,
 		"--dra-disconnect-delay", delay.String(),
 	}
-	t.Cleanup(func() {
-		for _, d := range n.drivers {
-			_ = d.Stop(10 * time.Second)
-		}
-		for _, s := range []struct {
-			p    *stack.Processes
-			name string
-		}{{n.svc, "reconciler"}, {n.dmp, "devicemanager"}, {n.svc, "watcher"}} {
-			if p := s.p.Process(s.name); p != nil {
-				_ = p.Stop(10 * time.Second)
-				if t.Failed() {
-					t.Logf("%s log:\n%s", s.name, p.Logs())
-				}
-			}
-		}
-		if t.Failed() {
-			for _, d := range n.drivers {
-				t.Logf("driver %v log:\n%s", d.Cmd.Args, d.Logs())
-			}
-		}
-	})
+	t.Cleanup(n.stop)
+	n.startAPI()
 	ctx := ctxT(t)
 	if err := n.svc.Start(ctx, "watcher"); err != nil {
 		t.Fatal(err)
@@ -102,25 +84,35 @@ func startDRANode(t *testing.T, delay time.Duration) *draNode {
 	return n
 }
 
-// freeAddr is a loopback address with a port free a moment ago: the
-// resource API keeps its port across restarts (the kubeconfigs name it),
-// so it cannot be :0.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// stop stops the drivers and the services, in the reverse of their start
+// order, showing their logs when the test failed.
+func (n *draNode) stop() {
+	for _, d := range n.drivers {
+		_ = d.Stop(10 * time.Second)
 	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr
+	for _, s := range []struct {
+		p    *stack.Processes
+		name string
+	}{{n.svc, "reconciler"}, {n.dmp, "devicemanager"}, {n.svc, "watcher"}, {n.api, "apiserver"}} {
+		if p := s.p.Process(s.name); p != nil {
+			_ = p.Stop(10 * time.Second)
+			if n.t.Failed() {
+				n.t.Logf("%s log:\n%s", s.name, p.Logs())
+			}
+		}
+	}
+	if n.t.Failed() {
+		for _, d := range n.drivers {
+			n.t.Logf("driver %v log:\n%s", d.Cmd.Args, d.Logs())
+		}
+	}
 }
 
-// startDM starts the devicemanager (again, on the same addresses) and
-// waits until its resource API answers.
-func (n *draNode) startDM() {
+// startAPI starts nodeplug-apiserver (again, on the same address) and
+// waits until the resource API answers.
+func (n *draNode) startAPI() {
 	n.t.Helper()
-	if err := n.dmp.Start(ctxT(n.t), "devicemanager"); err != nil {
+	if err := n.api.Start(ctxT(n.t), "apiserver"); err != nil {
 		n.t.Fatal(err)
 	}
 	cs := n.client(n.kubeconfig())
@@ -130,13 +122,27 @@ func (n *draNode) startDM() {
 	})
 }
 
+// killAPI SIGKILLs nodeplug-apiserver.
+func (n *draNode) killAPI() { n.api.Kill("apiserver") }
+
+// apiProcess is nodeplug-apiserver's current process.
+func (n *draNode) apiProcess() *stack.Process { return n.api.Process("apiserver") }
+
+// startDM starts the devicemanager (again, on the same addresses).
+func (n *draNode) startDM() {
+	n.t.Helper()
+	if err := n.dmp.Start(ctxT(n.t), "devicemanager"); err != nil {
+		n.t.Fatal(err)
+	}
+}
+
 // killDM SIGKILLs the devicemanager.
 func (n *draNode) killDM() { n.dmp.Kill("devicemanager") }
 
 // dmProcess is the devicemanager's current process.
 func (n *draNode) dmProcess() *stack.Process { return n.dmp.Process("devicemanager") }
 
-// kubeconfig is the driver's kubeconfig the devicemanager writes at first
+// kubeconfig is the driver's kubeconfig nodeplug-apiserver writes at its
 // start.
 func (n *draNode) kubeconfig() string { return filepath.Join(n.root, "nodeplug", "kubeconfig") }
 

@@ -37,7 +37,7 @@ func run(m *testing.M) int {
 	defer func() { _ = os.RemoveAll(dir) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplugctl"); err != nil {
+	if err := stack.Build(ctx, dir, "nodeplug-apiserver", "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplugctl"); err != nil {
 		fmt.Fprintln(os.Stderr, "build the services:", err)
 		return 1
 	}
@@ -52,7 +52,7 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-// startStack starts the three services over a new root dir, stopped (and
+// startStack starts the four services over a new root dir, stopped (and
 // their logs shown on failure) when t ends, and returns the root dir, a
 // context that bounds the test, and a client connection to service.
 func startStack(t *testing.T, timeout time.Duration, service string) (root string, ctx context.Context, conn *grpc.ClientConn) {
