@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
@@ -270,4 +274,39 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// The devicemanager's --resource-api-listen is gone (the node-local resource
+// API is nodeplug-apiserver's): given as a flag or in the environment, it
+// stops the start with an error that points at nodeplug-apiserver, before
+// the devicemanager serves anything.
+func TestResourceAPIListenGone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := filepath.Join(buildBinaries(t, "nodeplug-devicemanager"), "nodeplug-devicemanager")
+	for _, tc := range []struct {
+		name      string
+		args, env []string
+	}{
+		{"flag", []string{"--resource-api-listen", "127.0.0.1:0"}, nil},
+		{"environment", nil, []string{"NODEPLUG_DEVICEMANAGER_RESOURCE_API_LISTEN=127.0.0.1:0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := testutil.TempDir(t)
+			cmd := exec.CommandContext(ctxT(t), bin, append([]string{"--root-dir", root, "--metrics-listen", ""}, tc.args...)...)
+			cmd.Env = append(os.Environ(), tc.env...)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+				t.Fatalf("the devicemanager with the removed --resource-api-listen: %v, want a failed start\n%s", err, out)
+			}
+			if !strings.Contains(string(out), "--resource-api-listen") || !strings.Contains(string(out), "nodeplug-apiserver") {
+				t.Errorf("the error does not name the flag and nodeplug-apiserver:\n%s", out)
+			}
+			if _, err := os.Stat(layout.APISocket(root, "devicemanager")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the devicemanager's API socket after the refused start: %v, want none", err)
+			}
+		})
+	}
 }
