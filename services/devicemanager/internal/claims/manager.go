@@ -112,15 +112,17 @@ func (m *Manager) restore(saved []store.Claim) {
 		m.records[c.UID] = &record{rec: c}
 		m.byName[key(c.Namespace, c.Name)] = c.UID
 	}
-	owed := 0
+	var owed []string
 	for _, c := range saved {
 		if c.State == store.ClaimIntent || owes(c) {
-			owed++
-			m.kick(c.UID)
+			owed = append(owed, c.UID)
 		}
 	}
 	if len(saved) > 0 {
-		m.log.Info("prepared claims restored", "claims", len(m.records), "intents", len(m.intents), "owing_work", owed)
+		m.log.Info("prepared claims restored", "claims", len(m.records), "intents", len(m.intents), "owing_work", len(owed))
+	}
+	for _, uid := range owed { // the loops take m.mu from here on
+		m.kick(uid)
 	}
 }
 
