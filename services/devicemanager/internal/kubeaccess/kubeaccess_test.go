@@ -39,6 +39,10 @@ func TestLocalAPIFollowsTheKubeconfig(t *testing.T) {
 			t.Fatalf("round %d: the Node through the node-local API: %v", round, err)
 		}
 		s.Stop()
+		_, err := a.Client.CoreV1().Nodes().Get(ctx, testNode, metav1.GetOptions{})
+		if err == nil || !strings.Contains(err.Error(), "the node-local resource API (nodeplug-apiserver) at "+s.Addr) {
+			t.Fatalf("round %d: a call while nodeplug-apiserver is down: %v; want it named with its address", round, err)
+		}
 	}
 }
 

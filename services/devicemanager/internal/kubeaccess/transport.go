@@ -58,7 +58,11 @@ func (t *localTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	out := req.Clone(req.Context())
 	out.URL.Scheme, out.URL.Host, out.Host = server.Scheme, server.Host, ""
-	return rt.RoundTrip(out)
+	resp, err := rt.RoundTrip(out)
+	if err != nil {
+		return nil, fmt.Errorf("the node-local resource API (nodeplug-apiserver) at %s: %w", server.Host, err)
+	}
+	return resp, nil
 }
 
 // current is the transport and server of the kubeconfig as it is now.
