@@ -220,7 +220,11 @@ func (m *Manager) callDrivers(ctx context.Context, fresh []*resourcev1.ResourceC
 				callErrs = append(callErrs, fmt.Errorf("prepare ResourceClaim %s/%s: driver %s answered nothing for it: %w", ref.Namespace, ref.Name, driver, errdefs.ErrUnavailable))
 			case r.Err != nil:
 				errs[ref.UID] = append(errs[ref.UID], r.Err.Error())
-				callErrs = append(callErrs, fmt.Errorf("prepare ResourceClaim %s/%s: driver %s: %v: %w", ref.Namespace, ref.Name, driver, r.Err, errdefs.ErrUnavailable))
+				// The driver's own refusal, or an answer it should not have
+				// given: the driver's fault, said as such to the caller.
+				callErrs = append(callErrs, errdefs.WithReason(
+					fmt.Errorf("prepare ResourceClaim %s/%s: driver %s: %v: %w", ref.Namespace, ref.Name, driver, r.Err, errdefs.ErrUnavailable),
+					errdefs.ReasonDRADriverFailed, map[string]string{errdefs.MetaDriver: driver, errdefs.MetaCall: "NodePrepareResources"}))
 			default:
 				for _, d := range r.Devices {
 					recs[ref.UID].Devices = append(recs[ref.UID].Devices, store.ClaimDevice{
