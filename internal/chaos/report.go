@@ -43,7 +43,15 @@ func Print(w io.Writer, r *Results) {
 		fmt.Fprintf(tw, "DRA claims\t%d clients, %d devicemanager kills: %d prepares and %d releases acknowledged (%d shared claims), %d calls retried; the driver prepared %d, unprepared %d; %d checks\n",
 			c.Workers, c.Kills, c.Prepares, c.Releases, c.Shared, c.Retried, c.DriverPrepares, c.DriverUnprepares, c.Checks)
 	}
-	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward, invClaimTwice, invClaimLeft, invDeviceTwice, invClaimEarlyOff, invSpecs} {
+	if len(r.Intents.Steps) > 0 {
+		steps := make([]string, 0, len(r.Intents.Steps))
+		for _, st := range r.Intents.Steps {
+			steps = append(steps, st.Step+" → "+st.Outcome)
+		}
+		fmt.Fprintf(tw, "DRA intents (l)\tkilled at %d steps of a prepare and a release: %s\n", len(steps), strings.Join(steps, ", "))
+	}
+	printJournal(tw, r.Journal)
+	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward, invClaimTwice, invClaimLeft, invDeviceTwice, invClaimEarlyOff, invSpecs, invStranded} {
 		fmt.Fprintf(tw, "violations (%s)\t%d\n", inv, r.ViolationsN[inv])
 	}
 	tw.Flush()
@@ -73,5 +81,24 @@ func Print(w io.Writer, r *Results) {
 		for _, v := range vs {
 			fmt.Fprintln(w, "VIOLATION", v)
 		}
+	}
+}
+
+// printJournal prints the journal phase: the damage inside the journal and
+// the Release whose save failed.
+func printJournal(tw io.Writer, j JournalResults) {
+	switch g := j.Gap; {
+	case g.Skipped != "":
+		fmt.Fprintf(tw, "journal damaged inside\tskipped: %s\n", g.Skipped)
+	case g.Ran:
+		fmt.Fprintf(tw, "journal damaged inside\t%d of %d records outside the damage recovered, span named %v (%s), pods lost %v\n",
+			g.Recovered, g.Expected, g.Named, g.Spans, g.Lost)
+	}
+	switch u := j.Unsaved; {
+	case u.Skipped != "":
+		fmt.Fprintf(tw, "release not saved\tskipped: %s\n", u.Skipped)
+	default:
+		fmt.Fprintf(tw, "release not saved\trefused %v, kept in memory %v and from others %v, allocate taken back %v, after kill -9 %v, retry saved %v\n",
+			u.Refused, u.KeptInMemory, u.KeptFromOthers, u.AllocateTakenBack, u.AfterCrash, u.RetrySaved)
 	}
 }
