@@ -21,20 +21,20 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/layout"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/cdispec"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimview"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/containerstart"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claimalloc"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claimview"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/kubeaccess"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/kubecache"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/slicewatch"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubeaccess"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubecache"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/podresources"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/slicewatch"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/cdispec"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/containerstart"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/podresources"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
 )
 
 func main() {
@@ -54,7 +54,7 @@ func main() {
 				"kubeconfig of a cluster's API server holding ResourceSlices, ResourceClaims and DeviceClasses; empty: the node-local resource API of nodeplug-apiserver, through the kubeconfig it writes under the root dir")
 			fs.Var(app.GoneFlag(errResourceAPIListenGone), "resource-api-listen", "removed: the node-local resource API is nodeplug-apiserver's (its --resource-api-listen)")
 			fs.StringVar(&kube.NodeName, "node-name", "", "the Node this devicemanager serves (default: the host name)")
-			fs.DurationVar(&draDelay, "dra-disconnect-delay", dra.DefaultDisconnectDelay,
+			fs.DurationVar(&draDelay, "dra-disconnect-delay", drivers.DefaultDisconnectDelay,
 				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
 			fs.StringVar(&cdi.Dir, "cdi-spec-dir", cdispec.DefaultDir,
 				"where the CDI spec of each allocated container (its device plugins' envs, mounts and device nodes) is written")
@@ -166,7 +166,7 @@ func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, 
 // journal), which it returns; ListClaims joins its records with the API's
 // claims (claimview).
 func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal) (*claims.Manager, error) {
-	reg, err := dra.New(dra.Config{
+	reg, err := drivers.New(drivers.Config{
 		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, AllowedDirs: rt.Config.AllowedDirs,
 		DisconnectDelay: delay, Log: rt.Log, Registerer: rt.Metrics,
 	})

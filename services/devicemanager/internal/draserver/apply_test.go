@@ -15,8 +15,8 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
 )
 
 const applyYAML = `apiVersion: resource.k8s.io/v1
@@ -116,7 +116,7 @@ func TestNodeplugctlPrepareAndClaims(t *testing.T) {
 	d.Publish(t, 2)
 	dratest.WaitSlices(t, e.api.Client, gpu, 1, 2)
 	testutil.Eventually(t, "the driver's health seen", func() error {
-		if h, _ := e.reg.Health(gpu, dratest.Node, "dev-0"); h != dra.HealthHealthy {
+		if h, _ := e.reg.Health(gpu, dratest.Node, "dev-0"); h != drivers.HealthHealthy {
 			return fmt.Errorf("health of dev-0 = %q", h)
 		}
 		return nil

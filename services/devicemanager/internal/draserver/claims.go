@@ -7,8 +7,8 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimview"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claimview"
 )
 
 // Claims is what the service needs of the claims (claimview.View over

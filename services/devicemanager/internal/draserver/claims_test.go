@@ -19,13 +19,13 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimalloc"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claims"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimview"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claimalloc"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claimview"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
 )
 
 const gpu = "gpu.example.com"
@@ -36,7 +36,7 @@ const gpu = "gpu.example.com"
 // the drivers.
 func startClaims(t *testing.T) *env {
 	t.Helper()
-	return startWith(t, 0, func(reg *dra.Registry, api *dratest.API) claimview.Records {
+	return startWith(t, 0, func(reg *drivers.Registry, api *dratest.API) claimview.Records {
 		dir := filepath.Join(api.Root, "device-plugins")
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			t.Fatal(err)
@@ -127,7 +127,7 @@ func TestPrepareResourcesAndListClaims(t *testing.T) {
 		t.Fatalf("claim a before prepare: %v, want pending without devices", c)
 	}
 	testutil.Eventually(t, "the driver's health seen", func() error {
-		if h, _ := e.reg.Health(gpu, dratest.Node, "dev-1"); h != dra.HealthUnhealthy {
+		if h, _ := e.reg.Health(gpu, dratest.Node, "dev-1"); h != drivers.HealthUnhealthy {
 			return fmt.Errorf("health of dev-1 = %q", h)
 		}
 		return nil
@@ -159,7 +159,7 @@ func TestPrepareResourcesAndListClaims(t *testing.T) {
 	if len(c.GetPods()) != 1 || c.GetPods()[0].GetUid() != "uid-p1" || c.GetPods()[0].GetName() != "p1" {
 		t.Errorf("pods of claim a = %v, want p1", c.GetPods())
 	}
-	if len(c.GetDevices()) != 1 || c.GetDevices()[0].GetHealth() != dra.HealthUnhealthy ||
+	if len(c.GetDevices()) != 1 || c.GetDevices()[0].GetHealth() != drivers.HealthUnhealthy ||
 		!strings.HasPrefix(c.GetDevices()[0].GetHealthMessage(), "fan ") {
 		t.Errorf("devices of claim a = %v, want one, unhealthy with the driver's message", c.GetDevices())
 	}
@@ -169,7 +169,7 @@ func TestPrepareResourcesAndListClaims(t *testing.T) {
 		t.Fatalf("ListResourceSlices = %v, %v", sl, err)
 	}
 	for _, d := range sl.GetSlices()[0].GetDevices() {
-		if d.GetHealth() != dra.HealthUnhealthy || !strings.HasPrefix(d.GetHealthMessage(), "fan ") {
+		if d.GetHealth() != drivers.HealthUnhealthy || !strings.HasPrefix(d.GetHealthMessage(), "fan ") {
 			t.Errorf("slice device %s: health %q %q, want the driver's", d.GetName(), d.GetHealth(), d.GetHealthMessage())
 		}
 	}

@@ -11,20 +11,20 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/slicewatch"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/slicewatch"
 )
 
-func registrationFromAPI(req *dmv1.RegisterDRADriverRequest) (dra.Registration, error) {
+func registrationFromAPI(req *dmv1.RegisterDRADriverRequest) (drivers.Registration, error) {
 	endpoint, err := bounds.PathFromWire(req.GetEndpoint(), req.GetEndpointBytes())
 	if err != nil {
-		return dra.Registration{}, err
+		return drivers.Registration{}, err
 	}
 	socket, err := bounds.PathFromWire(req.GetSocketPath(), req.GetSocketPathBytes())
 	if err != nil {
-		return dra.Registration{}, err
+		return drivers.Registration{}, err
 	}
-	return dra.Registration{
+	return drivers.Registration{
 		Driver: req.GetDriverName(), Endpoint: endpoint, Services: slices.Clone(req.GetServices()),
 		SocketPath: socket, Generation: req.GetGeneration(),
 	}, nil
@@ -37,7 +37,7 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 	return timestamppb.New(t)
 }
 
-func instanceToAPI(in dra.Instance) *dmv1.DRADriverInstance {
+func instanceToAPI(in drivers.Instance) *dmv1.DRADriverInstance {
 	return &dmv1.DRADriverInstance{
 		DriverName:        in.Driver,
 		Endpoint:          bounds.PathText(in.Endpoint),
@@ -66,7 +66,7 @@ func textAll(in []string) []string {
 	return out
 }
 
-func driverToAPI(d dra.Driver) *dmv1.DRADriver {
+func driverToAPI(d drivers.Driver) *dmv1.DRADriver {
 	out := &dmv1.DRADriver{Name: d.Name, SliceDeletionTime: timestamp(d.SliceDeletion)}
 	for _, in := range d.Instances {
 		out.Instances = append(out.Instances, instanceToAPI(in))

@@ -1,5 +1,5 @@
 // Package draserver is the gRPC adapter of DRAService: driver
-// registrations go to the DRA registry (package dra), the slices are read
+// registrations go to the DRA registry (package dra/drivers), the slices are read
 // from the Kubernetes API (Slices), their devices' health from the
 // registry; PrepareResources goes to the claims manager (Claims) and
 // ListClaims joins the API's claims with the manager's records. Errors pass through unchanged: the
@@ -20,8 +20,8 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/stream"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/slicewatch"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/slicewatch"
 )
 
 // Slices is what the service needs of this node's slices
@@ -37,7 +37,7 @@ var _ Slices = (*slicewatch.Slices)(nil)
 type Service struct {
 	dmv1.UnimplementedDRAServiceServer
 	instanceID string
-	reg        *dra.Registry
+	reg        *drivers.Registry
 	slices     Slices
 	claims     Claims
 }
@@ -46,7 +46,7 @@ var _ dmv1.DRAServiceServer = (*Service)(nil)
 
 // NewService returns the adapter; instanceID is the devicemanager's. The
 // claims are listed through the slices' Kubernetes client.
-func NewService(instanceID string, reg *dra.Registry, slices Slices, opts ...Option) *Service {
+func NewService(instanceID string, reg *drivers.Registry, slices Slices, opts ...Option) *Service {
 	s := &Service{instanceID: instanceID, reg: reg, slices: slices}
 	for _, o := range opts {
 		o(s)

@@ -25,19 +25,19 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/claimview"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claimview"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/kubecache"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/slicewatch"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/kubecache"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/slicewatch"
 )
 
 // env is DRAService on a real Unix socket over a registry and the real
 // node-local resource API.
 type env struct {
 	api    *dratest.API
-	reg    *dra.Registry
+	reg    *drivers.Registry
 	client dmv1.DRAServiceClient
 	sock   string // the service's socket
 }
@@ -49,11 +49,11 @@ func start(t *testing.T, delay time.Duration) *env {
 
 // startWith is start with the claims manager that records returns, called
 // with the registry and the API before the service is built (nil: none).
-func startWith(t *testing.T, delay time.Duration, records func(*dra.Registry, *dratest.API) claimview.Records) *env {
+func startWith(t *testing.T, delay time.Duration, records func(*drivers.Registry, *dratest.API) claimview.Records) *env {
 	t.Helper()
 	root := testutil.TempDir(t)
 	api := dratest.StartAPI(t, root)
-	reg, err := dra.New(dra.Config{Client: api.Client, NodeName: dratest.Node, AllowedDirs: []string{root}, DisconnectDelay: delay})
+	reg, err := drivers.New(drivers.Config{Client: api.Client, NodeName: dratest.Node, AllowedDirs: []string{root}, DisconnectDelay: delay})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,9 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/cdispec"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/cdispec"
 )
 
 func timestamp(t time.Time) *timestamppb.Timestamp {

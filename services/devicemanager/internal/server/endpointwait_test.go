@@ -16,7 +16,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/stream"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
 )
 
 // lateStart is how long after its registration a late plugin creates its

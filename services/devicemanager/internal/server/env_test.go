@@ -28,10 +28,10 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/cdispec"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/containerstart"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/store"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/cdispec"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/containerstart"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
 )
 
 // spans records every span of the tests.

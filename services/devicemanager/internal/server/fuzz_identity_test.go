@@ -11,7 +11,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
 )
 
 // FuzzEndpointIdentity (issue 25, N2): registrations and deregistrations,

@@ -13,8 +13,8 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
 )
 
 // The request validation fuzzers run what the gRPC adapters run on a

@@ -14,7 +14,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
 )
 
 // Registrar is what the legacy Registration service needs of the device

@@ -23,9 +23,9 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/allocator"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/containerstart"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/allocator"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/containerstart"
 )
 
 var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager")

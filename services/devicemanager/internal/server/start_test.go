@@ -16,7 +16,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/cdispec"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/cdispec"
 )
 
 func startReq(pod, container string) *dmv1.StartContainerRequest {

@@ -1,0 +1,223 @@
+package claims_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claims"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
+)
+
+const nicDriver = "nic.example.com"
+
+// liar is a DRA driver behind the upstream helper that answers each claim
+// with its allocated devices of this driver, one CDI ID each, changed by
+// the claim's entry in twist.
+type liar struct {
+	mu         sync.Mutex
+	twist      map[string]func([]kubeletplugin.Device) []kubeletplugin.Device // claim name →
+	unprepares map[string]int
+}
+
+func (l *liar) PrepareResourceClaims(_ context.Context, cs []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[types.UID]kubeletplugin.PrepareResult{}
+	for _, c := range cs {
+		var devs []kubeletplugin.Device
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.Driver == nicDriver {
+				devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device,
+					CDIDeviceIDs: []string{"example.com/nic=" + r.Device}})
+			}
+		}
+		if f := l.twist[c.Name]; f != nil {
+			devs = f(devs)
+		}
+		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs}
+	}
+	return out, nil
+}
+
+func (l *liar) UnprepareResourceClaims(_ context.Context, cs []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[types.UID]error{}
+	for _, c := range cs {
+		l.unprepares[c.Name]++
+		out[c.UID] = nil
+	}
+	return out, nil
+}
+
+func (l *liar) HandleError(context.Context, error, string) {}
+
+func (l *liar) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}
+
+func (l *liar) unprepared(claim string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.unprepares[claim]
+}
+
+// startLiar adds the driver nicDriver to e, with a pool of two devices
+// and the DeviceClass "nic".
+func startLiar(t *testing.T, e *env, l *liar) {
+	t.Helper()
+	d := dratest.StartDriverWith(t, e.api, nicDriver, "", l)
+	devs := []resourcev1.Device{{Name: "nic-0"}, {Name: "nic-1"}}
+	if err := d.Helper.PublishResources(context.Background(), resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{dratest.Node: {Slices: []resourceslice.Slice{{Devices: devs}}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dratest.WaitSlices(t, e.api.Client, nicDriver, 1, len(devs))
+	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic"}, Spec: resourcev1.DeviceClassSpec{
+		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "` + nicDriver + `"`}}},
+	}}
+	if _, err := e.api.Client.ResourceV1().DeviceClasses().Create(context.Background(), class, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.reg.Register(context.Background(), drivers.Registration{Driver: nicDriver, Endpoint: d.Endpoint, Services: d.Services,
+		SocketPath: d.RegSocket, Generation: d.Generation(t)}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the nic driver connected", func() error {
+		if c, err := e.reg.Serving(nicDriver); err != nil || c.ClientConn == nil {
+			return fmt.Errorf("not serving: %v", err)
+		}
+		return nil
+	})
+}
+
+// nicClaim creates a claim for one device of class nic, request "nic".
+func nicClaim(t *testing.T, e *env, name string) {
+	t.Helper()
+	c := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	c.Spec.Devices.Requests = []resourcev1.DeviceRequest{{Name: "nic", Exactly: &resourcev1.ExactDeviceRequest{
+		DeviceClassName: "nic", AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1}}}
+	if _, err := e.api.Client.ResourceV1().ResourceClaims(ns).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func withCDIIDs(ids ...string) func([]kubeletplugin.Device) []kubeletplugin.Device {
+	return func(d []kubeletplugin.Device) []kubeletplugin.Device { d[0].CDIDeviceIDs = ids; return d }
+}
+
+// A driver's answer is checked before the claim is recorded prepared:
+// CDI IDs that are not qualified CDI names, devices or pools the
+// allocation does not give the driver, requests the claim does not have,
+// and more IDs or longer ones than the bounds fail the prepare, naming
+// the driver and quoting the field; the claim is rolled back as for a
+// driver's error (unprepared, its reservation and allocation removed) and
+// nothing of it is recorded. An answer naming the request only, or no
+// request, is valid.
+func TestDriverAnswersChecked(t *testing.T) {
+	e := newEnv(t)
+	l := &liar{twist: map[string]func([]kubeletplugin.Device) []kubeletplugin.Device{}, unprepares: map[string]int{}}
+	startLiar(t, e, l)
+	many := make([]string, 33)
+	for i := range many {
+		many[i] = fmt.Sprintf("example.com/nic=id-%d", i)
+	}
+	for _, tc := range []struct {
+		claim string
+		twist func([]kubeletplugin.Device) []kubeletplugin.Device
+		want  string // in the error; "" for a valid answer
+	}{
+		{"traversal", withCDIIDs("../../../etc/passwd"), `devices[0].cdiDeviceIDs[0] "../../../etc/passwd": not a qualified CDI device name`},
+		{"empty", withCDIIDs("example.com/nic=nic-0", ""), `devices[0].cdiDeviceIDs[1] "": not a qualified CDI device name`},
+		{"html", withCDIIDs("<html><body>502 Bad Gateway</body></html>"), `devices[0].cdiDeviceIDs[0] "<html><body>502 Bad Gateway</body></html>": not a qualified CDI device name`},
+		{"too-long", withCDIIDs("example.com/nic=" + strings.Repeat("a", 600)), "bytes, more than 571"},
+		{"too-many", withCDIIDs(many...), "devices[0]: 33 CDI device IDs, more than 32"},
+		{"other-device", func(d []kubeletplugin.Device) []kubeletplugin.Device {
+			d[0].DeviceName = "gpu-0"
+			return d
+		}, `devices[0]: pool "node-1", device "gpu-0", which its allocation does not give the driver`},
+		{"other-pool", func(d []kubeletplugin.Device) []kubeletplugin.Device {
+			d[0].PoolName = "elsewhere"
+			return d
+		}, `pool "elsewhere"`},
+		{"twice", func(d []kubeletplugin.Device) []kubeletplugin.Device { return append(d, d[0]) }, "2 devices, but its allocation gives the driver 1"},
+		{"no-such-request", func(d []kubeletplugin.Device) []kubeletplugin.Device {
+			d[0].Requests = []string{"nic", "gpu"}
+			return d
+		}, `devices[0].requestNames[1] "gpu", not a request the allocation gives this device for (nic)`},
+		{"no-request", func(d []kubeletplugin.Device) []kubeletplugin.Device { d[0].Requests = nil; return d }, ""},
+		{"no-device", func([]kubeletplugin.Device) []kubeletplugin.Device { return nil }, ""},
+	} {
+		t.Run(tc.claim, func(t *testing.T) {
+			l.mu.Lock()
+			l.twist[tc.claim] = tc.twist
+			l.mu.Unlock()
+			nicClaim(t, e, tc.claim)
+			_, err := e.mgr.Prepare(ctx, podReq("p-"+tc.claim, tc.claim))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("a valid answer: %v", err)
+				}
+				e.release("p-"+tc.claim, 1)
+				e.waitGone(tc.claim)
+				return
+			}
+			checkRefused(t, e, l, tc.claim, err, tc.want)
+		})
+	}
+}
+
+// checkRefused checks that err fails the prepare of claim for the
+// driver's answer and that the claim was rolled back.
+func checkRefused(t *testing.T, e *env, l *liar, claim string, err error, want string) {
+	t.Helper()
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "DRA driver "+nicDriver+" answered NodePrepareResources for ResourceClaim "+ns+"/"+claim) ||
+		!strings.Contains(err.Error(), want) {
+		t.Fatalf("prepare: %v\nwant the driver named and %q", err, want)
+	}
+	if l := e.mgr.List(); slices.ContainsFunc(l, func(c claims.Claim) bool { return c.Ref.Name == claim && c.State == claims.StatePrepared }) {
+		t.Fatalf("the claim is recorded prepared: %+v", l)
+	}
+	e.waitGone(claim)
+	testutil.Eventually(t, claim+" unprepared, unreserved and deallocated", func() error {
+		c := e.get(claim)
+		if n := l.unprepared(claim); n != 1 || c.Status.Allocation != nil || len(c.Status.ReservedFor) != 0 {
+			return fmt.Errorf("unprepared %d times, status %+v", n, c.Status)
+		}
+		return nil
+	})
+}
+
+// A driver that is down fails the prepare as unavailable, and the reason
+// that blames the driver, with its name and socket, survives to the
+// status the devicemanager answers.
+func TestDriverDownIsTheDriversFault(t *testing.T) {
+	e := newEnv(t)
+	e.claim("one", "gpu")
+	e.driver.Helper.Stop()
+	_, err := e.mgr.Prepare(ctx, podReq("p1", "one"))
+	info, ok := errdefs.InfoOf(errdefs.ToGRPC(err))
+	if !errors.Is(err, errdefs.ErrUnavailable) || !ok || info.GetReason() != errdefs.ReasonDRADriverUnreachable ||
+		info.GetMetadata()[errdefs.MetaDriver] != driverName || info.GetMetadata()[errdefs.MetaSocket] != e.driver.Endpoint {
+		t.Fatalf("prepare with the driver down: %v (ErrorInfo %v), want unavailable, reason %s naming %s at %s",
+			err, info, errdefs.ReasonDRADriverUnreachable, driverName, e.driver.Endpoint)
+	}
+	if !strings.Contains(err.Error(), "DRA driver "+driverName+" (socket \""+e.driver.Endpoint+"\"): NodePrepareResources: ") {
+		t.Errorf("message %q does not name the driver and its socket", err)
+	}
+}

@@ -1,0 +1,263 @@
+package drivers
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+
+	"github.com/nodeplug/nodeplug/pkg/bounds"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
+	"github.com/nodeplug/nodeplug/pkg/unixsock"
+)
+
+// Instance is the state of one registered instance of a driver.
+type Instance struct {
+	Driver          string
+	Endpoint        string
+	SocketPath      string
+	Generation      string
+	OfferedServices []string
+	// Service is the DRA service used: v1.DRAPlugin or v1beta1.DRAPlugin.
+	Service string
+	// HealthService is the DRAResourceHealth service offered, "" if none.
+	HealthService string
+	Connected     bool
+	State         connectivity.State
+	// Serving: the instance that serves the driver's calls.
+	Serving     bool
+	Registered  time.Time
+	StateChange time.Time
+	LastError   string
+}
+
+// Driver is a driver with its instances, oldest first.
+type Driver struct {
+	Name      string
+	Instances []Instance
+	// SliceDeletion is when the driver's slices are deleted unless an
+	// instance connects before; zero while one is connected or no deletion
+	// is pending.
+	SliceDeletion time.Time
+}
+
+// connectParams: a connection lost is tried again soon (a GOAWAY, a
+// driver's server restarting in place on the same socket), and refused
+// connections through a socket's bind→listen gap within milliseconds.
+var connectParams = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 2, Jitter: 0.2, MaxDelay: 2 * time.Second},
+	MinConnectTimeout: 10 * time.Second,
+}
+
+// instance is one registered instance and its connection. The fields up
+// to conn are fixed at registration; the rest are guarded by the
+// registry's mu.
+type instance struct {
+	r             *Registry
+	driver        string
+	endpoint      string
+	socketPath    string
+	generation    string
+	offered       []string
+	service       string
+	healthService string
+	registered    time.Time
+	conn          *grpc.ClientConn
+	ctx           context.Context
+	cancel        context.CancelFunc
+
+	connected   bool
+	state       connectivity.State
+	stateChange time.Time
+	lastError   string
+	removed     bool
+	health      map[string]deviceHealth // by pool/device, from NodeWatchResources (health.go)
+}
+
+// dial makes the instance's connection (not connected yet: start
+// connects it). The connection reaches only the socket identified at
+// registration: the Confiner's dialer checks confinement at every dial
+// and the pin refuses another socket at the path (a driver started anew
+// registers anew, with a new generation). Called with r.mu held.
+func (r *Registry) dial(reg Registration, service, dialPath string, id unixsock.Identity) (*instance, error) {
+	in := &instance{
+		r: r, driver: reg.Driver, endpoint: reg.Endpoint, socketPath: reg.SocketPath, generation: reg.Generation,
+		offered: slices.Clone(reg.Services), service: service, healthService: pickHealthService(reg.Services),
+		registered: r.now(), state: connectivity.Idle,
+	}
+	in.stateChange = in.registered
+	dialer := r.confiner.Dialer(reg.Endpoint, unixsock.NewPin(id))
+	conn, err := rpcutil.DialPlugin(reg.Endpoint, grpc.WithConnectParams(connectParams),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := dialer(ctx, addr)
+			if err != nil {
+				in.dialFailed(err)
+			}
+			return c, err
+		}))
+	if err != nil {
+		return nil, fmt.Errorf("failed to create gRPC connection to DRA driver %s at endpoint %s (dialled as %s): %w: %w",
+			reg.Driver, bounds.Quote(reg.Endpoint), bounds.Quote(dialPath), err, errdefs.ErrUnavailable)
+	}
+	in.conn = conn
+	in.ctx, in.cancel = context.WithCancel(r.ctx)
+	return in, nil
+}
+
+func pickHealthService(offered []string) string {
+	for _, s := range HealthServices {
+		if slices.Contains(offered, s) {
+			return s
+		}
+	}
+	return ""
+}
+
+// start connects and follows the connection's state until close: a
+// connection that goes idle (its server went away) is connected again,
+// as the kubelet's DRA plugin manager does.
+func (in *instance) start(wg *sync.WaitGroup) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		in.conn.Connect()
+		for {
+			st := in.conn.GetState()
+			in.setState(st)
+			if st == connectivity.Idle {
+				in.conn.Connect()
+			}
+			if st == connectivity.Shutdown || !in.conn.WaitForStateChange(in.ctx, st) {
+				return
+			}
+		}
+	}()
+	if in.healthService != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			in.watchHealth()
+		}()
+	}
+}
+
+// setState records the connection's state and brings the driver's pending
+// deletion in line with it.
+func (in *instance) setState(st connectivity.State) {
+	r := in.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in.state = st
+	in.stateChange = r.now()
+	was := in.connected
+	in.connected = st == connectivity.Ready
+	if in.connected {
+		in.lastError = ""
+	}
+	if was != in.connected {
+		r.log.Info("DRA driver connection changed", "driver", in.driver, "endpoint", in.endpoint, "connected", in.connected, "state", st.String())
+	}
+	if !in.removed {
+		r.syncLocked(in.driver)
+	}
+}
+
+func (in *instance) dialFailed(err error) {
+	in.r.mu.Lock()
+	in.lastError = bounds.Text(err.Error())
+	in.r.mu.Unlock()
+}
+
+// waitReady waits until the connection is ready, budget has passed or ctx
+// ends.
+func (in *instance) waitReady(ctx context.Context, budget time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	for {
+		st := in.conn.GetState()
+		if st == connectivity.Ready || st == connectivity.Shutdown {
+			return
+		}
+		if !in.conn.WaitForStateChange(ctx, st) {
+			return
+		}
+	}
+}
+
+func (in *instance) close() {
+	in.cancel()
+	_ = in.conn.Close()
+}
+
+// stateLocked returns in's state; called with r.mu held.
+func (r *Registry) stateLocked(in *instance) Instance {
+	return Instance{
+		Driver: in.driver, Endpoint: in.endpoint, SocketPath: in.socketPath, Generation: in.generation,
+		OfferedServices: slices.Clone(in.offered), Service: in.service, HealthService: in.healthService,
+		Connected: in.connected, State: in.state, Serving: !in.removed && r.servingLocked(in.driver) == in,
+		Registered: in.registered, StateChange: in.stateChange, LastError: in.lastError,
+	}
+}
+
+// Drivers returns every driver with its instances, by name; driver, when
+// not empty, keeps only that one.
+func (r *Registry) Drivers(driver string) []Driver {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	names := make([]string, 0, len(r.drivers)+len(r.wipes))
+	for n := range r.drivers {
+		names = append(names, n)
+	}
+	for n := range r.wipes {
+		if _, ok := r.drivers[n]; !ok {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	var out []Driver
+	for _, n := range names {
+		if driver != "" && n != driver {
+			continue
+		}
+		d := Driver{Name: n}
+		for _, in := range r.drivers[n] {
+			d.Instances = append(d.Instances, r.stateLocked(in))
+		}
+		if w := r.wipes[n]; w != nil && !w.done {
+			d.SliceDeletion = w.at
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// Conn is the connection of a driver's serving instance, for calls to it
+// (NodePrepareResources and the like, CallTimeout each).
+type Conn struct {
+	Driver   string
+	Endpoint string
+	// Service is v1.DRAPlugin or v1beta1.DRAPlugin: which client to use.
+	Service       string
+	HealthService string
+	*grpc.ClientConn
+}
+
+// Serving returns the connection of driver's serving instance: the newest
+// connected one, else the newest (its calls then fail as unavailable).
+// A driver with no instance is errdefs.ErrNotFound.
+func (r *Registry) Serving(driver string) (Conn, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in := r.servingLocked(driver)
+	if in == nil {
+		return Conn{}, fmt.Errorf("DRA driver %s is not registered: %w", bounds.Text(driver), errdefs.ErrNotFound)
+	}
+	return Conn{Driver: in.driver, Endpoint: in.endpoint, Service: in.service, HealthService: in.healthService, ClientConn: in.conn}, nil
+}

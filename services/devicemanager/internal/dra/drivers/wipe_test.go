@@ -1,0 +1,73 @@
+package drivers_test
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
+)
+
+// The deletion itself, against client-go's fake clientset (its tracker
+// ignores field selectors, so only the request is checked here; the real
+// API's answer is in the other tests): one DeleteCollection per driver
+// with the kubelet's field selector, retried when the API refuses it.
+func TestDeletionSelectorAndRetry(t *testing.T) {
+	slice := &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "s1"},
+		Spec:       resourceapi.ResourceSliceSpec{Driver: "gone.example.com", NodeName: ptr.To("node-1"), Pool: resourceapi.ResourcePool{Name: "p", ResourceSliceCount: 1}},
+	}
+	client := fake.NewClientset(slice)
+	var mu sync.Mutex
+	var selectors []string
+	client.PrependReactor("delete-collection", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		selectors = append(selectors, a.(k8stesting.DeleteCollectionAction).GetListRestrictions().Fields.String())
+		if len(selectors) == 1 {
+			return true, nil, apierrors.NewInternalError(errors.New("store unavailable"))
+		}
+		return true, nil, nil
+	})
+	r, err := drivers.New(drivers.Config{Client: client, NodeName: "node-1", AllowedDirs: []string{testutil.TempDir(t)}, DisconnectDelay: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	r.Start()
+	testutil.WaitFor(t, "the deletion retried after the API refused it", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(selectors) == 2
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range selectors {
+		if s != "spec.driver=gone.example.com,spec.nodeName=node-1" {
+			t.Errorf("field selector %q", s)
+		}
+	}
+	if a := client.Actions(); len(a) == 0 || a[0].GetVerb() != "list" || a[0].GetResource() != (schema.GroupVersionResource{Group: "resource.k8s.io", Version: "v1", Resource: "resourceslices"}) {
+		t.Errorf("first action %v, want the list of this node's slices", a)
+	}
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	if _, err := drivers.New(drivers.Config{Client: fake.NewClientset(), AllowedDirs: []string{"/tmp"}}); err == nil {
+		t.Error("a client without a node name was accepted")
+	}
+	if _, err := drivers.New(drivers.Config{}); err == nil {
+		t.Error("no allowed directories was accepted")
+	}
+}
