@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/nodeplug/nodeplug/internal/bench"
 	"github.com/nodeplug/nodeplug/internal/stack"
@@ -25,103 +27,135 @@ func main() {
 	os.Exit(run())
 }
 
+// run runs what the command line asks for and returns the exit code: 2
+// for a usage error, 1 for a failure.
 func run() int {
-	short := flag.Bool("short", false, "a quick run that still produces every figure")
-	bin := flag.String("bin", "", "directory with nodeplug-watcher, -reconciler and -devicemanager (default: this binary's directory)")
-	out := flag.String("json", "bench-results.json", "write the figures here as JSON (empty: don't)")
-	root := flag.String("root-dir", "", "root dir for the services (default: a temporary directory)")
-	phases := flag.String("phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
-	regN := flag.String("registration-n", "", "comma-separated plugin counts of the registration rounds (default: 1,10,100,1000; -short: 1,10)")
-	floorRounds := flag.Int("floor-rounds", 0, "rounds of nodeplug, the floor and the contract floor per kind and N in the floor phase, their median reported (default 3; -short: 1); at N ≤ 100 one run's ratio varies widely on 2 cores, and more rounds steady it")
-	journalLoop := flag.Duration("journal-loop", 0, "how long the durability phase's Allocate/Release loop follows the journal's size (default: 1m; -short: 1s)")
-	harnessGC := flag.Int("harness-gc-percent", bench.DefaultHarnessGCPercent, "the bench process's own GC percent during the allocation and durability phases, whose callers and in-process plugins it hosts (0: Go's default)")
-	pprofDir := flag.String("pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
-	pprofSecs := flag.Int("pprof-seconds", 20, "how long the -pprof profiles run")
-	showVersion := flag.Bool("version", false, "print the version and exit")
-	scenario := flag.String("scenario", "", "run this scenario instead of the phases: "+scenarios)
-	apiTCP := flag.Bool("api-tcp", false, "serve each service's API on a free 127.0.0.1 TCP port too (--listen-tcp) and make the bench's own API calls there, "+
+	o := parseFlags()
+	if o.bareClient != "" {
+		return runBareClient(o.bareClient)
+	}
+	if o.contractFloor != "" {
+		return runContractFloor(o.contractFloor, flag.Args())
+	}
+	if o.showVersion {
+		fmt.Println("nodeplug-bench", version.Version)
+		return 0
+	}
+	cfg, err := o.config()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
+		return 2
+	}
+	if cfg.Bin, err = stack.BinDir(cfg.Bin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if o.scenario != "" {
+		return runScenario(o.scenario, cfg.Bin, cfg.Root, o.short)
+	}
+	return runBench(cfg, o.out)
+}
+
+// options is the command line.
+type options struct {
+	short, showVersion, apiTCP             bool
+	bin, out, root, phases, regN, pprofDir string
+	scenario, bareClient, contractFloor    string
+	floorRounds, harnessGC, pprofSecs      int
+	journalLoop                            time.Duration
+	clientTLS                              *app.TLS
+	tcp                                    bench.APITCP
+}
+
+// parseFlags defines the flags on flag.CommandLine and parses the command
+// line.
+func parseFlags() *options {
+	o := &options{}
+	flag.BoolVar(&o.short, "short", false, "a quick run that still produces every figure")
+	flag.StringVar(&o.bin, "bin", "", "directory with nodeplug-watcher, -reconciler and -devicemanager (default: this binary's directory)")
+	flag.StringVar(&o.out, "json", "bench-results.json", "write the figures here as JSON (empty: don't)")
+	flag.StringVar(&o.root, "root-dir", "", "root dir for the services (default: a temporary directory)")
+	flag.StringVar(&o.phases, "phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
+	flag.StringVar(&o.regN, "registration-n", "", "comma-separated plugin counts of the registration rounds (default: 1,10,100,1000; -short: 1,10)")
+	flag.IntVar(&o.floorRounds, "floor-rounds", 0, "rounds of nodeplug, the floor and the contract floor per kind and N in the floor phase, their median reported (default 3; -short: 1); at N ≤ 100 one run's ratio varies widely on 2 cores, and more rounds steady it")
+	flag.DurationVar(&o.journalLoop, "journal-loop", 0, "how long the durability phase's Allocate/Release loop follows the journal's size (default: 1m; -short: 1s)")
+	flag.IntVar(&o.harnessGC, "harness-gc-percent", bench.DefaultHarnessGCPercent, "the bench process's own GC percent during the allocation and durability phases, whose callers and in-process plugins it hosts (0: Go's default)")
+	flag.StringVar(&o.pprofDir, "pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
+	flag.IntVar(&o.pprofSecs, "pprof-seconds", 20, "how long the -pprof profiles run")
+	flag.BoolVar(&o.showVersion, "version", false, "print the version and exit")
+	flag.StringVar(&o.scenario, "scenario", "", "run this scenario instead of the phases: "+scenarios)
+	flag.BoolVar(&o.apiTCP, "api-tcp", false, "serve each service's API on a free 127.0.0.1 TCP port too (--listen-tcp) and make the bench's own API calls there, "+
 		"over mutual TLS; without certificate files the bench makes a throwaway CA, a server and a client certificate (role operator) under <root-dir>/bench-tls/")
 	// The client flags of nodeplugctl and the reconciler, with the same
 	// names and meaning, used with -api-tcp; with certificates of one's own
 	// the services' side is needed too.
-	clientTLS := app.AddClientTLSFlags(flag.CommandLine)
+	o.clientTLS = app.AddClientTLSFlags(flag.CommandLine)
 	for _, name := range []string{"tls-cert-file", "tls-key-file", "tls-ca-file"} {
 		f := flag.Lookup(name)
 		f.Usage = "with -api-tcp: " + f.Usage + " (give all six certificate flags, or none)"
 	}
 	flag.Lookup("insecure-tcp").Usage = "with -api-tcp: no TLS on either side (the services get --insecure-tcp; loopback only, every caller has every role)"
-	tcp := &bench.APITCP{}
-	flag.StringVar(&tcp.ServerCertFile, "tls-server-cert-file", "", "with -api-tcp and your own client certificate: the services' --tls-cert-file, a server certificate for 127.0.0.1 signed by the -tls-ca-file CA")
-	flag.StringVar(&tcp.ServerKeyFile, "tls-server-key-file", "", "with -api-tcp: key of -tls-server-cert-file (the services' --tls-key-file)")
-	flag.StringVar(&tcp.ClientCAFile, "tls-client-ca-file", "", "with -api-tcp: the services' --tls-client-ca-file, the CA that signs -tls-cert-file")
-	bareClient := flag.String(bench.BareClientFlag, "", "(internal) measure a bare grpc-go client of the device plugin endpoints listed in this file, print JSON")
-	contractFloor := flag.String(bench.ContractFloorFlag, "", "(internal) run this role of the contract floor, with the other arguments")
+	flag.StringVar(&o.tcp.ServerCertFile, "tls-server-cert-file", "", "with -api-tcp and your own client certificate: the services' --tls-cert-file, a server certificate for 127.0.0.1 signed by the -tls-ca-file CA")
+	flag.StringVar(&o.tcp.ServerKeyFile, "tls-server-key-file", "", "with -api-tcp: key of -tls-server-cert-file (the services' --tls-key-file)")
+	flag.StringVar(&o.tcp.ClientCAFile, "tls-client-ca-file", "", "with -api-tcp: the services' --tls-client-ca-file, the CA that signs -tls-cert-file")
+	flag.StringVar(&o.bareClient, bench.BareClientFlag, "", "(internal) measure a bare grpc-go client of the device plugin endpoints listed in this file, print JSON")
+	flag.StringVar(&o.contractFloor, bench.ContractFloorFlag, "", "(internal) run this role of the contract floor, with the other arguments")
 	flag.Parse()
-	if *bareClient != "" {
-		return runBareClient(*bareClient)
-	}
-	if *contractFloor != "" {
-		return runContractFloor(*contractFloor, flag.Args())
-	}
-	if *showVersion {
-		fmt.Println("nodeplug-bench", version.Version)
-		return 0
-	}
+	return o
+}
+
+// config is the bench's configuration from the command line (its Bin not
+// yet resolved); an error is a usage error.
+func (o *options) config() (bench.Config, error) {
 	cfg := bench.Default()
-	if *short {
+	if o.short {
 		cfg = bench.Short()
 	}
-	if *phases != "" {
-		cfg.Phases = strings.Split(*phases, ",")
+	if o.phases != "" {
+		cfg.Phases = strings.Split(o.phases, ",")
 		if err := bench.CheckPhases(cfg.Phases); err != nil {
-			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
-			return 2
+			return cfg, err
 		}
 	}
-	if *regN != "" {
+	if o.regN != "" {
 		cfg.RegistrationNs = nil
-		for _, f := range strings.Split(*regN, ",") {
+		for _, f := range strings.Split(o.regN, ",") {
 			n, err := strconv.Atoi(f)
 			if err != nil || n < 1 {
-				fmt.Fprintf(os.Stderr, "nodeplug-bench: -registration-n: %q is not a positive count\n", f)
-				return 2
+				return cfg, fmt.Errorf("-registration-n: %q is not a positive count", f)
 			}
 			cfg.RegistrationNs = append(cfg.RegistrationNs, n)
 		}
 	}
-	if *journalLoop < 0 || *harnessGC < 0 || *floorRounds < 0 {
-		fmt.Fprintln(os.Stderr, "nodeplug-bench: -journal-loop, -harness-gc-percent and -floor-rounds cannot be negative")
-		return 2
+	if o.journalLoop < 0 || o.harnessGC < 0 || o.floorRounds < 0 {
+		return cfg, errors.New("-journal-loop, -harness-gc-percent and -floor-rounds cannot be negative")
 	}
-	if *floorRounds > 0 {
-		cfg.FloorRounds = *floorRounds
+	if o.floorRounds > 0 {
+		cfg.FloorRounds = o.floorRounds
 	}
-	if *journalLoop > 0 {
-		cfg.JournalLoop = *journalLoop
+	if o.journalLoop > 0 {
+		cfg.JournalLoop = o.journalLoop
 	}
-	cfg.HarnessGCPercent = *harnessGC
-	tcp.Client = *clientTLS
-	if *apiTCP {
+	cfg.HarnessGCPercent = o.harnessGC
+	tcp := &o.tcp
+	tcp.Client = *o.clientTLS
+	if o.apiTCP {
 		if err := tcp.Check(); err != nil {
-			fmt.Fprintln(os.Stderr, "nodeplug-bench: -api-tcp:", err)
-			return 2
+			return cfg, fmt.Errorf("-api-tcp: %w", err)
 		}
 		cfg.APITCP = tcp
 	} else if tcp.Client != (app.TLS{}) || tcp.ServerCertFile != "" || tcp.ServerKeyFile != "" || tcp.ClientCAFile != "" {
-		fmt.Fprintln(os.Stderr, "nodeplug-bench: the TLS flags are for -api-tcp: without it the bench uses the Unix API sockets")
-		return 2
+		return cfg, errors.New("the TLS flags are for -api-tcp: without it the bench uses the Unix API sockets")
 	}
-	cfg.PprofDir, cfg.PprofSeconds = *pprofDir, *pprofSecs
-	cfg.Root = *root
-	cfg.Bin = *bin
-	var err error
-	if cfg.Bin, err = stack.BinDir(cfg.Bin); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if *scenario != "" {
-		return runScenario(*scenario, cfg.Bin, cfg.Root, *short)
-	}
+	cfg.PprofDir, cfg.PprofSeconds = o.pprofDir, o.pprofSecs
+	cfg.Root = o.root
+	cfg.Bin = o.bin
+	return cfg, nil
+}
+
+// runBench runs the bench's phases with cfg, prints their table and
+// writes their figures as JSON to out (when not empty).
+func runBench(cfg bench.Config, out string) int {
 	cfg.Progress = os.Stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -132,12 +166,12 @@ func run() int {
 	}
 	fmt.Println()
 	bench.Print(os.Stdout, res)
-	if *out != "" {
-		if err := stack.WriteJSON(*out, res); err != nil {
+	if out != "" {
+		if err := stack.WriteJSON(out, res); err != nil {
 			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
 			return 1
 		}
-		fmt.Printf("\nfigures written to %s\n", *out)
+		fmt.Printf("\nfigures written to %s\n", out)
 	}
 	return 0
 }

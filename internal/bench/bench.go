@@ -235,49 +235,97 @@ func (r *runner) logf(format string, args ...any) {
 }
 
 // Run starts the services, measures everything and stops them.
-func Run(ctx context.Context, cfg Config) (res *Results, err error) {
+func Run(ctx context.Context, cfg Config) (*Results, error) {
+	var undo cleanups
+	defer undo.run()
+	r, err := start(ctx, cfg, &undo)
+	if err != nil {
+		return nil, err
+	}
+	return r.measure(ctx)
+}
+
+// cleanups are what undoes the setup, run last added first, as defers
+// would be.
+type cleanups []func()
+
+// add appends f to what run calls.
+func (c *cleanups) add(f func()) { *c = append(*c, f) }
+
+// run calls every cleanup, the last added first.
+func (c *cleanups) run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+}
+
+// start makes the root dir when cfg has none, starts the services, dials
+// their APIs and follows their Watch streams until they sync. What it
+// set up is undone by undo, also when it fails part way.
+func start(ctx context.Context, cfg Config, undo *cleanups) (*runner, error) {
 	root := cfg.Root
 	if root == "" {
-		root, err = os.MkdirTemp("", "npbench")
-		if err != nil {
+		var err error
+		if root, err = os.MkdirTemp("", "npbench"); err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(root)
+		undo.add(func() { _ = os.RemoveAll(root) })
 	}
 	st := stack.NewProcesses(cfg.Bin, root, append([]string{"NODEPLUG_DEVICEMANAGER_GRACE_PERIOD=1s"}, pprofEnv(cfg)...)...)
 	// The bench's own API calls go to the API sockets, or with -api-tcp to
 	// each service's TCP port over mutual TLS.
 	client, addr := &app.TLS{}, st.Addr
 	if cfg.APITCP != nil {
+		var err error
 		if st.Args, client, err = cfg.APITCP.setup(root); err != nil {
 			return nil, fmt.Errorf("-api-tcp: %w", err)
 		}
 		addr = st.TCPAddr
 	}
-	defer st.StopAll()
+	undo.add(st.StopAll)
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err
 	}
+	r := &runner{cfg: cfg, root: root, st: st}
+	if err := r.dial(client, addr, undo); err != nil {
+		return nil, err
+	}
+	if err := r.follow(ctx, undo); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// dial connects r's API clients to the devicemanager and the reconciler
+// at addr; undo closes the connections.
+func (r *runner) dial(client *app.TLS, addr func(string) string, undo *cleanups) error {
 	dmConn, err := client.Dial(addr("devicemanager"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer dmConn.Close()
+	undo.add(func() { _ = dmConn.Close() })
 	rcConn, err := client.Dial(addr("reconciler"), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer rcConn.Close()
+	undo.add(func() { _ = rcConn.Close() })
+	r.dm, r.rc = dmv1.NewDeviceManagerServiceClient(dmConn), rcv1.NewReconcilerServiceClient(rcConn)
+	if r.cfg.APITCP != nil {
+		r.logf("API over %s: devicemanager %s, reconciler %s", r.cfg.APITCP.transport(), addr("devicemanager"), addr("reconciler"))
+	}
+	return nil
+}
+
+// follow checks the APIs answer, then follows the devicemanager's
+// resources and the reconciler's plugins until both Watch streams have
+// synced; undo ends the streams.
+func (r *runner) follow(ctx context.Context, undo *cleanups) error {
 	fctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	r := &runner{cfg: cfg, root: root, st: st, dm: dmv1.NewDeviceManagerServiceClient(dmConn), rc: rcv1.NewReconcilerServiceClient(rcConn)}
-	if cfg.APITCP != nil {
-		r.logf("API over %s: devicemanager %s, reconciler %s", cfg.APITCP.transport(), addr("devicemanager"), addr("reconciler"))
-	}
+	undo.add(cancel)
 	// A refused handshake or a missing role would otherwise only show as
 	// Watch streams that never sync (they resubscribe quietly).
 	if err := r.reachable(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	r.res = followResources(fctx, r.dm)
 	r.plugs = followPlugins(fctx, r.rc)
@@ -285,16 +333,23 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		select {
 		case <-f:
 		case <-time.After(30 * time.Second):
-			return nil, errors.New("the Watch streams did not sync")
+			return errors.New("the Watch streams did not sync")
 		}
 	}
+	return nil
+}
 
-	res = &Results{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339),
+// measure runs the selected phases in order, footprint first, and
+// returns their figures.
+func (r *runner) measure(ctx context.Context) (*Results, error) {
+	cfg := r.cfg
+	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339),
 		API: cfg.APITCP.transport(), HarnessGCPercent: cfg.HarnessGCPercent}}
 	// Footprint first, on fresh processes: the heap the later phases grow
 	// (10,000-device updates, churn) is returned to the OS only slowly and
 	// would be counted as footprint.
 	if cfg.runs("footprint") {
+		var err error
 		if res.Footprint, err = r.footprint(ctx); err != nil {
 			return nil, fmt.Errorf("footprint: %w", err)
 		}
@@ -303,36 +358,60 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		}
 	}
 	profiled := r.profiles(ctx)
+	if err := r.measureRegistration(ctx, res); err != nil {
+		return nil, err
+	}
+	if err := r.measureLoad(ctx, res); err != nil {
+		return nil, err
+	}
+	if err := profiled(); err != nil {
+		return nil, fmt.Errorf("profiles: %w", err)
+	}
+	return res, nil
+}
+
+// measureRegistration runs the selected phases about registration
+// (registration, floor, stale and churn) into res.
+func (r *runner) measureRegistration(ctx context.Context, res *Results) (err error) {
+	cfg := r.cfg
 	if cfg.runs("registration") {
 		for _, n := range cfg.RegistrationNs {
 			rr, err := r.registration(ctx, n)
 			if err != nil {
-				return nil, fmt.Errorf("registration N=%d: %w", n, err)
+				return fmt.Errorf("registration N=%d: %w", n, err)
 			}
 			res.Registration = append(res.Registration, rr)
 		}
 	}
 	if cfg.runs("floor") {
 		if res.Floor, err = r.floor(ctx); err != nil {
-			return nil, fmt.Errorf("registration at the floor: %w", err)
+			return fmt.Errorf("registration at the floor: %w", err)
 		}
 	}
 	if cfg.runs("stale") {
 		if res.Stale, err = r.stale(ctx); err != nil {
-			return nil, fmt.Errorf("registration beside stale sockets: %w", err)
+			return fmt.Errorf("registration beside stale sockets: %w", err)
 		}
 	}
 	if cfg.runs("churn") {
 		if res.Churn, err = r.churn(ctx); err != nil {
-			return nil, fmt.Errorf("churn: %w", err)
+			return fmt.Errorf("churn: %w", err)
 		}
 	}
+	return nil
+}
+
+// measureLoad runs the selected phases under allocation and update load
+// (allocation, durability, propagation and claims) into res; the first
+// two with the bench's own GC percent set to cfg.HarnessGCPercent.
+func (r *runner) measureLoad(ctx context.Context, res *Results) (err error) {
+	cfg := r.cfg
 	if cfg.runs("allocation") {
 		restore := harnessGC(cfg.HarnessGCPercent)
 		res.Allocation, err = r.allocation(ctx)
 		restore()
 		if err != nil {
-			return nil, fmt.Errorf("allocation: %w", err)
+			return fmt.Errorf("allocation: %w", err)
 		}
 	}
 	if cfg.runs("durability") {
@@ -340,23 +419,20 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		res.Durability, err = r.durability(ctx)
 		restore()
 		if err != nil {
-			return nil, fmt.Errorf("durability: %w", err)
+			return fmt.Errorf("durability: %w", err)
 		}
 	}
 	if cfg.runs("propagation") {
 		if res.Propagation, err = r.propagation(ctx); err != nil {
-			return nil, fmt.Errorf("propagation: %w", err)
+			return fmt.Errorf("propagation: %w", err)
 		}
 	}
 	if cfg.runs("claims") {
 		if res.Claims, err = r.claims(ctx); err != nil {
-			return nil, fmt.Errorf("DRA claims: %w", err)
+			return fmt.Errorf("DRA claims: %w", err)
 		}
 	}
-	if err := profiled(); err != nil {
-		return nil, fmt.Errorf("profiles: %w", err)
-	}
-	return res, nil
+	return nil
 }
 
 // harnessGC sets the bench process's GC percent to percent (0: leaves it)

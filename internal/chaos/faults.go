@@ -295,137 +295,207 @@ func (h *harness) faults(ctx context.Context) error {
 	return nil
 }
 
+// fault stops the devicemanager, applies the damage of kind to its
+// checkpoint (to the journal for "journal-" kinds), starts it again and
+// records how it took the damage.
 func (h *harness) fault(ctx context.Context, kind string) (FaultResult, error) {
-	f := FaultResult{Kind: kind}
 	quiet, lossless := quietFault(kind)
-	f.Quiet = quiet
-	journal := strings.HasPrefix(kind, "journal-")
-	// Some allocations, so that the checkpoint holds some.
+	r := &faultRun{h: h, kind: kind, journal: strings.HasPrefix(kind, "journal-"), lossless: lossless,
+		res: FaultResult{Kind: kind, Quiet: quiet}}
+	err := r.prepare(ctx)
+	if err == nil {
+		err = r.apply(ctx)
+	}
+	if err == nil {
+		if r.res.Skipped != "" {
+			err = r.settleSkipped(ctx)
+		} else {
+			err = r.check(ctx)
+		}
+	}
+	return r.res, err
+}
+
+// faultRun is one fault while it is applied and checked.
+type faultRun struct {
+	h        *harness
+	kind     string
+	journal  bool // the damage is to the journal, not the snapshot
+	lossless bool // the damage loses nothing acknowledged
+	path     string
+	before   int      // checkpoint files moved aside before the damage
+	pods     []string // the fault's pods, released at the end
+	res      FaultResult
+}
+
+// prepare makes allocations for the checkpoint to hold, fills the journal
+// when it is the one to damage, and records the allocations listed before
+// the damage.
+func (r *faultRun) prepare(ctx context.Context) error {
+	h := r.h
 	// Some allocations, so that the checkpoint holds some: one device of
 	// each of the first resources that has one free.
 	made := 0
-	for _, r := range h.stableResources() {
+	for _, rs := range h.stableResources() {
 		if made == 4 {
 			break
 		}
-		_, err := h.allocate(ctx, fmt.Sprintf("fault-%s-%d", kind, made), r, 1)
+		_, err := h.allocate(ctx, fmt.Sprintf("fault-%s-%d", r.kind, made), rs, 1)
 		switch {
 		case err == nil:
 			made++
 		case !definite(err):
-			return f, fmt.Errorf("allocate before the fault: %w", err)
+			return fmt.Errorf("allocate before the fault: %w", err)
 		}
 	}
-	// A journal to damage holds records: a compaction may just have
-	// started a new one. Allocate and release until it holds two.
-	pods := []string{}
-	for i := 0; journal && i < 20; i++ {
+	r.fillJournal(ctx)
+	s, err := h.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	r.res.AllocationsBefore = len(s.Allocations)
+	for _, a := range s.Allocations {
+		if strings.HasPrefix(a.Key.Pod, "fault-") {
+			r.pods = append(r.pods, a.Key.Pod)
+		}
+	}
+	return nil
+}
+
+// fillJournal, for journal damage, allocates and releases until the
+// newest journal holds two records: a compaction may just have started a
+// new one, and a journal to damage holds records.
+func (r *faultRun) fillJournal(ctx context.Context) {
+	h := r.h
+	for i := 0; r.journal && i < 20; i++ {
 		js := h.journals()
 		if len(js) > 0 {
 			if b, err := os.ReadFile(js[len(js)-1]); err == nil && len(frames(b)) >= 3 {
 				break
 			}
 		}
-		pod := fmt.Sprintf("fault-%s-filler-%d", kind, i)
-		pods = append(pods, pod)
+		pod := fmt.Sprintf("fault-%s-filler-%d", r.kind, i)
+		r.pods = append(r.pods, pod)
 		if holds, _ := h.allocate(ctx, pod, h.stableResources()[0], 1); holds {
 			h.release(ctx, pod)
 		}
 	}
-	s, err := h.snapshot(ctx)
-	if err != nil {
-		return f, err
-	}
-	f.AllocationsBefore = len(s.Allocations)
-	for _, a := range s.Allocations {
-		if strings.HasPrefix(a.Key.Pod, "fault-") {
-			pods = append(pods, a.Key.Pod)
-		}
-	}
+}
+
+// apply stops the devicemanager, damages its checkpoint (or records why
+// the damage was skipped) and starts it again.
+func (r *faultRun) apply(ctx context.Context) error {
+	h := r.h
 	if err := h.st.Process("devicemanager").Stop(10 * time.Second); err != nil {
-		return f, fmt.Errorf("stop the devicemanager: %w", err)
+		return fmt.Errorf("stop the devicemanager: %w", err)
 	}
-	path := h.checkpoint()
-	if journal {
+	r.path = h.checkpoint()
+	if r.journal {
 		js := h.journals()
 		if len(js) == 0 {
-			return f, fmt.Errorf("no journal beside %s", path)
+			return fmt.Errorf("no journal beside %s", r.path)
 		}
-		path = js[len(js)-1]
+		r.path = js[len(js)-1]
 	}
-	b, err := os.ReadFile(path)
+	b, err := os.ReadFile(r.path)
 	if err != nil {
-		return f, err
+		return err
 	}
-	before := len(h.asides())
+	r.before = len(h.asides())
 	var skip string
-	if journal {
-		skip, err = damageJournal(kind, path, b)
+	if r.journal {
+		skip, err = damageJournal(r.kind, r.path, b)
 	} else {
-		skip, err = damage(kind, path, b)
+		skip, err = damage(r.kind, r.path, b)
 	}
 	if err != nil {
-		return f, err
+		return err
 	}
-	f.Skipped = skip
+	r.res.Skipped = skip
 	if err := h.st.Start(ctx, "devicemanager"); err != nil {
-		return f, fmt.Errorf("devicemanager did not start: %w", err)
+		return fmt.Errorf("devicemanager did not start: %w", err)
 	}
-	f.Started = true
-	if skip != "" {
-		_, err := h.converge(ctx, "fault "+kind, "")
-		f.Converged = err == nil
-		if s, serr := h.snapshot(ctx); serr == nil {
-			f.AllocationsAfter = len(s.Allocations)
-		}
-		if err == nil {
-			err = h.releaseAll(ctx, pods)
-		}
-		return f, err
+	r.res.Started = true
+	return nil
+}
+
+// settleSkipped, when the damage was skipped, waits for the restarted
+// devicemanager to converge and releases the fault's pods.
+func (r *faultRun) settleSkipped(ctx context.Context) error {
+	h := r.h
+	_, err := h.converge(ctx, "fault "+r.kind, "")
+	r.res.Converged = err == nil
+	if s, serr := h.snapshot(ctx); serr == nil {
+		r.res.AllocationsAfter = len(s.Allocations)
 	}
-	f.Loud = len(h.st.Process("devicemanager").LogLines(unusable)) > 0
-	if a := h.asides(); len(a) > before {
-		f.MovedAside = a[len(a)-1]
+	if err == nil {
+		err = h.releaseAll(ctx, r.pods)
+	}
+	return err
+}
+
+// check records whether the devicemanager logged the damage loudly and
+// moved the file aside, waits for it to converge with what the damage
+// lost forgotten, and tidies up.
+func (r *faultRun) check(ctx context.Context) error {
+	h := r.h
+	r.res.Loud = len(h.st.Process("devicemanager").LogLines(unusable)) > 0
+	if a := h.asides(); len(a) > r.before {
+		r.res.MovedAside = a[len(a)-1]
 	}
 	// Damage is state lost on purpose (all of it, or the records a journal's
 	// damage touched; journal.go checks that the rest are kept): what was
 	// acknowledged or released before it no longer binds, and the kubelet.sock
 	// plugins register again. A torn write loses nothing acknowledged.
-	if !lossless {
-		h.pause.Lock()
-		h.mu.Lock()
-		h.acked = map[AllocKey][]string{}
-		h.released = map[string]bool{}
-		for _, p := range h.plugins {
-			p.registered = false
-		}
-		h.mu.Unlock()
-		h.pause.Unlock()
+	if !r.lossless {
+		h.forgetState()
 	}
-	if _, err := h.converge(ctx, "fault "+kind, ""); err != nil {
-		return f, err
+	if _, err := h.converge(ctx, "fault "+r.kind, ""); err != nil {
+		return err
 	}
-	f.Converged = true
+	r.res.Converged = true
 	if s, err := h.snapshot(ctx); err == nil {
-		f.AllocationsAfter = len(s.Allocations)
+		r.res.AllocationsAfter = len(s.Allocations)
 	}
-	if f.MovedAside == "" && !quiet {
-		fi, err := os.Lstat(path)
-		f.Note = fmt.Sprintf("nothing moved aside; %s now: %v %v", filepath.Base(path), modeOf(fi), err)
+	if r.res.MovedAside == "" && !r.res.Quiet {
+		fi, err := os.Lstat(r.path)
+		r.res.Note = fmt.Sprintf("nothing moved aside; %s now: %v %v", filepath.Base(r.path), modeOf(fi), err)
 	}
-	// Tidy up what the fault left, and free its devices for the next.
+	return r.tidy(ctx)
+}
+
+// tidy removes what the fault left (the files moved aside, a symlink's
+// target) and releases the fault's pods, freeing their devices for the
+// next fault.
+func (r *faultRun) tidy(ctx context.Context) error {
+	h := r.h
 	for _, a := range h.asides() {
 		_ = os.RemoveAll(a)
 	}
-	_ = os.Remove(path + "-elsewhere")
+	_ = os.Remove(r.path + "-elsewhere")
 	if s, err := h.snapshot(ctx); err == nil {
 		for _, a := range s.Allocations {
 			if strings.HasPrefix(a.Key.Pod, "fault-") {
-				pods = append(pods, a.Key.Pod)
+				r.pods = append(r.pods, a.Key.Pod)
 			}
 		}
 	}
-	return f, h.releaseAll(ctx, pods)
+	return h.releaseAll(ctx, r.pods)
+}
+
+// forgetState forgets every acknowledged and released allocation and
+// marks every plugin unregistered, as after damage that lost the
+// devicemanager's state; the load is paused meanwhile.
+func (h *harness) forgetState() {
+	h.pause.Lock()
+	h.mu.Lock()
+	h.acked = map[AllocKey][]string{}
+	h.released = map[string]bool{}
+	for _, p := range h.plugins {
+		p.registered = false
+	}
+	h.mu.Unlock()
+	h.pause.Unlock()
 }
 
 func modeOf(fi os.FileInfo) string {

@@ -57,28 +57,18 @@ func main() {
 	}
 }
 
+// run starts the driver as the command line says and serves until SIGTERM
+// or SIGINT.
 func run() error {
-	fs := flag.NewFlagSet("dradriver", flag.ContinueOnError)
-	driverName := fs.String("drivername", "test-driver.cdi.k8s.io", "resource driver name")
-	nodeName := fs.String("node-name", "", "name of the node that the kubelet plugin is responsible for")
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the API server (KUBECONFIG, when set, wins, as in the upstream driver)")
-	registryDir := fs.String("plugin-registration-path", kubeletplugin.KubeletRegistryDir, "directory where the kubelet looks for plugin registration sockets")
-	dataDir := fs.String("datadir", kubeletplugin.KubeletPluginsDir, "directory holding the per-driver directory of the DRA socket")
-	cdiDir := fs.String("cdi-dir", "/var/run/cdi", "directory for the CDI files of prepared claims")
-	numDevices := fs.Int("num-devices", 4, "number of devices to publish when --devices-file is not given")
-	devicesFile := fs.String("devices-file", "", "JSON array of resource.k8s.io/v1 Devices to publish, read again on SIGHUP")
-	rollingUID := fs.String("rolling-update", "", "enable the helper's rolling-update mode with this pod UID")
-	logFormat := fs.String("log-format", "text", "text or json (slog's JSON on stderr)")
-	stateFile := fs.String("state-file", "", "file written on SIGUSR1 with the gRPC calls served and the claims prepared")
-	controlFile := fs.String("control-file", "", "file read on SIGUSR1 for the failure modes (fail-prepare, fail-unprepare)")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
 	}
 
-	logger, err := newLogger(*logFormat)
+	logger, err := newLogger(o.logFormat)
 	if err != nil {
 		return err
 	}
@@ -86,54 +76,109 @@ func run() error {
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), logger))
 	defer cancel()
 
-	if *nodeName == "" {
-		return errors.New("--node-name not set")
+	plugin, err := o.start(ctx, logger)
+	if err != nil {
+		return err
+	}
+	defer plugin.Stop()
+	o.serve(ctx, plugin, logger)
+	return nil
+}
+
+// options is the command line.
+type options struct {
+	driverName, nodeName, kubeconfig  string
+	registryDir, dataDir, cdiDir      string
+	numDevices                        int
+	devicesFile, rollingUID           string
+	logFormat, stateFile, controlFile string
+}
+
+// parseFlags parses args, the arguments after the command's name.
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("dradriver", flag.ContinueOnError)
+	fs.StringVar(&o.driverName, "drivername", "test-driver.cdi.k8s.io", "resource driver name")
+	fs.StringVar(&o.nodeName, "node-name", "", "name of the node that the kubelet plugin is responsible for")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the API server (KUBECONFIG, when set, wins, as in the upstream driver)")
+	fs.StringVar(&o.registryDir, "plugin-registration-path", kubeletplugin.KubeletRegistryDir, "directory where the kubelet looks for plugin registration sockets")
+	fs.StringVar(&o.dataDir, "datadir", kubeletplugin.KubeletPluginsDir, "directory holding the per-driver directory of the DRA socket")
+	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "directory for the CDI files of prepared claims")
+	fs.IntVar(&o.numDevices, "num-devices", 4, "number of devices to publish when --devices-file is not given")
+	fs.StringVar(&o.devicesFile, "devices-file", "", "JSON array of resource.k8s.io/v1 Devices to publish, read again on SIGHUP")
+	fs.StringVar(&o.rollingUID, "rolling-update", "", "enable the helper's rolling-update mode with this pod UID")
+	fs.StringVar(&o.logFormat, "log-format", "text", "text or json (slog's JSON on stderr)")
+	fs.StringVar(&o.stateFile, "state-file", "", "file written on SIGUSR1 with the gRPC calls served and the claims prepared")
+	fs.StringVar(&o.controlFile, "control-file", "", "file read on SIGUSR1 for the failure modes (fail-prepare, fail-unprepare)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// clientset is the API server's client, from KUBECONFIG or --kubeconfig.
+func (o *options) clientset() (*kubernetes.Clientset, error) {
+	if o.nodeName == "" {
+		return nil, errors.New("--node-name not set")
 	}
 	if env := os.Getenv("KUBECONFIG"); env != "" {
-		*kubeconfig = env
+		o.kubeconfig = env
 	}
-	if *kubeconfig == "" {
-		return errors.New("no kubeconfig: set KUBECONFIG or --kubeconfig")
+	if o.kubeconfig == "" {
+		return nil, errors.New("no kubeconfig: set KUBECONFIG or --kubeconfig")
 	}
-	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	config, err := clientcmd.BuildConfigFromFlags("", o.kubeconfig)
 	if err != nil {
-		return fmt.Errorf("load kubeconfig %s: %w", *kubeconfig, err)
+		return nil, fmt.Errorf("load kubeconfig %s: %w", o.kubeconfig, err)
 	}
 	clientset, err := kubernetes.NewForConfig(config)
 	if err != nil {
-		return fmt.Errorf("create client: %w", err)
+		return nil, fmt.Errorf("create client: %w", err)
 	}
+	return clientset, nil
+}
 
-	if err := os.MkdirAll(*cdiDir, 0o750); err != nil {
-		return fmt.Errorf("create CDI directory: %w", err)
-	}
-	datadir := filepath.Join(*dataDir, *driverName)
-	if err := os.MkdirAll(datadir, 0o750); err != nil {
-		return fmt.Errorf("create socket directory: %w", err)
-	}
-
-	resources, err := driverResources(*nodeName, *devicesFile, *numDevices)
+// start makes the CDI and socket directories and starts the upstream
+// app's plugin, publishing the devices; the caller stops it.
+func (o *options) start(ctx context.Context, logger logr.Logger) (*app.ExamplePlugin, error) {
+	clientset, err := o.clientset()
 	if err != nil {
-		return err
+		return nil, err
+	}
+	if err := os.MkdirAll(o.cdiDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create CDI directory: %w", err)
+	}
+	datadir := filepath.Join(o.dataDir, o.driverName)
+	if err := os.MkdirAll(datadir, 0o750); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+
+	resources, err := driverResources(o.nodeName, o.devicesFile, o.numDevices)
+	if err != nil {
+		return nil, err
 	}
 	opts := []any{
 		app.Options{EnableHealthService: true},
 		kubeletplugin.PluginDataDirectoryPath(datadir),
-		kubeletplugin.RegistrarDirectoryPath(*registryDir),
+		kubeletplugin.RegistrarDirectoryPath(o.registryDir),
 	}
-	if *rollingUID != "" {
-		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(*rollingUID)))
+	if o.rollingUID != "" {
+		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.rollingUID)))
 	}
-	plugin, err := app.StartPlugin(ctx, *cdiDir, *driverName, clientset, *nodeName, app.FileOperations{DriverResources: &resources}, opts...)
+	plugin, err := app.StartPlugin(ctx, o.cdiDir, o.driverName, clientset, o.nodeName, app.FileOperations{DriverResources: &resources}, opts...)
 	if err != nil {
-		return fmt.Errorf("start the plugin: %w", err)
+		return nil, fmt.Errorf("start the plugin: %w", err)
 	}
-	defer plugin.Stop()
-	logger.Info("driver started", "driver", *driverName, "node", *nodeName, "devices", len(resources.Pools[*nodeName].Slices[0].Devices))
+	logger.Info("driver started", "driver", o.driverName, "node", o.nodeName, "devices", len(resources.Pools[o.nodeName].Slices[0].Devices))
+	return plugin, nil
+}
 
+// serve answers signals until SIGTERM or SIGINT: SIGUSR1 writes the state
+// file, SIGHUP publishes the devices file's devices again.
+func (o *options) serve(ctx context.Context, plugin *app.ExamplePlugin, logger logr.Logger) {
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGUSR1)
-	st := &stateWriter{plugin: plugin, state: *stateFile, control: *controlFile}
+	st := &stateWriter{plugin: plugin, state: o.stateFile, control: o.controlFile}
 	for sig := range sigc {
 		if sig == syscall.SIGUSR1 {
 			if err := st.update(); err != nil {
@@ -143,11 +188,11 @@ func run() error {
 		}
 		if sig != syscall.SIGHUP {
 			logger.Info("stopping", "signal", sig.String())
-			return nil
+			return
 		}
 		// A file that cannot be read or parsed leaves the published
 		// devices as they are.
-		resources, err := driverResources(*nodeName, *devicesFile, *numDevices)
+		resources, err := driverResources(o.nodeName, o.devicesFile, o.numDevices)
 		if err != nil {
 			logger.Error(err, "devices not republished")
 			continue
@@ -156,9 +201,8 @@ func run() error {
 			logger.Error(err, "devices not republished")
 			continue
 		}
-		logger.Info("devices republished", "devices", len(resources.Pools[*nodeName].Slices[0].Devices))
+		logger.Info("devices republished", "devices", len(resources.Pools[o.nodeName].Slices[0].Devices))
 	}
-	return nil
 }
 
 // driverResources is one pool named after the node with one slice: the
