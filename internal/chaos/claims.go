@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -200,55 +201,12 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 		h.res.Claims = res
 		h.mu.Unlock()
 	}()
-	driverCS, err := h.draClient(layout.KubeconfigFile(h.root))
-	if err != nil {
-		return fmt.Errorf("claims: the driver kubeconfig: %w", err)
-	}
-	if s.operator, err = h.draClient(layout.IdentityKubeconfigFile(h.root, "operator")); err != nil {
-		return fmt.Errorf("claims: the operator kubeconfig: %w", err)
-	}
-	nodes, err := s.operator.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil || len(nodes.Items) != 1 {
-		return fmt.Errorf("claims: the local API's one Node: %v (%v)", nodes, err)
-	}
-	s.node = nodes.Items[0].Name
-	conn, err := rpcutil.DialPeer(h.st.Addr("devicemanager"))
+	conn, stopDriver, err := s.start(ctx)
 	if err != nil {
 		return err
 	}
+	defer stopDriver()
 	defer func() { _ = conn.Close() }()
-	s.dra = dmv1.NewDRAServiceClient(conn)
-
-	dataDir := filepath.Join(h.root, "plugins", claimsDriverName)
-	if err := os.MkdirAll(dataDir, 0o750); err != nil {
-		return err
-	}
-	helper, err := kubeletplugin.Start(ctx, claimsPlugin{s},
-		kubeletplugin.DriverName(claimsDriverName), kubeletplugin.NodeName(s.node), kubeletplugin.KubeClient(driverCS),
-		kubeletplugin.RegistrarDirectoryPath(filepath.Join(h.root, layout.PluginsRegistryDirName)),
-		kubeletplugin.PluginDataDirectoryPath(dataDir))
-	if err != nil {
-		return fmt.Errorf("claims: start driver %s: %w", claimsDriverName, err)
-	}
-	defer helper.Stop()
-	var devices []resourcev1.Device
-	for i := range claimsDevices {
-		devices = append(devices, resourcev1.Device{Name: fmt.Sprintf("dev-%d", i)})
-	}
-	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		s.node: {Slices: []resourceslice.Slice{{Devices: devices}}},
-	}}); err != nil {
-		return fmt.Errorf("claims: publish the devices: %w", err)
-	}
-	class := &resourcev1.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: claimsDriverName},
-		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
-			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", claimsDriverName)},
-		}}},
-	}
-	if _, err := s.operator.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("claims: create the DeviceClass: %w", err)
-	}
 
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -301,6 +259,73 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 	default:
 	}
 	return s.checkLeft(ctx)
+}
+
+// start connects the phase's clients to the API and the devicemanager,
+// starts its driver, publishes its devices and makes its DeviceClass. It
+// returns the devicemanager's connection and what stops the driver.
+func (s *claimsState) start(ctx context.Context) (*grpc.ClientConn, func(), error) {
+	driverCS, err := s.h.draClient(layout.KubeconfigFile(s.h.root))
+	if err != nil {
+		return nil, nil, fmt.Errorf("claims: the driver kubeconfig: %w", err)
+	}
+	if s.operator, err = s.h.draClient(layout.IdentityKubeconfigFile(s.h.root, "operator")); err != nil {
+		return nil, nil, fmt.Errorf("claims: the operator kubeconfig: %w", err)
+	}
+	nodes, err := s.operator.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil || len(nodes.Items) != 1 {
+		return nil, nil, fmt.Errorf("claims: the local API's one Node: %v (%v)", nodes, err)
+	}
+	s.node = nodes.Items[0].Name
+	conn, err := rpcutil.DialPeer(s.h.st.Addr("devicemanager"))
+	if err != nil {
+		return nil, nil, err
+	}
+	s.dra = dmv1.NewDRAServiceClient(conn)
+	ok := false
+	defer func() {
+		if !ok {
+			_ = conn.Close()
+		}
+	}()
+
+	dataDir := filepath.Join(s.h.root, "plugins", claimsDriverName)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		return nil, nil, err
+	}
+	helper, err := kubeletplugin.Start(ctx, claimsPlugin{s},
+		kubeletplugin.DriverName(claimsDriverName), kubeletplugin.NodeName(s.node), kubeletplugin.KubeClient(driverCS),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(s.h.root, layout.PluginsRegistryDirName)),
+		kubeletplugin.PluginDataDirectoryPath(dataDir))
+	if err != nil {
+		return nil, nil, fmt.Errorf("claims: start driver %s: %w", claimsDriverName, err)
+	}
+	defer func() {
+		if !ok {
+			helper.Stop()
+		}
+	}()
+	var devices []resourcev1.Device
+	for i := range claimsDevices {
+		devices = append(devices, resourcev1.Device{Name: fmt.Sprintf("dev-%d", i)})
+	}
+	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
+		s.node: {Slices: []resourceslice.Slice{{Devices: devices}}},
+	}}); err != nil {
+		return nil, nil, fmt.Errorf("claims: publish the devices: %w", err)
+	}
+	class := &resourcev1.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: claimsDriverName},
+		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
+			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", claimsDriverName)},
+		}}},
+	}
+	if _, err := s.operator.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, nil, fmt.Errorf("claims: create the DeviceClass: %w", err)
+	}
+
+	ok = true
+	return conn, helper.Stop, nil
 }
 
 func (s *claimsState) prepares() int {

@@ -171,13 +171,3 @@ func next(t *testing.T, w watch.Interface) watch.Event {
 	}
 	return watch.Event{}
 }
-
-// nextNonBookmark skips bookmarks.
-func nextNonBookmark(t *testing.T, w watch.Interface) watch.Event {
-	t.Helper()
-	for {
-		if ev := next(t, w); ev.Type != watch.Bookmark {
-			return ev
-		}
-	}
-}
