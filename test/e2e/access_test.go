@@ -73,7 +73,7 @@ func TestLocalUsers(t *testing.T) {
 		nobody = 65534
 	)
 	var groups []string
-	for _, svc := range []string{"WATCHER", "RECONCILER", "DEVICEMANAGER"} {
+	for _, svc := range []string{"APISERVER", "WATCHER", "RECONCILER", "DEVICEMANAGER"} {
 		groups = append(groups, fmt.Sprintf("NODEPLUG_%s_API_GROUP=%d", svc, apiGID), fmt.Sprintf("NODEPLUG_%s_OPERATOR_GROUP=%d", svc, opGID))
 	}
 	e := newEnv(t, groups...)

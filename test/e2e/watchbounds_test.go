@@ -131,7 +131,7 @@ func TestReadersLeaveTheServicesWatchSlots(t *testing.T) {
 	}
 	const apiGID = 4345
 	var groups []string
-	for _, svc := range []string{"WATCHER", "RECONCILER", "DEVICEMANAGER"} {
+	for _, svc := range []string{"APISERVER", "WATCHER", "RECONCILER", "DEVICEMANAGER"} {
 		groups = append(groups, fmt.Sprintf("NODEPLUG_%s_API_GROUP=%d", svc, apiGID))
 	}
 	e := newEnv(t, groups...)
