@@ -270,6 +270,7 @@ type harness struct {
 	convergeBy map[string][]time.Duration
 	restartT   []time.Duration
 	window     string // the service restarted last, for (d)
+	gapRound   int    // the journal gap scenario's attempt (journal.go)
 	dra        *draState
 }
 

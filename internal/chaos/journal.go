@@ -110,25 +110,26 @@ func (h *harness) journalPhase(ctx context.Context) error {
 	return nil
 }
 
-// gapPod names the scenario's pods.
-func gapPod(i int) string { return fmt.Sprintf("jgap-%d", i) }
+// gapPod names the scenario's pods: new names for each attempt, since the
+// harness's ledger keeps a released pod released for good.
+func (h *harness) gapPod(i int) string { return fmt.Sprintf("jgap-%d-%d", h.gapRound, i) }
 
 // gapRecords makes ten changes, each its own record, after a fresh start
 // of the devicemanager (its journal then holds only them and the
 // registrations): five allocations, the release of the first, four more.
 func (h *harness) gapRecords(ctx context.Context, resources []string) error {
 	for i := 1; i <= 9; i++ {
-		if i == 6 && !h.release(ctx, gapPod(1)) {
-			return errors.New("release of " + gapPod(1) + " not acknowledged")
+		if i == 6 && !h.release(ctx, h.gapPod(1)) {
+			return errors.New("release of " + h.gapPod(1) + " not acknowledged")
 		}
-		if _, err := h.allocate(ctx, gapPod(i), resources[i%len(resources)], 1); err != nil {
-			return fmt.Errorf("allocate %s: %w", gapPod(i), err)
+		if _, err := h.allocate(ctx, h.gapPod(i), resources[i%len(resources)], 1); err != nil {
+			return fmt.Errorf("allocate %s: %w", h.gapPod(i), err)
 		}
 	}
 	return nil
 }
 
-var podInRecord = regexp.MustCompile(`"pod_uid":"(jgap-\d+)"`)
+var podInRecord = regexp.MustCompile(`"pod_uid":"(jgap-\d+-\d+)"`)
 
 // gapRecord is one of the scenario's records in the journal.
 type gapRecord struct {
@@ -167,18 +168,18 @@ func (h *harness) gapScenario(ctx context.Context) (GapResult, error) {
 		if _, err := h.converge(ctx, "journal gap: attempt spoilt", "devicemanager"); err != nil {
 			return g, err
 		}
-		if err := h.releaseAll(ctx, gapPods()); err != nil {
+		if err := h.releaseAll(ctx, h.gapPods()); err != nil {
 			return g, err
 		}
 	}
 	return g, nil
 }
 
-// gapPods are the scenario's pods.
-func gapPods() []string {
+// gapPods are the scenario's pods of the current attempt.
+func (h *harness) gapPods() []string {
 	pods := make([]string, 0, 9)
 	for i := 1; i <= 9; i++ {
-		pods = append(pods, gapPod(i))
+		pods = append(pods, h.gapPod(i))
 	}
 	return pods
 }
@@ -186,6 +187,7 @@ func gapPods() []string {
 // gapAttempt is one attempt of gapScenario.
 func (h *harness) gapAttempt(ctx context.Context, rs []string) (GapResult, error) {
 	var g GapResult
+	h.gapRound++
 	if err := h.killRestart(ctx, "devicemanager"); err != nil {
 		return g, err
 	}
@@ -259,7 +261,7 @@ func (h *harness) gapCheck(ctx context.Context, g *GapResult, recs []gapRecord, 
 	if _, err := h.converge(ctx, "journal gap", "devicemanager"); err != nil {
 		return err
 	}
-	return h.releaseAll(ctx, gapPods())
+	return h.releaseAll(ctx, h.gapPods())
 }
 
 var spanBytes = regexp.MustCompile(`bytes (\d+) to (\d+)`)
@@ -304,7 +306,7 @@ func (h *harness) forgetLost(lost []string, lostRelease bool) {
 		}
 	}
 	if lostRelease {
-		delete(h.released, gapPod(1))
+		delete(h.released, h.gapPod(1))
 	}
 }
 
