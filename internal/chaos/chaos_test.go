@@ -18,21 +18,17 @@ func (w logWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// TestChaosShort is the short form of `make chaos` over freshly built
-// binaries: a few SIGKILLs under load, a few devicemanager kills mid-burst
-// and during checkpoint compactions, devicemanager kills while DRA drivers
-// publish ResourceSlices, and each kind of damage to the
-// snapshot and the journal, with every invariant checked after
-// each restart. Every wait in it is for a state, with a generous deadline;
-// it asserts no timing.
-func TestChaosShort(t *testing.T) {
+// runChaos builds the binaries, runs cfg over them with its progress in
+// the test log, logs the report, and fails the test on an error (fatally)
+// or on any violation.
+func runChaos(t *testing.T, cfg Config) *Results {
+	t.Helper()
 	dir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-apiserver"); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Short()
 	cfg.Bin = dir
 	cfg.Progress = logWriter{t}
 	res, err := Run(ctx, cfg)
@@ -47,6 +43,19 @@ func TestChaosShort(t *testing.T) {
 	for _, v := range res.Violations {
 		t.Errorf("violation %s", v)
 	}
+	return res
+}
+
+// TestChaosShort is the short form of `make chaos` over freshly built
+// binaries: a few SIGKILLs under load, a few devicemanager kills mid-burst
+// and during checkpoint compactions, devicemanager kills while DRA drivers
+// publish ResourceSlices, and each kind of damage to the
+// snapshot and the journal, with every invariant checked after
+// each restart. Every wait in it is for a state, with a generous deadline;
+// it asserts no timing.
+func TestChaosShort(t *testing.T) {
+	cfg := Short()
+	res := runChaos(t, cfg)
 	kills := 0
 	for _, n := range res.Kills {
 		kills += n

@@ -1,13 +1,8 @@
 package chaos
 
 import (
-	"context"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/nodeplug/nodeplug/internal/stack"
-	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 // TestChaosIntents is the intents phase alone: the devicemanager, a real
@@ -18,26 +13,9 @@ import (
 // pod (a kill after the commit) or fully rolled back (any other), and no
 // intent is left: (l). It asserts no timing.
 func TestChaosIntents(t *testing.T) {
-	dir := testutil.TempDir(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-apiserver"); err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Bin: dir, Plugins: 2, Devices: 2, Clients: 1, Interval: 300 * time.Millisecond,
-		CompactBytes: 16 << 10, Intents: true, Converge: 2 * time.Minute, Progress: logWriter{t}}
-	res, err := Run(ctx, cfg)
-	if res != nil {
-		var b strings.Builder
-		Print(&b, res)
-		t.Logf("\n%s", b.String())
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, v := range res.Violations {
-		t.Errorf("violation %s", v)
-	}
+	cfg := Config{Plugins: 2, Devices: 2, Clients: 1, Interval: 300 * time.Millisecond,
+		CompactBytes: 16 << 10, Intents: true, Converge: 2 * time.Minute}
+	res := runChaos(t, cfg)
 	if len(res.Intents.Steps) != len(intentSteps) || res.Kills["devicemanager"] < len(intentSteps) {
 		t.Fatalf("steps %+v, %d devicemanager kills; want all %d steps, each a kill", res.Intents.Steps, res.Kills["devicemanager"], len(intentSteps))
 	}
