@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -73,7 +72,6 @@ type ClaimsResults struct {
 // told, and what the driver was asked.
 type claimsState struct {
 	h        *harness
-	node     string
 	operator kubernetes.Interface
 	dra      dmv1.DRAServiceClient
 
@@ -201,12 +199,12 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 		h.res.Claims = res
 		h.mu.Unlock()
 	}()
-	conn, stopDriver, err := s.start(ctx)
+	d, err := h.startClaimDriver(ctx, claimsDriverName, claimsPlugin{s}, claimsDevices)
 	if err != nil {
-		return err
+		return fmt.Errorf("claims: %w", err)
 	}
-	defer stopDriver()
-	defer func() { _ = conn.Close() }()
+	defer d.stop()
+	s.operator, s.dra = d.operator, d.dra
 
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -261,71 +259,71 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 	return s.checkLeft(ctx)
 }
 
-// start connects the phase's clients to the API and the devicemanager,
-// starts its driver, publishes its devices and makes its DeviceClass. It
-// returns the devicemanager's connection and what stops the driver.
-func (s *claimsState) start(ctx context.Context) (*grpc.ClientConn, func(), error) {
-	driverCS, err := s.h.draClient(layout.KubeconfigFile(s.h.root))
-	if err != nil {
-		return nil, nil, fmt.Errorf("claims: the driver kubeconfig: %w", err)
-	}
-	if s.operator, err = s.h.draClient(layout.IdentityKubeconfigFile(s.h.root, "operator")); err != nil {
-		return nil, nil, fmt.Errorf("claims: the operator kubeconfig: %w", err)
-	}
-	nodes, err := s.operator.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil || len(nodes.Items) != 1 {
-		return nil, nil, fmt.Errorf("claims: the local API's one Node: %v (%v)", nodes, err)
-	}
-	s.node = nodes.Items[0].Name
-	conn, err := rpcutil.DialPeer(s.h.st.Addr("devicemanager"))
-	if err != nil {
-		return nil, nil, err
-	}
-	s.dra = dmv1.NewDRAServiceClient(conn)
-	ok := false
-	defer func() {
-		if !ok {
-			_ = conn.Close()
-		}
-	}()
+// claimDriver is a DRA driver of a phase's own, on the upstream helper,
+// with the clients the phase needs: the operator's, to the API, and the
+// devicemanager's DRAService.
+type claimDriver struct {
+	operator kubernetes.Interface
+	dra      dmv1.DRAServiceClient
+	stop     func() // stops the driver and closes the devicemanager's connection
+}
 
-	dataDir := filepath.Join(s.h.root, "plugins", claimsDriverName)
-	if err := os.MkdirAll(dataDir, 0o750); err != nil {
-		return nil, nil, err
+// startClaimDriver connects to the API as the operator and to the
+// devicemanager, starts plugin as driver name on the upstream helper,
+// publishes devices dev-0 … dev-(devices-1) on the local API's one Node
+// and creates their DeviceClass.
+func (h *harness) startClaimDriver(ctx context.Context, name string, plugin kubeletplugin.DRAPlugin, devices int) (claimDriver, error) {
+	var d claimDriver
+	driverCS, err := h.draClient(layout.KubeconfigFile(h.root))
+	if err != nil {
+		return d, fmt.Errorf("the driver kubeconfig: %w", err)
 	}
-	helper, err := kubeletplugin.Start(ctx, claimsPlugin{s},
-		kubeletplugin.DriverName(claimsDriverName), kubeletplugin.NodeName(s.node), kubeletplugin.KubeClient(driverCS),
-		kubeletplugin.RegistrarDirectoryPath(filepath.Join(s.h.root, layout.PluginsRegistryDirName)),
+	if d.operator, err = h.draClient(layout.IdentityKubeconfigFile(h.root, "operator")); err != nil {
+		return d, fmt.Errorf("the operator kubeconfig: %w", err)
+	}
+	nodes, err := d.operator.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil || len(nodes.Items) != 1 {
+		return d, fmt.Errorf("the local API's one Node: %v (%v)", nodes, err)
+	}
+	node := nodes.Items[0].Name
+	conn, err := rpcutil.DialPeer(h.st.Addr("devicemanager"))
+	if err != nil {
+		return d, err
+	}
+	d.dra = dmv1.NewDRAServiceClient(conn)
+	dataDir := filepath.Join(h.root, "plugins", name)
+	if err := os.MkdirAll(dataDir, 0o750); err != nil {
+		return d, errors.Join(err, conn.Close())
+	}
+	helper, err := kubeletplugin.Start(ctx, plugin,
+		kubeletplugin.DriverName(name), kubeletplugin.NodeName(node), kubeletplugin.KubeClient(driverCS),
+		kubeletplugin.RegistrarDirectoryPath(filepath.Join(h.root, layout.PluginsRegistryDirName)),
 		kubeletplugin.PluginDataDirectoryPath(dataDir))
 	if err != nil {
-		return nil, nil, fmt.Errorf("claims: start driver %s: %w", claimsDriverName, err)
+		return d, errors.Join(fmt.Errorf("start driver %s: %w", name, err), conn.Close())
 	}
-	defer func() {
-		if !ok {
-			helper.Stop()
-		}
-	}()
-	var devices []resourcev1.Device
-	for i := range claimsDevices {
-		devices = append(devices, resourcev1.Device{Name: fmt.Sprintf("dev-%d", i)})
+	d.stop = func() { helper.Stop(); _ = conn.Close() }
+	var devs []resourcev1.Device
+	for i := range devices {
+		devs = append(devs, resourcev1.Device{Name: fmt.Sprintf("dev-%d", i)})
 	}
 	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		s.node: {Slices: []resourceslice.Slice{{Devices: devices}}},
+		node: {Slices: []resourceslice.Slice{{Devices: devs}}},
 	}}); err != nil {
-		return nil, nil, fmt.Errorf("claims: publish the devices: %w", err)
+		d.stop()
+		return d, fmt.Errorf("publish the devices: %w", err)
 	}
 	class := &resourcev1.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: claimsDriverName},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
-			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", claimsDriverName)},
+			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", name)},
 		}}},
 	}
-	if _, err := s.operator.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return nil, nil, fmt.Errorf("claims: create the DeviceClass: %w", err)
+	if _, err := d.operator.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		d.stop()
+		return d, fmt.Errorf("create the DeviceClass: %w", err)
 	}
-
-	ok = true
-	return conn, helper.Stop, nil
+	return d, nil
 }
 
 func (s *claimsState) prepares() int {

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,17 +14,13 @@ import (
 
 	"google.golang.org/grpc"
 	resourcev1 "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/pkg/layout"
-	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
 // The intents phase's invariant, beside (a)–(k):
@@ -97,7 +91,6 @@ type IntentStepResult struct {
 // intentsState is the phase's driver's ledger and the clients.
 type intentsState struct {
 	h        *harness
-	node     string
 	operator kubernetes.Interface
 	dra      dmv1.DRAServiceClient
 
@@ -161,11 +154,12 @@ func (h *harness) intentsPhase(ctx context.Context) error {
 	}
 	h.logf("intents: the devicemanager killed at each of %d steps of a prepare and a release", len(intentSteps))
 	s := &intentsState{h: h, prepared: map[string]bool{}}
-	stop, err := s.start(ctx)
+	d, err := h.startClaimDriver(ctx, intentsDriverName, intentsPlugin{s}, 2)
 	if err != nil {
 		return fmt.Errorf("intents: %w", err)
 	}
-	defer stop()
+	defer d.stop()
+	s.operator, s.dra = d.operator, d.dra
 	for i, st := range intentSteps {
 		r, err := s.run(ctx, i, st)
 		if err != nil {
@@ -175,65 +169,6 @@ func (h *harness) intentsPhase(ctx context.Context) error {
 		h.mu.Lock()
 		h.res.Intents.Steps = append(h.res.Intents.Steps, r)
 		h.mu.Unlock()
-	}
-	return nil
-}
-
-// start starts the driver on the upstream helper, publishes its two
-// devices and creates their DeviceClass; stop stops the driver.
-func (s *intentsState) start(ctx context.Context) (stop func(), err error) {
-	h := s.h
-	driverCS, err := h.draClient(layout.KubeconfigFile(h.root))
-	if err != nil {
-		return nil, fmt.Errorf("the driver kubeconfig: %w", err)
-	}
-	if s.operator, err = h.draClient(layout.IdentityKubeconfigFile(h.root, "operator")); err != nil {
-		return nil, fmt.Errorf("the operator kubeconfig: %w", err)
-	}
-	nodes, err := s.operator.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	if err != nil || len(nodes.Items) != 1 {
-		return nil, fmt.Errorf("the local API's one Node: %v (%v)", nodes, err)
-	}
-	s.node = nodes.Items[0].Name
-	conn, err := rpcutil.DialPeer(h.st.Addr("devicemanager"))
-	if err != nil {
-		return nil, err
-	}
-	s.dra = dmv1.NewDRAServiceClient(conn)
-	dataDir := filepath.Join(h.root, "plugins", intentsDriverName)
-	if err := os.MkdirAll(dataDir, 0o750); err != nil {
-		return nil, errors.Join(err, conn.Close())
-	}
-	helper, err := kubeletplugin.Start(ctx, intentsPlugin{s},
-		kubeletplugin.DriverName(intentsDriverName), kubeletplugin.NodeName(s.node), kubeletplugin.KubeClient(driverCS),
-		kubeletplugin.RegistrarDirectoryPath(filepath.Join(h.root, layout.PluginsRegistryDirName)),
-		kubeletplugin.PluginDataDirectoryPath(dataDir))
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("start driver %s: %w", intentsDriverName, err), conn.Close())
-	}
-	stop = func() { helper.Stop(); _ = conn.Close() }
-	if err := s.publish(ctx, helper); err != nil {
-		stop()
-		return nil, err
-	}
-	return stop, nil
-}
-
-func (s *intentsState) publish(ctx context.Context, helper *kubeletplugin.Helper) error {
-	devices := []resourcev1.Device{{Name: "dev-0"}, {Name: "dev-1"}}
-	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{
-		s.node: {Slices: []resourceslice.Slice{{Devices: devices}}},
-	}}); err != nil {
-		return fmt.Errorf("publish the devices: %w", err)
-	}
-	class := &resourcev1.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: intentsDriverName},
-		Spec: resourcev1.DeviceClassSpec{Selectors: []resourcev1.DeviceSelector{{
-			CEL: &resourcev1.CELDeviceSelector{Expression: fmt.Sprintf("device.driver == %q", intentsDriverName)},
-		}}},
-	}
-	if _, err := s.operator.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("create the DeviceClass: %w", err)
 	}
 	return nil
 }
