@@ -6,104 +6,26 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claims"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/dratest"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
 )
 
 const nicDriver = "nic.example.com"
 
-// liar is a DRA driver behind the upstream helper that answers each claim
-// with its allocated devices of this driver, one CDI ID each, changed by
-// the claim's entry in twist.
-type liar struct {
-	mu         sync.Mutex
-	twist      map[string]func([]kubeletplugin.Device) []kubeletplugin.Device // claim name →
-	unprepares map[string]int
-}
-
-func (l *liar) PrepareResourceClaims(_ context.Context, cs []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[types.UID]kubeletplugin.PrepareResult{}
-	for _, c := range cs {
-		var devs []kubeletplugin.Device
-		for _, r := range c.Status.Allocation.Devices.Results {
-			if r.Driver == nicDriver {
-				devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device,
-					CDIDeviceIDs: []string{"example.com/nic=" + r.Device}})
-			}
-		}
-		if f := l.twist[c.Name]; f != nil {
-			devs = f(devs)
-		}
-		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs}
-	}
-	return out, nil
-}
-
-func (l *liar) UnprepareResourceClaims(_ context.Context, cs []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := map[types.UID]error{}
-	for _, c := range cs {
-		l.unprepares[c.Name]++
-		out[c.UID] = nil
-	}
-	return out, nil
-}
-
-func (l *liar) HandleError(context.Context, error, string) {}
-
-func (l *liar) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
-}
-
-func (l *liar) unprepared(claim string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.unprepares[claim]
-}
-
-// startLiar adds the driver nicDriver to e, with a pool of two devices
-// and the DeviceClass "nic".
-func startLiar(t *testing.T, e *env, l *liar) {
+// startNIC adds the driver nicDriver with p's logic to e, with a pool of
+// two devices and the DeviceClass "nic".
+func startNIC(t *testing.T, e *env) *plugin {
 	t.Helper()
-	d := dratest.StartDriverWith(t, e.api, nicDriver, "", l)
-	devs := []resourcev1.Device{{Name: "nic-0"}, {Name: "nic-1"}}
-	if err := d.Helper.PublishResources(context.Background(), resourceslice.DriverResources{
-		Pools: map[string]resourceslice.Pool{dratest.Node: {Slices: []resourceslice.Slice{{Devices: devs}}}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	dratest.WaitSlices(t, e.api.Client, nicDriver, 1, len(devs))
-	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "nic"}, Spec: resourcev1.DeviceClassSpec{
-		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "` + nicDriver + `"`}}},
-	}}
-	if _, err := e.api.Client.ResourceV1().DeviceClasses().Create(context.Background(), class, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.reg.Register(context.Background(), drivers.Registration{Driver: nicDriver, Endpoint: d.Endpoint, Services: d.Services,
-		SocketPath: d.RegSocket, Generation: d.Generation(t)}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, "the nic driver connected", func() error {
-		if c, err := e.reg.Serving(nicDriver); err != nil || c.ClientConn == nil {
-			return fmt.Errorf("not serving: %v", err)
-		}
-		return nil
-	})
+	p := newPlugin(nicDriver)
+	e.addDriver(p, "nic", 2)
+	return p
 }
 
 // nicClaim creates a claim for one device of class nic, request "nic".
@@ -131,8 +53,7 @@ func withCDIIDs(ids ...string) func([]kubeletplugin.Device) []kubeletplugin.Devi
 // request, is valid.
 func TestDriverAnswersChecked(t *testing.T) {
 	e := newEnv(t)
-	l := &liar{twist: map[string]func([]kubeletplugin.Device) []kubeletplugin.Device{}, unprepares: map[string]int{}}
-	startLiar(t, e, l)
+	l := startNIC(t, e)
 	many := make([]string, 33)
 	for i := range many {
 		many[i] = fmt.Sprintf("example.com/nic=id-%d", i)
@@ -164,9 +85,7 @@ func TestDriverAnswersChecked(t *testing.T) {
 		{"no-device", func([]kubeletplugin.Device) []kubeletplugin.Device { return nil }, ""},
 	} {
 		t.Run(tc.claim, func(t *testing.T) {
-			l.mu.Lock()
-			l.twist[tc.claim] = tc.twist
-			l.mu.Unlock()
+			l.set(func(p *plugin) { p.twist[tc.claim] = tc.twist })
 			nicClaim(t, e, tc.claim)
 			_, err := e.mgr.Prepare(ctx, podReq("p-"+tc.claim, tc.claim))
 			if tc.want == "" {
@@ -184,7 +103,7 @@ func TestDriverAnswersChecked(t *testing.T) {
 
 // checkRefused checks that err fails the prepare of claim for the
 // driver's answer and that the claim was rolled back.
-func checkRefused(t *testing.T, e *env, l *liar, claim string, err error, want string) {
+func checkRefused(t *testing.T, e *env, l *plugin, claim string, err error, want string) {
 	t.Helper()
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "DRA driver "+nicDriver+" answered NodePrepareResources for ResourceClaim "+ns+"/"+claim) ||
 		!strings.Contains(err.Error(), want) {
@@ -196,7 +115,7 @@ func checkRefused(t *testing.T, e *env, l *liar, claim string, err error, want s
 	e.waitGone(claim)
 	testutil.Eventually(t, claim+" unprepared, unreserved and deallocated", func() error {
 		c := e.get(claim)
-		if n := l.unprepared(claim); n != 1 || c.Status.Allocation != nil || len(c.Status.ReservedFor) != 0 {
+		if _, n := l.counts(claim); n != 1 || c.Status.Allocation != nil || len(c.Status.ReservedFor) != 0 {
 			return fmt.Errorf("unprepared %d times, status %+v", n, c.Status)
 		}
 		return nil

@@ -54,6 +54,13 @@ type plugin struct {
 	failPrepare    map[string]string // claim name → error
 	unprepareFails int               // the next ones fail
 	traceparents   []string
+	// twist changes the answer for a claim (by name).
+	twist map[string]func([]kubeletplugin.Device) []kubeletplugin.Device
+}
+
+func newPlugin(driver string) *plugin {
+	return &plugin{driver: driver, prepares: map[string]int{}, unprepares: map[string]int{}, failPrepare: map[string]string{},
+		twist: map[string]func([]kubeletplugin.Device) []kubeletplugin.Device{}}
 }
 
 func (p *plugin) PrepareResourceClaims(ctx context.Context, cs []*resourcev1.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
@@ -75,6 +82,9 @@ func (p *plugin) PrepareResourceClaims(ctx context.Context, cs []*resourcev1.Res
 				devs = append(devs, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device,
 					CDIDeviceIDs: []string{p.driver + "/dev=" + r.Device}})
 			}
+		}
+		if f := p.twist[c.Name]; f != nil {
+			devs = f(devs)
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs}
 	}
@@ -144,25 +154,6 @@ func newEnv(t *testing.T) *env {
 	if err := os.MkdirAll(e.dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	e.plugin = &plugin{driver: driverName, prepares: map[string]int{}, unprepares: map[string]int{}, failPrepare: map[string]string{}}
-	e.driver = dratest.StartDriverWith(t, e.api, driverName, "", e.plugin)
-	h := e.driver.Helper
-	devs := make([]resourcev1.Device, 4)
-	for i := range devs {
-		devs[i] = resourcev1.Device{Name: fmt.Sprintf("gpu-%d", i)}
-	}
-	if err := h.PublishResources(context.Background(), resourceslice.DriverResources{
-		Pools: map[string]resourceslice.Pool{dratest.Node: {Slices: []resourceslice.Slice{{Devices: devs}}}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	dratest.WaitSlices(t, e.api.Client, driverName, 1, len(devs))
-	class := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "gpu"}, Spec: resourcev1.DeviceClassSpec{
-		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "` + driverName + `"`}}},
-	}}
-	if _, err := e.api.Client.ResourceV1().DeviceClasses().Create(context.Background(), class, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	reg, err := drivers.New(drivers.Config{Client: e.api.Client, NodeName: dratest.Node, AllowedDirs: []string{e.api.Root}})
 	if err != nil {
 		t.Fatal(err)
@@ -170,13 +161,46 @@ func newEnv(t *testing.T) *env {
 	reg.Start()
 	t.Cleanup(reg.Close)
 	e.reg = reg
-	if _, err := reg.Register(context.Background(), drivers.Registration{Driver: driverName, Endpoint: e.driver.Endpoint, Services: e.driver.Services,
-		SocketPath: e.driver.RegSocket, Generation: e.driver.Generation(t)}); err != nil {
+	e.plugin = newPlugin(driverName)
+	e.driver = e.addDriver(e.plugin, "gpu", 4)
+	if e.res, err = claimalloc.New(e.api.Client, dratest.Node, nil); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, "the driver connected", func() error {
-		for _, d := range reg.Drivers(driverName) {
-			for _, in := range d.Instances {
+	e.start()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// addDriver starts p's driver with a pool of n devices ("<class>-<i>")
+// and the DeviceClass class selecting them, registers it with e.reg and
+// waits until it is connected.
+func (e *env) addDriver(p *plugin, class string, n int) *dratest.Driver {
+	t := e.t
+	t.Helper()
+	d := dratest.StartDriverWith(t, e.api, p.driver, "", p)
+	devs := make([]resourcev1.Device, n)
+	for i := range devs {
+		devs[i] = resourcev1.Device{Name: fmt.Sprintf("%s-%d", class, i)}
+	}
+	if err := d.Helper.PublishResources(context.Background(), resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{dratest.Node: {Slices: []resourceslice.Slice{{Devices: devs}}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dratest.WaitSlices(t, e.api.Client, p.driver, 1, len(devs))
+	dc := &resourcev1.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: class}, Spec: resourcev1.DeviceClassSpec{
+		Selectors: []resourcev1.DeviceSelector{{CEL: &resourcev1.CELDeviceSelector{Expression: `device.driver == "` + p.driver + `"`}}},
+	}}
+	if _, err := e.api.Client.ResourceV1().DeviceClasses().Create(context.Background(), dc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.reg.Register(context.Background(), drivers.Registration{Driver: p.driver, Endpoint: d.Endpoint, Services: d.Services,
+		SocketPath: d.RegSocket, Generation: d.Generation(t)}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "driver "+p.driver+" connected", func() error {
+		for _, di := range e.reg.Drivers(p.driver) {
+			for _, in := range di.Instances {
 				if in.Connected {
 					return nil
 				}
@@ -184,12 +208,7 @@ func newEnv(t *testing.T) *env {
 		}
 		return errors.New("not connected")
 	})
-	if e.res, err = claimalloc.New(e.api.Client, dratest.Node, nil); err != nil {
-		t.Fatal(err)
-	}
-	e.start()
-	t.Cleanup(e.stop)
-	return e
+	return d
 }
 
 // start opens the journal, the state core over it (which loads it) and a
