@@ -2,9 +2,7 @@ package manager
 
 import (
 	"bytes"
-	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,14 +70,7 @@ func TestDamagedJournalIsNamedAtStart(t *testing.T) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
-	cfg := config(dir)
-	cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
-	m, err := Open(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = m.Close() }()
+	m, logs := openLogged(t, dir)
 	var pods []string
 	for _, a := range m.ListAllocations("") {
 		pods = append(pods, a.PodUID)

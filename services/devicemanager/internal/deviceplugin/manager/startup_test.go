@@ -25,6 +25,21 @@ func config(dir string) Config {
 	return Config{DevicePluginsDir: dir, Store: store.New(dir, store.Options{}), Log: slog.New(slog.DiscardHandler)}
 }
 
+// openLogged opens a manager over dir with its log kept in logs; the test's
+// cleanup closes it.
+func openLogged(t *testing.T, dir string) (m *Manager, logs *bytes.Buffer) {
+	t.Helper()
+	logs = new(bytes.Buffer)
+	cfg := config(dir)
+	cfg.Log = slog.New(slog.NewTextHandler(logs, nil))
+	m, err := Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m, logs
+}
+
 // rudeSocket listens at path and closes every connection at once: the
 // socket answers, but no gRPC server is behind it, so a redial fails.
 func rudeSocket(t *testing.T, path string) {
@@ -174,14 +189,7 @@ func TestOpenImportsKubeletAllocations(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "kubelet_internal_checkpoint"), kubelet, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
-	cfg := config(dir)
-	cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
-	m, err = Open(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = m.Close() }()
+	m, logs := openLogged(t, dir)
 	got := m.ListAllocations("")
 	if len(got) != 1 || got[0].PodUID != "pod-1" || !reflect.DeepEqual(got[0].DeviceIDs, []string{"d0", "d1"}) {
 		t.Fatalf("allocations after the import: %+v", got)
@@ -203,14 +211,7 @@ func TestOpenMovesAsideUnreadableKubeletCheckpoint(t *testing.T) {
 	if err := os.WriteFile(path, []byte("{}"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
-	cfg := config(dir)
-	cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
-	m, err := Open(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = m.Close() }()
+	m, logs := openLogged(t, dir)
 	aside, _ := filepath.Glob(path + ".corrupt-*")
 	if len(aside) != 1 {
 		t.Fatalf("moved aside: %v", aside)
