@@ -144,7 +144,7 @@ var errResourceAPIListenGone = errors.New("--resource-api-listen is gone from th
 // openKubeAPI opens the Kubernetes API the DRA parts use: the cluster's
 // (--kubeconfig) or nodeplug-apiserver's node-local one.
 func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, error) {
-	kube.RootDir, kube.Log = rt.Config.RootDir, rt.Log
+	kube.RootDir = rt.Config.RootDir
 	a, err := kubeaccess.Open(kube)
 	if err != nil {
 		return nil, err

@@ -9,7 +9,6 @@ package kubeaccess
 
 import (
 	"fmt"
-	"log/slog"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -29,7 +28,6 @@ type Options struct {
 	Kubeconfig string
 	// NodeName is the one Node (default: the host name).
 	NodeName string
-	Log      *slog.Logger
 }
 
 // Access is the API the devicemanager uses.

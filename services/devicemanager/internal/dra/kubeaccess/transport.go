@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -84,9 +85,9 @@ func (t *localTransport) current() (http.RoundTripper, *url.URL, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if old, ok := t.rt.(interface{ CloseIdleConnections() }); ok {
-		old.CloseIdleConnections()
-	}
+	// The old transport's idle connections, through client-go's wrappers
+	// (a bearer token's, say).
+	utilnet.CloseIdleConnectionsFor(t.rt)
 	t.stamp, t.rt, t.server = st, rt, server
 	return rt, server, nil
 }
