@@ -85,7 +85,8 @@ func forbidden(u user, verb string, k *kind, name, why string) error {
 func driverOnly(u user) bool { return !u.has(RoleInternal) }
 
 // authorizeSlice checks that a driver writes only slices of node: the
-// object written and the one it replaces must both name it.
+// object written and the one it replaces must both name it. Objects that
+// are not slices pass.
 func authorizeSlice(u user, verb, node string, objs ...runtime.Object) error {
 	if !driverOnly(u) {
 		return nil

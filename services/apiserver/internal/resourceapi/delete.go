@@ -125,10 +125,8 @@ func (s *Server) deleteCollection(w http.ResponseWriter, r *http.Request, req re
 			if err := checkPreconditions(k, objectKey(old), dopts.Preconditions, old); err != nil {
 				return nil, err
 			}
-			if k == kindSlice {
-				if err := authorizeSlice(req.user, "deletecollection", s.node, old); err != nil {
-					return nil, err
-				}
+			if err := authorizeSlice(req.user, "deletecollection", s.node, old); err != nil {
+				return nil, err
 			}
 			did = true
 			return nil, nil

@@ -60,6 +60,17 @@ func matcher(k *kind, namespace string, opts metav1.ListOptions) (func(*attrs) b
 	}, fsel, nil
 }
 
+// selection is what list and watch read of the query: the options, and
+// their selectors as one predicate.
+func selection(r *http.Request, req request) (metav1.ListOptions, func(*attrs) bool, error) {
+	opts, err := listOptions(r)
+	if err != nil {
+		return opts, nil, err
+	}
+	match, _, err := matcher(req.kind, req.namespace, opts)
+	return opts, match, err
+}
+
 // objectMatcher is match applied to objects of k.
 func objectMatcher(k *kind, match func(*attrs) bool) func(runtime.Object) bool {
 	return func(obj runtime.Object) bool { return match(k.attrsOf(obj)) }
@@ -82,11 +93,7 @@ func parseRV(rv string) (uint64, error) {
 // yet. limit is not applied: the whole list comes in one page, without a
 // continue token.
 func (s *Server) list(w http.ResponseWriter, r *http.Request, req request) error {
-	opts, err := listOptions(r)
-	if err != nil {
-		return err
-	}
-	match, _, err := matcher(req.kind, req.namespace, opts)
+	opts, match, err := selection(r, req)
 	if err != nil {
 		return err
 	}
@@ -125,16 +132,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, req request) err
 	if _, ok := r.URL.Query()["dryRun"]; ok {
 		return apierrors.NewBadRequest("dryRun is not supported by the node-local resource API")
 	}
-	data, err := readBody(r)
+	obj, m, err := readObject(r, req)
 	if err != nil {
-		return err
-	}
-	obj, err := decodeBody(r, req.kind, data)
-	if err != nil {
-		return err
-	}
-	m, _ := meta.Accessor(obj)
-	if err := checkNamespace(req, m); err != nil {
 		return err
 	}
 	if m.GetResourceVersion() != "" {
@@ -149,7 +148,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, req request) err
 		if errs := append(validateMeta(req.kind, obj), req.kind.validate(obj, nil)...); len(errs) > 0 {
 			return apierrors.NewInvalid(req.kind.gvk.GroupKind(), m.GetName(), errs)
 		}
-		if err := authorizeSlice(req.user, "create", s.node, obj); req.kind == kindSlice && err != nil {
+		if err := authorizeSlice(req.user, "create", s.node, obj); err != nil {
 			return err
 		}
 		out, err := s.store.mutate(req.kind, key(m.GetNamespace(), m.GetName()), func(old runtime.Object) (runtime.Object, error) {
@@ -167,6 +166,24 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, req request) err
 		s.writeObject(w, http.StatusCreated, out)
 		return nil
 	}
+}
+
+// readObject reads and decodes the body of a create or an update, in the
+// URL's namespace (see checkNamespace).
+func readObject(r *http.Request, req request) (runtime.Object, metav1.Object, error) {
+	data, err := readBody(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	obj, err := decodeBody(r, req.kind, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, _ := meta.Accessor(obj)
+	if err := checkNamespace(req, m); err != nil {
+		return nil, nil, err
+	}
+	return obj, m, nil
 }
 
 // checkNamespace: a namespaced object takes the URL's namespace; another
@@ -212,16 +229,8 @@ func randomSuffix() string {
 
 // update replaces an object (PUT) or its status.
 func (s *Server) update(w http.ResponseWriter, r *http.Request, req request) error {
-	data, err := readBody(r)
+	obj, m, err := readObject(r, req)
 	if err != nil {
-		return err
-	}
-	obj, err := decodeBody(r, req.kind, data)
-	if err != nil {
-		return err
-	}
-	m, _ := meta.Accessor(obj)
-	if err := checkNamespace(req, m); err != nil {
 		return err
 	}
 	if m.GetName() != req.name {
@@ -262,10 +271,8 @@ func (s *Server) replace(w http.ResponseWriter, req request, next func(old runti
 		if errs := append(validateMeta(k, obj), k.validate(obj, old)...); len(errs) > 0 {
 			return nil, apierrors.NewInvalid(k.gvk.GroupKind(), req.name, errs)
 		}
-		if k == kindSlice {
-			if err := authorizeSlice(req.user, "update", s.node, old, obj); err != nil {
-				return nil, err
-			}
+		if err := authorizeSlice(req.user, "update", s.node, old, obj); err != nil {
+			return nil, err
 		}
 		if unchanged(old, obj) {
 			return nil, errNoChange

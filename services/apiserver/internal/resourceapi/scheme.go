@@ -20,6 +20,11 @@ import (
 var (
 	scheme = runtime.NewScheme()
 	codecs serializer.CodecFactory
+	// jsonSerializer writes every response and watch event.
+	jsonSerializer runtime.Serializer
+	// storageCodec encodes and decodes objects as stored: JSON with
+	// apiVersion and kind.
+	storageCodec runtime.Codec
 )
 
 func init() {
@@ -29,6 +34,9 @@ func init() {
 		}
 	}
 	codecs = serializer.NewCodecFactory(scheme)
+	json, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
+	jsonSerializer = json.Serializer
+	storageCodec = codecs.LegacyCodec(kindSlice.gvk.GroupVersion(), kindNode.gvk.GroupVersion())
 }
 
 // kind describes one served resource: how to make its objects, which

@@ -311,19 +311,13 @@ func serializerFor(contentType string) (runtime.SerializerInfo, error) {
 	return runtime.SerializerInfo{}, unsupportedMediaType(mt)
 }
 
-// jsonInfo is the serializer every response is written with.
-func jsonInfo() runtime.SerializerInfo {
-	info, _ := runtime.SerializerInfoForMediaType(codecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
-	return info
-}
-
 // writeObject encodes obj (its apiVersion and kind set) as the response.
 func (s *Server) writeObject(w http.ResponseWriter, code int, obj runtime.Object) {
-	data, err := runtime.Encode(jsonInfo().Serializer, obj)
+	data, err := runtime.Encode(jsonSerializer, obj)
 	if err != nil {
 		s.log.Error("resource API: encode response", "error", err)
 		code = http.StatusInternalServerError
-		data, _ = runtime.Encode(jsonInfo().Serializer, statusOf(apierrors.NewInternalError(err)))
+		data, _ = runtime.Encode(jsonSerializer, statusOf(apierrors.NewInternalError(err)))
 	}
 	w.Header().Set("Content-Type", runtime.ContentTypeJSON)
 	w.WriteHeader(code)

@@ -106,18 +106,12 @@ func (s *Store) load() error {
 }
 
 func decodeStored(k *kind, data []byte) (runtime.Object, error) {
-	obj, _, err := storageCodec().Decode(data, nil, k.newObj())
+	obj, _, err := storageCodec.Decode(data, nil, k.newObj())
 	if err != nil {
 		return nil, err
 	}
 	k.setTypeMeta(obj)
 	return obj, nil
-}
-
-// storageCodec encodes and decodes objects as stored: JSON with apiVersion
-// and kind.
-func storageCodec() runtime.Codec {
-	return codecs.LegacyCodec(kindSlice.gvk.GroupVersion(), kindNode.gvk.GroupVersion())
 }
 
 // Close closes the file. Open watches end.
@@ -242,7 +236,7 @@ func withRV(k *kind, obj runtime.Object, rv uint64) runtime.Object {
 }
 
 func encodeStored(k *kind, key string, obj runtime.Object) ([]byte, error) {
-	data, err := runtime.Encode(storageCodec(), obj)
+	data, err := runtime.Encode(storageCodec, obj)
 	if err != nil {
 		return nil, apierrors.NewInternalError(fmt.Errorf("encode %s %s: %w", k.resource, key, err))
 	}

@@ -59,11 +59,7 @@ func watchStartOf(opts metav1.ListOptions) (watchStart, error) {
 // from its last resourceVersion, and lists again when that is gone). A
 // watch beyond the limits per caller or in total is 429.
 func (s *Server) watch(w http.ResponseWriter, r *http.Request, req request) error {
-	opts, err := listOptions(r)
-	if err != nil {
-		return err
-	}
-	match, _, err := matcher(req.kind, req.namespace, opts)
+	opts, match, err := selection(r, req)
 	if err != nil {
 		return err
 	}
@@ -205,7 +201,7 @@ func (e *eventWriter) send(typ watch.EventType, obj runtime.Object) {
 	if e.err != nil {
 		return
 	}
-	data, err := runtime.Encode(jsonInfo().Serializer, obj)
+	data, err := runtime.Encode(jsonSerializer, obj)
 	if err != nil {
 		e.err = fmt.Errorf("encode watch event: %w", err)
 		return
