@@ -1,6 +1,7 @@
 package claimalloc
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -191,30 +192,22 @@ func (a *Allocator) nodeDevices(in *inputs) []nodeDevice {
 }
 
 // requestsOf flattens a claim's requests: an exact request, or each
-// subrequest of a prioritized list ("<request>/<subrequest>").
+// subrequest of a prioritized list ("<request>/<subrequest>"). A count of
+// 0 is 1, as the API defaults it (mode All does not use it).
 func requestsOf(claim *resourcev1.ResourceClaim) []request {
 	var out []request
 	for _, r := range claim.Spec.Devices.Requests {
 		if e := r.Exactly; e != nil {
 			out = append(out, request{name: r.Name, class: e.DeviceClassName, selectors: e.Selectors,
-				mode: e.AllocationMode, count: countOf(e.AllocationMode, e.Count), admin: ptr.Deref(e.AdminAccess, false),
+				mode: e.AllocationMode, count: cmp.Or(e.Count, 1), admin: ptr.Deref(e.AdminAccess, false),
 				capacity: e.Capacity})
 		}
 		for _, s := range r.FirstAvailable {
 			out = append(out, request{name: r.Name + "/" + s.Name, class: s.DeviceClassName, selectors: s.Selectors,
-				mode: s.AllocationMode, count: countOf(s.AllocationMode, s.Count), capacity: s.Capacity})
+				mode: s.AllocationMode, count: cmp.Or(s.Count, 1), capacity: s.Capacity})
 		}
 	}
 	return out
-}
-
-// countOf is a request's count, defaulted as the API does (the count is
-// not used in mode All).
-func countOf(_ resourcev1.DeviceAllocationMode, count int64) int64 {
-	if count == 0 {
-		return 1
-	}
-	return count
 }
 
 // counterKey names one counter of a counter set of a driver's pool.
