@@ -262,7 +262,7 @@ func (a *Allocator) decideWith(ctx context.Context, claim *resourcev1.ResourceCl
 func (a *Allocator) reserveAllocated(ctx context.Context, pod claims.PodRef, claim *resourcev1.ResourceClaim) (*resourcev1.ResourceClaim, error) {
 	a.track.observe(claim) // its devices are in use here before the informer shows them
 	if sel := claim.Status.Allocation.NodeSelector; sel != nil {
-		node, err := a.client.CoreV1().Nodes().Get(ctx, a.node, metav1.GetOptions{})
+		node, err := a.nodeObj(ctx)
 		if err != nil {
 			return nil, err
 		}

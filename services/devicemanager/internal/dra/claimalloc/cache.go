@@ -95,16 +95,9 @@ func (a *Allocator) forgetObj(obj any) {
 // cachedInputs are the inputs of a decision from the informers' stores
 // (the Node read from the API when not there yet).
 func (a *Allocator) cachedInputs(ctx context.Context, c *caches) (*inputs, error) {
-	var node *corev1.Node
-	if obj, ok, _ := c.node.GetByKey(a.node); ok {
-		node, _ = obj.(*corev1.Node)
-	}
-	if node == nil {
-		n, err := a.client.CoreV1().Nodes().Get(ctx, a.node, metav1.GetOptions{})
-		if err != nil {
-			return nil, apiError("reading node "+a.node, err)
-		}
-		node = n
+	node, err := a.nodeObj(ctx)
+	if err != nil {
+		return nil, apiError("reading node "+a.node, err)
 	}
 	var out []*resourcev1.ResourceSlice
 	seen := sets.New[string]()
@@ -127,5 +120,18 @@ func (a *Allocator) cachedInputs(ctx context.Context, c *caches) (*inputs, error
 			classes[dc.Name] = dc
 		}
 	}
-	return &inputs{node: node, slices: out, classes: classes, state: a.track.state()}, nil
+	return &inputs{node: node, slices: out, classes: classes}, nil
+}
+
+// nodeObj is this node's Node: the informer's while Run runs and its store
+// holds it, else read from the API.
+func (a *Allocator) nodeObj(ctx context.Context) (*corev1.Node, error) {
+	if c := a.cached.Load(); c != nil {
+		if obj, ok, _ := c.node.GetByKey(a.node); ok {
+			if n, ok := obj.(*corev1.Node); ok {
+				return n, nil
+			}
+		}
+	}
+	return a.client.CoreV1().Nodes().Get(ctx, a.node, metav1.GetOptions{})
 }
