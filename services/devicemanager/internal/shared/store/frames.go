@@ -8,32 +8,6 @@ import (
 	"hash/crc32"
 )
 
-// scanFrames splits b into frame payloads, as splitFrames does, and tells a
-// torn write from damage. good is the length of the valid frames; torn says
-// that what follows them is a torn write; err (wrapping ErrCorrupt) says
-// that the frame at offset good is damaged.
-//
-// What looks torn (zeros where a record should be, a checksum that fails
-// over a sector of zeros, a frame cut short) is a torn write only when no
-// valid frame follows it anywhere in the file: a write cut by a crash is
-// the last one, so a record after it was acknowledged while the one before
-// it was intact. Zeros inside an early record with intact ones after it are
-// damage (a disk, a person, an attacker), and dropping it with everything
-// after it without a word would lose acknowledged changes silently. The
-// padding after the records is zeros and holds no frame, so the search
-// passes over it.
-func scanFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
-	payloads, good, torn, err = splitFrames(b)
-	if !torn {
-		return payloads, good, torn, err
-	}
-	if at := nextFrame(b, good+1); at >= 0 {
-		return payloads, good, false, fmt.Errorf("%w: a damaged or zeroed record at offset %d with a valid record after it at offset %d (a torn write is only ever the last)",
-			ErrCorrupt, good, at)
-	}
-	return payloads, good, true, nil
-}
-
 // nextFrame returns the offset of the first valid frame in b at or after
 // from, or -1. Runs of zeros, the padding, are passed over quickly: a
 // frame's length is never zero, so a frame starts at most 3 bytes before a
@@ -97,11 +71,21 @@ type span struct {
 	err     error // why, wrapping ErrCorrupt
 }
 
-// resync splits b into its valid frames as splitFrames does, but does not
+// resync splits b into its valid frames (splitFramesAt), but does not
 // stop at damage: it names the damaged bytes as a span and goes on from
 // the next valid frame (nextFrame), so that every valid record of a
 // damaged journal is found. torn says that b ends in a torn write (not
-// damage: nothing valid follows it; see scanFrames), which is no span.
+// damage: nothing valid follows it), which is no span.
+//
+// What looks torn (zeros where a record should be, a checksum that fails
+// over a sector of zeros, a frame cut short) is a torn write only when no
+// valid frame follows it anywhere in the file: a write cut by a crash is
+// the last one, so a record after it was acknowledged while the one before
+// it was intact. Zeros inside an early record with intact ones after it are
+// damage (a disk, a person, an attacker), and dropping it with everything
+// after it without a word would lose acknowledged changes silently. The
+// padding after the records is zeros and holds no frame, so the search
+// passes over it.
 //
 // A valid frame is never found inside another record: both its checksums
 // must hold, and its length's high byte is zero (maxRecord), a byte that

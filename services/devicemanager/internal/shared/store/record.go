@@ -28,7 +28,7 @@
 // intact header holds. A frame that is all there, with no such zeros, and
 // fails a checksum is damage. So is any of those followed, anywhere later
 // in the file, by a valid frame: a torn write is only ever the last thing
-// in the file (see scanFrames).
+// in the file (see resync).
 
 package store
 
@@ -69,18 +69,6 @@ func appendFrame(dst, payload []byte) []byte {
 	return append(dst, payload...)
 }
 
-// splitFrames splits b into frame payloads. good is the length of the
-// valid frames; torn says that what follows them looks like a torn write
-// (scanFrames then checks that nothing valid follows); err (wrapping
-// ErrCorrupt) says a frame that is all there is damaged, at offset good.
-func splitFrames(b []byte) (payloads [][]byte, good int, torn bool, err error) {
-	frames, good, torn, err := splitFramesAt(b, 0)
-	for _, f := range frames {
-		payloads = append(payloads, f.payload)
-	}
-	return payloads, good, torn, err
-}
-
 // frame is a valid frame of a journal: its payload and the offset where
 // it starts.
 type frame struct {
@@ -91,8 +79,12 @@ type frame struct {
 // end is the offset just past f.
 func (f frame) end() int { return f.off + frameHeader + len(f.payload) }
 
-// splitFramesAt is splitFrames from offset good of b: offsets, and the
-// sectors a torn write is judged by, stay those of b.
+// splitFramesAt splits b, from offset good, into its valid frames. good
+// is then the length of the valid frames; torn says that what follows them
+// looks like a torn write (resync then checks that nothing valid follows);
+// err (wrapping ErrCorrupt) says a frame that is all there is damaged, at
+// offset good. Offsets, and the sectors a torn write is judged by, stay
+// those of b.
 func splitFramesAt(b []byte, good int) (frames []frame, _ int, torn bool, err error) {
 	for good < len(b) {
 		rest := b[good:]

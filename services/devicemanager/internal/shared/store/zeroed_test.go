@@ -196,8 +196,8 @@ func BenchmarkScanTornTail(b *testing.B) {
 			j = append(j, make([]byte, int(size)-len(j))...)
 			b.SetBytes(size)
 			for b.Loop() {
-				if _, _, torn, err := scanFrames(j); !torn || err != nil {
-					b.Fatalf("torn %v, %v", torn, err)
+				if _, spans, torn := resync(j); !torn || len(spans) != 0 {
+					b.Fatalf("torn %v, damage %v", torn, spans)
 				}
 			}
 		})
