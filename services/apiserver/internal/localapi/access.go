@@ -8,6 +8,7 @@
 package localapi
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -95,7 +96,9 @@ func Open(opts Options) (*Access, error) {
 	return openLocal(opts, host, node)
 }
 
-func openLocal(opts Options, host, node string) (*Access, error) {
+// openLocal opens what Open checked the options of; on an error it closes
+// what it opened.
+func openLocal(opts Options, host, node string) (_ *Access, err error) {
 	pki, err := EnsurePKI(layout.PKIDir(opts.RootDir), hostsFor(host))
 	if err != nil {
 		return nil, err
@@ -104,40 +107,42 @@ func openLocal(opts Options, host, node string) (*Access, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			_ = store.Close()
+		}
+	}()
 	srv, err := resourceapi.NewServer(resourceapi.Config{Store: store, NodeName: node, Log: opts.Log, Registerer: opts.Registerer,
 		BookmarkInterval: opts.BookmarkInterval,
 	})
 	if err != nil {
-		_ = store.Close()
 		return nil, err
 	}
 	lis, err := listen(opts.Listen, KubeconfigPath(opts.RootDir, Driver))
 	if err != nil {
-		_ = store.Close()
 		return nil, fmt.Errorf("--resource-api-listen %s: %w", opts.Listen, err)
 	}
+	defer func() {
+		if err != nil {
+			_ = lis.Close()
+		}
+	}()
 	server := "https://" + lis.Addr().String()
 	for _, id := range Identities {
 		if err := WriteKubeconfig(KubeconfigPath(opts.RootDir, id), server, pki, id); err != nil {
-			_ = lis.Close()
-			_ = store.Close()
 			return nil, err
 		}
 	}
 	cfg, err := RESTConfig(server, pki, Internal)
 	if err != nil {
-		_ = lis.Close()
-		_ = store.Close()
 		return nil, err
 	}
-	a, err := newAccess(cfg, node)
+	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		_ = lis.Close()
-		_ = store.Close()
-		return nil, err
+		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
 	}
-	a.Local, a.lis, a.store, a.pki, a.Addr = srv, lis, store, pki, lis.Addr().String()
-	return a, nil
+	return &Access{Client: client, Config: cfg, NodeName: node, Local: srv, Addr: lis.Addr().String(),
+		lis: lis, store: store, pki: pki}, nil
 }
 
 // listen binds addr. Port 0 picks a free port at first start and, on a
@@ -155,14 +160,6 @@ func listen(addr, kubeconfig string) (net.Listener, error) {
 		}
 	}
 	return net.Listen("tcp", addr)
-}
-
-func newAccess(cfg *rest.Config, node string) (*Access, error) {
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client for %s: %w", cfg.Host, err)
-	}
-	return &Access{Client: client, Config: cfg, NodeName: node}, nil
 }
 
 // Serve serves the node-local API until ctx ends, then closes its store.
@@ -211,7 +208,7 @@ func WriteKubeconfig(path, url string, pki *PKI, id Identity) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	if old, err := os.ReadFile(path); err == nil && string(old) == string(data) {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
 	return WriteFileAtomic(path, data, 0o600)
