@@ -408,9 +408,24 @@ func (s *claimsState) work(ctx context.Context, w int) error {
 }
 
 // retry calls f until it succeeds, ctx ends, or it has failed for
-// cfg.Converge.
+// cfg.Converge, and counts the calls made again.
 func (s *claimsState) retry(ctx context.Context, what string, f func(context.Context) error) error {
-	deadline := time.Now().Add(s.h.cfg.Converge)
+	err := retryFor(ctx, s.h.cfg.Converge, f, func() {
+		s.mu.Lock()
+		s.res.Retried++
+		s.mu.Unlock()
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("claims: %s: still failing after %v: %w", what, s.h.cfg.Converge, err)
+	}
+	return err
+}
+
+// retryFor calls f, each call with a timeout of its own, until it
+// succeeds, ctx ends (ctx's error) or it has failed for d (f's last
+// error). retried, when not nil, is called before each call made again.
+func retryFor(ctx context.Context, d time.Duration, f func(context.Context) error, retried func()) error {
+	deadline := time.Now().Add(d)
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := f(cctx)
@@ -422,11 +437,11 @@ func (s *claimsState) retry(ctx context.Context, what string, f func(context.Con
 			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("claims: %s: still failing after %v: %w", what, s.h.cfg.Converge, err)
+			return err
 		}
-		s.mu.Lock()
-		s.res.Retried++
-		s.mu.Unlock()
+		if retried != nil {
+			retried()
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

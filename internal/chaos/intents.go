@@ -395,14 +395,5 @@ func (s *intentsState) intents(ctx context.Context) (float64, error) {
 
 // retry calls f until it succeeds, ctx ends, or cfg.Converge passed.
 func (s *intentsState) retry(ctx context.Context, f func(context.Context) error) error {
-	deadline := time.Now().Add(s.h.cfg.Converge)
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := f(cctx)
-		cancel()
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return retryFor(ctx, s.h.cfg.Converge, f, nil)
 }
