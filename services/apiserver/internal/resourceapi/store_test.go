@@ -105,7 +105,6 @@ func TestHistoryBounds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st := openStore(t, tc.lim)
 			lim := st.Limits()
-			claimRV := st.ResourceVersion()
 			start := st.ResourceVersion()
 			for i := range 6 {
 				put(t, st, padded("s"+strconv.Itoa(i), 1<<20))
@@ -121,7 +120,7 @@ func TestHistoryBounds(t *testing.T) {
 			if _, _, err := st.subscribe(kindSlice, watchStart{from: start}, "t", nil); !apierrors.IsResourceExpired(err) {
 				t.Fatalf("a watch from before the dropped changes: %v, want 410", err)
 			}
-			if _, _, err := st.subscribe(kindClaim, watchStart{from: claimRV}, "t", nil); err != nil {
+			if _, _, err := st.subscribe(kindClaim, watchStart{from: start}, "t", nil); err != nil {
 				t.Fatalf("a watch of claims, none of whose changes were dropped: %v", err)
 			}
 			if _, _, err := st.subscribe(kindSlice, watchStart{from: st.ResourceVersion()}, "t", nil); err != nil {
