@@ -86,11 +86,7 @@ func withInfo(st *status.Status, err error) *status.Status {
 	if !utf8.ValidString(st.Message()) {
 		return st
 	}
-	for _, v := range info.GetMetadata() {
-		if !utf8.ValidString(v) {
-			return st
-		}
-	}
+	// WithDetails marshals info: metadata that is not UTF-8 fails it.
 	out, derr := st.WithDetails(info)
 	if derr != nil {
 		return st
