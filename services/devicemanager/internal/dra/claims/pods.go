@@ -37,18 +37,7 @@ func (m *Manager) Pods() []PodClaims {
 					pc.Containers = append(pc.Containers, ContainerResult{Container: u.Container, CDIDeviceIDs: []string{}, Devices: []ClaimDevice{}})
 					i = len(pc.Containers) - 1
 				}
-				c := &pc.Containers[i]
-				for _, d := range devs {
-					if u.Request != "" && !servesRequest(d.Requests, u.Request) {
-						continue
-					}
-					c.Devices = append(c.Devices, ClaimDevice{Claim: ref, Device: d})
-					for _, id := range d.CDIDeviceIDs {
-						if !slices.Contains(c.CDIDeviceIDs, id) {
-							c.CDIDeviceIDs = append(c.CDIDeviceIDs, id)
-						}
-					}
-				}
+				addDevices(&pc.Containers[i], ref, devs, u.Request)
 			}
 		}
 	}

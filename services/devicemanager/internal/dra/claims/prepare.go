@@ -283,22 +283,27 @@ func answer(req *PrepareRequest, recs map[string]store.Claim) []ContainerResult 
 		res := ContainerResult{Container: c.Container, CDIDeviceIDs: []string{}, Devices: []ClaimDevice{}}
 		for _, cc := range c.Claims {
 			rec := recs[claimOf[cc.Name]]
-			ref := ClaimRef{Namespace: rec.Namespace, Name: rec.Name, UID: rec.UID}
-			for _, d := range devicesOf(rec.Devices) {
-				if cc.Request != "" && !servesRequest(d.Requests, cc.Request) {
-					continue
-				}
-				res.Devices = append(res.Devices, ClaimDevice{Claim: ref, Device: d})
-				for _, id := range d.CDIDeviceIDs {
-					if !slices.Contains(res.CDIDeviceIDs, id) {
-						res.CDIDeviceIDs = append(res.CDIDeviceIDs, id)
-					}
-				}
-			}
+			addDevices(&res, ClaimRef{Namespace: rec.Namespace, Name: rec.Name, UID: rec.UID}, devicesOf(rec.Devices), cc.Request)
 		}
 		out = append(out, res)
 	}
 	return out
+}
+
+// addDevices adds to res the devices of the claim ref that serve request
+// (all of them for ""), and their CDI device IDs it does not hold yet.
+func addDevices(res *ContainerResult, ref ClaimRef, devs []Device, request string) {
+	for _, d := range devs {
+		if request != "" && !servesRequest(d.Requests, request) {
+			continue
+		}
+		res.Devices = append(res.Devices, ClaimDevice{Claim: ref, Device: d})
+		for _, id := range d.CDIDeviceIDs {
+			if !slices.Contains(res.CDIDeviceIDs, id) {
+				res.CDIDeviceIDs = append(res.CDIDeviceIDs, id)
+			}
+		}
+	}
 }
 
 // usesOf maps each ResourceClaim name of req to its containers'
