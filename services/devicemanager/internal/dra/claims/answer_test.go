@@ -1,15 +1,12 @@
 package claims_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
-	resourcev1 "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
@@ -26,17 +23,6 @@ func startNIC(t *testing.T, e *env) *plugin {
 	p := newPlugin(nicDriver)
 	e.addDriver(p, "nic", 2)
 	return p
-}
-
-// nicClaim creates a claim for one device of class nic, request "nic".
-func nicClaim(t *testing.T, e *env, name string) {
-	t.Helper()
-	c := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
-	c.Spec.Devices.Requests = []resourcev1.DeviceRequest{{Name: "nic", Exactly: &resourcev1.ExactDeviceRequest{
-		DeviceClassName: "nic", AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1}}}
-	if _, err := e.api.Client.ResourceV1().ResourceClaims(ns).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func withCDIIDs(ids ...string) func([]kubeletplugin.Device) []kubeletplugin.Device {
@@ -86,7 +72,7 @@ func TestDriverAnswersChecked(t *testing.T) {
 	} {
 		t.Run(tc.claim, func(t *testing.T) {
 			l.set(func(p *plugin) { p.twist[tc.claim] = tc.twist })
-			nicClaim(t, e, tc.claim)
+			e.claimOf(t, "nic", tc.claim, "nic")
 			_, err := e.mgr.Prepare(ctx, podReq("p-"+tc.claim, tc.claim))
 			if tc.want == "" {
 				if err != nil {

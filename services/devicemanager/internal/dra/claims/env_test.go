@@ -254,17 +254,23 @@ func (e *env) crash() {
 	e.mgr = nil
 }
 
-// claim creates a claim for count devices of class gpu, each request
-// named in reqs.
+// claim creates a claim for a device of class gpu per request named in
+// reqs.
 func (e *env) claim(name string, reqs ...string) {
 	e.t.Helper()
+	e.claimOf(e.t, "gpu", name, reqs...)
+}
+
+// claimOf creates a claim for a device of class per request named in reqs.
+func (e *env) claimOf(t testing.TB, class, name string, reqs ...string) {
+	t.Helper()
 	c := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
 	for _, r := range reqs {
 		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourcev1.DeviceRequest{Name: r, Exactly: &resourcev1.ExactDeviceRequest{
-			DeviceClassName: "gpu", AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1}})
+			DeviceClassName: class, AllocationMode: resourcev1.DeviceAllocationModeExactCount, Count: 1}})
 	}
 	if _, err := e.api.Client.ResourceV1().ResourceClaims(ns).Create(context.Background(), c, metav1.CreateOptions{}); err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 }
 
