@@ -181,7 +181,7 @@ func (s *Slices) List(ctx context.Context, driver string) ([]resourcev1.Resource
 	if err != nil {
 		return nil, fmt.Errorf("list ResourceSlices with %s: %w: %w", sel, err, errdefs.ErrUnavailable)
 	}
-	items := slices.Clone(list.Items)
+	items := list.Items
 	slices.SortFunc(items, func(a, b resourcev1.ResourceSlice) int {
 		return cmp.Or(cmp.Compare(a.Spec.Driver, b.Spec.Driver), cmp.Compare(a.Name, b.Name))
 	})
