@@ -100,7 +100,22 @@ func (a *testAPI) config(name string, roles ...string) *rest.Config {
 // client is a clientset for name with roles.
 func (a *testAPI) client(name string, roles ...string) kubernetes.Interface {
 	a.t.Helper()
-	c, err := kubernetes.NewForConfig(a.config(name, roles...))
+	return a.clientFor(a.config(name, roles...))
+}
+
+// watchClient is client without config's request timeout, which ends a
+// watch (the whole response) that outlives it, as one may on a busy
+// machine.
+func (a *testAPI) watchClient(name string, roles ...string) kubernetes.Interface {
+	a.t.Helper()
+	cfg := a.config(name, roles...)
+	cfg.Timeout = 0
+	return a.clientFor(cfg)
+}
+
+func (a *testAPI) clientFor(cfg *rest.Config) kubernetes.Interface {
+	a.t.Helper()
+	c, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		a.t.Fatal(err)
 	}

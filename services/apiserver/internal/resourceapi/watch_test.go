@@ -154,13 +154,13 @@ func TestSlowWatcherCutOffOverHTTP(t *testing.T) {
 	if !strings.Contains(status, " 200 ") {
 		t.Fatalf("silent watch: %s", status)
 	}
-	unread, err := a.client("driver", RoleDriver).ResourceV1().ResourceSlices().Watch(ctx, metav1.ListOptions{})
+	unread, err := a.watchClient("driver", RoleDriver).ResourceV1().ResourceSlices().Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer unread.Stop()
 	c := a.client("internal", RoleInternal).ResourceV1().ResourceSlices()
-	live, err := c.Watch(ctx, metav1.ListOptions{})
+	live, err := a.watchClient("internal", RoleInternal).ResourceV1().ResourceSlices().Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
