@@ -14,22 +14,22 @@ import (
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
 )
 
-// admit checks a registration of r at the socket key against the live
+// admit checks a registration of r at the socket id against the live
 // endpoints: it fails once the core closes, and with an
 // *EndpointConflictError when the endpoint is live under another resource.
 // It returns the live endpoint that r names again with the same generation,
 // if any: that registration has nothing left to do.
-func (c *core) admit(r Registration, key unixsock.Key) (*entry, error) {
+func (c *core) admit(r Registration, id unixsock.Identity) (*entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closing {
 		return nil, errShuttingDown
 	}
-	if err := c.conflictLocked(r.Resource, r.Endpoint, key); err != nil {
+	if err := c.conflictLocked(r.Resource, r.Endpoint, id); err != nil {
 		return nil, err
 	}
 	if res := c.resources[r.Resource]; res != nil {
-		if e := c.sameEndpointLocked(res, r.Endpoint, key); e != nil && e.generation == r.Generation {
+		if e := c.sameEndpointLocked(res, r.Endpoint, id); e != nil && e.generation == r.Generation {
 			return e, nil
 		}
 	}
@@ -48,7 +48,7 @@ func (c *core) install(e *entry) (*entry, error) {
 		e.conn.Close(errShuttingDown)
 		return nil, errShuttingDown
 	}
-	if err := c.conflictLocked(e.resource, e.path, e.id.Key()); err != nil {
+	if err := c.conflictLocked(e.resource, e.path, e.id); err != nil {
 		c.mu.Unlock()
 		e.conn.Close(err)
 		return nil, err
@@ -203,7 +203,7 @@ func (c *core) installLocked(e *entry, now time.Time) *entry {
 	old := res.endpoints[e.path]
 	if old == nil || old.closed {
 		old = nil // none, or already handled
-		if o := c.sameEndpointLocked(res, e.path, e.id.Key()); o != nil {
+		if o := c.sameEndpointLocked(res, e.path, e.id); o != nil {
 			old = o
 			delete(res.endpoints, o.path)
 		}

@@ -225,7 +225,7 @@ func (m *Manager) Register(ctx context.Context, r Registration) error {
 	unlock := m.regLocks.Lock(r.Endpoint)
 	defer unlock()
 
-	live, err := m.admit(r, id.Key())
+	live, err := m.admit(r, id)
 	switch {
 	case errors.Is(err, errShuttingDown):
 		return err
