@@ -338,6 +338,15 @@ func (r *Reconciler) reconcile(ctx context.Context) {
 		}
 		r.mu.Unlock()
 	}
+	// Every socket of the pass has its status before any of the pass's
+	// operations starts: one that finishes at once (a healthy plugin in a
+	// burst of stale sockets) cannot be seen registered while a socket
+	// reported before it is not known at all.
+	for path := range dirty {
+		if d, ok := r.dsw.Get(path); ok {
+			r.status.Track(d.Path, d.Generation, r.asw.ExistsWithGeneration(d.Path, d.Generation))
+		}
+	}
 	for path := range dirty {
 		r.reconcilePath(ctx, path)
 	}
