@@ -79,8 +79,8 @@ func (h *CSI) Validate(_ context.Context, name, endpoint string, versions []stri
 	if err != nil {
 		return err
 	}
-	for _, d := range h.drivers.List(TypeCSIPlugin) {
-		if d.Name != name || d.Endpoint == endpoint {
+	for _, d := range h.drivers.Named(TypeCSIPlugin, name) {
+		if d.Endpoint == endpoint {
 			continue
 		}
 		if old, err := utilversion.ParseGeneric(d.CSI.HighestVersion); err == nil && !old.LessThan(v) {

@@ -73,8 +73,8 @@ func (h *DRA) Replaces(old, p cache.Plugin) bool {
 // devicemanager's RegisterDRADriver and records the instance. Registering
 // the same driver, endpoint and generation again is a no-op downstream.
 func (h *DRA) Register(ctx context.Context, p cache.Plugin) error {
-	for _, d := range h.drivers.List(TypeDRAPlugin) {
-		if d.Name == p.Name && d.Endpoint == p.Endpoint && d.SocketPath != p.SocketPath {
+	for _, d := range h.drivers.Named(TypeDRAPlugin, p.Name) {
+		if d.Endpoint == p.Endpoint && d.SocketPath != p.SocketPath {
 			msg := fmt.Sprintf("endpoint %s already registered for DRA driver plugin %s", p.Endpoint, p.Name)
 			return kubeletrules.Wrap(msg, fmt.Errorf("%s through registration socket %s: %w", msg, bounds.Quote(d.SocketPath), errdefs.ErrAlreadyExists))
 		}

@@ -46,16 +46,23 @@ type CSINode struct {
 }
 
 // Drivers holds the CSI and DRA driver records, keyed by registration
-// socket path. They live in memory only: after a restart the reconciler
-// rebuilds them by registering the plugins again. Safe for concurrent use.
+// socket path, and indexed by type and name: a registration checks the
+// other records of its driver (Named) without walking every record, which
+// a burst of N registrations would do N times. They live in memory only:
+// after a restart the reconciler rebuilds them by registering the plugins
+// again. Safe for concurrent use.
 type Drivers struct {
 	mu      sync.RWMutex
 	drivers map[string]Driver
+	byName  map[driverName]map[string]struct{} // socket paths
 }
+
+// driverName is the key of Drivers' index: a type and a driver name.
+type driverName struct{ typ, name string }
 
 // NewDrivers returns an empty registry.
 func NewDrivers() *Drivers {
-	return &Drivers{drivers: map[string]Driver{}}
+	return &Drivers{drivers: map[string]Driver{}, byName: map[driverName]map[string]struct{}{}}
 }
 
 // List returns the drivers of type typ sorted by name, then socket path.
@@ -74,11 +81,42 @@ func (d *Drivers) List(typ string) []Driver {
 	return out
 }
 
+// Named returns the records of type typ and driver name, sorted by
+// socket path.
+func (d *Drivers) Named(typ, name string) []Driver {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	paths := d.byName[driverName{typ, name}]
+	out := make([]Driver, 0, len(paths))
+	for p := range paths {
+		out = append(out, d.drivers[p])
+	}
+	slices.SortFunc(out, func(a, b Driver) int { return cmp.Compare(a.SocketPath, b.SocketPath) })
+	return out
+}
+
 // put records r in place of any record of its socket path.
 func (d *Drivers) put(r Driver) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if old, ok := d.drivers[r.SocketPath]; ok {
+		d.unindexLocked(old)
+	}
 	d.drivers[r.SocketPath] = r
+	k := driverName{r.Type, r.Name}
+	if d.byName[k] == nil {
+		d.byName[k] = map[string]struct{}{}
+	}
+	d.byName[k][r.SocketPath] = struct{}{}
+}
+
+// unindexLocked removes r from the index by name.
+func (d *Drivers) unindexLocked(r Driver) {
+	k := driverName{r.Type, r.Name}
+	delete(d.byName[k], r.SocketPath)
+	if len(d.byName[k]) == 0 {
+		delete(d.byName, k)
+	}
 }
 
 // remove drops the record of socketPath when it is of type typ and
@@ -88,6 +126,7 @@ func (d *Drivers) remove(typ, socketPath, generation string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r, ok := d.drivers[socketPath]; ok && r.Type == typ && r.Generation == generation {
+		d.unindexLocked(r)
 		delete(d.drivers, socketPath)
 	}
 }

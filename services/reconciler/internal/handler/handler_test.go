@@ -3,6 +3,7 @@ package handler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -110,5 +111,43 @@ func TestDriversRemoveOnlyTheirOwnRecord(t *testing.T) {
 	d.remove(TypeDRAPlugin, "/s.sock", "2")
 	if got := d.List(TypeDRAPlugin); len(got) != 0 {
 		t.Fatalf("DRA drivers = %+v after its own removal", got)
+	}
+}
+
+// TestDriversNamedFollowsPutAndRemove: the index by type and name that a
+// registration reads follows every change of the records: a socket put
+// again under another name or type moves, a removal leaves it.
+func TestDriversNamedFollowsPutAndRemove(t *testing.T) {
+	d := NewDrivers()
+	d.put(Driver{Type: TypeDRAPlugin, Name: "a.example.com", SocketPath: "/2.sock", Generation: "1"})
+	d.put(Driver{Type: TypeDRAPlugin, Name: "a.example.com", SocketPath: "/1.sock", Generation: "1"})
+	d.put(Driver{Type: TypeCSIPlugin, Name: "a.example.com", SocketPath: "/3.sock", Generation: "1", CSI: &CSINode{}})
+	paths := func(ds []Driver) (out []string) {
+		for _, x := range ds {
+			out = append(out, x.SocketPath)
+		}
+		return out
+	}
+	if got := paths(d.Named(TypeDRAPlugin, "a.example.com")); !slices.Equal(got, []string{"/1.sock", "/2.sock"}) {
+		t.Fatalf("Named(DRA, a) = %v", got)
+	}
+	// The same socket, recreated as another driver.
+	d.put(Driver{Type: TypeDRAPlugin, Name: "b.example.com", SocketPath: "/2.sock", Generation: "2"})
+	if got := paths(d.Named(TypeDRAPlugin, "a.example.com")); !slices.Equal(got, []string{"/1.sock"}) {
+		t.Fatalf("Named(DRA, a) = %v after /2.sock became b's", got)
+	}
+	if got := paths(d.Named(TypeDRAPlugin, "b.example.com")); !slices.Equal(got, []string{"/2.sock"}) {
+		t.Fatalf("Named(DRA, b) = %v", got)
+	}
+	d.remove(TypeDRAPlugin, "/2.sock", "1") // the old generation: b's record stays
+	d.remove(TypeDRAPlugin, "/1.sock", "1")
+	if got := paths(d.Named(TypeDRAPlugin, "a.example.com")); len(got) != 0 {
+		t.Fatalf("Named(DRA, a) = %v after its removal", got)
+	}
+	if got := paths(d.Named(TypeDRAPlugin, "b.example.com")); !slices.Equal(got, []string{"/2.sock"}) {
+		t.Fatalf("Named(DRA, b) = %v after the removal of an older generation", got)
+	}
+	if got := paths(d.Named(TypeCSIPlugin, "a.example.com")); !slices.Equal(got, []string{"/3.sock"}) {
+		t.Fatalf("Named(CSI, a) = %v", got)
 	}
 }
