@@ -170,9 +170,17 @@ func TestWatchResourceSlices(t *testing.T) {
 	d := dratest.StartDriver(t, e.api, "gpu.example.com", "")
 	other := dratest.StartDriver(t, e.api, "nic.example.com", "")
 	for _, dd := range []*dratest.Driver{d, other} {
-		if in := e.register(t, dd).GetInstance(); !in.GetConnected() {
-			t.Fatalf("%s not connected after its registration: %v", dd.Name, in)
-		}
+		e.register(t, dd)
+		testutil.Eventually(t, dd.Name+" connected", func() error {
+			l, err := e.client.ListDRADrivers(context.Background(), &dmv1.ListDRADriversRequest{DriverName: dd.Name})
+			if err != nil {
+				return err
+			}
+			if len(l.GetDrivers()) != 1 || len(l.GetDrivers()[0].GetInstances()) != 1 || !l.GetDrivers()[0].GetInstances()[0].GetConnected() {
+				return fmt.Errorf("drivers %v", l.GetDrivers())
+			}
+			return nil
+		})
 	}
 	d.Publish(t, 1)
 	other.Publish(t, 1)

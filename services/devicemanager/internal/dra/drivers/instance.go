@@ -175,22 +175,6 @@ func (in *instance) dialFailed(err error) {
 	in.r.mu.Unlock()
 }
 
-// waitReady waits until the connection is ready, budget has passed or ctx
-// ends.
-func (in *instance) waitReady(ctx context.Context, budget time.Duration) {
-	ctx, cancel := context.WithTimeout(ctx, budget)
-	defer cancel()
-	for {
-		st := in.conn.GetState()
-		if st == connectivity.Ready || st == connectivity.Shutdown {
-			return
-		}
-		if !in.conn.WaitForStateChange(ctx, st) {
-			return
-		}
-	}
-}
-
 func (in *instance) close() {
 	in.cancel()
 	_ = in.conn.Close()

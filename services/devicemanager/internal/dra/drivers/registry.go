@@ -90,8 +90,11 @@ type Registry struct {
 
 	mu      sync.Mutex
 	drivers map[string][]*instance // by driver name, oldest first
-	wipes   map[string]*wipe       // pending deletion of a driver's slices
-	closed  bool
+	// byEndpoint indexes drivers' instances by endpoint (one each): a
+	// registration finds the one it replaces without walking them all.
+	byEndpoint map[string]*instance
+	wipes      map[string]*wipe // pending deletion of a driver's slices
+	closed     bool
 }
 
 // New returns a registry; Start begins the sweep of the slices of drivers
@@ -117,7 +120,7 @@ func New(cfg Config) (*Registry, error) {
 	return &Registry{
 		cfg: cfg, confiner: conf, log: cfg.Log, metrics: newMetrics(cfg.Registerer), now: time.Now,
 		ctx: ctx, cancel: cancel,
-		drivers: map[string][]*instance{}, wipes: map[string]*wipe{},
+		drivers: map[string][]*instance{}, byEndpoint: map[string]*instance{}, wipes: map[string]*wipe{},
 	}, nil
 }
 
@@ -212,6 +215,7 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (Instance, er
 	}
 	replaced := r.removeLocked(r.findLocked(reg.Endpoint))
 	r.drivers[reg.Driver] = append(r.drivers[reg.Driver], in)
+	r.byEndpoint[in.endpoint] = in
 	r.syncLocked(reg.Driver)
 	r.mu.Unlock()
 	if replaced != nil {
@@ -219,21 +223,16 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (Instance, er
 		r.log.InfoContext(ctx, "DRA driver instance replaced by a new generation", "driver", replaced.driver, "endpoint", reg.Endpoint, "old_generation", replaced.generation, "generation", reg.Generation)
 	}
 	r.log.InfoContext(ctx, "DRA driver instance registered", "driver", reg.Driver, "endpoint", reg.Endpoint, "dial_path", dialPath, "service", service, "health_service", in.healthService, "generation", reg.Generation)
+	// Connecting starts here and goes on after the answer, as in the
+	// kubelet, which does not wait for it either: waiting held a reconciler
+	// worker for a round trip to a driver that, in a burst, shares the
+	// CPU with every other driver starting. The answer says where the
+	// connection is (usually CONNECTING); ListDRADrivers follows it.
 	in.start(&r.wg)
-	in.waitReady(ctx, readyBudget)
-	// The state now, not only once the monitor has seen it (it catches up:
-	// it follows every change from what it saw last).
-	in.setState(in.conn.GetState())
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stateLocked(in), nil
 }
-
-// readyBudget is how long Register waits for a new connection to be ready
-// before it returns the instance as it is (the connection goes on coming
-// up): long enough for a serving socket, short enough not to hold the
-// reconciler.
-var readyBudget = time.Second
 
 // Deregister removes the instance of driver at endpoint registered with
 // generation (required: a newer registration of the endpoint is left
@@ -259,16 +258,7 @@ func (r *Registry) Deregister(ctx context.Context, driver, endpoint, generation 
 }
 
 // findLocked returns the instance at endpoint, of any driver.
-func (r *Registry) findLocked(endpoint string) *instance {
-	for _, list := range r.drivers {
-		for _, in := range list {
-			if in.endpoint == endpoint {
-				return in
-			}
-		}
-	}
-	return nil
-}
+func (r *Registry) findLocked(endpoint string) *instance { return r.byEndpoint[endpoint] }
 
 // removeLocked takes in out of its driver's list and syncs the driver;
 // nil is ignored. It returns in.
@@ -284,6 +274,9 @@ func (r *Registry) removeLocked(in *instance) *instance {
 		delete(r.drivers, in.driver)
 	} else {
 		r.drivers[in.driver] = list
+	}
+	if r.byEndpoint[in.endpoint] == in {
+		delete(r.byEndpoint, in.endpoint)
 	}
 	in.removed = true
 	r.syncLocked(in.driver)
