@@ -33,12 +33,14 @@ import (
 //     SocketEvent, with its generation from lstat, on a WatchSocketEvents
 //     stream;
 //   - reconciler: for each event, a fresh connection and GetInfo; for a
-//     device plugin, RegisterPlugin on the devicemanager; then
-//     NotifyRegistrationStatus(true);
+//     device plugin, RegisterPlugin on the devicemanager, for a DRA driver
+//     RegisterDRADriver; then NotifyRegistrationStatus(true);
 //   - devicemanager: RegisterPlugin dials the endpoint, calls
 //     GetDevicePluginOptions, opens ListAndWatch and makes the registration
 //     durable (an appended record, and an fdatasync shared by every
-//     registration that arrives meanwhile) before it answers.
+//     registration that arrives meanwhile) before it answers;
+//     RegisterDRADriver makes a connection to the driver's endpoint that
+//     starts connecting at once, keeps it and answers.
 //
 // There are no interceptors, stats handlers, spans, logs, metrics, status
 // views, validation, backoff or snapshots. So nodeplug/floor splits into
@@ -73,6 +75,7 @@ func ContractFloor(ctx context.Context, role string, args []string, stdout io.Wr
 		defer dm.close()
 		return serveUntil(ctx, args[0], func(s *grpc.Server) {
 			dmv1.RegisterDeviceManagerServiceServer(s, dm)
+			dmv1.RegisterDRAServiceServer(s, contractDRA{d: dm})
 		})
 	case "reconciler":
 		return contractReconcile(ctx, args[0], args[1], stdout)
@@ -218,6 +221,26 @@ func (d *contractDeviceManager) RegisterPlugin(ctx context.Context, req *dmv1.Re
 	return &dmv1.RegisterPluginResponse{InstanceId: "contract-floor"}, nil
 }
 
+// contractDRA is the contract floor devicemanager's DRAService: it keeps a
+// connection to each driver registered, as nodeplug's devicemanager (and
+// the kubelet) does, without waiting for it to connect; a driver's
+// registration is not made durable (nodeplug's is not either).
+type contractDRA struct {
+	dmv1.UnimplementedDRAServiceServer
+	d *contractDeviceManager
+}
+
+func (c contractDRA) RegisterDRADriver(_ context.Context, req *dmv1.RegisterDRADriverRequest) (*dmv1.RegisterDRADriverResponse, error) {
+	conn, err := connectDRA(req.GetEndpoint())
+	if err != nil {
+		return nil, err
+	}
+	c.d.mu.Lock()
+	c.d.conns[conn] = struct{}{}
+	c.d.mu.Unlock()
+	return &dmv1.RegisterDRADriverResponse{InstanceId: "contract-floor"}, nil
+}
+
 // commit appends record to the journal and returns once it is on disk.
 // Records that arrive while an fdatasync runs share the next one.
 func (d *contractDeviceManager) commit(record []byte) error {
@@ -266,7 +289,7 @@ func contractReconcile(ctx context.Context, watcherSocket, dmSocket string, stdo
 		return err
 	}
 	defer dc.Close()
-	dm := dmv1.NewDeviceManagerServiceClient(dc)
+	dm := contractDM{dmv1.NewDeviceManagerServiceClient(dc), dmv1.NewDRAServiceClient(dc)}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	st, err := watcherv1.NewWatcherServiceClient(wc).WatchSocketEvents(ctx, &watcherv1.WatchSocketEventsRequest{}, grpc.WaitForReady(true))
@@ -316,17 +339,35 @@ func contractReconcile(ctx context.Context, watcherSocket, dmSocket string, stdo
 	}
 }
 
-func contractRegister(ctx context.Context, dm dmv1.DeviceManagerServiceClient, ev *watcherv1.SocketEvent) error {
+// contractDM is the contract floor reconciler's devicemanager: both of
+// its registration services.
+type contractDM struct {
+	dp  dmv1.DeviceManagerServiceClient
+	dra dmv1.DRAServiceClient
+}
+
+func contractRegister(ctx context.Context, dm contractDM, ev *watcherv1.SocketEvent) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	return registerSocket(ctx, ev.GetPath(), func(ctx context.Context, info *registerapi.PluginInfo, ep string) error {
-		if _, err := dm.RegisterPlugin(ctx, &dmv1.RegisterPluginRequest{
-			ResourceName: info.GetName(), Endpoint: ep, Versions: info.GetSupportedVersions(),
-			SocketPath: ev.GetPath(), Generation: ev.GetGeneration(),
-		}, grpc.WaitForReady(true)); err != nil {
-			return fmt.Errorf("RegisterPlugin %s: %w", ev.GetPath(), err)
-		}
-		return nil
+	return registerSocket(ctx, ev.GetPath(), pluginHandlers{
+		devicePlugin: func(ctx context.Context, info *registerapi.PluginInfo, ep string) error {
+			if _, err := dm.dp.RegisterPlugin(ctx, &dmv1.RegisterPluginRequest{
+				ResourceName: info.GetName(), Endpoint: ep, Versions: info.GetSupportedVersions(),
+				SocketPath: ev.GetPath(), Generation: ev.GetGeneration(),
+			}, grpc.WaitForReady(true)); err != nil {
+				return fmt.Errorf("RegisterPlugin %s: %w", ev.GetPath(), err)
+			}
+			return nil
+		},
+		dra: func(ctx context.Context, info *registerapi.PluginInfo, ep string) error {
+			if _, err := dm.dra.RegisterDRADriver(ctx, &dmv1.RegisterDRADriverRequest{
+				DriverName: info.GetName(), Endpoint: ep, Services: info.GetSupportedVersions(),
+				SocketPath: ev.GetPath(), Generation: ev.GetGeneration(),
+			}, grpc.WaitForReady(true)); err != nil {
+				return fmt.Errorf("RegisterDRADriver %s: %w", ev.GetPath(), err)
+			}
+			return nil
+		},
 	})
 }
 

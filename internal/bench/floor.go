@@ -109,37 +109,49 @@ func (f *floorRegistrar) keep(c *grpc.ClientConn) {
 func (f *floorRegistrar) register(path string) error {
 	ctx, cancel := context.WithTimeout(f.ctx, time.Minute)
 	defer cancel()
-	err := registerSocket(ctx, path, func(ctx context.Context, _ *registerapi.PluginInfo, ep string) error {
-		dc, err := floorDial(ep)
+	err := registerSocket(ctx, path, pluginHandlers{devicePlugin: f.devicePlugin, dra: func(_ context.Context, _ *registerapi.PluginInfo, ep string) error {
+		c, err := connectDRA(ep)
 		if err != nil {
 			return err
 		}
-		f.keep(dc)
-		client := pluginapi.NewDevicePluginClient(dc)
-		if _, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true)); err != nil {
-			return fmt.Errorf("GetDevicePluginOptions %s: %w", ep, err)
-		}
-		// The stream lives as long as the connection.
-		st, err := client.ListAndWatch(f.ctx, &pluginapi.Empty{})
-		if err != nil {
-			return fmt.Errorf("ListAndWatch %s: %w", ep, err)
-		}
-		if _, err := st.Recv(); err != nil {
-			return fmt.Errorf("first ListAndWatch answer of %s: %w", ep, err)
-		}
+		f.keep(c)
 		return nil
-	})
+	}})
 	if err != nil {
 		return fmt.Errorf("floor: %w", err)
 	}
 	return nil
 }
 
+// devicePlugin is the floor's device plugin registration: a connection to
+// the endpoint, GetDevicePluginOptions and ListAndWatch until its first
+// answer.
+func (f *floorRegistrar) devicePlugin(ctx context.Context, _ *registerapi.PluginInfo, ep string) error {
+	dc, err := floorDial(ep)
+	if err != nil {
+		return err
+	}
+	f.keep(dc)
+	client := pluginapi.NewDevicePluginClient(dc)
+	if _, err := client.GetDevicePluginOptions(ctx, &pluginapi.Empty{}, grpc.WaitForReady(true)); err != nil {
+		return fmt.Errorf("GetDevicePluginOptions %s: %w", ep, err)
+	}
+	// The stream lives as long as the connection.
+	st, err := client.ListAndWatch(f.ctx, &pluginapi.Empty{})
+	if err != nil {
+		return fmt.Errorf("ListAndWatch %s: %w", ep, err)
+	}
+	if _, err := st.Recv(); err != nil {
+		return fmt.Errorf("first ListAndWatch answer of %s: %w", ep, err)
+	}
+	return nil
+}
+
 // registerSocket is the registration both floors share: a fresh connection
-// to the socket at path, GetInfo, for a device plugin devicePlugin with the
-// endpoint it names (its own socket when it names none), then
-// NotifyRegistrationStatus(true).
-func registerSocket(ctx context.Context, path string, devicePlugin func(ctx context.Context, info *registerapi.PluginInfo, endpoint string) error) error {
+// to the socket at path, GetInfo; for a device plugin h.devicePlugin, for a
+// DRA driver h.dra, with the endpoint it names (its own socket when it names
+// none); then NotifyRegistrationStatus(true).
+func registerSocket(ctx context.Context, path string, h pluginHandlers) error {
 	conn, err := floorDial(path)
 	if err != nil {
 		return err
@@ -150,19 +162,42 @@ func registerSocket(ctx context.Context, path string, devicePlugin func(ctx cont
 	if err != nil {
 		return fmt.Errorf("GetInfo %s: %w", path, err)
 	}
-	if info.GetType() == registerapi.DevicePlugin {
-		ep := info.GetEndpoint()
-		if ep == "" {
-			ep = path
-		}
-		if err := devicePlugin(ctx, info, ep); err != nil {
-			return err
-		}
+	ep := info.GetEndpoint()
+	if ep == "" {
+		ep = path
+	}
+	switch info.GetType() {
+	case registerapi.DevicePlugin:
+		err = h.devicePlugin(ctx, info, ep)
+	case registerapi.DRAPlugin:
+		err = h.dra(ctx, info, ep)
+	}
+	if err != nil {
+		return err
 	}
 	if _, err := reg.NotifyRegistrationStatus(ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
 		return fmt.Errorf("NotifyRegistrationStatus %s: %w", path, err)
 	}
 	return nil
+}
+
+// pluginHandlers are what a floor does with a plugin of each type between
+// GetInfo and Notify.
+type pluginHandlers struct {
+	devicePlugin func(ctx context.Context, info *registerapi.PluginInfo, endpoint string) error
+	dra          func(ctx context.Context, info *registerapi.PluginInfo, endpoint string) error
+}
+
+// connectDRA is what any registrar does with a DRA driver, as the
+// kubelet's DRA plugin manager does: a connection to its endpoint, kept,
+// that starts connecting at once and is not waited for.
+func connectDRA(endpoint string) (*grpc.ClientConn, error) {
+	c, err := floorDial(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	c.Connect()
+	return c, nil
 }
 
 // Close stops watching, ends every connection and returns the first
