@@ -69,8 +69,8 @@ chaos: build ## Kill services under load and damage the checkpoint; check nothin
 	bin/nodeplug-chaos -bin bin -json chaos-results.json $(CHAOS_FLAGS)
 
 .PHONY: bench
-bench: build ## Run the benchmarks: nodeplug-bench against real processes, then the Go benchmarks.
-	bin/nodeplug-bench -bin bin -json bench-results.json
+bench: build ## Run the benchmarks: nodeplug-bench against real processes (its ratios compared with bench/baseline.json; BENCH_FLAGS='-write-baseline bench/baseline.json' records a new one), then the Go benchmarks.
+	bin/nodeplug-bench -bin bin -json bench-results.json $(BENCH_FLAGS)
 	go test -run '^$$' -bench . -benchmem ./...
 
 .PHONY: bench-apiflood

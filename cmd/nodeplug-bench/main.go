@@ -1,7 +1,8 @@
 // Command nodeplug-bench measures nodeplug with real processes and real
 // plugins: registration and deregistration latency, churn, allocation
-// throughput, device update propagation and footprint. It prints a table and
-// writes the figures as JSON.
+// throughput, device update propagation and footprint. It prints a table,
+// writes the figures as JSON and compares the run's ratios with a baseline
+// (bench/baseline.json by default; -write-baseline records a new one).
 package main
 
 import (
@@ -12,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,7 +30,8 @@ func main() {
 }
 
 // run runs what the command line asks for and returns the exit code: 2
-// for a usage error, 1 for a failure.
+// for a usage error, 1 for a failure, 3 for a ratio worse than the
+// baseline's with -fail-on-regression.
 func run() int {
 	o := parseFlags()
 	if o.bareClient != "" {
@@ -53,7 +56,13 @@ func run() int {
 	if o.scenario != "" {
 		return runScenario(o.scenario, cfg.Bin, cfg.Root, o.short)
 	}
-	return runBench(cfg, o.out)
+	// Read before the run, so that a bad baseline file does not waste it.
+	base, err := bench.LoadBaseline(o.baseline, o.baselineSet)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
+		return 1
+	}
+	return runBench(cfg, o, base)
 }
 
 // options is the command line.
@@ -61,6 +70,8 @@ type options struct {
 	short, showVersion, apiTCP             bool
 	bin, out, root, phases, regN, pprofDir string
 	scenario, bareClient, contractFloor    string
+	baseline, writeBaseline                string
+	baselineSet, failOnRegression          bool // baselineSet: -baseline was given
 	floorRounds, harnessGC, pprofSecs      int
 	journalLoop                            time.Duration
 	clientTLS                              *app.TLS
@@ -82,6 +93,9 @@ func parseFlags() *options {
 	flag.IntVar(&o.harnessGC, "harness-gc-percent", bench.DefaultHarnessGCPercent, "the bench process's own GC percent during the allocation and durability phases, whose callers and in-process plugins it hosts (0: Go's default)")
 	flag.StringVar(&o.pprofDir, "pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
 	flag.IntVar(&o.pprofSecs, "pprof-seconds", 20, "how long the -pprof profiles run")
+	flag.StringVar(&o.baseline, "baseline", bench.DefaultBaselineFile, "compare the run's ratios with this baseline file and report those more than 25% worse (empty: don't; the default is skipped when absent)")
+	flag.StringVar(&o.writeBaseline, "write-baseline", "", "write the run's ratios to this file as a new baseline, with the date and the machine")
+	flag.BoolVar(&o.failOnRegression, "fail-on-regression", false, "exit with status 3 when a ratio is more than 25% worse than the baseline's (default: report it only)")
 	flag.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	flag.StringVar(&o.scenario, "scenario", "", "run this scenario instead of the phases: "+scenarios)
 	flag.BoolVar(&o.apiTCP, "api-tcp", false, "serve each service's API on a free 127.0.0.1 TCP port too (--listen-tcp) and make the bench's own API calls there, "+
@@ -101,6 +115,7 @@ func parseFlags() *options {
 	flag.StringVar(&o.bareClient, bench.BareClientFlag, "", "(internal) measure a bare grpc-go client of the device plugin endpoints listed in this file, print JSON")
 	flag.StringVar(&o.contractFloor, bench.ContractFloorFlag, "", "(internal) run this role of the contract floor, with the other arguments")
 	flag.Parse()
+	flag.Visit(func(f *flag.Flag) { o.baselineSet = o.baselineSet || f.Name == "baseline" })
 	return o
 }
 
@@ -126,6 +141,9 @@ func (o *options) config() (bench.Config, error) {
 			}
 			cfg.RegistrationNs = append(cfg.RegistrationNs, n)
 		}
+	}
+	if o.writeBaseline != "" && len(cfg.Phases) > 0 && !slices.Contains(cfg.Phases, "floor") && !slices.Contains(cfg.Phases, "footprint") {
+		return cfg, errors.New("-write-baseline: the ratios come from the floor and footprint phases, and -phases has neither")
 	}
 	if o.journalLoop < 0 || o.harnessGC < 0 || o.floorRounds < 0 {
 		return cfg, errors.New("-journal-loop, -harness-gc-percent and -floor-rounds cannot be negative")
@@ -153,9 +171,11 @@ func (o *options) config() (bench.Config, error) {
 	return cfg, nil
 }
 
-// runBench runs the bench's phases with cfg, prints their table and
-// writes their figures as JSON to out (when not empty).
-func runBench(cfg bench.Config, out string) int {
+// runBench runs the bench's phases with cfg, prints their table, compares
+// their ratios with base (when not nil), writes their figures as JSON to
+// o.out and their ratios as a baseline to o.writeBaseline (each when not
+// empty).
+func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 	cfg.Progress = os.Stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -166,12 +186,31 @@ func runBench(cfg bench.Config, out string) int {
 	}
 	fmt.Println()
 	bench.Print(os.Stdout, res)
-	if out != "" {
-		if err := stack.WriteJSON(out, res); err != nil {
+	regressed := false
+	if base != nil {
+		c := bench.Compare(base.Ratios, res.Ratios)
+		bench.PrintComparison(os.Stdout, os.Stderr, o.baseline, base, c)
+		regressed = c.HasRegression()
+	}
+	if o.out != "" {
+		if err := stack.WriteJSON(o.out, res); err != nil {
 			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
 			return 1
 		}
-		fmt.Printf("\nfigures written to %s\n", out)
+		fmt.Printf("\nfigures written to %s\n", o.out)
+	}
+	if o.writeBaseline != "" {
+		note := "ratios (lower is better) of `nodeplug-bench " + strings.Join(os.Args[1:], " ") + "`; a run reports each more than 25% above its value here. " +
+			"Write it again with -write-baseline on a quiet machine when the figures move for good."
+		b := bench.NewBaseline(res, note)
+		if err := bench.WriteBaseline(o.writeBaseline, b); err != nil {
+			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
+			return 1
+		}
+		fmt.Printf("baseline written to %s (%d ratios)\n", o.writeBaseline, len(b.Ratios))
+	}
+	if regressed && o.failOnRegression {
+		return 3
 	}
 	return 0
 }

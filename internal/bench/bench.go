@@ -134,6 +134,10 @@ type Results struct {
 	Propagation PropagationResult  `json:"propagation"`
 	Footprint   FootprintResult    `json:"footprint"`
 	Claims      []ClaimsResult     `json:"dra_claims"`
+	// Ratios are the run's figures as ratios, lower is better, by name
+	// (see ComputeRatios): what a baseline records and a run is compared
+	// with.
+	Ratios map[string]float64 `json:"ratios,omitempty"`
 }
 
 // Machine describes where the figures were taken.
@@ -198,6 +202,14 @@ type PropagationResult struct {
 
 // FootprintResult is memory and idle CPU.
 type FootprintResult struct {
+	// The devicemanager's VmRSS at the start of the phase, before any
+	// plugin registered, and its RssAnon and RssFile parts (see rssSample:
+	// RssAnon is what the process itself holds, RssFile mostly its own
+	// executable's pages, which depend on the kernel and the page cache).
+	DeviceManagerStartMiB     float64 `json:"devicemanager_start_rss_mib"`
+	DeviceManagerStartAnonMiB float64 `json:"devicemanager_start_rss_anon_mib"`
+	DeviceManagerStartFileMiB float64 `json:"devicemanager_start_rss_file_mib"`
+
 	IdlePlugins    int                `json:"idle_plugins"`
 	RSSMiB         map[string]float64 `json:"rss_mib"`
 	IdleCPUPercent map[string]float64 `json:"idle_cpu_percent_of_a_core"`
@@ -206,6 +218,9 @@ type FootprintResult struct {
 	DeviceManagerBaseMiB   float64 `json:"devicemanager_base_rss_mib"`
 	DeviceManagerLoadedMiB float64 `json:"devicemanager_loaded_rss_mib"`
 	DeviceManagerPerPlugin float64 `json:"devicemanager_rss_kib_per_plugin"`
+	// The RssAnon and RssFile parts of DeviceManagerBaseMiB.
+	DeviceManagerBaseAnonMiB float64 `json:"devicemanager_base_rss_anon_mib"`
+	DeviceManagerBaseFileMiB float64 `json:"devicemanager_base_rss_file_mib"`
 	// A bare grpc-go client with one ListAndWatch stream per plugin, on
 	// the same plugins, and the devicemanager's figure over its.
 	Bare                  BareResult `json:"bare_grpc_client"`
@@ -242,7 +257,12 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.measure(ctx)
+	res, err := r.measure(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.Ratios = ComputeRatios(res)
+	return res, nil
 }
 
 // cleanups are what undoes the setup, run last added first, as defers

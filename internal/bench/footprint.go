@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,13 +14,17 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
 
-// footprint measures the services' RSS and idle CPU with cfg.IdlePlugins
-// registration-only plugins, then the devicemanager's RSS before, with and
-// after cfg.RSSPlugins device plugins, beside a bare grpc-go client's.
+// footprint measures the devicemanager's RSS before any plugin, the
+// services' RSS and idle CPU with cfg.IdlePlugins registration-only
+// plugins, then the devicemanager's RSS before, with and after
+// cfg.RSSPlugins device plugins, beside a bare grpc-go client's.
 func (r *runner) footprint(ctx context.Context) (FootprintResult, error) {
 	cfg := r.cfg
 	f := &footprintRun{r: r, out: FootprintResult{IdlePlugins: cfg.IdlePlugins, RSSMiB: map[string]float64{}, IdleCPUPercent: map[string]float64{}, DeviceManagerPlugins: cfg.RSSPlugins}}
 	defer f.stop()
+	if err := f.atStart(); err != nil {
+		return f.out, err
+	}
 	if err := f.startIdle(ctx); err != nil {
 		return f.out, err
 	}
@@ -50,6 +55,20 @@ func (f *footprintRun) stop() {
 	for _, p := range f.idle {
 		p.Stop()
 	}
+}
+
+// atStart records the devicemanager's RSS before any plugin registered,
+// with its anonymous and file-backed parts (see rssSample).
+func (f *footprintRun) atStart() error {
+	f.dmPid = f.r.st.Process("devicemanager").Cmd.Process.Pid
+	s, err := readRSS(f.dmPid)
+	if err != nil {
+		return err
+	}
+	f.out.DeviceManagerStartMiB = round2(s.VmRSS)
+	f.out.DeviceManagerStartAnonMiB, f.out.DeviceManagerStartFileMiB = round2(s.Anon), round2(s.File)
+	f.r.logf("footprint: devicemanager before any plugin: VmRSS %.1f MiB (RssAnon %.1f, RssFile %.1f)", s.VmRSS, s.Anon, s.File)
+	return nil
 }
 
 // startIdle starts cfg.IdlePlugins registration-only DRA plugins and waits
@@ -106,11 +125,12 @@ func (f *footprintRun) idleUsage() error {
 func (f *footprintRun) deviceManagerRSS(ctx context.Context) error {
 	r := f.r
 	r.logf("footprint: devicemanager RSS with %d device plugins", r.cfg.RSSPlugins)
-	f.dmPid = r.st.Process("devicemanager").Cmd.Process.Pid
-	var err error
-	if f.base, err = rssMiB(f.dmPid); err != nil {
+	base, err := readRSS(f.dmPid)
+	if err != nil {
 		return err
 	}
+	f.base = base.VmRSS
+	f.out.DeviceManagerBaseAnonMiB, f.out.DeviceManagerBaseFileMiB = round2(base.Anon), round2(base.File)
 	if err := r.heapProfile(ctx, "devicemanager", "before"); err != nil {
 		return err
 	}
@@ -230,20 +250,58 @@ func round2(v float64) float64 { return float64(int64(v*100+0.5)) / 100 }
 
 // rssMiB reads VmRSS from /proc/<pid>/status.
 func rssMiB(pid int) (float64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	s, err := readRSS(pid)
+	return s.VmRSS, err
+}
+
+// rssSample is a process's resident memory from /proc/<pid>/status, in
+// MiB. VmRSS is RssAnon + RssFile + RssShmem. RssAnon is what the process
+// itself holds (heap, stacks, the runtime's own mappings). RssFile is
+// file-backed pages, for a Go binary mostly its own executable's text and
+// rodata: shared with every process running it, reclaimable, and how much
+// of it is resident depends on the kernel and the page cache (with large
+// page-cache folios most of a Go binary's VmRSS is RssFile). Anon and File
+// are zero on a kernel that does not report them (before Linux 4.5).
+type rssSample struct {
+	VmRSS, Anon, File float64
+}
+
+// readRSS reads pid's rssSample.
+func readRSS(pid int) (rssSample, error) {
+	path := fmt.Sprintf("/proc/%d/status", pid)
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return 0, err
+		return rssSample{}, err
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(line, "VmRSS:") {
-			f := strings.Fields(line)
-			if len(f) >= 2 {
-				kb, err := strconv.ParseFloat(f[1], 64)
-				return kb / 1024, err
-			}
+	s, err := parseRSS(string(data))
+	if err != nil {
+		return s, fmt.Errorf("%s: %w", path, err)
+	}
+	return s, nil
+}
+
+// parseRSS reads the VmRSS, RssAnon and RssFile lines ("VmRSS:   1234 kB")
+// of a /proc/<pid>/status; VmRSS must be there.
+func parseRSS(status string) (rssSample, error) {
+	var s rssSample
+	fields := map[string]*float64{"VmRSS:": &s.VmRSS, "RssAnon:": &s.Anon, "RssFile:": &s.File}
+	seen := false
+	for _, line := range strings.Split(status, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || fields[f[0]] == nil {
+			continue
 		}
+		kb, err := strconv.ParseFloat(f[1], 64)
+		if err != nil {
+			return s, fmt.Errorf("bad %s line %q: %w", f[0], line, err)
+		}
+		*fields[f[0]] = kb / 1024
+		seen = seen || f[0] == "VmRSS:"
 	}
-	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+	if !seen {
+		return s, errors.New("no VmRSS line")
+	}
+	return s, nil
 }
 
 // cpuSeconds reads utime+stime from /proc/<pid>/stat.

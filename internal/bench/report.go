@@ -76,6 +76,9 @@ func Print(w io.Writer, r *Results) {
 	if f := r.Footprint; len(f.RSSMiB) > 0 {
 		printFootprint(w, f)
 	}
+	if len(r.Ratios) > 0 {
+		printRatios(w, r)
+	}
 }
 
 func printStale(w io.Writer, st StaleResult) {
@@ -94,6 +97,8 @@ func printChurn(w io.Writer, c ChurnResult) {
 
 func printFootprint(w io.Writer, f FootprintResult) {
 	fmt.Fprintf(w, "\nFootprint with %d registration-only plugins\n", f.IdlePlugins)
+	fmt.Fprintf(w, "  devicemanager before any plugin: VmRSS %.1f MiB = RssAnon %.1f MiB (its own) + RssFile %.1f MiB (file-backed, mostly its executable)\n",
+		f.DeviceManagerStartMiB, f.DeviceManagerStartAnonMiB, f.DeviceManagerStartFileMiB)
 	names := make([]string, 0, len(f.RSSMiB))
 	for n := range f.RSSMiB {
 		names = append(names, n)
@@ -102,8 +107,8 @@ func printFootprint(w io.Writer, f FootprintResult) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-14s RSS %6.1f MiB  idle CPU %5.2f %% of a core\n", n, f.RSSMiB[n], f.IdleCPUPercent[n])
 	}
-	fmt.Fprintf(w, "  devicemanager with %d device plugins: %.1f → %.1f MiB (%.1f KiB per plugin)\n",
-		f.DeviceManagerPlugins, f.DeviceManagerBaseMiB, f.DeviceManagerLoadedMiB, f.DeviceManagerPerPlugin)
+	fmt.Fprintf(w, "  devicemanager with %d device plugins: %.1f → %.1f MiB (%.1f KiB per plugin); before them RssAnon %.1f MiB, RssFile %.1f MiB\n",
+		f.DeviceManagerPlugins, f.DeviceManagerBaseMiB, f.DeviceManagerLoadedMiB, f.DeviceManagerPerPlugin, f.DeviceManagerBaseAnonMiB, f.DeviceManagerBaseFileMiB)
 	fmt.Fprintf(w, "  bare grpc-go client, one connection and one ListAndWatch stream per plugin: %.1f KiB, %.2f goroutines per connection; devicemanager / bare %.2f× (target ≤ 1.1×)\n",
 		f.Bare.KiBPerConn, f.Bare.GoroutinesPer, f.DeviceManagerOverBare)
 	fmt.Fprintf(w, "  devicemanager once they left: %.1f MiB, %.2f× its RSS before them (target ≤ 1.2×)\n", f.DeviceManagerAfterMiB, f.DeviceManagerAfterOverBase)

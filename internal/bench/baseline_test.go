@@ -1,0 +1,172 @@
+package bench
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestCompare(t *testing.T) {
+	baseline := map[string]float64{
+		"floor/dra/n=1000/total":         1.31, // regressed
+		"floor/dra/n=1000/p99":           2,    // 25% worse exactly: not a regression
+		"floor/device-plugin/n=10/total": 1.2,  // about the same
+		"cpu/dra/n=1000/over_contract":   2,    // improved
+		"floor/dra/n=10/total":           4,    // 25% better exactly: not listed
+		"rss/devicemanager_start_anon":   0.4,  // not measured now
+	}
+	now := map[string]float64{
+		"floor/dra/n=1000/total":         1.8,
+		"floor/dra/n=1000/p99":           2.5,
+		"floor/device-plugin/n=10/total": 1.3,
+		"cpu/dra/n=1000/over_contract":   1.2,
+		"floor/dra/n=10/total":           3,
+		"floor/dra/n=100/total":          1.5, // not in the baseline
+	}
+	c := Compare(baseline, now)
+	if c.Compared != 5 {
+		t.Errorf("compared %d, want 5", c.Compared)
+	}
+	if want := []RatioChange{{"floor/dra/n=1000/total", 1.31, 1.8}}; !slices.Equal(c.Regressed, want) {
+		t.Errorf("regressed %v, want %v", c.Regressed, want)
+	}
+	if want := []RatioChange{{"cpu/dra/n=1000/over_contract", 2, 1.2}}; !slices.Equal(c.Improved, want) {
+		t.Errorf("improved %v, want %v", c.Improved, want)
+	}
+	if want := []string{"floor/dra/n=100/total"}; !slices.Equal(c.NotInBaseline, want) {
+		t.Errorf("not in the baseline %v, want %v", c.NotInBaseline, want)
+	}
+	if want := []string{"rss/devicemanager_start_anon"}; !slices.Equal(c.NotMeasured, want) {
+		t.Errorf("not measured %v, want %v", c.NotMeasured, want)
+	}
+	if !c.HasRegression() {
+		t.Error("HasRegression false with a regression")
+	}
+}
+
+func TestCompareNoRegression(t *testing.T) {
+	ratios := map[string]float64{"floor/dra/n=1/total": 1.1, "floor/dra/n=1/p99": 1.4}
+	c := Compare(ratios, ratios)
+	if c.Compared != 2 || c.HasRegression() || len(c.Improved) > 0 || len(c.NotInBaseline) > 0 || len(c.NotMeasured) > 0 {
+		t.Errorf("a run compared with itself: %+v", c)
+	}
+	if c := Compare(nil, ratios); c.Compared != 0 || len(c.NotInBaseline) != 2 {
+		t.Errorf("a run compared with an empty baseline: %+v", c)
+	}
+}
+
+func TestPrintComparison(t *testing.T) {
+	b := &Baseline{Date: "2026-12-03"}
+	c := Compare(
+		map[string]float64{"floor/dra/n=1000/total": 1.31, "floor/dra/n=1000/p99": 1.2, "cpu/dra/n=1000/over_contract": 2, "rss/devicemanager_start_anon": 0.4},
+		map[string]float64{"floor/dra/n=1000/total": 1.8, "floor/dra/n=1000/p99": 1.6, "cpu/dra/n=1000/over_contract": 1.2, "floor/dra/n=1/total": 1},
+	)
+	var out, loud bytes.Buffer
+	PrintComparison(&out, &loud, "bench/baseline.json", b, c)
+	block := "!!! REGRESSION: 2 ratios are more than 25% worse than bench/baseline.json (2026-12-03):\n" +
+		"!!!   floor/dra/n=1000/p99    baseline 1.20×  now 1.60×  (+33%)\n" +
+		"!!!   floor/dra/n=1000/total  baseline 1.31×  now 1.80×  (+37%)\n"
+	if !strings.Contains(out.String(), block) || !strings.Contains(loud.String(), block) {
+		t.Errorf("the regression block is not on both writers; want\n%s\nstdout:\n%s\nstderr:\n%s", block, out.String(), loud.String())
+	}
+	for _, want := range []string{
+		"1 ratio is more than 25% better than the baseline; consider -write-baseline:\n      cpu/dra/n=1000/over_contract  baseline 2.00×  now 1.20×  (-40%)\n",
+		"Not in the baseline, not compared: floor/dra/n=1/total\n",
+		"In the baseline, not measured by this run: rss/devicemanager_start_anon\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(loud.String(), "better") {
+		t.Errorf("improvements on stderr:\n%s", loud.String())
+	}
+
+	out.Reset()
+	loud.Reset()
+	PrintComparison(&out, &loud, "bench/baseline.json", b, Compare(map[string]float64{"a": 1, "b": 2}, map[string]float64{"a": 1.1, "b": 2}))
+	if want := "No regression: 2 ratios compared with bench/baseline.json (2026-12-03), none more than 25% worse.\n"; !strings.Contains(out.String(), want) || loud.Len() > 0 {
+		t.Errorf("without a regression: stdout %q (want %q), stderr %q", out.String(), want, loud.String())
+	}
+}
+
+func TestBaselineRoundTrip(t *testing.T) {
+	r := &Results{Machine: Machine{CPUs: 2, GoVersion: "go1.99"}, Ratios: map[string]float64{"floor/dra/n=1000/total": 1.31, RatioRSSStartAnon: 0.35}}
+	b := NewBaseline(r, "a note")
+	if !strings.HasPrefix(b.Machine, "2 CPUs, go1.99, ") || len(b.Date) != len("2026-12-03") {
+		t.Errorf("baseline machine %q, date %q", b.Machine, b.Date)
+	}
+	path := filepath.Join(t.TempDir(), "sub", "baseline.json")
+	if err := WriteBaseline(path, b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadBaseline(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Date != b.Date || got.Machine != b.Machine || got.Note != b.Note || !maps.Equal(got.Ratios, r.Ratios) {
+		t.Errorf("read back %+v, wrote %+v", got, b)
+	}
+	r.Ratios["floor/dra/n=1000/total"] = 9 // the baseline holds a copy
+	if got.Ratios["floor/dra/n=1000/total"] != 1.31 {
+		t.Error("the baseline shares its ratios with the results")
+	}
+	if err := WriteBaseline(filepath.Join(t.TempDir(), "empty.json"), &Baseline{}); err == nil {
+		t.Error("a baseline without ratios was written")
+	}
+}
+
+// TestReadBaselineErrors: a bad baseline file gives an error that names it.
+func TestReadBaselineErrors(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{
+		"not-json.json":    "ratios: 1",
+		"truncated.json":   `{"date": "2026-12-03", "ratios": {"a": 1`,
+		"no-ratios.json":   `{"date": "2026-12-03", "machine": "m", "note": "n"}`,
+		"zero-ratio.json":  `{"ratios": {"floor/dra/n=1/total": 0}}`,
+		"string.json":      `{"ratios": {"floor/dra/n=1/total": "1.2"}}`,
+		"unknown-key.json": `{"ratio": {"floor/dra/n=1/total": 1.2}}`,
+		"two-values.json":  `{"ratios": {"a": 1}} {"ratios": {"a": 2}}`,
+	} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := ReadBaseline(path)
+		if err == nil || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: error %v, want one naming the file", name, err)
+		}
+	}
+	missing := filepath.Join(dir, "missing.json")
+	if _, err := ReadBaseline(missing); !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), missing) {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+// TestLoadBaseline: the default file may be absent, a named one may not;
+// an empty path compares with nothing.
+func TestLoadBaseline(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "baseline.json")
+	if b, err := LoadBaseline(missing, false); b != nil || err != nil {
+		t.Errorf("absent default: %v, %v; want no baseline and no error", b, err)
+	}
+	if _, err := LoadBaseline(missing, true); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("absent named file: %v, want an error naming it", err)
+	}
+	if b, err := LoadBaseline("", true); b != nil || err != nil {
+		t.Errorf("empty path: %v, %v", b, err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	if err := os.WriteFile(bad, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadBaseline(bad, false); err == nil {
+		t.Error("a bad default file gave no error")
+	}
+}

@@ -1,0 +1,98 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// The ratios' names (see ComputeRatios). Every ratio is lower-is-better.
+const (
+	// RatioRSSStartAnon is the devicemanager's RssAnon before any plugin
+	// registered over rssAnonReferenceMiB.
+	RatioRSSStartAnon = "rss/devicemanager_start_anon"
+)
+
+// rssAnonReferenceMiB is the fixed reference the devicemanager's anonymous
+// RSS at start is divided by in RatioRSSStartAnon, so that the figure sits
+// beside the other ratios. It is a scale, not a target: the ratio moves only
+// when the devicemanager's own memory does. Changing it changes the ratio of
+// every run, so a baseline must be written again when it changes.
+const rssAnonReferenceMiB = 20
+
+// cpuRatioMinN is the least N whose CPU figures make a ratio: the kernel
+// counts CPU time in 10 ms ticks, too coarse for fewer plugins.
+const cpuRatioMinN = 100
+
+// ComputeRatios returns r's figures as named ratios, all lower-is-better:
+//
+//   - floor/<kind>/n=<N>/total and .../p99: nodeplug over the floor
+//     registrar for N plugins of a kind at once (FloorResult.RatioTotal and
+//     RatioP99), <kind> being "device-plugin" or "dra";
+//   - cpu/<kind>/n=<N>/over_contract, for N ≥ 100: nodeplug's CPU per
+//     plugin over the contract floor's, the median over the rounds;
+//   - rss/devicemanager_start_anon: the devicemanager's RssAnon before any
+//     plugin registered, over a fixed reference of 20 MiB.
+//
+// A phase that did not run gives no ratio, and neither does a figure that is
+// zero (not measured, or a CPU time below the kernel's tick).
+func ComputeRatios(r *Results) map[string]float64 {
+	out := map[string]float64{}
+	put := func(name string, v float64) {
+		if v > 0 {
+			out[name] = v
+		}
+	}
+	for _, f := range r.Floor {
+		prefix := fmt.Sprintf("%s/n=%d/", kindSlug(f.Kind), f.N)
+		put("floor/"+prefix+"total", f.RatioTotal)
+		put("floor/"+prefix+"p99", f.RatioP99)
+		if f.N >= cpuRatioMinN {
+			put("cpu/"+prefix+"over_contract", cpuOverContract(f.Rounds))
+		}
+	}
+	put(RatioRSSStartAnon, ratio(r.Footprint.DeviceManagerStartAnonMiB, rssAnonReferenceMiB))
+	return out
+}
+
+// kindSlug is a plugin kind as a ratio's name has it: lower case, spaces as
+// dashes ("device plugin" → "device-plugin", "DRA" → "dra").
+func kindSlug(kind string) string {
+	return strings.ReplaceAll(strings.ToLower(kind), " ", "-")
+}
+
+// cpuOverContract is the median over rounds of nodeplug's CPU per plugin
+// over the contract floor's. A round in which either measured none (less
+// than a tick) is left out; zero when every round is.
+func cpuOverContract(rounds []FloorRound) float64 {
+	var v []float64
+	for _, rd := range rounds {
+		if rd.Nodeplug.CPUmsPerPlugin > 0 && rd.Contract.CPUmsPerPlugin > 0 {
+			v = append(v, ratio(rd.Nodeplug.CPUmsPerPlugin, rd.Contract.CPUmsPerPlugin))
+		}
+	}
+	return median(v)
+}
+
+// printRatios writes r.Ratios, by name, with the memory figures beside the
+// RSS ratio.
+func printRatios(w io.Writer, r *Results) {
+	fmt.Fprintln(w, "\nRatios (lower is better)")
+	names := make([]string, 0, len(r.Ratios))
+	width := 0
+	for n := range r.Ratios {
+		names = append(names, n)
+		width = max(width, len(n))
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-*s %7.2f×", width, n, r.Ratios[n])
+		if n == RatioRSSStartAnon {
+			f := r.Footprint
+			fmt.Fprintf(w, "  (RssAnon %.1f MiB over %d MiB; VmRSS %.1f MiB, of which RssFile %.1f MiB)",
+				f.DeviceManagerStartAnonMiB, rssAnonReferenceMiB, f.DeviceManagerStartMiB, f.DeviceManagerStartFileMiB)
+		}
+		fmt.Fprintln(w)
+	}
+}
