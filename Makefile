@@ -69,13 +69,17 @@ chaos: build ## Kill services under load and damage the checkpoint; check nothin
 	bin/nodeplug-chaos -bin bin -json chaos-results.json $(CHAOS_FLAGS)
 
 .PHONY: bench
-bench: build ## Run the benchmarks: nodeplug-bench against real processes (its ratios compared with bench/baseline.json; BENCH_FLAGS='-write-baseline bench/baseline.json' records a new one), then the Go benchmarks.
+bench: build kubeletreg ## Run the benchmarks: nodeplug-bench against real processes (its ratios compared with bench/baseline.json; BENCH_FLAGS='-write-baseline bench/baseline.json' records a new one), then the Go benchmarks.
 	bin/nodeplug-bench -bin bin -json bench-results.json $(BENCH_FLAGS)
 	go test -run '^$$' -bench . -benchmem ./...
 
 .PHONY: bench-apiflood
 bench-apiflood: build ## nodeplug-apiserver alone under a flood (500 watches that never read, 300 slice create/delete, 150 updates of a maximal object): its peak and settled RSS and heap.
 	bin/nodeplug-bench -scenario apiflood
+
+.PHONY: kubeletreg
+kubeletreg: ## Build bin/kubeletreg (module test/upstream): the kubelet's own plugin manager, which nodeplug-bench's floor phase measures beside nodeplug when run as root.
+	CGO_ENABLED=0 go -C test/upstream build -trimpath -ldflags '-s -w' -o ../../bin/kubeletreg ./cmd/kubeletreg
 
 .PHONY: generate
 generate: $(BUF) ## Regenerate pkg/api from proto/ with buf.

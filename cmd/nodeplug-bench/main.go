@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,6 +72,7 @@ type options struct {
 	bin, out, root, phases, regN, pprofDir string
 	scenario, bareClient, contractFloor    string
 	baseline, writeBaseline                string
+	kubeletHarness                         string
 	baselineSet, failOnRegression          bool // baselineSet: -baseline was given
 	floorRounds, harnessGC, pprofSecs      int
 	journalLoop                            time.Duration
@@ -88,6 +90,8 @@ func parseFlags() *options {
 	flag.StringVar(&o.root, "root-dir", "", "root dir for the services (default: a temporary directory)")
 	flag.StringVar(&o.phases, "phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
 	flag.StringVar(&o.regN, "registration-n", "", "comma-separated plugin counts of the registration rounds (default: 1,10,100,1000; -short: 1,10)")
+	flag.StringVar(&o.kubeletHarness, "kubelet-harness", "", "the kubeletreg binary (make kubeletreg): the floor phase's rounds measure the kubelet's own plugin manager too; needs root "+
+		"(default: kubeletreg in the -bin directory when it is there and the bench runs as root; off: don't)")
 	flag.IntVar(&o.floorRounds, "floor-rounds", 0, "rounds of nodeplug, the floor and the contract floor per kind and N in the floor phase, their median reported (default 3; -short: 1); at N ≤ 100 one run's ratio varies widely on 2 cores, and more rounds steady it")
 	flag.DurationVar(&o.journalLoop, "journal-loop", 0, "how long the durability phase's Allocate/Release loop follows the journal's size (default: 1m; -short: 1s)")
 	flag.IntVar(&o.harnessGC, "harness-gc-percent", bench.DefaultHarnessGCPercent, "the bench process's own GC percent during the allocation and durability phases, whose callers and in-process plugins it hosts (0: Go's default)")
@@ -168,7 +172,29 @@ func (o *options) config() (bench.Config, error) {
 	cfg.PprofDir, cfg.PprofSeconds = o.pprofDir, o.pprofSecs
 	cfg.Root = o.root
 	cfg.Bin = o.bin
+	cfg.KubeletHarness = o.kubeletHarnessPath()
 	return cfg, nil
+}
+
+// kubeletHarnessPath is -kubelet-harness: the path given; when none was,
+// kubeletreg in the -bin directory if it is there and the bench runs as
+// root (kubeletreg needs root); empty for "off" and otherwise.
+func (o *options) kubeletHarnessPath() string {
+	switch o.kubeletHarness {
+	case "off":
+		return ""
+	case "":
+		dir, err := stack.BinDir(o.bin)
+		if err != nil || os.Geteuid() != 0 {
+			return ""
+		}
+		path := filepath.Join(dir, "kubeletreg")
+		if st, err := os.Stat(path); err != nil || st.IsDir() {
+			return ""
+		}
+		return path
+	}
+	return o.kubeletHarness
 }
 
 // runBench runs the bench's phases with cfg, prints their table, compares

@@ -48,6 +48,10 @@ type Config struct {
 	FloorRounds    int           // rounds of nodeplug and the floor per kind and N (median taken)
 	ClaimCallers   []int         // concurrent callers of DRA claim prepare+release pairs (claims.go)
 	ClaimPairs     int           // pairs per caller, each on a new claim
+	// KubeletHarness, when set, is the kubeletreg binary: the floor
+	// phase's rounds then measure the kubelet's own plugin manager too
+	// (kubelet.go). It needs root.
+	KubeletHarness string
 	// HarnessGCPercent is the bench process's own GC percent while the
 	// allocation and durability phases run (0: Go's default). Their
 	// callers and in-process plugins live in the bench process, and its

@@ -222,12 +222,14 @@ const (
 )
 
 // FloorRound is one round of N plugins of a kind registered at once, by
-// nodeplug, by the floor registrar and by the contract floor, one after
-// the other.
+// nodeplug, by the floor registrar, by the contract floor and, with
+// Config.KubeletHarness, by the kubelet's plugin manager (kubelet.go), one
+// after the other.
 type FloorRound struct {
-	Nodeplug RoundFigures `json:"nodeplug"`
-	Floor    RoundFigures `json:"floor"`
-	Contract RoundFigures `json:"contract_floor"`
+	Nodeplug RoundFigures  `json:"nodeplug"`
+	Floor    RoundFigures  `json:"floor"`
+	Contract RoundFigures  `json:"contract_floor"`
+	Kubelet  *RoundFigures `json:"kubelet,omitempty"`
 }
 
 // RoundFigures are one registrar's figures of a round: socket appears →
@@ -257,6 +259,10 @@ type FloorResult struct {
 	// least; nodeplug / contract floor is what nodeplug adds to that.
 	ContractRatioTotal float64 `json:"contract_ratio_total"`
 	OverheadRatioTotal float64 `json:"overhead_ratio_total"`
+	// nodeplug / the kubelet, medians as above, when the kubelet ran:
+	// below 1, nodeplug is faster.
+	KubeletRatioTotal float64 `json:"kubelet_ratio_total,omitempty"`
+	KubeletRatioP99   float64 `json:"kubelet_ratio_p99,omitempty"`
 }
 
 // floorTargets are the issue's targets for nodeplug / floor.
@@ -272,6 +278,11 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 		return nil, err
 	}
 	defer func() { _ = warm.Close() }()
+	kubelet, err := r.warmKubelet(ctx) // nil without Config.KubeletHarness
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = kubelet.Close() }()
 	var out []FloorResult
 	for _, kind := range []string{KindDevicePlugin, KindDRA} {
 		for _, n := range r.cfg.RegistrationNs {
@@ -292,7 +303,11 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 				if err != nil {
 					return out, fmt.Errorf("contract floor, %d %s plugins: %w", n, kind, err)
 				}
-				res.Rounds = append(res.Rounds, FloorRound{Nodeplug: np, Floor: fl, Contract: cf})
+				kl, err := r.kubeletRound(ctx, kubelet, kind, n)
+				if err != nil {
+					return out, fmt.Errorf("the kubelet, %d %s plugins: %w", n, kind, err)
+				}
+				res.Rounds = append(res.Rounds, FloorRound{Nodeplug: np, Floor: fl, Contract: cf, Kubelet: kl})
 				p50 = append(p50, ratio(np.Notify.P50, fl.Notify.P50))
 				p99 = append(p99, ratio(np.Notify.P99, fl.Notify.P99))
 				total = append(total, ratio(np.TotalMs, fl.TotalMs))
@@ -302,6 +317,7 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 			}
 			res.RatioP50, res.RatioP99, res.RatioTotal = median(p50), median(p99), median(total)
 			res.ContractRatioTotal, res.OverheadRatioTotal = median(contract), median(overhead)
+			setKubeletRatios(&res)
 			r.logf("  ratios (median of %d): p50 %.2f, p99 %.2f, total %.2f (target ≤ %.1f); total contract/floor %.2f, nodeplug/contract %.2f",
 				rounds, res.RatioP50, res.RatioP99, res.RatioTotal, floorTargets[kind], res.ContractRatioTotal, res.OverheadRatioTotal)
 			out = append(out, res)
