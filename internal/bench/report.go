@@ -46,6 +46,7 @@ func Print(w io.Writer, r *Results) {
 				f.Kind, f.N, last.Contract.Notify.P50, last.Contract.Notify.P99, last.Contract.TotalMs, f.ContractRatioTotal, f.OverheadRatioTotal, cpu)
 		}
 	}
+	PrintKubelet(w, r)
 	// A phase that did not run leaves its figures zero: its section is
 	// left out.
 	if st := r.Stale; st.Stale > 0 {
