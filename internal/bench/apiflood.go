@@ -82,7 +82,9 @@ func APIFlood(ctx context.Context, cfg APIFloodConfig) (*APIFloodResult, error) 
 	if err := srv.waitIdle(ctx); err != nil {
 		return nil, err
 	}
-	res.StartRSSMiB, _, _ = procMemMiB(srv.pid())
+	if m, err := readRSS(srv.pid()); err == nil {
+		res.StartRSSMiB = m.VmRSS
+	}
 	res.StartHeapMiB = srv.heapMiB(ctx)
 	logf(cfg.Progress, "apiflood: nodeplug-apiserver at %s, RSS %.1f MiB, heap %.1f MiB", srv.api, res.StartRSSMiB, res.StartHeapMiB)
 	mem := followMemory(ctx, srv)
@@ -95,10 +97,11 @@ func APIFlood(ctx context.Context, cfg APIFloodConfig) (*APIFloodResult, error) 
 		return nil, ctx.Err()
 	case <-time.After(cfg.After):
 	}
-	res.EndRSSMiB, _, _ = procMemMiB(srv.pid())
+	if m, err := readRSS(srv.pid()); err == nil {
+		res.EndRSSMiB, res.PeakRSSMiB = m.VmRSS, m.Peak
+	}
 	res.EndHeapMiB = srv.heapMiB(ctx)
 	res.PeakHeapMiB = max(mem.stop(), res.StartHeapMiB, res.EndHeapMiB)
-	_, res.PeakRSSMiB, _ = procMemMiB(srv.pid())
 	return res, nil
 }
 

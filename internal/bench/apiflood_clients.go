@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,29 +130,6 @@ func (s *floodServer) waitWatches(ctx context.Context, n int) (int, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// procMemMiB is a process's resident set now and at its peak (VmRSS,
-// VmHWM).
-func procMemMiB(pid int) (rss, hwm float64, err error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = kb / 1024
-		case "VmHWM:":
-			hwm = kb / 1024
-		}
-	}
-	return rss, hwm, nil
 }
 
 // memoryFollower samples the server's heap until stopped.

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
 )
 
 // DefaultBaselineFile is the committed baseline a run is compared with,
@@ -105,14 +107,10 @@ func WriteBaseline(path string, b *Baseline) error {
 	if len(b.Ratios) == 0 {
 		return fmt.Errorf("baseline %s: this run has no ratios to record (they come from the floor and footprint phases)", path)
 	}
-	data, err := json.MarshalIndent(b, "", "  ")
-	if err != nil {
-		return fmt.Errorf("baseline %s: %w", path, err)
-	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("baseline %s: %w", path, err)
 	}
-	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+	if err := stack.WriteJSON(path, b); err != nil {
 		return fmt.Errorf("baseline %s: %w", path, err)
 	}
 	return nil

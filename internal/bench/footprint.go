@@ -261,9 +261,10 @@ func rssMiB(pid int) (float64, error) {
 // rodata: shared with every process running it, reclaimable, and how much
 // of it is resident depends on the kernel and the page cache (with large
 // page-cache folios most of a Go binary's VmRSS is RssFile). Anon and File
-// are zero on a kernel that does not report them (before Linux 4.5).
+// are zero on a kernel that does not report them (before Linux 4.5). Peak
+// is VmHWM, the most VmRSS has been.
 type rssSample struct {
-	VmRSS, Anon, File float64
+	VmRSS, Anon, File, Peak float64
 }
 
 // readRSS reads pid's rssSample.
@@ -280,11 +281,11 @@ func readRSS(pid int) (rssSample, error) {
 	return s, nil
 }
 
-// parseRSS reads the VmRSS, RssAnon and RssFile lines ("VmRSS:   1234 kB")
-// of a /proc/<pid>/status; VmRSS must be there.
+// parseRSS reads the VmRSS, RssAnon, RssFile and VmHWM lines ("VmRSS:
+// 1234 kB") of a /proc/<pid>/status; VmRSS must be there.
 func parseRSS(status string) (rssSample, error) {
 	var s rssSample
-	fields := map[string]*float64{"VmRSS:": &s.VmRSS, "RssAnon:": &s.Anon, "RssFile:": &s.File}
+	fields := map[string]*float64{"VmRSS:": &s.VmRSS, "RssAnon:": &s.Anon, "RssFile:": &s.File, "VmHWM:": &s.Peak}
 	seen := false
 	for _, line := range strings.Split(status, "\n") {
 		f := strings.Fields(line)

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
 )
 
 // The kubelet registrar is the kubelet's own plugin registration, measured
@@ -58,7 +60,7 @@ const kubeletPeriod = time.Second
 type kubeletRegistrar struct {
 	cmd       *exec.Cmd
 	dir, root string
-	stderr    *tailBuffer
+	stderr    *stack.Tail
 	ended     chan struct{} // closed once the process ended
 	lines     lineCounts
 	want      map[string]int // lines of each kind awaited so far
@@ -83,7 +85,7 @@ func (r *runner) warmKubelet(ctx context.Context) (*kubeletRegistrar, error) {
 	k := &kubeletRegistrar{
 		dir:    filepath.Join(r.root, fmt.Sprintf("kubelet-%d", seq)),
 		root:   filepath.Join(r.root, fmt.Sprintf("kl%d", seq)), // its /var/lib/kubelet
-		stderr: &tailBuffer{max: 8 << 10},
+		stderr: &stack.Tail{Max: 8 << 10},
 		ended:  make(chan struct{}),
 		lines:  lineCounts{at: map[string][]time.Time{}, changed: make(chan struct{})},
 		want:   map[string]int{},
@@ -298,30 +300,6 @@ func (c *lineCounts) await(ctx context.Context, ended <-chan struct{}, failure f
 	}
 }
 
-// tailBuffer keeps the last max bytes written to it: a process's last
-// errors.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
-}
-
 // setKubeletRatios sets res's kubelet ratios, nodeplug over the kubelet,
 // the medians over the rounds that ran the kubelet.
 func setKubeletRatios(res *FloorResult) {
@@ -333,23 +311,6 @@ func setKubeletRatios(res *FloorResult) {
 		}
 	}
 	res.KubeletRatioTotal, res.KubeletRatioP99 = median(total), median(p99)
-}
-
-// KubeletRatios returns nodeplug over the kubelet for each kind and N the
-// kubelet ran: kubelet/<kind>/n=<N>/total and .../p99, <kind> being
-// "device-plugin" or "dra". Below 1, nodeplug is faster.
-func KubeletRatios(r *Results) map[string]float64 {
-	out := map[string]float64{}
-	for _, f := range r.Floor {
-		prefix := fmt.Sprintf("kubelet/%s/n=%d/", kindSlug(f.Kind), f.N)
-		if f.KubeletRatioTotal > 0 {
-			out[prefix+"total"] = f.KubeletRatioTotal
-		}
-		if f.KubeletRatioP99 > 0 {
-			out[prefix+"p99"] = f.KubeletRatioP99
-		}
-	}
-	return out
 }
 
 // PrintKubelet writes the kubelet's section: for each kind and N it ran,

@@ -22,10 +22,11 @@ func TestKubeletFigures(t *testing.T) {
 	if res.KubeletRatioTotal != 0.1 || res.KubeletRatioP99 != 0.1 {
 		t.Fatalf("ratios total %v, p99 %v; want 0.1, 0.1", res.KubeletRatioTotal, res.KubeletRatioP99)
 	}
-	r := &Results{Floor: []FloorResult{res, {Kind: KindDRA, N: 10, Rounds: []FloorRound{{}}}}}
-	got := KubeletRatios(r)
+	// Below 100 plugins the kubelet's ratios are not compared.
+	r := &Results{Floor: []FloorResult{res, {Kind: KindDRA, N: 10, Rounds: []FloorRound{{}}, KubeletRatioTotal: 0.02, KubeletRatioP99: 0.02}}}
+	got := ComputeRatios(r)
 	if len(got) != 2 || got["kubelet/device-plugin/n=1000/total"] != 0.1 || got["kubelet/device-plugin/n=1000/p99"] != 0.1 {
-		t.Fatalf("KubeletRatios = %v", got)
+		t.Fatalf("ComputeRatios = %v; want the kubelet's two at N=1000 only", got)
 	}
 	var b strings.Builder
 	PrintKubelet(&b, r)

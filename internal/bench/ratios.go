@@ -25,6 +25,12 @@ const rssAnonReferenceMiB = 20
 // counts CPU time in 10 ms ticks, too coarse for fewer plugins.
 const cpuRatioMinN = 100
 
+// kubeletRatioMinN is the least N compared with the kubelet: below it the
+// kubelet's figures are its reconciler's one-second pass, and nodeplug's
+// few milliseconds over it swing by more than the comparison's margin from
+// run to run.
+const kubeletRatioMinN = 100
+
 // ComputeRatios returns r's figures as named ratios, all lower-is-better:
 //
 //   - floor/<kind>/n=<N>/total and .../p99: nodeplug over the floor
@@ -32,6 +38,8 @@ const cpuRatioMinN = 100
 //     RatioP99), <kind> being "device-plugin" or "dra";
 //   - cpu/<kind>/n=<N>/over_contract, for N ≥ 100: nodeplug's CPU per
 //     plugin over the contract floor's, the median over the rounds;
+//   - kubelet/<kind>/n=<N>/total and .../p99, for N ≥ 100 when the
+//     kubelet ran: nodeplug over the kubelet (below 1, nodeplug is faster);
 //   - rss/devicemanager_start_anon: the devicemanager's RssAnon before any
 //     plugin registered, over a fixed reference of 20 MiB.
 //
@@ -51,16 +59,12 @@ func ComputeRatios(r *Results) map[string]float64 {
 		if f.N >= cpuRatioMinN {
 			put("cpu/"+prefix+"over_contract", cpuOverContract(f.Rounds))
 		}
-	}
-	put(RatioRSSStartAnon, ratio(r.Footprint.DeviceManagerStartAnonMiB, rssAnonReferenceMiB))
-	// Against the kubelet from 100 plugins on: below that its figures are
-	// its reconciler's one-second pass, and nodeplug's few milliseconds
-	// over it swing by more than the comparison's margin from run to run.
-	for name, v := range KubeletRatios(r) {
-		if !strings.Contains(name, "/n=1/") && !strings.Contains(name, "/n=10/") {
-			put(name, v)
+		if f.N >= kubeletRatioMinN {
+			put("kubelet/"+prefix+"total", f.KubeletRatioTotal)
+			put("kubelet/"+prefix+"p99", f.KubeletRatioP99)
 		}
 	}
+	put(RatioRSSStartAnon, ratio(r.Footprint.DeviceManagerStartAnonMiB, rssAnonReferenceMiB))
 	return out
 }
 

@@ -99,12 +99,12 @@ func TestPrintRatios(t *testing.T) {
 }
 
 func TestParseRSS(t *testing.T) {
-	status := "Name:\tnodeplug-devicemanager\nVmPeak:\t 1300000 kB\nVmRSS:\t   52224 kB\nRssAnon:\t    7168 kB\nRssFile:\t   45056 kB\nRssShmem:\t       0 kB\nThreads:\t8\n"
+	status := "Name:\tnodeplug-devicemanager\nVmPeak:\t 1300000 kB\nVmHWM:\t   61440 kB\nVmRSS:\t   52224 kB\nRssAnon:\t    7168 kB\nRssFile:\t   45056 kB\nRssShmem:\t       0 kB\nThreads:\t8\n"
 	got, err := parseRSS(status)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (rssSample{VmRSS: 51, Anon: 7, File: 44}); got != want {
+	if want := (rssSample{VmRSS: 51, Anon: 7, File: 44, Peak: 60}); got != want {
 		t.Errorf("parseRSS = %+v, want %+v", got, want)
 	}
 	// A kernel before 4.5 has no RssAnon or RssFile: VmRSS alone.

@@ -9,12 +9,14 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
 )
 
 // process is the started plugin.
 type process struct {
 	cmd  *exec.Cmd
-	out  *tail
+	out  *stack.Tail
 	done chan struct{}
 
 	mu    sync.Mutex
@@ -27,7 +29,7 @@ func startProcess(argv, env []string, extra io.Writer) (*process, error) {
 	cmd.Env = append(os.Environ(), env...)
 	// Its own process group, so that what it starts is ended with it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	t := &tail{max: 64 << 10}
+	t := &stack.Tail{Max: 64 << 10}
 	var w io.Writer = t
 	if extra != nil {
 		w = io.MultiWriter(t, extra)
@@ -82,26 +84,3 @@ func (p *process) kill() {
 }
 
 func (p *process) output() string { return p.out.String() }
-
-// tail keeps the last max bytes written to it.
-type tail struct {
-	mu  sync.Mutex
-	max int
-	buf []byte
-}
-
-func (t *tail) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, b...)
-	if over := len(t.buf) - t.max; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(b), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
-}

@@ -398,9 +398,8 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 		}
 	}
 
-	// 3. Register what is missing; keep a status entry per socket.
+	// 3. Register what is missing (reconcile gave it its status entry).
 	if desired {
-		r.status.Track(d.Path, d.Generation, r.asw.ExistsWithGeneration(d.Path, d.Generation))
 		if !r.asw.ExistsWithGeneration(d.Path, d.Generation) {
 			r.runCancellable(ctx, d.Path, d.Generation, func(ctx context.Context, a executor.Attempt) error { return r.register(ctx, d, a) })
 		}
