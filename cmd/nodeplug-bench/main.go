@@ -72,7 +72,7 @@ type options struct {
 	bin, out, root, phases, regN, pprofDir string
 	scenario, bareClient, contractFloor    string
 	baseline, writeBaseline                string
-	kubeletHarness                         string
+	kubeletHarness, kinds                  string
 	baselineSet, failOnRegression          bool // baselineSet: -baseline was given
 	floorRounds, harnessGC, pprofSecs      int
 	journalLoop                            time.Duration
@@ -90,6 +90,7 @@ func parseFlags() *options {
 	flag.StringVar(&o.root, "root-dir", "", "root dir for the services (default: a temporary directory)")
 	flag.StringVar(&o.phases, "phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
 	flag.StringVar(&o.regN, "registration-n", "", "comma-separated plugin counts of the registration rounds (default: 1,10,100,1000; -short: 1,10)")
+	flag.StringVar(&o.kinds, "kinds", "", "comma-separated plugin kinds of the floor phase, of device-plugin,dra (default: both)")
 	flag.StringVar(&o.kubeletHarness, "kubelet-harness", "", "the kubeletreg binary (make kubeletreg): the floor phase's rounds measure the kubelet's own plugin manager too; needs root "+
 		"(default: kubeletreg in the -bin directory when it is there and the bench runs as root; off: don't)")
 	flag.IntVar(&o.floorRounds, "floor-rounds", 0, "rounds of nodeplug, the floor and the contract floor per kind and N in the floor phase, their median reported (default 3; -short: 1); at N ≤ 100 one run's ratio varies widely on 2 cores, and more rounds steady it")
@@ -144,6 +145,15 @@ func (o *options) config() (bench.Config, error) {
 				return cfg, fmt.Errorf("-registration-n: %q is not a positive count", f)
 			}
 			cfg.RegistrationNs = append(cfg.RegistrationNs, n)
+		}
+	}
+	if o.kinds != "" {
+		for _, f := range strings.Split(o.kinds, ",") {
+			k, ok := bench.Kinds[f]
+			if !ok {
+				return cfg, fmt.Errorf("-kinds: %q is not a plugin kind (device-plugin, dra)", f)
+			}
+			cfg.FloorKinds = append(cfg.FloorKinds, k)
 		}
 	}
 	if o.writeBaseline != "" && len(cfg.Phases) > 0 && !slices.Contains(cfg.Phases, "floor") && !slices.Contains(cfg.Phases, "footprint") {

@@ -46,8 +46,11 @@ type Config struct {
 	StaleSockets   int           // stale socket files beside which a healthy plugin registers
 	StaleSamples   int           // healthy registrations measured, quiet and beside them
 	FloorRounds    int           // rounds of nodeplug and the floor per kind and N (median taken)
-	ClaimCallers   []int         // concurrent callers of DRA claim prepare+release pairs (claims.go)
-	ClaimPairs     int           // pairs per caller, each on a new claim
+	// FloorKinds are the plugin kinds of the floor phase, of Kinds (nil:
+	// all of them).
+	FloorKinds   []string
+	ClaimCallers []int // concurrent callers of DRA claim prepare+release pairs (claims.go)
+	ClaimPairs   int   // pairs per caller, each on a new claim
 	// KubeletHarness, when set, is the kubeletreg binary: the floor
 	// phase's rounds then measure the kubelet's own plugin manager too
 	// (kubelet.go). It needs root.

@@ -522,7 +522,7 @@ func (r *runner) warmContractFloor(ctx context.Context) (*warmContract, error) {
 		_ = w.Close()
 		return nil, err
 	}
-	for _, kind := range []string{KindDevicePlugin, KindDRA} {
+	for _, kind := range r.cfg.floorKinds() {
 		if _, err := r.contractRound(ctx, w, kind, 1); err != nil {
 			_ = w.Close()
 			return nil, fmt.Errorf("contract floor warm-up: %w", err)

@@ -221,6 +221,19 @@ const (
 	KindDRA          = "DRA"
 )
 
+// Kinds are the plugin kinds, in the order the floor phase measures them,
+// by the names -kinds takes.
+var Kinds = map[string]string{"device-plugin": KindDevicePlugin, "dra": KindDRA}
+
+// floorKinds are the kinds the floor phase measures: cfg.FloorKinds, else
+// every kind.
+func (c Config) floorKinds() []string {
+	if len(c.FloorKinds) > 0 {
+		return c.FloorKinds
+	}
+	return []string{KindDevicePlugin, KindDRA}
+}
+
 // FloorRound is one round of N plugins of a kind registered at once, by
 // nodeplug, by the floor registrar, by the contract floor and, with
 // Config.KubeletHarness, by the kubelet's plugin manager (kubelet.go), one
@@ -284,7 +297,7 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 	}
 	defer func() { _ = kubelet.Close() }()
 	var out []FloorResult
-	for _, kind := range []string{KindDevicePlugin, KindDRA} {
+	for _, kind := range r.cfg.floorKinds() {
 		for _, n := range r.cfg.RegistrationNs {
 			res := FloorResult{Kind: kind, N: n}
 			var p50, p99, total, contract, overhead []float64

@@ -94,7 +94,7 @@ func (r *runner) warmKubelet(ctx context.Context) (*kubeletRegistrar, error) {
 		_ = k.Close()
 		return nil, fmt.Errorf("the kubelet registrar: %w", err)
 	}
-	for _, kind := range []string{KindDevicePlugin, KindDRA} {
+	for _, kind := range r.cfg.floorKinds() {
 		if _, err := r.kubeletOnce(ctx, k, kind, 1); err != nil {
 			_ = k.Close()
 			return nil, fmt.Errorf("the kubelet registrar's warm-up: %w", err)

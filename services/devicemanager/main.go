@@ -166,19 +166,20 @@ func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, 
 // journal), which it returns; ListClaims joins its records with the API's
 // claims (claimview).
 func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal) (*claims.Manager, error) {
+	kc, err := kubecache.New(kubeAPI.Client, kubeAPI.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	slices := slicewatch.New(kc.NodeSlices, kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
 	reg, err := drivers.New(drivers.Config{
 		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, AllowedDirs: rt.Config.AllowedDirs,
-		DisconnectDelay: delay, Log: rt.Log, Registerer: rt.Metrics,
+		DisconnectDelay: delay, Log: rt.Log, Registerer: rt.Metrics, Slices: slices.Count,
 	})
 	if err != nil {
 		return nil, err
 	}
 	reg.Start()
 	rt.Go(func(ctx context.Context) error { <-ctx.Done(); reg.Close(); return nil })
-	kc, err := kubecache.New(kubeAPI.Client, kubeAPI.NodeName)
-	if err != nil {
-		return nil, err
-	}
 	alloc, err := claimalloc.New(kubeAPI.Client, kubeAPI.NodeName, rt.Log)
 	if err != nil {
 		return nil, err
@@ -186,7 +187,6 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	// The allocator's decisions read the node, its slices, the
 	// DeviceClasses and the devices in use from kc's memory.
 	alloc.Follow(kc)
-	slices := slicewatch.New(kc.NodeSlices, kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
 	rt.Go(alloc.Run)
 	rt.Go(slices.Run)
 	rt.Go(kc.Run)

@@ -121,6 +121,7 @@ type Executor struct {
 	log   *slog.Logger
 	due   func(key string)
 	sem   chan struct{}
+	pool  *goPool
 
 	mu   sync.Mutex
 	keys map[string]*entry
@@ -149,7 +150,7 @@ func New(o Options) *Executor {
 	if o.Due == nil {
 		o.Due = func(string) {}
 	}
-	return &Executor{clock: o.Clock, log: o.Log, due: o.Due, sem: make(chan struct{}, o.MaxParallel), keys: map[string]*entry{}}
+	return &Executor{clock: o.Clock, log: o.Log, due: o.Due, sem: make(chan struct{}, o.MaxParallel), pool: newGoPool(), keys: map[string]*entry{}}
 }
 
 // Delay returns the backoff after failures consecutive failures.
@@ -164,7 +165,7 @@ func Delay(failures int) time.Duration {
 	return d
 }
 
-// Run starts op for key and generation in a new goroutine, unless an
+// Run starts op for key and generation on a goroutine of its own, unless an
 // operation for key is running (ErrAlreadyRunning) or the key's generation
 // is in backoff (ErrBackoff). A different generation than the one that
 // failed starts afresh.
@@ -213,13 +214,13 @@ func (e *Executor) start(ctx context.Context, key, generation string, op Op, can
 	e.wg.Add(1)
 	e.mu.Unlock()
 
-	go func() {
+	e.pool.Go(func() {
 		defer e.wg.Done()
 		err := e.execute(ctx, key, op, attempt)
 		cancel(nil)
 		e.finish(key, generation, err)
 		e.due(key)
-	}()
+	})
 	return nil
 }
 
@@ -324,16 +325,18 @@ func (e *Executor) Forget(key string) {
 }
 
 // Wait waits for every started operation to end; cancel their context
-// first. It stops every backoff timer.
+// first. It stops every backoff timer and the goroutines kept for
+// operations.
 func (e *Executor) Wait() {
 	e.wg.Wait()
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	for _, en := range e.keys {
 		if en.timer != nil {
 			en.timer.Stop()
 		}
 	}
+	e.mu.Unlock()
+	e.pool.Stop()
 }
 
 // IsBackoff reports whether err is ErrBackoff or ErrAlreadyRunning, the

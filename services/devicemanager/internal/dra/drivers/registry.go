@@ -63,6 +63,13 @@ type Config struct {
 	Log             *slog.Logger
 	// Registerer receives the metrics; nil means none are registered.
 	Registerer prometheus.Registerer
+	// Slices, when set, counts this node's ResourceSlices of a driver in a
+	// watch cache of them (slicewatch.Slices.Count); ok is false until the
+	// cache has listed. A deletion then takes the count from it instead of
+	// listing, and makes no API call at all for a driver of which the
+	// cache holds no slice: a thousand drivers leaving cost a thousand
+	// List and DeleteCollection pairs before, for slices most never had.
+	Slices func(driver string) (n int, ok bool)
 }
 
 // Registration is one instance of a driver, as the reconciler's DRA

@@ -92,14 +92,28 @@ var wipeBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.2, Ca
 // deleteSlices deletes driver's ResourceSlices on this node with one
 // DeleteCollection (field selector spec.nodeName, spec.driver, as the
 // kubelet), retried with backoff until it succeeds or ctx ends (the driver
-// connected again, or the registry closed).
+// connected again, or the registry closed). With Config.Slices, a driver
+// the listed cache holds no slice of is left at that: there is nothing to
+// delete, as far as a List made a moment later could tell.
 func (r *Registry) deleteSlices(ctx context.Context, driver, reason string) {
 	sel := fields.Set{resourceapi.ResourceSliceSelectorNodeName: r.cfg.NodeName, resourceapi.ResourceSliceSelectorDriver: driver}.String()
 	slices := r.cfg.Client.ResourceV1().ResourceSlices()
 	_ = wait.ExponentialBackoffWithContext(ctx, wipeBackoff, func(ctx context.Context) (bool, error) {
 		n := -1 // unknown
-		if list, err := slices.List(ctx, metav1.ListOptions{FieldSelector: sel}); err == nil {
-			n = len(list.Items)
+		if r.cfg.Slices != nil {
+			if c, ok := r.cfg.Slices(driver); ok {
+				n = c
+			}
+		}
+		if n == 0 {
+			r.metrics.deleted(driver, reason, 0)
+			r.log.Debug("a DRA driver with no connected instance has no ResourceSlices on this node: nothing to delete", "driver", driver, "reason", reason)
+			return true, nil
+		}
+		if n < 0 {
+			if list, err := slices.List(ctx, metav1.ListOptions{FieldSelector: sel}); err == nil {
+				n = len(list.Items)
+			}
 		}
 		err := slices.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{FieldSelector: sel})
 		switch {

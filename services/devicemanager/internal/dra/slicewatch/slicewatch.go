@@ -154,6 +154,24 @@ func (s *Slices) Watch(ctx context.Context, driver string) (uint64, *stream.Subs
 	return s.rev, sub, nil
 }
 
+// Count returns how many of this node's slices are driver's, as followed
+// so far; ok is false until the informer has listed.
+func (s *Slices) Count(driver string) (n int, ok bool) {
+	select {
+	case <-s.synced:
+	default:
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rs := range s.items {
+		if rs.Spec.Driver == driver {
+			n++
+		}
+	}
+	return n, true
+}
+
 // SyncWait bounds how long a Watch waits for the first list.
 var SyncWait = 30 * time.Second
 
