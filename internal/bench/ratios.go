@@ -9,17 +9,21 @@ import (
 
 // The ratios' names (see ComputeRatios). Every ratio is lower-is-better.
 const (
-	// RatioRSSStartAnon is the devicemanager's RssAnon before any plugin
-	// registered over rssAnonReferenceMiB.
+	// RatioRSSStart is the devicemanager's VmRSS before any plugin
+	// registered over rssReferenceMiB: the target is 1.2.
+	RatioRSSStart = "rss/devicemanager_start"
+	// RatioRSSStartAnon is its RssAnon, its own memory without the
+	// file-backed pages of its executable, over the same reference.
 	RatioRSSStartAnon = "rss/devicemanager_start_anon"
 )
 
-// rssAnonReferenceMiB is the fixed reference the devicemanager's anonymous
-// RSS at start is divided by in RatioRSSStartAnon, so that the figure sits
-// beside the other ratios. It is a scale, not a target: the ratio moves only
-// when the devicemanager's own memory does. Changing it changes the ratio of
-// every run, so a baseline must be written again when it changes.
-const rssAnonReferenceMiB = 20
+// rssReferenceMiB is what the devicemanager's RSS at start is divided by:
+// about what it was before DRA claims, its VmRSS at start on 2026-12-01
+// (16.7–17.1 MiB measured again on a 2-core machine on 2026-12-03, the
+// "about 20 MB" of the issue that set the target of 1.2×). Changing it
+// changes the ratios of every run, so a baseline must be written again
+// when it changes.
+const rssReferenceMiB = 20
 
 // cpuRatioMinN is the least N whose CPU figures make a ratio: the kernel
 // counts CPU time in 10 ms ticks, too coarse for fewer plugins.
@@ -40,8 +44,9 @@ const kubeletRatioMinN = 100
 //     plugin over the contract floor's, the median over the rounds;
 //   - kubelet/<kind>/n=<N>/total and .../p99, for N ≥ 100 when the
 //     kubelet ran: nodeplug over the kubelet (below 1, nodeplug is faster);
-//   - rss/devicemanager_start_anon: the devicemanager's RssAnon before any
-//     plugin registered, over a fixed reference of 20 MiB.
+//   - rss/devicemanager_start: the devicemanager's VmRSS before any plugin
+//     registered, over a fixed reference of 20 MiB (target 1.2);
+//   - rss/devicemanager_start_anon: its RssAnon, over the same reference.
 //
 // A phase that did not run gives no ratio, and neither does a figure that is
 // zero (not measured, or a CPU time below the kernel's tick).
@@ -64,7 +69,8 @@ func ComputeRatios(r *Results) map[string]float64 {
 			put("kubelet/"+prefix+"p99", f.KubeletRatioP99)
 		}
 	}
-	put(RatioRSSStartAnon, ratio(r.Footprint.DeviceManagerStartAnonMiB, rssAnonReferenceMiB))
+	put(RatioRSSStart, ratio(r.Footprint.DeviceManagerStartMiB, rssReferenceMiB))
+	put(RatioRSSStartAnon, ratio(r.Footprint.DeviceManagerStartAnonMiB, rssReferenceMiB))
 	return out
 }
 
@@ -100,10 +106,13 @@ func printRatios(w io.Writer, r *Results) {
 	sort.Strings(names)
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-*s %7.2f×", width, n, r.Ratios[n])
-		if n == RatioRSSStartAnon {
-			f := r.Footprint
-			fmt.Fprintf(w, "  (RssAnon %.1f MiB over %d MiB; VmRSS %.1f MiB, of which RssFile %.1f MiB)",
-				f.DeviceManagerStartAnonMiB, rssAnonReferenceMiB, f.DeviceManagerStartMiB, f.DeviceManagerStartFileMiB)
+		f := r.Footprint
+		switch n {
+		case RatioRSSStart:
+			fmt.Fprintf(w, "  (VmRSS %.1f MiB over %d MiB, target 1.2×; of it RssFile %.1f MiB, file-backed pages of its executable)",
+				f.DeviceManagerStartMiB, rssReferenceMiB, f.DeviceManagerStartFileMiB)
+		case RatioRSSStartAnon:
+			fmt.Fprintf(w, "  (RssAnon %.1f MiB over %d MiB: its own memory)", f.DeviceManagerStartAnonMiB, rssReferenceMiB)
 		}
 		fmt.Fprintln(w)
 	}

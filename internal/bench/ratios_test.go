@@ -41,6 +41,7 @@ func TestComputeRatios(t *testing.T) {
 		"floor/dra/n=1000/p99":                  1.2,
 		"cpu/dra/n=1000/over_contract":          2.5, // median of 2 and 3
 		"floor/dra/n=100/p99":                   1.5,
+		"rss/devicemanager_start":               2.55, // 51 MiB over 20
 		"rss/devicemanager_start_anon":          0.35, // 7 MiB over 20
 	}
 	got := ComputeRatios(r)
@@ -53,8 +54,8 @@ func TestComputeRatiosPhasesNotRun(t *testing.T) {
 	if got := ComputeRatios(&Results{}); len(got) != 0 {
 		t.Errorf("ratios of a run with no floor or footprint phase: %v", got)
 	}
-	onlyFootprint := &Results{Footprint: FootprintResult{DeviceManagerStartAnonMiB: 10}}
-	if got := slices.Collect(maps.Keys(ComputeRatios(onlyFootprint))); !slices.Equal(got, []string{RatioRSSStartAnon}) {
+	onlyFootprint := &Results{Footprint: FootprintResult{DeviceManagerStartMiB: 40, DeviceManagerStartAnonMiB: 10}}
+	if got := slices.Sorted(maps.Keys(ComputeRatios(onlyFootprint))); !slices.Equal(got, []string{RatioRSSStart, RatioRSSStartAnon}) {
 		t.Errorf("ratios of a footprint-only run: %v", got)
 	}
 }
@@ -87,11 +88,14 @@ func TestPrintRatios(t *testing.T) {
 	for _, l := range lines {
 		names = append(names, strings.Fields(l)[0])
 	}
-	if want := []string{"cpu/dra/n=1000/over_contract", "floor/dra/n=1000/p99", "floor/dra/n=1000/total", RatioRSSStartAnon}; !slices.Equal(names, want) {
+	if want := []string{"cpu/dra/n=1000/over_contract", "floor/dra/n=1000/p99", "floor/dra/n=1000/total", RatioRSSStart, RatioRSSStartAnon}; !slices.Equal(names, want) {
 		t.Errorf("ratio lines %q, want names %v", lines, want)
 	}
-	if l := lines[len(lines)-1]; !strings.Contains(l, "0.35×") || !strings.Contains(l, "VmRSS 51.0 MiB") || !strings.Contains(l, "RssFile 44.0 MiB") {
+	if l := lines[len(lines)-2]; !strings.Contains(l, "2.55×") || !strings.Contains(l, "VmRSS 51.0 MiB") || !strings.Contains(l, "RssFile 44.0 MiB") || !strings.Contains(l, "target 1.2×") {
 		t.Errorf("RSS ratio line lacks its figures: %q", l)
+	}
+	if l := lines[len(lines)-1]; !strings.Contains(l, "0.35×") || !strings.Contains(l, "RssAnon 7.0 MiB") {
+		t.Errorf("RssAnon ratio line lacks its figures: %q", l)
 	}
 	if strings.Contains(out, "Footprint") {
 		t.Errorf("a footprint section without the footprint phase:\n%s", out)
