@@ -30,6 +30,17 @@ func (svc service) addr(g *globals) string {
 	return layout.APISocket(g.rootDir, svc.name)
 }
 
+// whereHint says where svc's address came from and how to change it, for
+// a service that cannot be reached: the root dir it was looked for under,
+// and the variable that sets it in a shell without the export, or svc's
+// own flag.
+func (svc service) whereHint(g *globals) string {
+	if svc.set(g) != "" {
+		return "make run; or check " + svc.flag
+	}
+	return fmt.Sprintf("make run; its socket is looked for under the root dir %s, which --root-dir or NODEPLUG_ROOT_DIR sets (make run prints the export); or set %s", g.rootDir, svc.flag)
+}
+
 var (
 	watcherSvc       = service{"watcher", "--watcher-addr", func(g *globals) string { return g.watcherAddr }}
 	reconcilerSvc    = service{"reconciler", "--reconciler-addr", func(g *globals) string { return g.reconcilerAddr }}
@@ -84,7 +95,7 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 		case strings.Contains(msg, "permission denied"):
 			return fmt.Errorf("may not open the %s's socket %s: %s — the API is for root, the service's user and its --api-group (README: Security)", svc.name, addr, msg)
 		case isConnectError(msg):
-			return fmt.Errorf("cannot reach the %s at %s: %s — is it running? (make run, or %s)", svc.name, addr, msg, svc.flag)
+			return fmt.Errorf("cannot reach the %s at %s: %s — is it running? (%s)", svc.name, addr, msg, svc.whereHint(&c.g))
 		}
 		return fmt.Errorf("%s: %s (the %s at %s says: unavailable)", op, msg, svc.name, addr)
 	case codes.DeadlineExceeded:

@@ -65,7 +65,7 @@ var globalDefaults = globals{
 // define defines the global flags on fs, storing into g, with def as their
 // defaults.
 func (g *globals) define(fs *flag.FlagSet, def globals) {
-	fs.StringVar(&g.rootDir, "root-dir", def.rootDir, "the services' root dir: their API sockets are <root-dir>/nodeplug/<service>.sock")
+	app.AbsPathVar(fs, &g.rootDir, "root-dir", def.rootDir, "the services' root dir: their API sockets are <root-dir>/nodeplug/<service>.sock (a relative one is below the working directory)")
 	fs.StringVar(&g.watcherAddr, "watcher-addr", def.watcherAddr, "the watcher's API: a socket path, or host:port with the TLS flags (default from --root-dir)")
 	fs.StringVar(&g.reconcilerAddr, "reconciler-addr", def.reconcilerAddr, "the reconciler's API (default from --root-dir)")
 	fs.StringVar(&g.devicemanagerAddr, "devicemanager-addr", def.devicemanagerAddr, "the devicemanager's API (default from --root-dir)")
@@ -187,9 +187,49 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 	}
-	fmt.Fprintf(stderr, "nodeplugctl: unknown command %q\n", name)
-	c.usage(stderr, fs)
+	fmt.Fprintf(stderr, "nodeplugctl: unknown command %q", name)
+	if near := nearestCommand(name); near != "" {
+		fmt.Fprintf(stderr, "; did you mean %q?", near)
+	}
+	fmt.Fprintln(stderr, "\nRun 'nodeplugctl help' for the commands and flags.")
 	return exitUsage
+}
+
+// nearestCommand returns the command name closest to name: one it begins,
+// or one within two edits of it (ties to the first in the list); "" when
+// none is that close.
+func nearestCommand(name string) string {
+	best, bestD := "", 3
+	for _, cmd := range commands {
+		if len(name) >= 3 && strings.HasPrefix(cmd.name, name) {
+			return cmd.name
+		}
+		if d := editDistance(name, cmd.name); d < bestD {
+			best, bestD = cmd.name, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, by bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 func (c *cli) usage(w io.Writer, fs *app.Flags) {

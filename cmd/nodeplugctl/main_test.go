@@ -632,6 +632,55 @@ func TestErrorsSayWhatToTry(t *testing.T) {
 	}
 }
 
+// A mistyped command says what it may have meant and how to list the
+// commands, in two lines, not the whole usage.
+func TestUnknownCommandSuggests(t *testing.T) {
+	for _, tc := range []struct{ typed, want string }{
+		{"plugin", `did you mean "plugins"?`},
+		{"alocate", `did you mean "allocate"?`},
+		{"relase", `did you mean "release"?`},
+		{"alloc", `did you mean "allocations"?`},
+		{"frobnicate", ""},
+	} {
+		code, out, errOut := runCLI(t, tc.typed)
+		if code != exitUsage || out != "" {
+			t.Errorf("%s: exit %d, stdout %q", tc.typed, code, out)
+		}
+		lines := strings.Split(strings.TrimSpace(errOut), "\n")
+		if len(lines) != 2 || !strings.Contains(lines[0], fmt.Sprintf("unknown command %q", tc.typed)) || !strings.Contains(lines[1], "nodeplugctl help") {
+			t.Errorf("%s: stderr %q, want the unknown command and a hint in two lines", tc.typed, errOut)
+		}
+		if tc.want == "" && strings.Contains(errOut, "did you mean") || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%s: stderr %q, want %q", tc.typed, errOut, tc.want)
+		}
+	}
+}
+
+// A relative --root-dir or NODEPLUG_ROOT_DIR is below the working
+// directory: the sockets are looked for there, never taken for a TCP
+// address, and an unreachable service names the root it tried and how to
+// set it.
+func TestRelativeRootDir(t *testing.T) {
+	dir := testutil.TempDir(t)
+	t.Chdir(dir)
+	for _, args := range [][]string{{"--root-dir", "run/root", "resources"}, {"resources", "--root-dir", "./run/root"}} {
+		code, _, errOut := runCLI(t, args...)
+		want := filepath.Join(dir, "run", "root", "nodeplug", "devicemanager.sock")
+		if code != exitError || !strings.Contains(errOut, "cannot reach the devicemanager at "+want) ||
+			!strings.Contains(errOut, "under the root dir "+filepath.Join(dir, "run", "root")) || !strings.Contains(errOut, "NODEPLUG_ROOT_DIR") {
+			t.Errorf("%q: exit %d, stderr %q; want the devicemanager unreached at %s, the root and NODEPLUG_ROOT_DIR named", args, code, errOut, want)
+		}
+		if strings.Contains(errOut, "TCP") {
+			t.Errorf("%q: a relative root taken for a TCP address: %q", args, errOut)
+		}
+	}
+	t.Setenv("NODEPLUG_ROOT_DIR", "envroot")
+	code, _, errOut := runCLI(t, "plugins")
+	if want := filepath.Join(dir, "envroot", "nodeplug", "reconciler.sock"); code != exitError || !strings.Contains(errOut, "cannot reach the reconciler at "+want) {
+		t.Errorf("NODEPLUG_ROOT_DIR=envroot: exit %d, stderr %q; want the reconciler unreached at %s", code, errOut, want)
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string

@@ -202,7 +202,7 @@ func gcPercent(svc Service, getenv func(string) string) (int, bool) {
 }
 
 func commonFlags(svc Service, fs *Flags, cfg *Config) *bool {
-	fs.StringVar(&cfg.RootDir, "root-dir", layout.DefaultRootDir, "root directory: plugins_registry/, device-plugins/ and nodeplug/ (the API sockets) are beneath it")
+	AbsPathVar(fs.FlagSet, &cfg.RootDir, "root-dir", layout.DefaultRootDir, "root directory: plugins_registry/, device-plugins/ and nodeplug/ (the API sockets) are beneath it; a relative one is below the working directory")
 	fs.StringVar(&cfg.APISocket, "api-socket", "", "the API's Unix socket (default <root-dir>/nodeplug/"+svc.Binary+".sock)")
 	fs.StringVar(&cfg.APIGroup, "api-group", "", "group (name or GID) of the API socket and its directory; members may read (default: the process's group)")
 	fs.StringVar(&cfg.OperatorGroup, "operator-group", "", "group (name or GID) whose members may Allocate and Release")
@@ -270,7 +270,8 @@ func parse(svc Service, args []string) (Config, int, bool) {
 
 func healthcheck(svc Service, args []string) int {
 	fs := NewFlags(svc.Binary)
-	root := fs.String("root-dir", layout.DefaultRootDir, "root directory")
+	root := new(string)
+	AbsPathVar(fs.FlagSet, root, "root-dir", layout.DefaultRootDir, "root directory")
 	sock := fs.String("api-socket", "", "API socket of the instance to check (default <root-dir>/nodeplug/"+svc.Binary+".sock)")
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
