@@ -113,8 +113,8 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 	}
 }
 
-// driverFault says an error whose reason blames a DRA driver as the
-// driver's fault, naming it and its socket; nil for other reasons.
+// driverFault says an error whose reason blames a DRA driver or a device
+// plugin as its fault, naming it and its socket; nil for other reasons.
 func driverFault(op, msg string, info *errdetails.ErrorInfo) error {
 	md := info.GetMetadata()
 	driver, socket := md[errdefs.MetaDriver], md[errdefs.MetaSocket]
@@ -125,6 +125,12 @@ func driverFault(op, msg string, info *errdetails.ErrorInfo) error {
 	case errdefs.ReasonDRADriverFailed:
 		return fmt.Errorf("%s: DRA driver %s (socket %s) failed: the driver is at fault, not the devicemanager — see the driver's log\n  the devicemanager said: %s",
 			op, driver, socket, msg)
+	case errdefs.ReasonDevicePluginUnreachable:
+		return fmt.Errorf("%s: the device plugin of %s did not answer %s at %s: the plugin is at fault, not the devicemanager — is the plugin running? (nodeplugctl plugins)\n  the devicemanager said: %s",
+			op, md[errdefs.MetaResource], md[errdefs.MetaCall], socket, msg)
+	case errdefs.ReasonDevicePluginFailed:
+		return fmt.Errorf("%s: the device plugin of %s (socket %s) failed %s: the plugin is at fault, not the devicemanager — see the plugin's log\n  the devicemanager said: %s",
+			op, md[errdefs.MetaResource], socket, md[errdefs.MetaCall], msg)
 	case errdefs.ReasonDRADriverNotRegistered:
 		return fmt.Errorf("%s: DRA driver %s is not registered on this node — start it, or see why it did not register (nodeplugctl drivers)\n  the devicemanager said: %s",
 			op, driver, msg)

@@ -70,3 +70,46 @@ func TestDriverFaultsAreNotTheDevicemanagers(t *testing.T) {
 		t.Errorf("no devicemanager: exit %d: %s", code, errOut)
 	}
 }
+
+// failingAllocate answers Allocate with err, as failingClaims does.
+type failingAllocate struct {
+	dmv1.UnimplementedDeviceManagerServiceServer
+	err error
+}
+
+func (f failingAllocate) Allocate(context.Context, *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
+	return nil, errdefs.ToGRPC(f.err)
+}
+
+// A device plugin that cannot be reached or fails its call is said as the
+// plugin's fault, naming its resource, its socket and the call, not as the
+// devicemanager's.
+func TestDevicePluginFaultsAreNotTheDevicemanagers(t *testing.T) {
+	const sock = "/var/lib/kubelet/device-plugins/gpu.sock"
+	meta := map[string]string{errdefs.MetaResource: "example.com/gpu", errdefs.MetaSocket: sock, errdefs.MetaCall: "Allocate"}
+	for _, tc := range []struct {
+		name   string
+		reason string
+		kind   error
+		want   []string
+	}{
+		{"plugin down", errdefs.ReasonDevicePluginUnreachable, errdefs.ErrUnavailable,
+			[]string{"the device plugin of example.com/gpu did not answer Allocate at " + sock, "the plugin is at fault, not the devicemanager", "says no"}},
+		{"plugin failed", errdefs.ReasonDevicePluginFailed, errdefs.ErrInternal,
+			[]string{"the device plugin of example.com/gpu (socket " + sock + ") failed Allocate", "the plugin is at fault, not the devicemanager", "says no"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := errdefs.WithReason(fmt.Errorf("device plugin example.com/gpu (%s) Allocate rpc failed with err: says no: %w", sock, tc.kind), tc.reason, meta)
+			addr := serveFake(t, func(s *grpc.Server) { dmv1.RegisterDeviceManagerServiceServer(s, failingAllocate{err: err}) })
+			code, _, errOut := runCLI(t, "--devicemanager-addr", addr, "allocate", "--pod", "p", "--container", "c", "example.com/gpu=1")
+			if code != exitError || strings.Contains(errOut, "cannot reach the devicemanager") {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut, w) {
+					t.Errorf("output lacks %q:\n%s", w, errOut)
+				}
+			}
+		})
+	}
+}

@@ -30,11 +30,20 @@ const (
 	// registered on the node.
 	ReasonDRADriverNotRegistered = "DRA_DRIVER_NOT_REGISTERED"
 
-	// MetaDriver, MetaSocket and MetaCall are metadata keys: the driver's
-	// name, its socket, the call that failed.
-	MetaDriver = "driver"
-	MetaSocket = "socket"
-	MetaCall   = "call"
+	// ReasonDevicePluginUnreachable: a device plugin's endpoint did not
+	// answer a call (nothing listens, it died mid-call, it took too long).
+	ReasonDevicePluginUnreachable = "DEVICE_PLUGIN_UNREACHABLE"
+	// ReasonDevicePluginFailed: a device plugin answered a call with an
+	// error, or with an answer that is not valid.
+	ReasonDevicePluginFailed = "DEVICE_PLUGIN_FAILED"
+
+	// MetaDriver, MetaResource, MetaSocket and MetaCall are metadata
+	// keys: the DRA driver's name, the device plugin's resource, its
+	// socket, the call that failed.
+	MetaDriver   = "driver"
+	MetaResource = "resource"
+	MetaSocket   = "socket"
+	MetaCall     = "call"
 )
 
 // reasoned is an error with the ErrorInfo reason and metadata ToGRPC

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
 )
 
 func allocReq(pod, container, resource string, count int64, must ...string) *dmv1.AllocateRequest {
@@ -260,9 +261,10 @@ func TestAllocatePluginErrorRollsBack(t *testing.T) {
 		method string
 		code   codes.Code
 		msg    string
+		reason string
 	}{
-		{sampleplugin.MethodAllocate, codes.Internal, "Allocate rpc failed with err: plugin says no"},
-		{sampleplugin.MethodAllocate, codes.Unavailable, "Allocate rpc failed with err: plugin says no"},
+		{sampleplugin.MethodAllocate, codes.Internal, "Allocate rpc failed with err: plugin says no", errdefs.ReasonDevicePluginFailed},
+		{sampleplugin.MethodAllocate, codes.Unavailable, "Allocate rpc failed with err: plugin says no", errdefs.ReasonDevicePluginUnreachable},
 	} {
 		t.Run(tc.method+" "+tc.code.String(), func(t *testing.T) {
 			p2.SetFailure(tc.method, status.Error(tc.code, "plugin says no"))
@@ -270,6 +272,12 @@ func TestAllocatePluginErrorRollsBack(t *testing.T) {
 			_, err := e.client.Allocate(ctxT(t), req)
 			if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
 				t.Fatalf("err = %v, want %v with %q", err, tc.code, tc.msg)
+			}
+			// The status says the plugin is at fault, and which one.
+			info, ok := errdefs.InfoOf(err)
+			if md := info.GetMetadata(); !ok || info.GetReason() != tc.reason || md[errdefs.MetaResource] != "example.com/fail" ||
+				md[errdefs.MetaSocket] != p2.SocketPath() || md[errdefs.MetaCall] != "Allocate" {
+				t.Fatalf("error info %v, want reason %s naming example.com/fail, its socket %s and Allocate", info, tc.reason, p2.SocketPath())
 			}
 			for _, name := range []string{"example.com/ok", "example.com/fail"} {
 				if r := e.resource(name); r.GetFree() != 2 || len(r.GetAllocatedDeviceIds()) != 0 {

@@ -198,6 +198,21 @@ func kind(err error) error {
 	return errdefs.ErrInternal
 }
 
+// callError describes a failed call to the plugin, naming it, with the
+// reason that puts the fault on the plugin rather than the devicemanager
+// (errdefs.ReasonDevicePluginUnreachable, or ReasonDevicePluginFailed for
+// any other failure) and the plugin's resource, socket and the call.
+func (c *Conn) callError(call string, err error) error {
+	k := kind(err)
+	reason := errdefs.ReasonDevicePluginFailed
+	if k == errdefs.ErrUnavailable {
+		reason = errdefs.ReasonDevicePluginUnreachable
+	}
+	return errdefs.WithReason(
+		fmt.Errorf("device plugin %s %s rpc failed with err: %s: %w", c, call, status.Convert(err).Message(), k),
+		reason, map[string]string{errdefs.MetaResource: c.resource, errdefs.MetaSocket: c.path, errdefs.MetaCall: call})
+}
+
 // String implements Plugin.
 func (c *Conn) String() string { return c.resource + " (" + c.path + ")" }
 
@@ -288,7 +303,7 @@ func (c *Conn) GetPreferredAllocation(ctx context.Context, available, mustInclud
 		}},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("device plugin %s GetPreferredAllocation rpc failed with err: %s: %w", c, status.Convert(err).Message(), kind(err))
+		return nil, c.callError("GetPreferredAllocation", err)
 	}
 	if crs := resp.GetContainerResponses(); len(crs) > 0 {
 		return crs[0].GetDeviceIDs(), nil
@@ -304,7 +319,7 @@ func (c *Conn) Allocate(ctx context.Context, ids []string) (*pluginapi.Container
 		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("device plugin %s Allocate rpc failed with err: %s: %w", c, status.Convert(err).Message(), kind(err))
+		return nil, c.callError("Allocate", err)
 	}
 	if len(resp.GetContainerResponses()) == 0 {
 		return nil, fmt.Errorf("device plugin %s: no containers return in allocation response %v: %w", c, resp, errdefs.ErrInternal)
@@ -317,7 +332,7 @@ func (c *Conn) PreStartContainer(ctx context.Context, ids []string) error {
 	ctx, cancel := context.WithTimeout(ctx, preStartTimeout)
 	defer cancel()
 	if _, err := c.client.PreStartContainer(ctx, &pluginapi.PreStartContainerRequest{DevicesIds: ids}); err != nil {
-		return fmt.Errorf("device plugin %s PreStartContainer rpc failed with err: %s: %w", c, status.Convert(err).Message(), kind(err))
+		return c.callError("PreStartContainer", err)
 	}
 	return nil
 }
