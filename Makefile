@@ -136,7 +136,9 @@ jaeger: $(JAEGER) ## Build Jaeger (for the compose stack) and print its path.
 	@echo $(JAEGER)
 
 .PHONY: run
-run: build-run ## Run the stack as local processes under .run/ (Ctrl-C, or SIGINT to make, stops it).
+run: ## Run the stack as local processes under .run/ (Ctrl-C, or SIGINT to make, stops it); refused while one runs there.
+	@scripts/run.sh --check
+	@scripts/build.sh '$(LDFLAGS)' $(RUN_BINARIES)
 	@NODEPLUG_RUN_MAKE_PID=$$PPID GRPCURL=$(GRPCURL) scripts/run.sh
 
 .PHONY: compose

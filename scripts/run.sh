@@ -19,7 +19,27 @@ RUN_DIR=${NODEPLUG_RUN_DIR:-$PWD/.run}
 ROOT=$RUN_DIR/root
 LOGS=$RUN_DIR/logs
 GRPCURL=${GRPCURL:-}
+
+# One stack per run dir: a second make run on the same .run/ would relink
+# bin/, take the first one's ports, remove its console.json and call its
+# live sockets left behind. RUN_PID holds the running script's PID and
+# root; --check (make run, before it builds) and the start itself refuse
+# while that process lives, touching nothing.
+RUN_PID=$RUN_DIR/run.pid
+refuse_if_running() {
+  local pid root
+  [ -f "$RUN_PID" ] || return 0
+  read -r pid root <"$RUN_PID" || return 0
+  if [ -n "$pid" ] && [ "$pid" != "$$" ] && kill -0 "$pid" 2>/dev/null &&
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q 'scripts/run.sh'; then
+    echo "make run: already running (PID $pid, root $root); stop it first (Ctrl-C where it runs, or kill -INT $pid)" >&2
+    exit 1
+  fi
+}
+refuse_if_running
+if [ "${1:-}" = --check ]; then exit 0; fi
 mkdir -p "$ROOT" "$LOGS"
+echo "$$ $ROOT" >"$RUN_PID"
 export NODEPLUG_ROOT_DIR=$ROOT
 # The containers' CDI specs go where the container runtimes look for them
 # (/var/run/cdi, the devicemanager's default) when this user may write
@@ -43,6 +63,7 @@ cleanup() {
   fi
   left=$(find "$ROOT" -type s 2>/dev/null || true)
   if [ -n "$left" ]; then echo "warning: sockets left behind:"; echo "$left"; fi
+  if [ "$(cut -d' ' -f1 "$RUN_PID" 2>/dev/null)" = "$$" ]; then rm -f "$RUN_PID"; fi
 }
 trap cleanup EXIT
 # A stop asked for is a clean stop: exit 0, so that make prints no error.

@@ -159,6 +159,7 @@ func TestMakeRun(t *testing.T) {
 		}
 	}
 	checkMetricsLine(t, out.String())
+	secondRunRefused(t, root, runDir, mk.Env)
 
 	// make run prints the one export the README's commands need, and the
 	// README shows it: run them with it.
@@ -461,5 +462,37 @@ func TestRunScriptAsNonRoot(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("run.sh output:\n%s", out.String())
+	}
+}
+
+// secondRunRefused runs make run again on the running stack's run dir: it
+// must say the stack is already running, with its PID and root, and exit
+// non-zero before it builds, leaving the running stack's console file in
+// place (the README's commands, run after this, use the stack).
+func secondRunRefused(t *testing.T, root, runDir string, env []string) {
+	t.Helper()
+	console := filepath.Join(runDir, "root", "nodeplug", "console.json")
+	before, err := os.ReadFile(console)
+	if err != nil {
+		t.Fatalf("the running stack's console file: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	second := exec.CommandContext(ctx, "make", "run")
+	second.Dir = root
+	second.Env = env
+	got, err := second.CombinedOutput()
+	if err == nil {
+		t.Fatalf("a second make run on the same run dir succeeded:\n%s", got)
+	}
+	want := "already running (PID "
+	if !strings.Contains(string(got), want) || !strings.Contains(string(got), filepath.Join(runDir, "root")) {
+		t.Errorf("a second make run said %q; want %q with the root %s", got, want, filepath.Join(runDir, "root"))
+	}
+	if strings.Contains(string(got), "building ") {
+		t.Errorf("a second make run built before it refused:\n%s", got)
+	}
+	if after, err := os.ReadFile(console); err != nil || !bytes.Equal(before, after) {
+		t.Errorf("a second make run changed the running stack's console file: %v", err)
 	}
 }
