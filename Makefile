@@ -112,20 +112,16 @@ lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml: im
 tools: $(BUF) $(GRPCURL) $(GOLANGCI_LINT) ## Install the pinned tools (skipped when present).
 
 $(BUF):
-	@mkdir -p $(TOOLS)
-	go -C tools/buf build -o $@ github.com/bufbuild/buf/cmd/buf
+	@scripts/tool-build.sh tools/buf $@ github.com/bufbuild/buf/cmd/buf
 
 $(GRPCURL):
-	@mkdir -p $(TOOLS)
-	go -C tools/grpcurl build -o $@ github.com/fullstorydev/grpcurl/cmd/grpcurl
+	@scripts/tool-build.sh tools/grpcurl $@ github.com/fullstorydev/grpcurl/cmd/grpcurl
 
 $(GOLANGCI_LINT):
-	@mkdir -p $(TOOLS)
-	go -C tools/golangci-lint build -o $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	@scripts/tool-build.sh tools/golangci-lint $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
 $(JAEGER):
-	@mkdir -p $(TOOLS)
-	CGO_ENABLED=0 go -C tools/jaeger build -trimpath -ldflags '-s -w' -o $@ github.com/jaegertracing/jaeger/cmd/jaeger
+	@CGO_ENABLED=0 scripts/tool-build.sh tools/jaeger $@ github.com/jaegertracing/jaeger/cmd/jaeger -trimpath -ldflags '-s -w'
 
 .PHONY: grpcurl
 grpcurl: $(GRPCURL) ## Install grpcurl and print its path.
