@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -222,6 +223,26 @@ func TestMakeRun(t *testing.T) {
 		}
 	}
 
+	// Two sockets that are not the stack's: one still listened on (a plugin
+	// started by hand), one nothing listens on. Only the second is left
+	// behind, and make run says so when it stops.
+	extra := filepath.Join(runDir, "root", "extra")
+	if err := os.MkdirAll(extra, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	live, err := net.Listen("unix", filepath.Join(extra, "live.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	staleSock := filepath.Join(extra, "stale.sock")
+	stale, err := net.ListenUnix("unix", &net.UnixAddr{Name: staleSock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	_ = stale.Close()
+
 	// SIGINT to make alone, as a process manager or `kill -INT` sends it:
 	// make does not pass it on, and the stack must stop all the same. (When
 	// this test runs with SIGINT ignored, make inherits that and cannot
@@ -246,6 +267,12 @@ func TestMakeRun(t *testing.T) {
 	if left := processesWithRoot(filepath.Join(runDir, "root")); len(left) > 0 {
 		t.Errorf("processes left behind: %v", left)
 	}
+	_, warning, _ := strings.Cut(out.String(), "sockets left behind")
+	if !strings.Contains(warning, staleSock) || strings.Contains(warning, "live.sock") {
+		t.Errorf("make run's left-behind warning %q: want %s listed, and the socket still listened on not", warning, staleSock)
+	}
+	_ = live.Close()
+	_ = os.Remove(staleSock)
 	var sockets []string
 	_ = filepath.Walk(runDir, func(p string, info os.FileInfo, err error) error {
 		if err == nil && info.Mode()&os.ModeSocket != 0 {
