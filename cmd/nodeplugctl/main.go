@@ -19,10 +19,15 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/layout"
+	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 
@@ -119,6 +124,26 @@ func init() {
 	}
 }
 
+// tracedCommands are the commands whose calls change something: each
+// call starts a trace of its own in the service, as the services trace
+// every call that comes without a trace context. The others only read.
+var tracedCommands = map[string]bool{"allocate": true, "release": true, "start": true, "prepare": true, "apply": true}
+
+// traceCalls sets how the calls of the command about to run are traced.
+// A read's calls carry a trace context that says "not sampled", as the
+// console's own reads do: the services' parent-based samplers follow it,
+// so listing and watching fill no trace view (nor Jaeger) with traces of
+// their own. A write's calls carry none.
+func traceCalls(traced bool) {
+	if traced {
+		otel.SetTracerProvider(tracenoop.NewTracerProvider())
+		otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator())
+		return
+	}
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.NeverSample())))
+	otel.SetTextMapPropagator(telemetry.Propagator)
+}
+
 // usageError is a mistake on the command line: exit code 2, with usage.
 type usageError struct{ msg string }
 
@@ -172,6 +197,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "nodeplugctl %s: -o: %s has no output format\nusage: nodeplugctl %s %s\n", name, name, name, cmd.args)
 			return exitUsage
 		}
+		traceCalls(tracedCommands[name])
 		err := cmd.run(ctx, c, rest[1:])
 		var ue usageError
 		switch {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
@@ -111,5 +113,62 @@ func TestDevicePluginFaultsAreNotTheDevicemanagers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// traceRecorder answers ListResources and Allocate and records the trace
+// context each call came with.
+type traceRecorder struct {
+	dmv1.UnimplementedDeviceManagerServiceServer
+	mu      sync.Mutex
+	parents map[string][]string // by method: the traceparent headers
+}
+
+func (f *traceRecorder) record(ctx context.Context, method string) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.parents[method] = append(f.parents[method], strings.Join(md.Get("traceparent"), ","))
+}
+
+func (f *traceRecorder) ListResources(ctx context.Context, _ *dmv1.ListResourcesRequest) (*dmv1.ListResourcesResponse, error) {
+	f.record(ctx, "ListResources")
+	return &dmv1.ListResourcesResponse{}, nil
+}
+
+func (f *traceRecorder) Allocate(ctx context.Context, _ *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
+	f.record(ctx, "Allocate")
+	return &dmv1.AllocateResponse{}, nil
+}
+
+// A read's calls say "not sampled" (W3C trace flags 00), so the services
+// make no trace of them; a write's carry no trace context, and the service
+// traces each as its own. Whatever ran before: a read then a write, and a
+// write then a read.
+func TestReadsAreNotTraced(t *testing.T) {
+	f := &traceRecorder{parents: map[string][]string{}}
+	addr := serveFake(t, func(s *grpc.Server) { dmv1.RegisterDeviceManagerServiceServer(s, f) })
+	for _, args := range [][]string{
+		{"resources"},
+		{"allocate", "--pod", "p", "--container", "c", "example.com/x=1"},
+		{"resources"},
+	} {
+		if code, _, errOut := runCLI(t, append([]string{"--devicemanager-addr", addr}, args...)...); code != exitOK {
+			t.Fatalf("%q: exit %d: %s", args, code, errOut)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	reads, writes := f.parents["ListResources"], f.parents["Allocate"]
+	if len(reads) != 2 || len(writes) != 1 {
+		t.Fatalf("calls seen: %v", f.parents)
+	}
+	for _, tp := range reads {
+		if !strings.HasPrefix(tp, "00-") || !strings.HasSuffix(tp, "-00") {
+			t.Errorf("a read came with traceparent %q, want one that says not sampled (00-…-00)", tp)
+		}
+	}
+	if writes[0] != "" {
+		t.Errorf("a write came with traceparent %q, want none: the service traces it as its own", writes[0])
 	}
 }
