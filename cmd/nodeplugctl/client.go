@@ -76,7 +76,7 @@ func (c *cli) call(ctx context.Context) (context.Context, context.CancelFunc) {
 // rpcError says what failed and what to try. A status a nodeplug service
 // made carries an ErrorInfo (errdefs.InfoOf): the service answered, so its
 // UNAVAILABLE is never "cannot reach" it, and a reason that blames a DRA
-// driver is said as the driver's fault. Only a status without one, from
+// driver or a device plugin is said as its fault. Only a status without one, from
 // the transport, can mean the service is not reached.
 func (c *cli) rpcError(svc service, op string, err error) error {
 	addr := svc.addr(&c.g)
@@ -84,7 +84,7 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 	msg := st.Message()
 	info, answered := errdefs.InfoOf(err)
 	if answered {
-		if derr := driverFault(op, msg, info); derr != nil {
+		if derr := peerFault(op, msg, info); derr != nil {
 			return derr
 		}
 	}
@@ -113,9 +113,9 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 	}
 }
 
-// driverFault says an error whose reason blames a DRA driver or a device
+// peerFault says an error whose reason blames a DRA driver or a device
 // plugin as its fault, naming it and its socket; nil for other reasons.
-func driverFault(op, msg string, info *errdetails.ErrorInfo) error {
+func peerFault(op, msg string, info *errdetails.ErrorInfo) error {
 	md := info.GetMetadata()
 	driver, socket := md[errdefs.MetaDriver], md[errdefs.MetaSocket]
 	switch info.GetReason() {

@@ -14,15 +14,30 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 )
 
-// failingClaims answers PrepareResources with err, mapped to a status as
-// the services' interceptor maps it (errdefs.ToGRPC).
-type failingClaims struct {
+// failingDM answers PrepareResources and Allocate with err, mapped to a
+// status as the services' interceptor maps it (errdefs.ToGRPC).
+type failingDM struct {
 	dmv1.UnimplementedDRAServiceServer
+	dmv1.UnimplementedDeviceManagerServiceServer
 	err error
 }
 
-func (f failingClaims) PrepareResources(context.Context, *dmv1.PrepareResourcesRequest) (*dmv1.PrepareResourcesResponse, error) {
+func (f failingDM) PrepareResources(context.Context, *dmv1.PrepareResourcesRequest) (*dmv1.PrepareResourcesResponse, error) {
 	return nil, errdefs.ToGRPC(f.err)
+}
+
+func (f failingDM) Allocate(context.Context, *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
+	return nil, errdefs.ToGRPC(f.err)
+}
+
+// serveFailing serves failingDM{err} as both of the devicemanager's
+// services and returns its socket.
+func serveFailing(t *testing.T, err error) string {
+	t.Helper()
+	return serveFake(t, func(s *grpc.Server) {
+		dmv1.RegisterDRAServiceServer(s, failingDM{err: err})
+		dmv1.RegisterDeviceManagerServiceServer(s, failingDM{err: err})
+	})
 }
 
 // An UNAVAILABLE the devicemanager answers is never "cannot reach the
@@ -53,7 +68,7 @@ func TestDriverFaultsAreNotTheDevicemanagers(t *testing.T) {
 			[]string{"EOF: unavailable (the devicemanager at ", "says: unavailable)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			addr := serveFake(t, func(s *grpc.Server) { dmv1.RegisterDRAServiceServer(s, failingClaims{err: tc.err}) })
+			addr := serveFailing(t, tc.err)
 			code, _, errOut := runCLI(t, "--devicemanager-addr", addr, "prepare", "--pod-uid", "u", "--namespace", "default", "--name", "p",
 				"--claim", "c=c", "--container", "main=c")
 			if code != exitError || strings.Contains(errOut, "cannot reach the devicemanager") {
@@ -71,16 +86,6 @@ func TestDriverFaultsAreNotTheDevicemanagers(t *testing.T) {
 	if code != exitError || !strings.Contains(errOut, "cannot reach the devicemanager at /nonexistent/devicemanager.sock") {
 		t.Errorf("no devicemanager: exit %d: %s", code, errOut)
 	}
-}
-
-// failingAllocate answers Allocate with err, as failingClaims does.
-type failingAllocate struct {
-	dmv1.UnimplementedDeviceManagerServiceServer
-	err error
-}
-
-func (f failingAllocate) Allocate(context.Context, *dmv1.AllocateRequest) (*dmv1.AllocateResponse, error) {
-	return nil, errdefs.ToGRPC(f.err)
 }
 
 // A device plugin that cannot be reached or fails its call is said as the
@@ -102,7 +107,7 @@ func TestDevicePluginFaultsAreNotTheDevicemanagers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := errdefs.WithReason(fmt.Errorf("device plugin example.com/gpu (%s) Allocate rpc failed with err: says no: %w", sock, tc.kind), tc.reason, meta)
-			addr := serveFake(t, func(s *grpc.Server) { dmv1.RegisterDeviceManagerServiceServer(s, failingAllocate{err: err}) })
+			addr := serveFailing(t, err)
 			code, _, errOut := runCLI(t, "--devicemanager-addr", addr, "allocate", "--pod", "p", "--container", "c", "example.com/gpu=1")
 			if code != exitError || strings.Contains(errOut, "cannot reach the devicemanager") {
 				t.Fatalf("exit %d: %s", code, errOut)

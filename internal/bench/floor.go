@@ -221,8 +221,8 @@ const (
 	KindDRA          = "DRA"
 )
 
-// Kinds are the plugin kinds, in the order the floor phase measures them,
-// by the names -kinds takes.
+// Kinds are the plugin kinds by the names -kinds takes; the floor phase
+// measures them in the order given, by default device plugins then DRA.
 var Kinds = map[string]string{"device-plugin": KindDevicePlugin, "dra": KindDRA}
 
 // floorKinds are the kinds the floor phase measures: cfg.FloorKinds, else

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
 // goid is the calling goroutine's ID, from its stack's header line.
@@ -29,14 +31,15 @@ func TestPoolReusesIdleGoroutines(t *testing.T) {
 	// hand it the second one as soon as it receives.
 	var done sync.WaitGroup
 	done.Add(1)
-	for sent := false; !sent; {
+	second := func() { ids <- goid(); done.Done() }
+	testutil.WaitFor(t, "the first function's goroutine to take another", func() bool {
 		select {
-		case p.work <- func() { ids <- goid(); done.Done() }:
-			sent = true
+		case p.work <- second:
+			return true
 		default:
-			runtime.Gosched()
+			return false
 		}
-	}
+	})
 	done.Wait()
 	if a, b := <-ids, <-ids; a != b {
 		t.Errorf("the second function ran on goroutine %d, not on the idle one (%d)", b, a)
