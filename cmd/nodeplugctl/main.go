@@ -89,6 +89,9 @@ type cli struct {
 	stderr io.Writer
 	http   *http.Client
 	conns  map[string]*grpc.ClientConn
+	// help, when set, gets a command's flag set on -h in place of its
+	// usage message (the command reference reads the flags from it).
+	help func(fs *flag.FlagSet)
 }
 
 type command struct {
@@ -154,18 +157,8 @@ func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(forma
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	c := &cli{stdout: stdout, stderr: stderr, http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
 	defer c.close()
-	// The global flags; their variables are NODEPLUG_CTL_<FLAG> (and
-	// NODEPLUG_ROOT_DIR for --root-dir: app.Flags.EnvName).
-	fs := app.NewFlags("ctl")
-	fs.SetOutput(io.Discard)
-	c.g.define(fs.FlagSet, globalDefaults)
-	// -o before the command is the command's -o (it is not one of the
-	// flags defined again after the command: each command has its own
-	// choices).
-	fs.StringVar(&c.g.output, "o", "", "output format of the command (as its own -o)")
-	fs.StringVar(&c.g.output, "output", "", "output format of the command (as its own -o)")
 	var showVersion bool
-	fs.AddVersion(&showVersion)
+	fs := c.globalFlags(&showVersion)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			c.usage(stdout, fs)
@@ -219,6 +212,23 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, "\nRun 'nodeplugctl help' for the commands and flags.")
 	return exitUsage
+}
+
+// globalFlags returns the flag set of the global flags, given before the
+// command: they store into c.g, --version into showVersion. Their
+// variables are NODEPLUG_CTL_<FLAG> (and NODEPLUG_ROOT_DIR for --root-dir:
+// app.Flags.EnvName).
+func (c *cli) globalFlags(showVersion *bool) *app.Flags {
+	fs := app.NewFlags("ctl")
+	fs.SetOutput(io.Discard)
+	c.g.define(fs.FlagSet, globalDefaults)
+	// -o before the command is the command's -o (it is not one of the
+	// flags defined again after the command: each command has its own
+	// choices).
+	fs.StringVar(&c.g.output, "o", "", "output format of the command (as its own -o)")
+	fs.StringVar(&c.g.output, "output", "", "output format of the command (as its own -o)")
+	fs.AddVersion(showVersion)
+	return fs
 }
 
 // nearestCommand returns the command name closest to name: one it begins,
@@ -275,6 +285,10 @@ func (c *cli) flags(name, args string) *flag.FlagSet {
 	fs := flag.NewFlagSet("nodeplugctl "+name, flag.ContinueOnError)
 	fs.SetOutput(c.stderr)
 	fs.Usage = func() {
+		if c.help != nil {
+			c.help(fs)
+			return
+		}
 		fmt.Fprintf(fs.Output(), "usage: nodeplugctl %s %s\n", name, args)
 		fs.PrintDefaults()
 	}

@@ -220,15 +220,23 @@ func commonFlags(svc Service, fs *Flags, cfg *Config) *bool {
 	return fs.Bool("version", false, "print the version and exit")
 }
 
-func parse(svc Service, args []string) (Config, int, bool) {
-	cfg := Config{Binary: svc.Binary}
-	fs := NewFlags(svc.Binary)
-	showVersion := commonFlags(svc, fs, &cfg)
-	allowed := fs.StringList("allowed-endpoint-dir", "directory plugin endpoints may live in (repeatable; default the root dir)")
-	watchFlags(fs, &cfg)
+// serviceFlags defines every flag of svc's binary on a new flag set: the
+// flags every service takes (storing into cfg), then svc's own
+// (svc.Flags). It returns where --version and --allowed-endpoint-dir land.
+func serviceFlags(svc Service, cfg *Config) (fs *Flags, showVersion *bool, allowed *[]string) {
+	fs = NewFlags(svc.Binary)
+	showVersion = commonFlags(svc, fs, cfg)
+	allowed = fs.StringList("allowed-endpoint-dir", "directory plugin endpoints may live in (repeatable; default the root dir)")
+	watchFlags(fs, cfg)
 	if svc.Flags != nil {
 		svc.Flags(fs)
 	}
+	return fs, showVersion, allowed
+}
+
+func parse(svc Service, args []string) (Config, int, bool) {
+	cfg := Config{Binary: svc.Binary}
+	fs, showVersion, allowed := serviceFlags(svc, &cfg)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, 0, false
@@ -268,11 +276,18 @@ func parse(svc Service, args []string) (Config, int, bool) {
 	return cfg, 0, true
 }
 
-func healthcheck(svc Service, args []string) int {
-	fs := NewFlags(svc.Binary)
-	root := new(string)
+// healthcheckFlags defines the flags of "healthcheck" on a new flag set
+// and returns where they land.
+func healthcheckFlags(svc Service) (fs *Flags, root, sock *string) {
+	fs = NewFlags(svc.Binary)
+	root = new(string)
 	AbsPathVar(fs.FlagSet, root, "root-dir", layout.DefaultRootDir, "root directory")
-	sock := fs.String("api-socket", "", "API socket of the instance to check (default <root-dir>/nodeplug/"+svc.Binary+".sock)")
+	sock = fs.String("api-socket", "", "API socket of the instance to check (default <root-dir>/nodeplug/"+svc.Binary+".sock)")
+	return fs, root, sock
+}
+
+func healthcheck(svc Service, args []string) int {
+	fs, root, sock := healthcheckFlags(svc)
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -23,9 +23,13 @@ import (
 	"github.com/nodeplug/nodeplug/services/apiserver/internal/resourceapi"
 )
 
-func main() {
+func main() { os.Exit(app.Main(appService(), os.Args[1:])) }
+
+// appService is nodeplug-apiserver as app.Main runs it: its name, defaults,
+// flags and setup. Nothing runs until app.Main parses the flags.
+func appService() app.Service {
 	opts := localapi.Options{Limits: resourceapi.Limits{}.WithDefaults()}
-	os.Exit(app.Main(app.Service{
+	return app.Service{
 		Binary: "apiserver", DefaultMetrics: app.DefaultAPIServerMetricsAddr,
 		// What drivers write is large and short-lived (a slice replaced
 		// by the next): collect at half Go's default growth, and give the
@@ -41,7 +45,7 @@ func main() {
 		Setup: func(_ context.Context, rt *app.Runtime) error {
 			return setup(rt, opts)
 		},
-	}, os.Args[1:]))
+	}
 }
 
 // limitFlags are the bounds of the resource API's watches (see

@@ -37,14 +37,18 @@ import (
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
 )
 
-func main() {
+func main() { os.Exit(app.Main(appService(), os.Args[1:])) }
+
+// appService is the devicemanager as app.Main runs it: its name, defaults,
+// flags and setup. Nothing runs until app.Main parses the flags.
+func appService() app.Service {
 	var grace time.Duration
 	var opts store.Options
 	var kube kubeaccess.Options
 	var draDelay time.Duration
 	var cdi cdispec.Config
 	var cdiDirs *[]string
-	os.Exit(app.Main(app.Service{
+	return app.Service{
 		Binary: "devicemanager", DefaultMetrics: app.DefaultDeviceManagerMetricsAddr,
 		Flags: func(fs *app.Flags) {
 			fs.DurationVar(&grace, "grace-period", manager.DefaultGracePeriod, "how long a resource with no live endpoint keeps its capacity")
@@ -79,7 +83,7 @@ func main() {
 		// calls past the pool start a fresh goroutine whose stack grows
 		// again through the handler path (README "Performance").
 		HandlerPool: 64,
-	}, os.Args[1:]))
+	}
 }
 
 // setup refuses a live kubelet.sock, restores the state, removes stale

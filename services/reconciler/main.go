@@ -34,9 +34,13 @@ import (
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/watchclient"
 )
 
-func main() {
+func main() { os.Exit(app.Main(appService(), os.Args[1:])) }
+
+// appService is the reconciler as app.Main runs it: its name, defaults, flags
+// and setup. Nothing runs until app.Main parses the flags.
+func appService() app.Service {
 	cfg := config{}
-	os.Exit(app.Main(app.Service{
+	return app.Service{
 		Binary:         "reconciler",
 		DefaultMetrics: app.DefaultReconcilerMetricsAddr,
 		// Half the collections of Go's default: in a burst of
@@ -65,7 +69,7 @@ func main() {
 			cfg.Log = rt.Log
 			return setup(rt, cfg)
 		},
-	}, os.Args[1:]))
+	}
 }
 
 // config is what the reconciler is configured with.

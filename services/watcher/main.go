@@ -21,8 +21,12 @@ import (
 	"github.com/nodeplug/nodeplug/services/watcher/internal/socketwatch"
 )
 
-func main() {
-	os.Exit(app.Main(app.Service{
+func main() { os.Exit(app.Main(appService(), os.Args[1:])) }
+
+// appService is the watcher as app.Main runs it: its name, defaults, flags
+// (the common ones only) and setup.
+func appService() app.Service {
+	return app.Service{
 		Binary:         "watcher",
 		DefaultMetrics: app.DefaultWatcherMetricsAddr,
 		Setup: func(_ context.Context, rt *app.Runtime) error {
@@ -34,7 +38,7 @@ func main() {
 				Metrics:     rt.Metrics,
 			})
 		},
-	}, os.Args[1:]))
+	}
 }
 
 // config is what the watcher is configured with.

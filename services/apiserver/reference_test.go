@@ -1,0 +1,19 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/refdoc"
+)
+
+// TestReference: docs/reference/config/apiserver.md is what the flag set of
+// nodeplug-apiserver renders (make docs writes it).
+func TestReference(t *testing.T) {
+	err := refdoc.CheckStable("docs/reference/config/apiserver.md", t, func() (string, error) {
+		return app.ServiceReference(appService(), nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
