@@ -93,6 +93,11 @@ check-generate: generate ## Fail when the committed generated code is stale.
 	fi
 	@echo "generated code is current"
 
+.PHONY: docs
+docs: ## Regenerate docs/reference/ (the configuration and nodeplugctl references) from the flag and command tables; make test fails when they are stale.
+	NODEPLUG_UPDATE_DOCS=1 go test -count=1 -run '^TestReference$$' ./pkg/app/ ./cmd/nodeplugctl/ \
+	  ./services/watcher/ ./services/reconciler/ ./services/devicemanager/ ./services/apiserver/
+
 .PHONY: lint
 lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml: import rules, funlen), file lengths (internal/filelen), buf lint, buf format, buf breaking against the previous commit.
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^pkg/api/')); \
