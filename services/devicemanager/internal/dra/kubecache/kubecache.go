@@ -13,11 +13,14 @@ package kubecache
 import (
 	"context"
 	"fmt"
+	"sync"
 
+	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 )
@@ -36,29 +39,50 @@ type Cache struct {
 	// Claims are the ResourceClaims, stripped by StripClaim.
 	Claims cache.SharedIndexInformer
 
-	factories []informers.SharedInformerFactory
-	synced    chan struct{}
+	synced chan struct{}
 }
 
 // New makes the informers for node's objects; Run runs them.
+//
+// Each informer is built from its typed client's List and Watch rather
+// than from client-go's informer factory: the factory's package pulls in
+// the informers and listers of every API group (some 120 packages the
+// devicemanager would compile and link for the five it reads).
 func New(client kubernetes.Interface, node string) (*Cache, error) {
-	byField := func(sel fields.Selector) informers.SharedInformerOption {
-		return informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = sel.String() })
+	nodeName := fields.OneTermEqualSelector("metadata.name", node).String()
+	mine := fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, node).String()
+	other := fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, "").String()
+	nodes, res := client.CoreV1().Nodes(), client.ResourceV1()
+	slices := func(sel string) cache.SharedIndexInformer {
+		return informer(client, &resourcev1.ResourceSlice{}, sel,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return res.ResourceSlices().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return res.ResourceSlices().Watch(ctx, o)
+			})
 	}
-	all := informers.NewSharedInformerFactory(client, 0)
-	nodeF := informers.NewSharedInformerFactoryWithOptions(client, 0, byField(fields.OneTermEqualSelector("metadata.name", node)))
-	mineF := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		byField(fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, node)))
-	otherF := informers.NewSharedInformerFactoryWithOptions(client, 0,
-		byField(fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, "")))
 	c := &Cache{
-		Node:        nodeF.Core().V1().Nodes().Informer(),
-		NodeSlices:  mineF.Resource().V1().ResourceSlices().Informer(),
-		OtherSlices: otherF.Resource().V1().ResourceSlices().Informer(),
-		Classes:     all.Resource().V1().DeviceClasses().Informer(),
-		Claims:      all.Resource().V1().ResourceClaims().Informer(),
-		factories:   []informers.SharedInformerFactory{all, nodeF, mineF, otherF},
-		synced:      make(chan struct{}),
+		Node: informer(client, &corev1.Node{}, nodeName,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return nodes.List(ctx, o) },
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return nodes.Watch(ctx, o) }),
+		NodeSlices:  slices(mine),
+		OtherSlices: slices(other),
+		Classes: informer(client, &resourcev1.DeviceClass{}, "",
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return res.DeviceClasses().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return res.DeviceClasses().Watch(ctx, o)
+			}),
+		Claims: informer(client, &resourcev1.ResourceClaim{}, "",
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return res.ResourceClaims(metav1.NamespaceAll).List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return res.ResourceClaims(metav1.NamespaceAll).Watch(ctx, o)
+			}),
+		synced: make(chan struct{}),
 	}
 	if err := c.Claims.SetTransform(StripClaim); err != nil {
 		return nil, fmt.Errorf("the ResourceClaim informer: %w", err)
@@ -66,17 +90,37 @@ func New(client kubernetes.Interface, node string) (*Cache, error) {
 	return c, nil
 }
 
+// informer is a shared informer of one kind, listed and watched with
+// fieldSelector (empty: all), indexed by namespace as the factory's are;
+// it lists with the watch-list semantics client supports, as theirs do.
+func informer(client kubernetes.Interface, obj runtime.Object, fieldSelector string,
+	list func(context.Context, metav1.ListOptions) (runtime.Object, error),
+	watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error),
+) cache.SharedIndexInformer {
+	tweak := func(o *metav1.ListOptions) { o.FieldSelector = fieldSelector }
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			tweak(&o)
+			return list(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			tweak(&o)
+			return watchFn(ctx, o)
+		},
+	}
+	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, client), obj, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
 // Run starts the informers and runs them until ctx ends; Synced is closed
 // once every one has listed.
 func (c *Cache) Run(ctx context.Context) error {
-	for _, f := range c.factories {
-		f.Start(ctx.Done())
+	all := []cache.SharedIndexInformer{c.Node, c.NodeSlices, c.OtherSlices, c.Classes, c.Claims}
+	var wg sync.WaitGroup
+	for _, inf := range all {
+		wg.Add(1)
+		go func() { defer wg.Done(); inf.RunWithContext(ctx) }()
 	}
-	defer func() {
-		for _, f := range c.factories {
-			f.Shutdown()
-		}
-	}()
+	defer wg.Wait()
 	if cache.WaitForCacheSync(ctx.Done(), c.Node.HasSynced, c.NodeSlices.HasSynced, c.OtherSlices.HasSynced,
 		c.Classes.HasSynced, c.Claims.HasSynced) {
 		close(c.synced)
