@@ -73,6 +73,11 @@ bench: build kubeletreg ## Run the benchmarks: nodeplug-bench against real proce
 	bin/nodeplug-bench -bin bin -json bench-results.json $(BENCH_FLAGS)
 	go test -run '^$$' -bench . -benchmem ./...
 
+.PHONY: figures
+figures: build kubeletreg ## Measure the figures the docs show: nodeplug-bench into docs/figures/bench.md, a cold build of what make run builds into docs/figures/build.md (each with the date and the machine).
+	bin/nodeplug-bench -bin bin -json bench-results.json -markdown docs/figures/bench.md $(BENCH_FLAGS)
+	scripts/figures-build.sh docs/figures/build.md '$(LDFLAGS)' $(RUN_BINARIES)
+
 .PHONY: bench-apiflood
 bench-apiflood: build ## nodeplug-apiserver alone under a flood (500 watches that never read, 300 slice create/delete, 150 updates of a maximal object): its peak and settled RSS and heap.
 	bin/nodeplug-bench -scenario apiflood

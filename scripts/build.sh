@@ -3,6 +3,7 @@
 # and shows progress while it compiles: the module downloads as Go reports
 # them, then a count of the packages compiled, at least every 10 seconds.
 # Usage: build.sh LDFLAGS NAME:PKG...
+# NODEPLUG_BIN_DIR puts the binaries elsewhere than bin/ (figures-build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/progress.sh
@@ -19,8 +20,9 @@ for b in "$@"; do
 done
 [ ${#pkgs[@]} -gt 0 ] || exit 0
 
-mkdir -p bin
-out=$(mktemp -d bin/.build-XXXXXX)
+bin=${NODEPLUG_BIN_DIR:-bin}
+mkdir -p "$bin"
+out=$(mktemp -d "$bin/.build-XXXXXX")
 trap 'rm -rf "$out"' EXIT
 export CGO_ENABLED=0
 
@@ -37,6 +39,6 @@ go build -v -trimpath -ldflags "$ldflags" -o "$out/" "${pkgs[@]}" 2>&1 | {
 [ "$status" = 0 ] || exit "$status"
 
 for i in "${!pkgs[@]}"; do
-  mv -f "$out/$(basename "${pkgs[$i]}")" "bin/${names[$i]}"
-  echo "built bin/${names[$i]}"
+  mv -f "$out/$(basename "${pkgs[$i]}")" "$bin/${names[$i]}"
+  echo "built $bin/${names[$i]}"
 done

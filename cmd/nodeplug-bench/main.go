@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -72,6 +73,7 @@ type options struct {
 	bin, out, root, phases, regN, pprofDir string
 	scenario, bareClient, contractFloor    string
 	baseline, writeBaseline                string
+	markdown                               string
 	kubeletHarness, kinds                  string
 	baselineSet, failOnRegression          bool // baselineSet: -baseline was given
 	floorRounds, harnessGC, pprofSecs      int
@@ -87,6 +89,7 @@ func parseFlags() *options {
 	flag.BoolVar(&o.short, "short", false, "a quick run that still produces every figure")
 	flag.StringVar(&o.bin, "bin", "", "directory with nodeplug-watcher, -reconciler and -devicemanager (default: this binary's directory)")
 	flag.StringVar(&o.out, "json", "bench-results.json", "write the figures here as JSON (empty: don't)")
+	flag.StringVar(&o.markdown, "markdown", "", "also write the table as a Markdown page here, with the date, the machine, the source and the command (make figures: docs/figures/bench.md)")
 	flag.StringVar(&o.root, "root-dir", "", "root dir for the services (default: a temporary directory)")
 	flag.StringVar(&o.phases, "phases", "", "comma-separated phases to run, of "+strings.Join(bench.Phases, ",")+" (default: all)")
 	flag.StringVar(&o.regN, "registration-n", "", "comma-separated plugin counts of the registration rounds (default: 1,10,100,1000; -short: 1,10)")
@@ -235,6 +238,14 @@ func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 		}
 		fmt.Printf("\nfigures written to %s\n", o.out)
 	}
+	if o.markdown != "" {
+		page := bench.MarkdownPage{Command: "nodeplug-bench " + strings.Join(os.Args[1:], " "), Commit: sourceCommit(), CPUModel: bench.CPUModel()}
+		if err := bench.WriteMarkdownFile(o.markdown, res, page); err != nil {
+			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
+			return 1
+		}
+		fmt.Printf("figures written to %s\n", o.markdown)
+	}
 	if o.writeBaseline != "" {
 		note := "ratios (lower is better) of `nodeplug-bench " + strings.Join(os.Args[1:], " ") + "`; a run reports each more than 25% above its value here. " +
 			"Write it again with -write-baseline on a quiet machine when the figures move for good."
@@ -249,6 +260,16 @@ func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 		return 3
 	}
 	return 0
+}
+
+// sourceCommit describes the checkout the bench runs in (git describe
+// --always --dirty), or its version when there is no checkout.
+func sourceCommit() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return version.Version
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // runBareClient is the child process of the footprint phase's bare-client

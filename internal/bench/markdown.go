@@ -1,0 +1,90 @@
+package bench
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// MarkdownPage is what WriteMarkdown records beside the figures: where they
+// came from, so that a reader can tell their age and make them again.
+type MarkdownPage struct {
+	// Command is the command line that measured them.
+	Command string
+	// Commit is the source they were measured on (git describe), if known.
+	Commit string
+	// CPUModel names the processor, if known.
+	CPUModel string
+}
+
+// WriteMarkdown writes r as a Markdown page to w: a heading, the date, the
+// machine and the command, then the table Print writes, unchanged.
+func WriteMarkdown(w io.Writer, r *Results, p MarkdownPage) error {
+	var table bytes.Buffer
+	Print(&table, r)
+	var b strings.Builder
+	b.WriteString("# Measured figures: nodeplug-bench\n\n")
+	b.WriteString("Written by `make figures`; do not edit by hand — run it again to renew them.\n\n")
+	fmt.Fprintf(&b, "- **Measured:** %s\n", r.Machine.Time)
+	machine := MachineDescription(r.Machine)
+	if p.CPUModel != "" {
+		machine = p.CPUModel + ", " + machine
+	}
+	fmt.Fprintf(&b, "- **Machine:** %s\n", machine)
+	if p.Commit != "" {
+		fmt.Fprintf(&b, "- **Source:** %s\n", p.Commit)
+	}
+	fmt.Fprintf(&b, "- **Command:** `%s`\n\n", p.Command)
+	b.WriteString("What each line measures, and the targets, are explained in [the performance guide](../performance.md).\n\n")
+	b.WriteString("```text\n")
+	b.WriteString(strings.TrimRight(table.String(), "\n"))
+	b.WriteString("\n```\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteMarkdownFile writes the page to path through a temporary file, so a
+// failed run leaves the previous figures in place.
+func WriteMarkdownFile(path string, r *Results, p MarkdownPage) error {
+	var buf bytes.Buffer
+	if err := WriteMarkdown(&buf, r, p); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".figures-*.md")
+	if err != nil {
+		return fmt.Errorf("figures: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(buf.Bytes()); err != nil {
+		tmp.Close()
+		return fmt.Errorf("figures: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("figures: %w", err)
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return fmt.Errorf("figures: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("figures: %w", err)
+	}
+	return nil
+}
+
+// CPUModel is the processor's name from /proc/cpuinfo, or "" when it
+// cannot be read.
+func CPUModel() string {
+	data, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}

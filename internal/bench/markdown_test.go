@@ -1,0 +1,48 @@
+package bench
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestWriteMarkdownFile(t *testing.T) {
+	r := &Results{Machine: Machine{CPUs: 2, GoVersion: "go1.26", Time: "2026-12-03T19:00:00Z"}}
+	r.Floor = []FloorResult{{Kind: "dra", N: 10, RatioTotal: 1.5, Rounds: []FloorRound{{}}}}
+	path := filepath.Join(t.TempDir(), "bench.md")
+	if err := os.WriteFile(path, []byte("old figures\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := WriteMarkdownFile(path, r, MarkdownPage{Command: "nodeplug-bench -short", Commit: "abc1234", CPUModel: "Some CPU"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(data)
+	for _, want := range []string{
+		"- **Measured:** 2026-12-03T19:00:00Z\n",
+		"- **Machine:** Some CPU, 2 CPUs, go1.26, ",
+		"- **Source:** abc1234\n",
+		"- **Command:** `nodeplug-bench -short`\n",
+		"```text\nnodeplug-bench  2026-12-03T19:00:00Z  2 CPUs  go1.26\n",
+		"dra           N=10",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page lacks %q:\n%s", want, page)
+		}
+	}
+	if strings.Contains(page, "old figures") {
+		t.Error("the old figures are still there")
+	}
+	if !strings.HasSuffix(page, "```\n") {
+		t.Errorf("the table's code block is not closed:\n%s", page)
+	}
+	// A page that cannot be written is an error.
+	if err := WriteMarkdownFile(filepath.Join(t.TempDir(), "no", "such", "bench.md"), r, MarkdownPage{}); err == nil {
+		t.Error("writing into a missing directory succeeded")
+	}
+}
