@@ -210,7 +210,7 @@ echo " done"
 if [ -n "$GRPCURL" ] && [ -x "$GRPCURL" ]; then
   grpcurl_line="export GRPCURL=$GRPCURL"
 else
-  grpcurl_line='export GRPCURL=$(make -s grpcurl)   # builds grpcurl once (a few minutes cold) and prints its path'
+  grpcurl_line='export GRPCURL=$(make -s grpcurl)   # builds grpcurl once (it takes a while on a cold build cache) and prints its path'
 fi
 
 cat <<INFO

@@ -93,7 +93,7 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 		switch {
 		case answered:
 		case strings.Contains(msg, "permission denied"):
-			return fmt.Errorf("may not open the %s's socket %s: %s — the API is for root, the service's user and its --api-group (README: Security)", svc.name, addr, msg)
+			return fmt.Errorf("may not open the %s's socket %s: %s — the API is for root, the service's user and its --api-group (docs/security.md)", svc.name, addr, msg)
 		case isConnectError(msg):
 			return fmt.Errorf("cannot reach the %s at %s: %s — is it running? (%s)", svc.name, addr, msg, svc.whereHint(&c.g))
 		}
@@ -105,7 +105,7 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 	case codes.Canceled:
 		return fmt.Errorf("%s: canceled", op)
 	case codes.PermissionDenied:
-		return fmt.Errorf("%s: %s (README: Security)", op, msg)
+		return fmt.Errorf("%s: %s (docs/security.md)", op, msg)
 	case codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.AlreadyExists, codes.ResourceExhausted:
 		return fmt.Errorf("%s: %s", op, msg)
 	default:

@@ -159,8 +159,8 @@ const invSpecs = "k"
 // its CDI spec, and no spec is left of a container with none (the sample
 // plugins answer every Allocate with an env, so each allocated container
 // has a spec). The load's pod UIDs and container names are plain, so a
-// spec's device is named <pod UID>_<container> (README "Starting a
-// container with its devices").
+// spec's device is named <pod UID>_<container> (docs/containers-and-cdi.md,
+// "A device plugin's devices").
 func checkSpecs(when string, s State) []Violation {
 	const inv = invSpecs
 	var out []Violation

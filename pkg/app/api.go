@@ -20,7 +20,7 @@ import (
 // errListenGone is what --listen and NODEPLUG_<SVC>_LISTEN now answer.
 var errListenGone = errors.New("--listen is gone: the API is served on a Unix socket, --api-socket " +
 	"(default <root-dir>/nodeplug/<service>.sock); TCP is --listen-tcp with mutual TLS " +
-	"(--tls-cert-file, --tls-key-file, --tls-client-ca-file). See the README's \"Upgrading\" section")
+	"(--tls-cert-file, --tls-key-file, --tls-client-ca-file). See docs/upgrading.md")
 
 // goneFlag is a removed flag: setting it, or its variable, is an error.
 type goneFlag struct{ err error }

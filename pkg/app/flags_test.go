@@ -60,7 +60,7 @@ func TestListenIsGone(t *testing.T) {
 			if err == nil {
 				t.Fatal("--listen was accepted")
 			}
-			for _, want := range []string{"--api-socket", "--listen-tcp", "Upgrading"} {
+			for _, want := range []string{"--api-socket", "--listen-tcp", "docs/upgrading.md"} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("error %q does not name %s", err, want)
 				}

@@ -68,7 +68,7 @@ func Setup(ctx context.Context, service, version string) (shutdown func(context.
 			sdktrace.WithBatcher(utf8Exporter{exp}))
 	} else {
 		// IDs only: recording a span costs allocations and CPU on every
-		// call (README "Performance" has what it cost), and with no
+		// call (docs/performance.md has what it cost), and with no
 		// exporter nothing would ever read it.
 		opts = append(opts, sdktrace.WithSampler(sdktrace.NeverSample()))
 	}

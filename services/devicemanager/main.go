@@ -73,7 +73,7 @@ func appService() app.Service {
 		},
 		// Half the collections of Go's default: in a burst of registrations
 		// the live heap is small while every plugin allocates, so at
-		// GOGC=100 the collector runs often (README "Performance" has what
+		// GOGC=100 the collector runs often (docs/performance.md has what
 		// it cost). The extra garbage lasts only as long as the burst: once
 		// the burst settles the manager collects and gives the memory back
 		// (manager.GiveBack).
@@ -81,7 +81,7 @@ func appService() app.Service {
 		// As many handlers as the reconciler's parallel registrations (its
 		// executor runs 64, each a RegisterPlugin here): with fewer, the
 		// calls past the pool start a fresh goroutine whose stack grows
-		// again through the handler path (README "Performance").
+		// again through the handler path (docs/performance.md).
 		HandlerPool: 64,
 	}
 }

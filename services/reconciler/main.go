@@ -46,7 +46,7 @@ func appService() app.Service {
 		// Half the collections of Go's default: in a burst of
 		// registrations the reconciler's live heap is small while it
 		// allocates for every plugin, so the collector would run often
-		// (README Performance has the measurements). The extra garbage
+		// (docs/performance.md has the measurements). The extra garbage
 		// lasts as long as the burst: once the heap has been quiet for a
 		// second, the memory is given back.
 		GCPercent: 200,

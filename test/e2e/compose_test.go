@@ -97,7 +97,7 @@ func TestCompose(t *testing.T) {
 		t.Fatalf("make up: %v\n%s\ncompose logs:\n%s", err, out, logs)
 	}
 
-	// The host reaches the APIs as the README says: nodeplugctl in a
+	// The host reaches the APIs as docs/getting-started.md says: nodeplugctl in a
 	// container on the stack's volume, or, as root, through the volume's
 	// mount point.
 	if out, err := run(2*time.Minute, "docker", "compose", "-p", composeProject, "run", "--rm", "nodeplugctl", "resources"); err != nil {

@@ -608,7 +608,7 @@ func TestDRAClaimKillBetweenPrepareAndRelease(t *testing.T) {
 	n.waitReleasedInAPI(cs, claim)
 }
 
-// TestDRAClaimsNodeplugctl is the README's walk-through for a driver
+// TestDRAClaimsNodeplugctl is docs/dra-drivers.md's walk-through for a driver
 // author, with nodeplugctl alone: apply a DeviceClass and a claim from
 // YAML, prepare them for a pod, see the claim prepared with the driver's
 // CDI ID in `claims`, release the pod. It logs what nodeplugctl printed.
