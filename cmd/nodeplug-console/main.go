@@ -1,7 +1,9 @@
 // Command nodeplug-console serves a web console for nodeplug on loopback
 // (127.0.0.1:8080): the plugins, the resources' devices, the allocations and
 // each registration's or allocation's trace, updating live from the
-// services' Watch streams. It is a reader of the three APIs and changes
+// services' Watch streams; the traces can be filtered by service,
+// operation, duration and status, and found by a trace ID's prefix or by
+// what their spans name (a plugin, a resource, a socket, a pod, a claim). It is a reader of the three APIs and changes
 // nothing. Traces come from its own bounded OTLP/gRPC receiver (which make
 // run points the services at) and from Jaeger's query API (--jaeger-url,
 // in compose).

@@ -92,6 +92,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, stdout io.Writer)
 	listenHost, _, _ := net.SplitHostPort(cfg.Listen)
 	token := web.NewToken()
 	srv := web.New(st, src, web.NewGuard(token, listenHost, *cfg.AllowedHosts), log)
+	srv.RootDir = cfg.RootDir
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 
 	info := Info{URL: baseURL(lis.Addr().(*net.TCPAddr)), Token: token, PID: os.Getpid()}

@@ -98,7 +98,12 @@ func startConsole(t *testing.T, root string) consoleInfo {
 // OTLP receiver (as under make run): the sample plugin shows as registered;
 // a health flip changes its device's cell without a reload; an allocation
 // appears; the registration's trace has spans from all three services and
-// a span's attributes show on selection, from the keyboard too; nodeplugctl
+// a span's attributes show on selection, from the keyboard too, under a
+// time ruler; the plugins table shows paths relative to the root dir and
+// generations as when the socket was made; the trace list filters by
+// service, operation, minimum duration and status and finds a trace by its
+// ID's prefix or a resource name, the filter in the URL, and holds no trace
+// of nodeplugctl's reads; nodeplugctl
 // trace reads the same trace from the console; a DRA driver (the upstream
 // kubeletplugin helper, pointed at the node-local API with the driver
 // kubeconfig) shows connected and the devices it publishes appear without
@@ -150,7 +155,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
 	defer acancel()
-	ctx, cancel := chromedp.NewContext(actx)
+	errs := &pageErrors{}
+	ctx, cancel := chromedp.NewContext(actx, chromedp.WithListener(errs.listen))
 	defer cancel()
 	if err := chromedp.Do(ctx); err != nil { // starts the browser, bound to ctx
 		t.Fatalf("starting %s: %v", browser, err)
@@ -170,7 +176,9 @@ func TestConsoleInBrowser(t *testing.T) {
 	if loc := b.eval(`location.search`); loc != "" {
 		t.Errorf("the token stayed in the URL: %q", loc)
 	}
+	errs.start() // the refusal above is the only error a page may show
 	b.wait("every service synced", `ul.services:not(:has(li.down))`)
+	checkPluginsTable(t, b, root)
 	b.shot("console-plugins.png")
 
 	// A health flip (SIGUSR1: the sample plugin marks dev-0 unhealthy)
@@ -200,6 +208,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	row := `tr[data-pod="pod-1"][data-container="main"][data-resource="example.com/sample"]`
 	b.wait("the allocation", row+` li[data-state="allocated"]`)
 	b.wait("the allocation's trace link", row+` a[href^="/traces/"]`)
+	allocTrace := strings.TrimPrefix(b.eval(`document.querySelector('`+row+` a[href^="/traces/"]').getAttribute('href')`), "/traces/")
 	b.checkNoReload("the allocation")
 	b.shot("console-allocations.png")
 
@@ -245,6 +254,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	if b.eval(`document.querySelector('#attrs-`+second+`').hidden ? 'hidden' : 'shown'`) != "hidden" {
 		t.Error("the previous selection's attributes are still shown")
 	}
+	checkRuler(t, b)
 	b.shot("console-trace.png")
 
 	// The trace list has it too.
@@ -256,7 +266,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	if roots := b.eval(`Array.from(document.querySelectorAll('#traces tbody tr td:nth-child(2)')).map(td => td.textContent).join('\n')`); strings.Contains(roots, "ListAllocations") {
 		t.Errorf("the console's own ListAllocations calls made traces:\n%s", roots)
 	}
+	checkTraceTable(t, b, strings.TrimPrefix(href, "/traces/"))
 	b.shot("console-traces.png")
+
+	// nodeplugctl's reads leave no trace; the list's filter and search
+	// find what they are asked for.
+	checkNoReadTraces(t, info, root)
+	checkTraceFilter(t, b, info, strings.TrimPrefix(href, "/traces/"), allocTrace)
+	errs.check(t, "on the plugins, resources, allocations and traces pages")
 
 	// nodeplugctl trace reads the same trace from the console, finding it
 	// through the info file under the root dir.
@@ -270,6 +287,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	checkDRAView(t, b, info, root)
+	errs.check(t, "on the DRA page")
 }
 
 // consoleDRADriver is the DRA driver of the console test: it registers and

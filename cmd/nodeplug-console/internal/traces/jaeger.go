@@ -61,6 +61,17 @@ func (j *Jaeger) Get(ctx context.Context, id string) (*Trace, error) {
 // Recent returns the latest traces whose spans include one of services,
 // newest first, up to limit of each service.
 func (j *Jaeger) Recent(ctx context.Context, services []string, limit int) ([]Summary, error) {
+	return j.Find(ctx, services, Filter{}, limit)
+}
+
+// Find returns the latest traces whose spans include one of services and
+// that pass f, newest first: of the latest limit traces of each service,
+// those that pass. Jaeger is asked for the service and the operation when
+// f names them; the rest of f is checked here, on whole traces.
+func (j *Jaeger) Find(ctx context.Context, services []string, f Filter, limit int) ([]Summary, error) {
+	if f.Service != "" {
+		services = []string{f.Service}
+	}
 	seen := map[string]bool{}
 	var out []Summary
 	for _, svc := range services {
@@ -79,38 +90,71 @@ func (j *Jaeger) Recent(ctx context.Context, services []string, limit int) ([]Su
 				continue
 			}
 			seen[t.TraceID] = true
-			out = append(out, Summarize(t))
+			if f.Match(t) {
+				out = append(out, Summarize(t))
+			}
 		}
 	}
 	sortSummaries(out)
 	return out, nil
 }
 
+// Names returns the services Jaeger knows, and the operations of those of
+// services among them.
+func (j *Jaeger) Names(ctx context.Context, services []string) (svcs, ops []string, err error) {
+	var names struct {
+		Data []string `json:"data"`
+	}
+	if err := j.get(ctx, "/api/services", &names); err != nil {
+		return nil, nil, err
+	}
+	svcs = names.Data
+	for _, svc := range services {
+		if !slices.Contains(svcs, svc) {
+			continue
+		}
+		names.Data = nil
+		if err := j.get(ctx, "/api/services/"+url.PathEscape(svc)+"/operations", &names); err != nil {
+			return svcs, ops, err
+		}
+		ops = append(ops, names.Data...)
+	}
+	return svcs, ops, nil
+}
+
 func (j *Jaeger) query(ctx context.Context, path string) (*Response, error) {
+	var r Response
+	if err := j.get(ctx, path, &r); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// get reads the JSON at path into v.
+func (j *Jaeger) get(ctx context.Context, path string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, j.base+path, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	resp, err := j.client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach Jaeger at %s: %w", j.base, err)
+		return fmt.Errorf("cannot reach Jaeger at %s: %w", j.base, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return nil, fmt.Errorf("reading Jaeger's answer from %s: %w", j.base, err)
+		return fmt.Errorf("reading Jaeger's answer from %s: %w", j.base, err)
 	}
 	if resp.StatusCode == http.StatusNotFound {
-		return nil, ErrNotFound
+		return ErrNotFound
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("query to Jaeger at %s: %s", j.base, resp.Status)
+		return fmt.Errorf("query to Jaeger at %s: %s", j.base, resp.Status)
 	}
-	var r Response
-	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, fmt.Errorf("what Jaeger at %s sent is not a trace list: %w", j.base, err)
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("what Jaeger at %s sent is not what its query API sends: %w", j.base, err)
 	}
-	return &r, nil
+	return nil
 }
 
 // Sources are where the console finds traces: its own store first, then
@@ -143,21 +187,51 @@ func (s Sources) Get(ctx context.Context, id string) (*Trace, error) {
 
 // Recent lists up to n traces of both sources, newest first.
 func (s Sources) Recent(ctx context.Context, n int) ([]Summary, error) {
+	out, _, err := s.Find(ctx, Filter{}, n)
+	return out, err
+}
+
+// Find lists up to n traces of both sources that pass f, newest first, and
+// how many passed in all (of those the sources were asked for). A query
+// that is a whole trace ID also finds that trace when it is older than
+// the ones listed.
+func (s Sources) Find(ctx context.Context, f Filter, n int) ([]Summary, int, error) {
 	var out []Summary
 	seen := map[string]bool{}
-	if s.Local != nil {
-		for _, sum := range s.Local.Recent(n) {
+	add := func(sum Summary) {
+		if !seen[sum.TraceID] {
 			seen[sum.TraceID] = true
 			out = append(out, sum)
 		}
 	}
+	matched := 0
+	if s.Local != nil {
+		var local []Summary
+		local, matched = s.Local.Find(f, n)
+		for _, sum := range local {
+			add(sum)
+		}
+	}
 	var err error
 	if s.Jaeger != nil {
+		limit := n
+		if !f.IsZero() {
+			limit = max(n, jaegerFilteredLimit)
+		}
 		var js []Summary
-		js, err = s.Jaeger.Recent(ctx, Services, n)
+		js, err = s.Jaeger.Find(ctx, Services, f, limit)
+		before := len(out)
 		for _, sum := range js {
-			if !seen[sum.TraceID] {
-				out = append(out, sum)
+			add(sum)
+		}
+		matched += len(out) - before
+		if id := f.FullID(); id != "" && !seen[id] && err == nil {
+			t, gerr := s.Jaeger.Get(ctx, id)
+			if gerr == nil && f.Match(t) {
+				add(Summarize(t))
+				matched++
+			} else if gerr != nil && !errors.Is(gerr, ErrNotFound) {
+				err = gerr
 			}
 		}
 	}
@@ -165,7 +239,44 @@ func (s Sources) Recent(ctx context.Context, n int) ([]Summary, error) {
 	if len(out) > n {
 		out = out[:n]
 	}
-	return out, err
+	return out, matched, err
+}
+
+// jaegerFilteredLimit is how many of each service's latest traces a
+// filtered list asks Jaeger for, to filter here.
+const jaegerFilteredLimit = 200
+
+// maxOperations bounds the operation names Names returns.
+const maxOperations = 300
+
+// Names returns the service names and the operation names the sources
+// know, each sorted: the ones to offer in the list's filter.
+func (s Sources) Names(ctx context.Context) (services, operations []string) {
+	svc, ops := map[string]bool{}, map[string]bool{}
+	for _, n := range Services {
+		svc[n] = true
+	}
+	if s.Local != nil {
+		ls, lo := s.Local.Names(maxOperations)
+		for _, n := range ls {
+			svc[n] = true
+		}
+		for _, n := range lo {
+			ops[n] = true
+		}
+	}
+	if s.Jaeger != nil {
+		js, jo, _ := s.Jaeger.Names(ctx, Services) // the filter works without them
+		for _, n := range js {
+			svc[n] = true
+		}
+		for _, n := range jo {
+			if len(ops) < maxOperations {
+				ops[n] = true
+			}
+		}
+	}
+	return sortedKeys(svc), sortedKeys(ops)
 }
 
 // Changed returns a channel closed when the local store changes, or a timer

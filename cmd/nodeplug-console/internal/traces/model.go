@@ -26,16 +26,17 @@ type (
 // NormalizeID is jaegertrace.NormalizeID.
 var NormalizeID = jaegertrace.NormalizeID
 
-// Summary describes a trace in a list.
+// Summary describes a trace in a list (and in GET /api/traces).
 type Summary struct {
-	TraceID   string
-	Root      string // the root span's operation name
-	Service   string // the root span's service
-	Services  []string
-	Spans     int
-	StartTime int64 // µs since the epoch
-	Duration  int64 // µs
-	Failed    bool
+	TraceID   string   `json:"traceID"`
+	Root      string   `json:"rootOperation"` // the root span's operation name
+	RootKind  string   `json:"rootKind"`      // the root span's kind: server, client, internal…
+	Service   string   `json:"rootService"`   // the root span's service
+	Services  []string `json:"services"`
+	Spans     int      `json:"spans"`
+	StartTime int64    `json:"startTime"` // µs since the epoch
+	Duration  int64    `json:"duration"`  // µs
+	Failed    bool     `json:"error"`
 }
 
 // Summarize describes t.
@@ -66,12 +67,27 @@ func Summarize(t *Trace) Summary {
 	sum.StartTime, sum.Duration = start, end-start
 	if root != nil {
 		sum.Root, sum.Service = root.OperationName, t.Service(root)
+		for _, kv := range root.Tags {
+			if v, ok := kv.Value.(string); ok && kv.Key == "span.kind" {
+				sum.RootKind = v
+			}
+		}
 	}
 	for s := range services {
 		sum.Services = append(sum.Services, s)
 	}
 	sort.Strings(sum.Services)
 	return sum
+}
+
+// sortedKeys returns the keys of m, sorted.
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // sortSpans orders spans by start time, then span ID.

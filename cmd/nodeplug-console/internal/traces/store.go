@@ -145,19 +145,59 @@ func (s *Store) Get(id string) (*Trace, bool) {
 
 // Recent returns up to n trace summaries, the latest to arrive first.
 func (s *Store) Recent(n int) []Summary {
+	out, _ := s.Find(Filter{}, n)
+	return out
+}
+
+// Find returns up to n summaries of the traces that pass f, the latest to
+// arrive first, and how many of the kept traces pass it in all.
+func (s *Store) Find(f Filter, n int) ([]Summary, int) {
 	s.mu.Lock()
-	var ids []string
-	for el := s.order.Back(); el != nil && len(ids) < n; el = el.Prev() {
-		ids = append(ids, el.Value.(*entry).id)
+	defer s.mu.Unlock()
+	var out []Summary
+	// Without a filter every trace passes: only the n listed need a
+	// summary.
+	all := f.IsZero()
+	matched := 0
+	if all {
+		matched = s.order.Len()
 	}
-	s.mu.Unlock()
-	out := make([]Summary, 0, len(ids))
-	for _, id := range ids {
-		if t, ok := s.Get(id); ok {
-			out = append(out, Summarize(t))
+	for el := s.order.Back(); el != nil && (!all || len(out) < n); el = el.Prev() {
+		e := el.Value.(*entry)
+		// A view of the entry, read under the lock: Summarize and the
+		// filter only read it.
+		t := &Trace{TraceID: e.id, Spans: e.spans, Processes: e.process}
+		sum := Summarize(t)
+		if all || f.matchSummary(sum) && f.matchSpans(t) {
+			if !all {
+				matched++
+			}
+			if len(out) < n {
+				out = append(out, sum)
+			}
 		}
 	}
-	return out
+	return out, matched
+}
+
+// Names returns the service names and the operation names of the kept
+// spans, each sorted, at most limit operations.
+func (s *Store) Names(limit int) (services, operations []string) {
+	s.mu.Lock()
+	svc, ops := map[string]bool{}, map[string]bool{}
+	for el := s.order.Front(); el != nil; el = el.Next() {
+		e := el.Value.(*entry)
+		for _, p := range e.process {
+			svc[p.ServiceName] = true
+		}
+		for i := range e.spans {
+			if len(ops) < limit {
+				ops[e.spans[i].OperationName] = true
+			}
+		}
+	}
+	s.mu.Unlock()
+	return sortedKeys(svc), sortedKeys(ops)
 }
 
 // Stats reports the store's use.

@@ -106,7 +106,7 @@ func TestDRAView(t *testing.T) {
 // TestDRAViewEmpty: with nothing registered the page says how a driver
 // gets there.
 func TestDRAViewEmpty(t *testing.T) {
-	v := draOf(state.Snapshot{Status: map[string]string{}}, time.Now())
+	v := draOf(state.Snapshot{Status: map[string]string{}}, time.Now(), "")
 	frag, err := renderFragment("dra", v)
 	if err != nil {
 		t.Fatal(err)

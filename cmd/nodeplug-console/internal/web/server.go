@@ -1,7 +1,8 @@
 // Package web is the console's HTTP side: the pages (html/template over
 // embedded HTML, CSS and a little JavaScript), their live updates as
-// server-sent events, the trace JSON that nodeplugctl trace reads, and the
-// Guard in front of all of it.
+// server-sent events, the trace JSON that nodeplugctl trace reads, the
+// trace list's JSON (filtered as the traces page is), and the Guard in
+// front of all of it.
 package web
 
 import (
@@ -15,6 +16,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -44,7 +47,16 @@ type Server struct {
 	// MinInterval is the least time between two updates of one live view
 	// (default 100 ms): a burst of changes becomes one update.
 	MinInterval time.Duration
+	// RootDir is the stack's root dir: the views show the paths beneath
+	// it relative to it. Empty: paths are shown whole.
+	RootDir string
 }
+
+// listLimit is how many traces the traces page lists.
+const listLimit = 50
+
+// apiListMax is the most traces GET /api/traces returns.
+const apiListMax = 1000
 
 // New returns the console's server.
 func New(st State, src traces.Sources, guard *Guard, log *slog.Logger) *Server {
@@ -74,6 +86,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux.HandleFunc("GET /traces/{id}", s.page("trace"))
 	mux.HandleFunc("GET /events", s.events)
+	mux.HandleFunc("GET /api/traces", s.tracesJSON)
 	mux.HandleFunc("GET /api/traces/{id}", s.traceJSON)
 	return s.guard.Wrap(mux)
 }
@@ -84,9 +97,10 @@ type navItem struct {
 }
 
 type pageData struct {
-	Title, Events, Version, Sources string
-	Nav                             []navItem
-	Fragment                        template.HTML
+	Title, Events, Version, Sources, RootDir string
+	Nav                                      []navItem
+	Filter                                   *filterView
+	Fragment                                 template.HTML
 }
 
 // views are the pages the navigation lists, in its order.
@@ -101,19 +115,27 @@ func (s *Server) page(view string) http.HandlerFunc {
 			http.Error(w, fmt.Sprintf("%q is not a trace ID (up to 32 hex digits)", id), http.StatusNotFound)
 			return
 		}
-		frag, err := s.render(r.Context(), view, id)
+		query := r.URL.Query()
+		frag, err := s.render(r.Context(), view, id, query)
 		if err != nil {
 			s.log.Error("rendering", "view", view, "error", err)
 			http.Error(w, "rendering the page failed: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
-		d := pageData{Title: titles[view], Version: version.Version, Sources: s.sources, Fragment: template.HTML(frag)}
+		d := pageData{Title: titles[view], Version: version.Version, Sources: s.sources, RootDir: s.RootDir, Fragment: template.HTML(frag)}
 		if view == "trace" {
 			d.Title = "Trace " + traces.NormalizeID(id)
 		}
 		d.Events = "/events?view=" + view
 		if id != "" {
 			d.Events += "&id=" + traces.NormalizeID(id)
+		}
+		if view == "traces" {
+			services, operations := s.traces.Names(r.Context())
+			d.Filter = filterViewOf(query, services, operations)
+			if fq := filterQuery(query); len(fq) > 0 {
+				d.Events += "&" + fq.Encode()
+			}
 		}
 		for _, v := range views {
 			d.Nav = append(d.Nav, navItem{"/" + v, titles[v], v == view || (v == "traces" && view == "trace")})
@@ -128,29 +150,22 @@ func (s *Server) page(view string) http.HandlerFunc {
 	}
 }
 
-// render renders one view's live fragment (the part the events replace).
-func (s *Server) render(ctx context.Context, view, id string) (string, error) {
+// render renders one view's live fragment (the part the events replace);
+// query is the page's, which filters the traces view.
+func (s *Server) render(ctx context.Context, view, id string, query url.Values) (string, error) {
 	now := time.Now()
 	var data any
 	switch view {
 	case "plugins":
-		data = pluginsOf(s.state.Snapshot(), now)
+		data = pluginsOf(s.state.Snapshot(), now, s.RootDir)
 	case "resources":
-		data = resourcesOf(s.state.Snapshot(), now)
+		data = resourcesOf(s.state.Snapshot(), now, s.RootDir)
 	case "allocations":
 		data = allocationsOf(s.state.Snapshot(), now)
 	case "dra":
-		data = draOf(s.state.Snapshot(), now)
+		data = draOf(s.state.Snapshot(), now, s.RootDir)
 	case "traces":
-		v := tracesView{Sources: s.sources}
-		list, err := s.traces.Recent(ctx, 50)
-		if err != nil {
-			v.Error = err.Error()
-		}
-		for _, t := range list {
-			v.Traces = append(v.Traces, traceRowOf(t))
-		}
-		data = v
+		data = s.tracesOf(ctx, query)
 	case "trace":
 		t, err := s.traces.Get(ctx, id)
 		if err != nil {
@@ -160,7 +175,7 @@ func (s *Server) render(ctx context.Context, view, id string) (string, error) {
 			}
 			data = wf
 		} else {
-			data = waterfallOf(t)
+			data = waterfallOf(t, s.RootDir)
 		}
 	default:
 		return "", fmt.Errorf("no view %q", view)
@@ -173,7 +188,8 @@ func (s *Server) render(ctx context.Context, view, id string) (string, error) {
 // events streams a view's fragment as server-sent events: the current one
 // at once, then a new one after each change that alters it.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	view, id := r.URL.Query().Get("view"), r.URL.Query().Get("id")
+	query := r.URL.Query()
+	view, id := query.Get("view"), query.Get("id")
 	if _, ok := titles[view]; !ok || (view == "trace" && traces.NormalizeID(id) == "") {
 		http.Error(w, "events: unknown view or bad trace ID", http.StatusBadRequest)
 		return
@@ -201,7 +217,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if usesTraces {
 			traceChanged = s.traces.Changed()
 		}
-		frag, err := s.render(ctx, view, id)
+		frag, err := s.render(ctx, view, id, query)
 		if err != nil {
 			return
 		}
@@ -265,5 +281,64 @@ func (s *Server) traceJSON(w http.ResponseWriter, r *http.Request) {
 		resp.Errors = []traces.ErrorItem{{Code: code, Msg: err.Error()}}
 	}
 	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(resp)
+}
+
+// tracesOf is the traces view: the latest traces that pass the filter in
+// query.
+func (s *Server) tracesOf(ctx context.Context, query url.Values) tracesView {
+	v := tracesView{Sources: s.sources}
+	f, err := traces.ParseFilter(query)
+	if err != nil {
+		v.FilterError = err.Error()
+	}
+	v.Filtered = !f.IsZero()
+	list, matched, err := s.traces.Find(ctx, f, listLimit)
+	if err != nil {
+		v.Error = err.Error()
+	}
+	v.Matched = matched
+	for _, t := range list {
+		v.Traces = append(v.Traces, traceRowOf(t))
+	}
+	return v
+}
+
+// TraceList is the body of GET /api/traces: the latest traces that pass
+// the filter of its query (service, operation, minDuration, status, q; and
+// limit, default 50), newest first.
+type TraceList struct {
+	Data    []traces.Summary   `json:"data"`
+	Matched int                `json:"matched"` // how many passed, of which Data are the latest
+	Errors  []traces.ErrorItem `json:"errors,omitempty"`
+}
+
+// tracesJSON serves the trace list.
+func (s *Server) tracesJSON(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	q := r.URL.Query()
+	resp := TraceList{Data: []traces.Summary{}}
+	f, err := traces.ParseFilter(q)
+	limit := listLimit
+	if l := q.Get("limit"); l != "" {
+		n, lerr := strconv.Atoi(l)
+		if lerr != nil || n < 1 || n > apiListMax {
+			err = errors.Join(err, fmt.Errorf("limit %q is not a number from 1 to %d", l, apiListMax))
+		}
+		limit = n
+	}
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		resp.Errors = []traces.ErrorItem{{Code: http.StatusBadRequest, Msg: err.Error()}}
+		_ = json.NewEncoder(w).Encode(resp)
+		return
+	}
+	list, matched, err := s.traces.Find(r.Context(), f, limit)
+	resp.Data = append(resp.Data, list...)
+	resp.Matched = matched
+	if err != nil {
+		// What one source gave is still served, with the other's error.
+		resp.Errors = []traces.ErrorItem{{Code: http.StatusBadGateway, Msg: err.Error()}}
+	}
 	_ = json.NewEncoder(w).Encode(resp)
 }

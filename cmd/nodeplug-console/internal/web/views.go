@@ -3,6 +3,8 @@ package web
 import (
 	"fmt"
 	"math"
+	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -33,15 +35,19 @@ func statusOf(snap state.Snapshot) statusView {
 }
 
 type pluginRow struct {
-	ID, Socket, Name, Type, State, Generation, Endpoint string
-	Since, Age                                          string
-	Failures                                            uint32
-	LastError, NextRetry, TraceID                       string
+	ID, Name, Type, State         string
+	Socket, Endpoint              pathText
+	Generation                    genText
+	Since, Age                    string
+	Failures                      uint32
+	LastError, NextRetry, TraceID string
 }
 
 type socketRow struct {
-	Socket, Generation, Since, Age string
-	Registered                     bool
+	Socket     pathText
+	Generation genText
+	Since, Age string
+	Registered bool
 }
 
 type pluginsView struct {
@@ -50,16 +56,19 @@ type pluginsView struct {
 	Sockets []socketRow
 }
 
-func pluginsOf(snap state.Snapshot, now time.Time) pluginsView {
+func pluginsOf(snap state.Snapshot, now time.Time, root string) pluginsView {
 	v := pluginsView{Status: statusOf(snap)}
 	known := map[string]bool{}
 	for _, p := range snap.Plugins {
 		known[p.GetSocketPath()] = true
 		r := pluginRow{
-			ID: domID("plugin", p.GetSocketPath()), Socket: p.GetSocketPath(), Name: p.GetName(), Type: p.GetType(),
+			ID: domID("plugin", p.GetSocketPath()), Socket: relPath(root, p.GetSocketPath()), Name: p.GetName(), Type: p.GetType(),
 			State:      strings.ToLower(strings.TrimPrefix(p.GetState().String(), "PLUGIN_STATE_")),
-			Generation: p.GetGeneration(), Endpoint: p.GetEndpoint(), Failures: p.GetFailures(),
+			Generation: generationOf(p.GetGeneration()), Failures: p.GetFailures(),
 			LastError: p.GetLastError(), TraceID: traces.NormalizeID(p.GetLastTraceId()),
+		}
+		if e := p.GetEndpoint(); e != "" && e != p.GetSocketPath() {
+			r.Endpoint = relPath(root, e)
 		}
 		r.Since, r.Age = since(p.GetLastTransitionTime(), now)
 		if t := p.GetNextRetryTime(); t != nil && p.GetState().String() == "PLUGIN_STATE_FAILED" {
@@ -68,7 +77,7 @@ func pluginsOf(snap state.Snapshot, now time.Time) pluginsView {
 		v.Plugins = append(v.Plugins, r)
 	}
 	for _, s := range snap.Sockets {
-		r := socketRow{Socket: s.GetPath(), Generation: s.GetGeneration(), Registered: known[s.GetPath()]}
+		r := socketRow{Socket: relPath(root, s.GetPath()), Generation: generationOf(s.GetGeneration()), Registered: known[s.GetPath()]}
 		r.Since, r.Age = since(s.GetObservedTime(), now)
 		v.Sockets = append(v.Sockets, r)
 	}
@@ -80,8 +89,10 @@ type deviceCell struct {
 }
 
 type endpointRow struct {
-	Endpoint, Path, State, Generation, Versions, Since, Age string
-	Primary                                                 bool
+	Endpoint                          pathText
+	Generation                        genText
+	Path, State, Versions, Since, Age string
+	Primary                           bool
 }
 
 type resourceView struct {
@@ -97,14 +108,14 @@ type resourcesView struct {
 	Resources []resourceView
 }
 
-func resourcesOf(snap state.Snapshot, now time.Time) resourcesView {
+func resourcesOf(snap state.Snapshot, now time.Time, root string) resourcesView {
 	v := resourcesView{Status: statusOf(snap)}
 	for _, r := range snap.Resources {
 		rv := resourceView{ID: domID("res", r.GetName()), Name: r.GetName(), Capacity: r.GetCapacity(), Allocatable: r.GetAllocatable(), Free: r.GetFree()}
 		rv.Devices = deviceCells(r)
 		for _, e := range r.GetEndpoints() {
 			er := endpointRow{
-				Endpoint: e.GetEndpoint(), Generation: e.GetGeneration(), Primary: e.GetPrimary(),
+				Endpoint: relPath(root, e.GetEndpoint()), Generation: generationOf(e.GetGeneration()), Primary: e.GetPrimary(),
 				Path:     strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(e.GetRegistrationPath().String(), "REGISTRATION_PATH_"), "_", " ")),
 				State:    strings.ToLower(strings.TrimPrefix(e.GetState().String(), "ENDPOINT_STATE_")),
 				Versions: strings.Join(e.GetVersions(), ", "),
@@ -197,50 +208,135 @@ func allocationsOf(snap state.Snapshot, now time.Time) allocationsView {
 type tracesView struct {
 	Sources string
 	Error   string
-	Traces  []traceRow
+	// FilterError says what of the filter was not understood (and left
+	// out).
+	FilterError string
+	// Filtered is set when the list is filtered; Matched is how many
+	// traces passed, of which Traces are the latest.
+	Filtered bool
+	Matched  int
+	Traces   []traceRow
 }
 
 type traceRow struct {
-	TraceID, Root, Service, Services, Start, Duration string
-	Spans                                             int
-	Failed                                            bool
+	TraceID, Service, ServiceNames, Start, StartFull, Duration string
+	Root                                                       opText
+	Services                                                   []serviceName
+	Spans                                                      int
+	Failed                                                     bool
+}
+
+// serviceName is a service in the trace list: Short without the
+// "nodeplug-" every service of the stack has; Root for the root span's.
+type serviceName struct {
+	Short string
+	Root  bool
 }
 
 func traceRowOf(s traces.Summary) traceRow {
-	return traceRow{
-		TraceID: s.TraceID, Root: s.Root, Service: s.Service, Services: strings.Join(s.Services, ", "),
-		Start: time.UnixMicro(s.StartTime).UTC().Format("15:04:05.000"), Duration: jaegertrace.FormatMicros(s.Duration), Spans: s.Spans, Failed: s.Failed,
+	start := time.UnixMicro(s.StartTime).UTC()
+	r := traceRow{
+		TraceID: s.TraceID, Root: opOf(s.Root), Service: s.Service,
+		Start: start.Format("15:04:05.000"), StartFull: start.Format("2006-01-02 15:04:05.000000 UTC"),
+		Duration: jaegertrace.FormatMicros(s.Duration), Spans: s.Spans, Failed: s.Failed,
 	}
+	// The root span's service first, then the others in their order.
+	names := []string{}
+	if s.Service != "" {
+		names = append(names, s.Service)
+	}
+	for _, n := range s.Services {
+		if n != s.Service {
+			names = append(names, n)
+		}
+	}
+	r.ServiceNames = strings.Join(names, ", ")
+	for _, n := range names {
+		r.Services = append(r.Services, serviceName{Short: strings.TrimPrefix(n, "nodeplug-"), Root: n == s.Service})
+	}
+	return r
 }
 
-// waterfall is one trace drawn as rows on a common time axis of 0..1000.
+// filterView is the traces page's filter form, filled from the page's
+// query (as typed, so that a value not understood can be corrected), with
+// the service and operation names to choose from.
+type filterView struct {
+	Service, Operation, MinDuration, Status, Query string
+	Services, Operations                           []string
+}
+
+func filterViewOf(q url.Values, services, operations []string) *filterView {
+	v := &filterView{
+		Service: q.Get("service"), Operation: q.Get("operation"), MinDuration: q.Get("minDuration"),
+		Status: q.Get("status"), Query: q.Get("q"), Operations: operations,
+	}
+	v.Services = services
+	if v.Service != "" && !slices.Contains(services, v.Service) {
+		v.Services = append(slices.Clone(services), v.Service)
+	}
+	return v
+}
+
+// filterQuery is the part of a page's query that is its trace filter.
+func filterQuery(q url.Values) url.Values {
+	out := url.Values{}
+	for _, k := range []string{"service", "operation", "minDuration", "status", "q"} {
+		if v := strings.TrimSpace(q.Get(k)); v != "" {
+			out.Set(k, v)
+		}
+	}
+	return out
+}
+
+// waterfall is one trace drawn as rows on a common time axis of 0..1000,
+// under a ruler of Ticks.
 type waterfall struct {
 	TraceID, Sources, Error string
 	Found                   bool
 	Spans, Services         int
 	ServiceNames            string
 	Duration                string
+	Ticks                   []tick
 	Rows                    []spanRow
 }
 
 type spanRow struct {
-	ID, Parent, Service, Name, Kind, Start, Duration string
-	Depth, ServiceIndex                              int
-	X, W                                             float64
-	Failed                                           bool
-	Attrs                                            []attr
-	Links                                            []string
+	ID, Parent, Service, ServiceShort, Kind, Start, Duration string
+	Name                                                     opText
+	NameParts, PackageParts                                  []string // to wrap in the attributes' heading
+	Depth, ServiceIndex                                      int
+	X, W                                                     float64
+	Failed                                                   bool
+	Attrs                                                    []attr
+	Links                                                    []string
 }
 
-type attr struct{ Key, Value string }
+// attr is one attribute of a span: its value as given, shortened when it
+// is a path beneath the root dir; Search is set for a value worth finding
+// other traces by (a name, a path, a UID).
+type attr struct {
+	Key    string
+	Value  pathText
+	Parts  []string // Value.Short, cut where it may wrap
+	Search string
+}
 
-func waterfallOf(t *traces.Trace) waterfall {
+// searchable are the attributes whose values name a plugin, a resource, a
+// socket, a pod or a claim: the span's attributes link to the traces that
+// carry the same value.
+var searchable = map[string]bool{
+	"socket.path": true, "nodeplug.socket_path": true, "nodeplug.plugin.name": true, "nodeplug.plugin.endpoint": true,
+	"server.address": true, "pod_uid": true, "pod.uid": true, "claim.uid": true,
+}
+
+func waterfallOf(t *traces.Trace, root string) waterfall {
 	wf := waterfall{TraceID: t.TraceID, Found: true, Spans: len(t.Spans)}
 	if len(t.Spans) == 0 {
 		return wf
 	}
 	sum := traces.Summarize(t)
 	wf.Services, wf.ServiceNames, wf.Duration = len(sum.Services), strings.Join(sum.Services, ", "), jaegertrace.FormatMicros(sum.Duration)
+	wf.Ticks = rulerOf(sum.Duration)
 	svcIndex := map[string]int{}
 	for i, s := range sum.Services {
 		svcIndex[s] = i % 6
@@ -249,18 +345,26 @@ func waterfallOf(t *traces.Trace) waterfall {
 	for _, o := range t.Waterfall() {
 		s := &t.Spans[o.Index]
 		r := spanRow{
-			ID: s.SpanID, Parent: s.Parent(), Service: t.Service(s), Name: s.OperationName, Depth: min(o.Depth, 12),
+			ID: s.SpanID, Parent: s.Parent(), Service: t.Service(s), Name: opOf(s.OperationName), Depth: min(o.Depth, 12),
 			Start: "+" + jaegertrace.FormatMicros(s.StartTime-sum.StartTime), Duration: jaegertrace.FormatMicros(s.Duration), Failed: s.Failed(),
 		}
+		r.NameParts, r.PackageParts = breakable(r.Name.Name), breakable(r.Name.Package)
+		r.ServiceShort = strings.TrimPrefix(r.Service, "nodeplug-")
 		r.ServiceIndex = svcIndex[r.Service]
 		r.X = math.Round(float64(s.StartTime-sum.StartTime)/total*10000) / 10
 		r.W = math.Max(math.Round(float64(s.Duration)/total*10000)/10, 2)
 		r.X = math.Min(r.X, 1000-r.W)
 		for _, kv := range s.Tags {
+			v := fmt.Sprint(kv.Value)
 			if kv.Key == "span.kind" {
-				r.Kind = fmt.Sprint(kv.Value)
+				r.Kind = v
 			}
-			r.Attrs = append(r.Attrs, attr{kv.Key, fmt.Sprint(kv.Value)})
+			a := attr{Key: kv.Key, Value: relPath(root, v)}
+			a.Parts = breakable(a.Value.Short)
+			if str, ok := kv.Value.(string); ok && searchable[kv.Key] && str != "" {
+				a.Search = "/traces?" + url.Values{"q": {str}}.Encode()
+			}
+			r.Attrs = append(r.Attrs, a)
 		}
 		for _, ref := range s.References {
 			if ref.RefType == "FOLLOWS_FROM" {

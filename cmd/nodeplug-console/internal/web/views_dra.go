@@ -14,9 +14,11 @@ import (
 // node's ResourceSlices with their devices, and the claims prepared here.
 
 type draInstanceRow struct {
-	Endpoint, Socket, Generation, ConnState, Service, HealthService string
-	Offered, LastError, Since, Age, StateSince, StateAge            string
-	Connected, Serving, HasHealth                                   bool
+	Endpoint, Socket                                     pathText
+	Generation                                           genText
+	ConnState, Service, HealthService                    string
+	Offered, LastError, Since, Age, StateSince, StateAge string
+	Connected, Serving, HasHealth                        bool
 }
 
 type draDriverView struct {
@@ -63,7 +65,7 @@ func draStatusOf(snap state.Snapshot) statusView {
 	return statusView{{state.DeviceManager, snap.Status[state.DeviceManager]}, {state.DRA, snap.Status[state.DRA]}}
 }
 
-func draOf(snap state.Snapshot, now time.Time) draView {
+func draOf(snap state.Snapshot, now time.Time, root string) draView {
 	v := draView{Status: draStatusOf(snap), DriversProblem: snap.DriversProblem, ClaimsProblem: snap.ClaimsProblem}
 	perDriver := map[string][2]int{}
 	for _, s := range snap.Slices {
@@ -79,7 +81,7 @@ func draOf(snap state.Snapshot, now time.Time) draView {
 		}
 		for _, in := range d.GetInstances() {
 			r := draInstanceRow{
-				Endpoint: in.GetEndpoint(), Socket: in.GetSocketPath(), Generation: in.GetGeneration(),
+				Endpoint: relPath(root, in.GetEndpoint()), Socket: relPath(root, in.GetSocketPath()), Generation: generationOf(in.GetGeneration()),
 				ConnState: in.GetConnectionState(), Service: in.GetService(), Offered: strings.Join(in.GetOfferedServices(), ", "),
 				Connected: in.GetConnected(), Serving: in.GetServing(), HasHealth: in.GetHealthService(),
 				HealthService: in.GetHealthServiceName(), LastError: in.GetLastError(),

@@ -1,5 +1,7 @@
 // nodeplug console: live updates of the page's view from server-sent events,
-// ages that count up, and the trace waterfall's span selection.
+// ages that count up, the trace waterfall's span selection, and the traces
+// filter, which follows what is typed without a reload and keeps the page's
+// URL saying it, so that a filtered view can be linked and reloaded.
 (function () {
   'use strict';
   var live = document.getElementById('live');
@@ -49,8 +51,10 @@
     });
   }
 
-  if (live && live.dataset.events && window.EventSource) {
-    var es = new EventSource(live.dataset.events);
+  var es = null;
+  function connect(url) {
+    if (es) es.close();
+    es = new EventSource(url);
     es.addEventListener('update', function (e) {
       var focused = document.activeElement && document.activeElement.id;
       live.innerHTML = e.data;
@@ -61,8 +65,43 @@
     });
     es.onopen = function () { say('live'); };
     es.onerror = function () { say('reconnecting…'); };
+  }
+
+  if (live && live.dataset.events && window.EventSource) {
+    connect(live.dataset.events);
   } else {
     say('static (no live updates)');
+  }
+
+  // The traces filter: the form's values, without the empty ones, are
+  // the page's query and its event stream's.
+  var form = document.getElementById('filter');
+  if (form && live && es) {
+    var base = live.dataset.events.split('&')[0];
+    var timer = null;
+    var apply = function () {
+      clearTimeout(timer);
+      var q = new URLSearchParams();
+      Array.prototype.forEach.call(form.elements, function (el) {
+        if (el.name && el.value.trim() !== '') q.set(el.name, el.value.trim());
+      });
+      var qs = q.toString();
+      if (qs === location.search.replace(/^\?/, '')) return;
+      history.replaceState(null, '', location.pathname + (qs ? '?' + qs : ''));
+      live.dataset.events = base + (qs ? '&' + qs : '');
+      say('filtering…');
+      connect(live.dataset.events);
+    };
+    var later = function () { clearTimeout(timer); timer = setTimeout(apply, 300); };
+    form.addEventListener('input', function (e) { if (e.target.tagName === 'INPUT') later(); });
+    form.addEventListener('change', apply);
+    form.addEventListener('submit', function (e) { e.preventDefault(); apply(); });
+    var clear = document.getElementById('clear');
+    if (clear) clear.addEventListener('click', function (e) {
+      e.preventDefault();
+      Array.prototype.forEach.call(form.elements, function (el) { if (el.name) el.value = ''; });
+      apply();
+    });
   }
   ages();
   setInterval(ages, 1000);
