@@ -226,7 +226,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	link := `tr[data-name="example.com/sample"] a[href^="/traces/"]`
 	b.wait("the plugin's trace link", link)
 	href := b.eval(`document.querySelector('` + link + `').getAttribute('href')`)
-	b.do("follow the trace link", chromedp.Click(chromedp.CSS(link)))
+	b.doLive("follow the trace link", chromedp.Click(chromedp.CSS(link)))
 	for _, svc := range []string{"nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"} {
 		b.wait("a span of "+svc, `button.span[data-service="`+svc+`"]`)
 	}
@@ -234,19 +234,19 @@ func TestConsoleInBrowser(t *testing.T) {
 	// From the keyboard: focus the first span, move down with the arrow
 	// key, open it with Enter.
 	first := `ol.waterfall li:first-child button.span`
-	b.do("focus the first span", chromedp.Focus(chromedp.CSS(first)))
-	b.do("arrow down", chromedp.SendKeys(chromedp.CSS(first), kb.ArrowDown))
+	b.doLive("focus the first span", chromedp.Focus(chromedp.CSS(first)))
+	b.doLive("arrow down", chromedp.SendKeys(chromedp.CSS(first), kb.ArrowDown))
 	second := b.eval(`document.activeElement.dataset.span || ''`)
 	if second == "" || second == b.eval(`document.querySelector('`+first+`').dataset.span`) {
 		t.Fatalf("the arrow key did not move to the next span (focused %q)", second)
 	}
-	b.do("Enter on the second span", chromedp.SendKeys(chromedp.CSS(`#span-`+second), kb.Enter))
+	b.doLive("Enter on the second span", chromedp.SendKeys(chromedp.CSS(`#span-`+second), kb.Enter))
 	b.wait("its attributes", `#attrs-`+second+`:not([hidden])`)
 	// With the mouse: a devicemanager span, whose attributes name the
 	// service.
 	dmSpan := `button.span[data-service="nodeplug-devicemanager"]`
 	id := b.eval(`document.querySelector('` + dmSpan + `').dataset.span`)
-	b.do("select a devicemanager span", chromedp.Click(chromedp.CSS(`#span-`+id)))
+	b.doLive("select a devicemanager span", chromedp.Click(chromedp.CSS(`#span-`+id)))
 	b.wait("the devicemanager span's attributes", `#attrs-`+id+`:not([hidden])`)
 	if txt := b.text(`#attrs-` + id); !strings.Contains(txt, "nodeplug-devicemanager") {
 		t.Errorf("the selected span's attributes do not name its service: %q", txt)
@@ -444,6 +444,25 @@ func (b *browserTab) do(what string, a chromedp.Action[chromedp.Void]) {
 	defer cancel()
 	if err := chromedp.Do(ctx, a); err != nil {
 		b.t.Fatalf("%s: %v\npage:\n%s", what, err, b.html())
+	}
+}
+
+// doLive runs an action on an element of the live view. An update may
+// replace the element between the action's finding it and acting on it;
+// then the action, which did nothing yet, runs again on the new one.
+func (b *browserTab) doLive(what string, a chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	deadline := time.Now().Add(testutil.Deadline)
+	for {
+		ctx, cancel := context.WithTimeout(b.ctx, testutil.Deadline)
+		err := chromedp.Do(ctx, a)
+		cancel()
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "Could not find node with given id") || time.Now().After(deadline) {
+			b.t.Fatalf("%s: %v\npage:\n%s", what, err, b.html())
+		}
 	}
 }
 
