@@ -50,23 +50,37 @@ func ModuleRoot() (string, error) {
 	return filepath.Abs(filepath.Join(filepath.Dir(file), "..", ".."))
 }
 
-// Build builds the named binaries (keys of Packages) into dir.
+// Build builds the named binaries (keys of Packages) into dir, through the
+// test binary cache (buildcache.go) unless NODEPLUG_TEST_BIN_CACHE=off.
 func Build(ctx context.Context, dir string, names ...string) error {
 	root, err := ModuleRoot()
 	if err != nil {
 		return err
 	}
-	args := []string{"build", "-o", dir + string(filepath.Separator)}
 	for _, n := range names {
-		pkg, ok := Packages[n]
-		if !ok {
+		if _, ok := Packages[n]; !ok {
 			return fmt.Errorf("unknown binary %q", n)
 		}
-		args = append(args, pkg)
+	}
+	if cacheDir, ok := binCacheDir(); ok {
+		return buildShared(ctx, root, cacheDir, dir, names)
+	}
+	return goBuild(ctx, root, dir, names)
+}
+
+// buildEnv is the environment the binaries are built in: static, as make
+// builds them.
+func buildEnv() []string { return append(os.Environ(), "CGO_ENABLED=0") }
+
+// goBuild builds the named binaries into dir with one go build.
+func goBuild(ctx context.Context, root, dir string, names []string) error {
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	for _, n := range names {
+		args = append(args, Packages[n])
 	}
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = buildEnv()
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("go build: %v\n%s", err, out)
