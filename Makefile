@@ -38,6 +38,7 @@ BINARIES := nodeplug-watcher:./services/watcher \
 RUN_BINARIES := $(filter nodeplug-apiserver:% nodeplug-watcher:% nodeplug-reconciler:% nodeplug-devicemanager:% nodeplugctl:% nodeplug-sampleplugin:% nodeplug-console:%,$(BINARIES))
 LDFLAGS  := -s -w -X github.com/nodeplug/nodeplug/pkg/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 45m
+TEST_P ?= 4
 
 .PHONY: help
 help: ## Show the targets.
@@ -52,9 +53,8 @@ build-run: ## Build only what make run starts (no bench, chaos or grpcurl).
 	@scripts/build.sh '$(LDFLAGS)' $(RUN_BINARIES)
 
 .PHONY: test
-test: ## Run every test under the race detector, and the upstream-plugin module test/upstream (the compose test runs when a Docker engine answers).
-	go test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
-	go -C test/upstream test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+test: ## Run every test under the race detector, and the upstream-plugin module test/upstream beside them (the compose test runs when a Docker engine answers); TEST_P packages at a time (default 4).
+	@TEST_TIMEOUT=$(TEST_TIMEOUT) TEST_P=$(TEST_P) scripts/test.sh
 
 .PHONY: fuzz
 fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); seeds also run in make test.
