@@ -62,7 +62,7 @@ fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); seeds also ru
 
 .PHONY: stress-test
 stress-test: ## Run the suite under a CPU hog (stress-ng): make test x3, then -count=20 (e2e -count=3); SHORT=1 for CI's short form.
-	SHORT=$(SHORT) TEST_TIMEOUT=$(TEST_TIMEOUT) scripts/stress-test.sh
+	SHORT=$(SHORT) TEST_TIMEOUT=$(TEST_TIMEOUT) TEST_P=$(TEST_P) scripts/stress-test.sh
 
 .PHONY: chaos
 chaos: build ## Kill services under load and damage the checkpoint; check nothing acknowledged is lost (table + chaos-results.json).

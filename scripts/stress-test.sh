@@ -6,8 +6,9 @@
 #                   both modules (the root module and test/upstream) with
 #                   -count=20 (the e2e package, which runs whole stacks and
 #                   compose, with -count=3);
-#   SHORT=1:        the packages that start processes or servers, -count=3
-#                   (what CI runs), test/upstream's among them.
+#   SHORT=1:        the packages that start processes or servers, -count=3,
+#                   TEST_P (default 4) at a time, with test/upstream's beside
+#                   them (what CI runs).
 #
 # Needs stress-ng (Debian: apt-get install stress-ng).
 set -euo pipefail
@@ -19,6 +20,8 @@ if ! command -v stress-ng >/dev/null; then
 fi
 CPUS=${STRESS_CPUS:-$(nproc)}
 TIMEOUT=${TEST_TIMEOUT:-60m}
+# Packages at a time, as make test runs them (TEST_P).
+P=${TEST_P:-4}
 
 stress-ng --cpu "$CPUS" --timeout 0 --quiet &
 hog=$!
@@ -30,11 +33,24 @@ run() { echo "==> $*"; "$@"; }
 if [ "${SHORT:-}" = 1 ]; then
   # The packages whose tests start processes, sockets and servers: where
   # timing assumptions would show.
-  run go test -race -count=3 -timeout "$TIMEOUT" \
+  # test/upstream is a module of its own: ./... does not reach it. It runs
+  # beside the root module's packages, as in make test; its output follows.
+  upstream_log=$(mktemp)
+  echo "==> go -C test/upstream test -race -count=3 ./... (beside the next; its output follows)"
+  go -C test/upstream test -race -count=3 -timeout "$TIMEOUT" ./... >"$upstream_log" 2>&1 &
+  upstream=$!
+  status=0
+  run go test -race -count=3 -p "$P" -timeout "$TIMEOUT" \
     ./services/... ./pkg/access/... ./pkg/app/... ./internal/sampleplugin/... ./cmd/... \
-    ./internal/conform/... ./internal/chaos/...
-  # test/upstream is a module of its own: ./... above does not reach it.
-  run go -C test/upstream test -race -count=3 -timeout "$TIMEOUT" ./...
+    ./internal/conform/... ./internal/chaos/... || status=$?
+  up=0
+  wait "$upstream" || up=$?
+  cat "$upstream_log"
+  rm -f "$upstream_log"
+  if [ "$status" != 0 ] || [ "$up" != 0 ]; then
+    echo "stress-test (short) FAILED under the hog (root module exit $status, test/upstream exit $up)" >&2
+    exit 1
+  fi
   echo "stress-test (short) passed under the hog"
   exit 0
 fi

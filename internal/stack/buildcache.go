@@ -158,7 +158,8 @@ func sourceKey(ctx context.Context, root string, pkgs []string) (string, error) 
 		// (a replacement with no version), by content.
 		rel, err := filepath.Rel(root, pkgDir)
 		inModule := err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
-		if !inModule && !(strings.Contains(module, "=>") && strings.HasSuffix(module, "@")) {
+		localReplace := strings.Contains(module, "=>") && strings.HasSuffix(module, "@")
+		if !inModule && !localReplace {
 			continue
 		}
 		for _, f := range strings.Fields(fields[3]) {
