@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -46,29 +45,14 @@ func WriteMarkdown(w io.Writer, r *Results, p MarkdownPage) error {
 	return err
 }
 
-// WriteMarkdownFile writes the page to path through a temporary file, so a
-// failed run leaves the previous figures in place.
+// WriteMarkdownFile renders the page, then writes it to path (as
+// stack.WriteJSON writes the figures beside it).
 func WriteMarkdownFile(path string, r *Results, p MarkdownPage) error {
 	var buf bytes.Buffer
 	if err := WriteMarkdown(&buf, r, p); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".figures-*.md")
-	if err != nil {
-		return fmt.Errorf("figures: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(buf.Bytes()); err != nil {
-		tmp.Close()
-		return fmt.Errorf("figures: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("figures: %w", err)
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		return fmt.Errorf("figures: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 		return fmt.Errorf("figures: %w", err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -65,7 +66,7 @@ func buildShared(ctx context.Context, root, cacheDir, dir string, names []string
 		pkgs = append(pkgs, p)
 	}
 	sort.Strings(pkgs)
-	key, err := sourceKey(ctx, root, pkgs)
+	key, err := processKey(ctx, root, pkgs)
 	if err != nil {
 		return err
 	}
@@ -108,6 +109,23 @@ func buildShared(ctx context.Context, root, cacheDir, dir string, names []string
 	}
 	pruneBinCache(cacheDir, key)
 	return nil
+}
+
+// keys remembers each module root's key for the life of the process: a
+// test process's Build calls (chaos makes four) share one go list, and the
+// sources do not change under a running test.
+var keys sync.Map // root → string
+
+func processKey(ctx context.Context, root string, pkgs []string) (string, error) {
+	if k, ok := keys.Load(root); ok {
+		return k.(string), nil
+	}
+	k, err := sourceKey(ctx, root, pkgs)
+	if err != nil {
+		return "", err
+	}
+	keys.Store(root, k)
+	return k, nil
 }
 
 // sourceKey hashes what the binaries of pkgs are built from. (A change to
