@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nodeplug/nodeplug/pkg/refdoc"
 )
 
 // maxReadmeLines is the most lines README.md may have: it is a front page,
@@ -22,24 +24,15 @@ const maxReadmeLines = 300
 // its file exists, and not for its heading.
 var generatedDirs = []string{"docs/reference", "docs/figures"}
 
-// repoRoot returns the module's root: the first directory above the
-// package's that holds go.mod.
+// repoRoot returns the module's root (refdoc.ModuleRoot: the first
+// directory above the package's that holds go.mod).
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := os.Getwd()
+	dir, err := refdoc.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the package's directory")
-		}
-		dir = parent
-	}
+	return dir
 }
 
 // read returns the file at rel, a slash path below root.
