@@ -114,6 +114,7 @@ type config struct {
 	Watcher      string
 	Reconciler   string
 	DM           string
+	DRA          string
 }
 
 func newFlags() (*config, *app.Flags) {
@@ -131,6 +132,7 @@ func newFlags() (*config, *app.Flags) {
 	fs.StringVar(&c.Watcher, "watcher-addr", "", "the watcher's API: a socket path, or host:port with the TLS flags (default from --root-dir)")
 	fs.StringVar(&c.Reconciler, "reconciler-addr", "", "the reconciler's API (default from --root-dir)")
 	fs.StringVar(&c.DM, "devicemanager-addr", "", "the devicemanager's API (default from --root-dir)")
+	fs.StringVar(&c.DRA, "dramanager-addr", "", "the dramanager's API: DRA drivers, slices and claims (default from --root-dir)")
 	return c, fs
 }
 
@@ -158,7 +160,7 @@ func (c *config) validate() error {
 	if c.InfoFile == "" {
 		c.InfoFile = layout.ConsoleInfoFile(c.RootDir)
 	}
-	for name, p := range map[string]*string{"watcher": &c.Watcher, "reconciler": &c.Reconciler, "devicemanager": &c.DM} {
+	for name, p := range map[string]*string{"watcher": &c.Watcher, "reconciler": &c.Reconciler, "devicemanager": &c.DM, "dramanager": &c.DRA} {
 		if *p == "" {
 			*p = layout.APISocket(c.RootDir, name)
 		}

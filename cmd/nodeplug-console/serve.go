@@ -46,7 +46,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, stdout io.Writer)
 	for _, d := range []struct {
 		addr string
 		dst  *grpc.ClientConnInterface
-	}{{cfg.Watcher, &conns.Watcher}, {cfg.Reconciler, &conns.Reconciler}, {cfg.DM, &conns.DeviceManager}} {
+	}{{cfg.Watcher, &conns.Watcher}, {cfg.Reconciler, &conns.Reconciler}, {cfg.DM, &conns.DeviceManager}, {cfg.DRA, &conns.DRAManager}} {
 		cc, err := cfg.TLS.Dial(d.addr)
 		if err != nil {
 			return fmt.Errorf("address %q: %w", d.addr, err)
@@ -125,7 +125,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, stdout io.Writer)
 			defer os.Remove(cfg.InfoFile)
 		}
 	}
-	log.Info("serving", "url", info.URL, "otlp_receiver", info.OTLP, "jaeger", cfg.JaegerURL, "watcher", cfg.Watcher, "reconciler", cfg.Reconciler, "devicemanager", cfg.DM)
+	log.Info("serving", "url", info.URL, "otlp_receiver", info.OTLP, "jaeger", cfg.JaegerURL, "watcher", cfg.Watcher, "reconciler", cfg.Reconciler, "devicemanager", cfg.DM, "dramanager", cfg.DRA)
 	fmt.Fprintf(stdout, "nodeplug-console: open %s/?token=%s\n", info.URL, token)
 	if info.OTLP != "" {
 		fmt.Fprintf(stdout, "nodeplug-console: OTLP/gRPC trace receiver on %s (OTEL_EXPORTER_OTLP_ENDPOINT=http://%s)\n", info.OTLP, info.OTLP)

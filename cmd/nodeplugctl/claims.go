@@ -18,8 +18,8 @@ const prepareArgs = "--pod-uid UID --namespace NS --name POD --claim PODCLAIM=CL
 
 func cmdClaims(ctx context.Context, c *cli, args []string) error {
 	var namespace string
-	return listCommand(ctx, c, "claims", args, devicemanagerSvc, func(ctx context.Context, _ *flag.FlagSet) (*dmv1.ListClaimsResponse, error) {
-		cc, err := c.conn(devicemanagerSvc)
+	return listCommand(ctx, c, "claims", args, dramanagerSvc, func(ctx context.Context, _ *flag.FlagSet) (*dmv1.ListClaimsResponse, error) {
+		cc, err := c.conn(dramanagerSvc)
 		if err != nil {
 			return nil, err
 		}
@@ -143,7 +143,7 @@ func cmdPrepare(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := devicemanagerCall(ctx, c, fmt.Sprintf("prepare the claims of pod %s/%s (%s)", *namespace, *name, *uid),
+	resp, err := serviceCall(ctx, c, dramanagerSvc, fmt.Sprintf("prepare the claims of pod %s/%s (%s)", *namespace, *name, *uid),
 		func(ctx context.Context, cc *grpc.ClientConn) (*dmv1.PrepareResourcesResponse, error) {
 			return dmv1.NewDRAServiceClient(cc).PrepareResources(ctx, req)
 		})

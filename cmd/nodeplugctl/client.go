@@ -45,6 +45,7 @@ var (
 	watcherSvc       = service{"watcher", "--watcher-addr", func(g *globals) string { return g.watcherAddr }}
 	reconcilerSvc    = service{"reconciler", "--reconciler-addr", func(g *globals) string { return g.reconcilerAddr }}
 	devicemanagerSvc = service{"devicemanager", "--devicemanager-addr", func(g *globals) string { return g.devicemanagerAddr }}
+	dramanagerSvc    = service{"dramanager", "--dramanager-addr", func(g *globals) string { return g.dramanagerAddr }}
 )
 
 // conn returns a (lazy) connection to svc; connections are reused within one

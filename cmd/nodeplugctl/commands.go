@@ -303,8 +303,14 @@ func cmdRelease(ctx context.Context, c *cli, args []string) error {
 // devicemanagerCall makes one call of the devicemanager within --timeout; a
 // failure is said as rpcError says it, op naming what was asked.
 func devicemanagerCall[R any](ctx context.Context, c *cli, op string, call func(context.Context, *grpc.ClientConn) (R, error)) (R, error) {
+	return serviceCall(ctx, c, devicemanagerSvc, op, call)
+}
+
+// serviceCall makes one call of svc within --timeout; a failure is said as
+// rpcError says it, op naming what was asked.
+func serviceCall[R any](ctx context.Context, c *cli, svc service, op string, call func(context.Context, *grpc.ClientConn) (R, error)) (R, error) {
 	var none R
-	cc, err := c.conn(devicemanagerSvc)
+	cc, err := c.conn(svc)
 	if err != nil {
 		return none, err
 	}
@@ -312,7 +318,7 @@ func devicemanagerCall[R any](ctx context.Context, c *cli, op string, call func(
 	defer cancel()
 	resp, err := call(cctx, cc)
 	if err != nil {
-		return none, c.rpcError(devicemanagerSvc, op, err)
+		return none, c.rpcError(svc, op, err)
 	}
 	return resp, nil
 }

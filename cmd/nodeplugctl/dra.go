@@ -16,7 +16,7 @@ import (
 )
 
 // cmdDrivers lists the registered drivers: the reconciler's CSI and DRA
-// drivers, then each DRA driver instance the devicemanager holds and its
+// drivers, then each DRA driver instance the dramanager holds and its
 // connection.
 func cmdDrivers(ctx context.Context, c *cli, args []string) error {
 	fs := c.flags("drivers", "[-o table|json]")
@@ -40,7 +40,7 @@ func cmdDrivers(ctx context.Context, c *cli, args []string) error {
 	dra, err := c.draDrivers(cctx)
 	if err != nil {
 		// The reconciler's list is still worth showing.
-		fmt.Fprintf(c.stderr, "nodeplugctl drivers: the devicemanager's DRA driver connections are not listed: %v\n", err)
+		fmt.Fprintf(c.stderr, "nodeplugctl drivers: the dramanager's DRA driver connections are not listed: %v\n", err)
 	}
 	if *out == "json" {
 		return writeDriversJSON(c.stdout, resp, dra)
@@ -56,20 +56,20 @@ func cmdDrivers(ctx context.Context, c *cli, args []string) error {
 }
 
 func (c *cli) draDrivers(ctx context.Context) (*dmv1.ListDRADriversResponse, error) {
-	cc, err := c.conn(devicemanagerSvc)
+	cc, err := c.conn(dramanagerSvc)
 	if err != nil {
 		return nil, err
 	}
 	resp, err := dmv1.NewDRAServiceClient(cc).ListDRADrivers(ctx, &dmv1.ListDRADriversRequest{})
 	if err != nil {
-		return nil, c.rpcError(devicemanagerSvc, "list DRA drivers", err)
+		return nil, c.rpcError(dramanagerSvc, "list DRA drivers", err)
 	}
 	return resp, nil
 }
 
 // writeDriversJSON prints the reconciler's ListDrivers answer with the
-// devicemanager's DRA drivers beside it, under "draDriverConnections" (each
-// a DRADriver of ListDRADrivers; absent when the devicemanager did not
+// dramanager's DRA drivers beside it, under "draDriverConnections" (each
+// a DRADriver of ListDRADrivers; absent when the dramanager did not
 // answer).
 func writeDriversJSON(w io.Writer, resp *reconcilerv1.ListDriversResponse, dra *dmv1.ListDRADriversResponse) error {
 	b, err := protojson.Marshal(resp)
@@ -105,7 +105,7 @@ func writeDriversJSON(w io.Writer, resp *reconcilerv1.ListDriversResponse, dra *
 // none left, one row saying when its slices go).
 func renderDRAInstances(w io.Writer, now time.Time, resp *dmv1.ListDRADriversResponse) error {
 	if len(resp.GetDrivers()) == 0 {
-		_, err := fmt.Fprintln(w, "no DRA driver connections in the devicemanager")
+		_, err := fmt.Fprintln(w, "no DRA driver connections in the dramanager")
 		return err
 	}
 	tw := newTable(w)
@@ -131,8 +131,8 @@ func renderDRAInstances(w io.Writer, now time.Time, resp *dmv1.ListDRADriversRes
 
 func cmdSlices(ctx context.Context, c *cli, args []string) error {
 	var driver string
-	return listCommand(ctx, c, "slices", args, devicemanagerSvc, func(ctx context.Context, _ *flag.FlagSet) (*dmv1.ListResourceSlicesResponse, error) {
-		cc, err := c.conn(devicemanagerSvc)
+	return listCommand(ctx, c, "slices", args, dramanagerSvc, func(ctx context.Context, _ *flag.FlagSet) (*dmv1.ListResourceSlicesResponse, error) {
+		cc, err := c.conn(dramanagerSvc)
 		if err != nil {
 			return nil, err
 		}

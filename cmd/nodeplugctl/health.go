@@ -10,7 +10,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
-const healthcheckArgs = "watcher|reconciler|devicemanager|jaeger"
+const healthcheckArgs = "watcher|reconciler|devicemanager|dramanager|jaeger"
 
 // cmdHealthcheck checks that one part of the stack serves: a service's gRPC
 // health on its API, or Jaeger's query API (--jaeger-url). It prints
@@ -37,6 +37,8 @@ func cmdHealthcheck(ctx context.Context, c *cli, args []string) error {
 		svc = reconcilerSvc
 	case "devicemanager":
 		svc = devicemanagerSvc
+	case "dramanager":
+		svc = dramanagerSvc
 	default:
 		return usagef("cannot check %q: want %s", pos[0], strings.ReplaceAll(healthcheckArgs, "|", ", "))
 	}

@@ -53,6 +53,7 @@ type globals struct {
 	watcherAddr       string
 	reconcilerAddr    string
 	devicemanagerAddr string
+	dramanagerAddr    string
 	jaegerURL         string
 	timeout           time.Duration
 	tls               app.TLS
@@ -74,6 +75,7 @@ func (g *globals) define(fs *flag.FlagSet, def globals) {
 	fs.StringVar(&g.watcherAddr, "watcher-addr", def.watcherAddr, "the watcher's API: a socket path, or host:port with the TLS flags (default from --root-dir)")
 	fs.StringVar(&g.reconcilerAddr, "reconciler-addr", def.reconcilerAddr, "the reconciler's API (default from --root-dir)")
 	fs.StringVar(&g.devicemanagerAddr, "devicemanager-addr", def.devicemanagerAddr, "the devicemanager's API (default from --root-dir)")
+	fs.StringVar(&g.dramanagerAddr, "dramanager-addr", def.dramanagerAddr, "the dramanager's API: DRA drivers, slices and claims (default from --root-dir)")
 	fs.StringVar(&g.tls.CertFile, "tls-cert-file", def.tls.CertFile, "client certificate for host:port addresses (mutual TLS)")
 	fs.StringVar(&g.tls.KeyFile, "tls-key-file", def.tls.KeyFile, "key of --tls-cert-file")
 	fs.StringVar(&g.tls.CAFile, "tls-ca-file", def.tls.CAFile, "CA certificate that signs the services' certificates")
@@ -108,7 +110,7 @@ const allocateArgs = "--pod UID --container NAME [--namespace NS --name NAME] [-
 func init() {
 	commands = []command{
 		{"plugins", "[-o table|json]", "every plugin: the reconciler's plugins_registry sockets and the device plugins registered on kubelet.sock", cmdPlugins},
-		{"drivers", "[-o table|json]", "registered CSI and DRA drivers, and each DRA driver instance's connection in the devicemanager", cmdDrivers},
+		{"drivers", "[-o table|json]", "registered CSI and DRA drivers, and each DRA driver instance's connection in the dramanager", cmdDrivers},
 		{"slices", "[--driver NAME] [-o table|json]", "this node's DRA ResourceSlices: driver, pool, devices with attributes and capacity", cmdSlices},
 		{"claims", "[--namespace NS] [-o table|json]", "DRA ResourceClaims and this node's view of them: state, devices with health, pods, CDI IDs", cmdClaims},
 		{"apply", applyArgs, "create or update DeviceClasses and ResourceClaims from a YAML file, through the node-local resource API (operator)", cmdApply},

@@ -12,7 +12,7 @@ import (
 )
 
 // The devicemanager's checkpoint is a snapshot and a journal beside it
-// (services/devicemanager/internal/shared/store): nodeplug_checkpoint and
+// (services/internal/store): nodeplug_checkpoint and
 // nodeplug_checkpoint.journal.<N>. A journal is a sequence of frames, a
 // 12-byte header whose first four bytes are the payload's length (little
 // endian) and then the payload; the first frame is the file's own header.

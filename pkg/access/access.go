@@ -98,7 +98,7 @@ func Required(fullMethod string) Role {
 		return RoleReader
 	case strings.HasPrefix(method, "List"), strings.HasPrefix(method, "Watch"):
 		return RoleReader
-	case method == "Allocate", method == "Release", method == "PrepareResources", method == "StartContainer":
+	case method == "Allocate", method == "Release", method == "PrepareResources", method == "StartContainer", method == "ReleasePodClaims":
 		return RoleOperator
 	default:
 		return RoleInternal

@@ -52,6 +52,8 @@ func TestRequired(t *testing.T) {
 		"/nodeplug.devicemanager.v1.DRAService/DeregisterDRADriver":            access.RoleInternal,
 		"/nodeplug.devicemanager.v1.DRAService/PrepareResources":               access.RoleOperator,
 		"/nodeplug.devicemanager.v1.DRAService/ListClaims":                     access.RoleReader,
+		"/nodeplug.devicemanager.v1.DRAService/ListPodClaims":                  access.RoleReader,
+		"/nodeplug.devicemanager.v1.DRAService/ReleasePodClaims":               access.RoleOperator,
 	} {
 		if got := access.Required(method); got != want {
 			t.Errorf("Required(%s) = %s, want %s", method, got, want)

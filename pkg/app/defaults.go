@@ -16,6 +16,9 @@ const (
 	// DefaultAPIServerMetricsAddr is the node-local resource API's
 	// (nodeplug-apiserver's) metrics address.
 	DefaultAPIServerMetricsAddr = "127.0.0.1:9454"
+	// DefaultDRAManagerMetricsAddr is the DRA half's
+	// (nodeplug-dramanager's) metrics address.
+	DefaultDRAManagerMetricsAddr = "127.0.0.1:9455"
 )
 
 // The web console's defaults (nodeplug-console): its page and its

@@ -57,6 +57,10 @@ const (
 	// API, as under a kubelet.
 	PodResourcesDirName = "pod-resources"
 
+	// DRAManagerDirName holds nodeplug-dramanager's checkpoint: the DRA
+	// claims prepared on this node and its intents.
+	DRAManagerDirName = "dra-manager"
+
 	// APIDirName holds the services' API sockets and the files that sit
 	// beside them (the console's file, the resource API's credentials).
 	APIDirName = "nodeplug"
@@ -150,6 +154,11 @@ func KubeletCheckpointFile(root string) string {
 	return filepath.Join(root, DevicePluginsDirName, KubeletCheckpointFileName)
 }
 
+// DRAManagerDir returns <root>/dra-manager.
+func DRAManagerDir(root string) string {
+	return filepath.Join(root, DRAManagerDirName)
+}
+
 // PodResourcesDir returns <root>/pod-resources.
 func PodResourcesDir(root string) string {
 	return filepath.Join(root, PodResourcesDirName)
@@ -166,7 +175,7 @@ func APIDir(root string) string {
 }
 
 // APISocket returns <root>/nodeplug/<service>.sock, the default API socket
-// of a service ("watcher", "reconciler", "devicemanager") and the default
+// of a service ("watcher", "reconciler", "devicemanager", "dramanager") and the default
 // address its clients dial.
 func APISocket(root, service string) string {
 	return filepath.Join(root, APIDirName, service+APISocketSuffix)

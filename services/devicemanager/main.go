@@ -1,6 +1,9 @@
 // Command nodeplug-devicemanager owns device plugin endpoints, device
 // health, allocations and the checkpoint. It accepts plugins through
-// RegisterPlugin (from the reconciler) and the legacy kubelet.sock.
+// RegisterPlugin (from the reconciler) and the legacy kubelet.sock. It
+// answers container starts and the pod resources API with its allocations
+// and the DRA claims of nodeplug-dramanager, which it asks over DRAService
+// (package draclient): the DRA half runs in a process of its own.
 //
 // This file is the only place where its parts are put together: flags →
 // configuration → the store and the manager → the gRPC servers.
@@ -14,7 +17,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	resourcev1 "k8s.io/api/resource/v1"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
@@ -22,19 +24,12 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claimalloc"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claims"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claimview"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/drivers"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/kubeaccess"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/kubecache"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/slicewatch"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/draserver"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/cdispec"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/containerstart"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/draclient"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/podresources"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 func main() { os.Exit(app.Main(appService(), os.Args[1:])) }
@@ -44,8 +39,7 @@ func main() { os.Exit(app.Main(appService(), os.Args[1:])) }
 func appService() app.Service {
 	var grace time.Duration
 	var opts store.Options
-	var kube kubeaccess.Options
-	var draDelay time.Duration
+	var draAddr string
 	var cdi cdispec.Config
 	var cdiDirs *[]string
 	return app.Service{
@@ -54,12 +48,11 @@ func appService() app.Service {
 			fs.DurationVar(&grace, "grace-period", manager.DefaultGracePeriod, "how long a resource with no live endpoint keeps its capacity")
 			fs.Int64Var(&opts.CompactAt, "checkpoint-compact-bytes", store.DefaultCompactAt,
 				"journal size past which the checkpoint snapshot is rewritten in the background (or past the snapshot's size, if larger)")
-			fs.StringVar(&kube.Kubeconfig, "kubeconfig", "",
-				"kubeconfig of a cluster's API server holding ResourceSlices, ResourceClaims and DeviceClasses; empty: the node-local resource API of nodeplug-apiserver, through the kubeconfig it writes under the root dir")
+			fs.StringVar(&draAddr, "dramanager-addr", "", "nodeplug-dramanager's API, asked for the DRA claims of a container start, of the pod resources API and of a pod's release: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/dramanager.sock)")
 			fs.Var(app.GoneFlag(errResourceAPIListenGone), "resource-api-listen", "removed: the node-local resource API is nodeplug-apiserver's (its --resource-api-listen)")
-			fs.StringVar(&kube.NodeName, "node-name", "", "the Node this devicemanager serves (default: the host name)")
-			fs.DurationVar(&draDelay, "dra-disconnect-delay", drivers.DefaultDisconnectDelay,
-				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
+			for _, name := range []string{"kubeconfig", "node-name", "dra-disconnect-delay"} {
+				fs.Var(app.GoneFlag(draFlagGone(name)), name, "removed: the DRA half is nodeplug-dramanager's (its --"+name+")")
+			}
 			fs.StringVar(&cdi.Dir, "cdi-spec-dir", cdispec.DefaultDir,
 				"where the CDI spec of each allocated container (its device plugins' envs, mounts and device nodes) is written")
 			cdiDirs = fs.StringList("cdi-spec-dirs",
@@ -69,7 +62,10 @@ func appService() app.Service {
 			if len(*cdiDirs) > 0 {
 				cdi.SearchDirs = *cdiDirs
 			}
-			return setup(ctx, rt, grace, opts, kube, draDelay, cdi)
+			if draAddr == "" {
+				draAddr = layout.APISocket(rt.Config.RootDir, "dramanager")
+			}
+			return setup(ctx, rt, grace, opts, draAddr, cdi)
 		},
 		// Half the collections of Go's default: in a burst of registrations
 		// the live heap is small while every plugin allocates, so at
@@ -88,13 +84,13 @@ func appService() app.Service {
 
 // setup refuses a live kubelet.sock, restores the state, removes stale
 // sockets and makes the containers' CDI specs match the allocations
-// (manager.Open), opens the Kubernetes API and the DRA parts, then serves
-// the API, kubelet.sock and the pod resources socket (rate-limited as the
-// kubelet's). The state core and the DRA claims share one journal
-// (claims.Journal); a container's start takes both (containerstart). The
-// manager runs until the service stops, then flushes its state; it never
-// deregisters plugins or releases allocations.
-func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options, kube kubeaccess.Options, draDelay time.Duration, cdi cdispec.Config) error {
+// (manager.Open), then serves the API, kubelet.sock and the pod resources
+// socket (rate-limited as the kubelet's). A container's start, the pod
+// resources API and a pod's release read or release the DRA claims of
+// nodeplug-dramanager at draAddr (draclient); nothing else waits for it.
+// The manager runs until the service stops, then flushes its state; it
+// never deregisters plugins or releases allocations.
+func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store.Options, draAddr string, cdi cdispec.Config) error {
 	dir := rt.Config.DevicePluginsDir()
 	opts.Log = rt.Log
 	cdi.Log = rt.Log
@@ -102,24 +98,23 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	if err != nil {
 		return err
 	}
-	journal := claims.NewJournal(store.New(dir, opts))
 	m, err := manager.Open(ctx, manager.Config{
 		DevicePluginsDir: dir, AllowedDirs: rt.Config.AllowedDirs, GracePeriod: grace,
-		Store: journal, Log: rt.Log, Registerer: rt.Metrics, WatchLimits: rt.Config.WatchLimits(),
+		Store: store.New(dir, opts), Log: rt.Log, Registerer: rt.Metrics, WatchLimits: rt.Config.WatchLimits(),
 		Specs: specs,
 	})
 	if err != nil {
 		return err
 	}
 	rt.Go(m.Run)
-	kubeAPI, err := openKubeAPI(rt, kube)
+	// Dialling connects lazily: the devicemanager serves whether the
+	// dramanager is up or not, and a call that needs it says it is not.
+	dconn, err := rt.Config.DialPeer(draAddr)
 	if err != nil {
 		return err
 	}
-	cm, err := setupDRA(rt, m.InstanceID(), kubeAPI, draDelay, journal)
-	if err != nil {
-		return err
-	}
+	rt.Go(func(ctx context.Context) error { <-ctx.Done(); return dconn.Close() })
+	cm := draclient.New(dconn, draAddr)
 	starter := containerstart.New(m, cm, specs)
 	dmv1.RegisterDeviceManagerServiceServer(rt.Server, server.NewService(m).WithClaims(cm).WithStarter(starter))
 	kubeletSock := manager.KubeletSocketPath(dir)
@@ -135,7 +130,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 	}, server.RateLimit(pr.Limiter(podresources.DefaultQPS, podresources.DefaultBurst).Allow)); err != nil {
 		return err
 	}
-	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "pod_resources_sock", podSock,
+	rt.Log.Info("devicemanager ready", "kubelet_sock", kubeletSock, "pod_resources_sock", podSock, "dramanager", draAddr,
 		"instance_id", m.InstanceID(), "grace_period", m.GracePeriod(), "cdi_spec_dir", specs.Dir(), "cdi_spec_dirs", specs.SearchDirs())
 	return nil
 }
@@ -145,67 +140,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 var errResourceAPIListenGone = errors.New("--resource-api-listen is gone from the devicemanager: the node-local resource API " +
 	"is served by nodeplug-apiserver (its --resource-api-listen); the devicemanager reaches it through <root-dir>/nodeplug/kubeconfig-internal")
 
-// openKubeAPI opens the Kubernetes API the DRA parts use: the cluster's
-// (--kubeconfig) or nodeplug-apiserver's node-local one.
-func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, error) {
-	kube.RootDir = rt.Config.RootDir
-	a, err := kubeaccess.Open(kube)
-	if err != nil {
-		return nil, err
-	}
-	if a.Local {
-		rt.Log.Info("using the node-local resource API of nodeplug-apiserver", "kubeconfig", a.Kubeconfig, "node", a.NodeName)
-	} else {
-		rt.Log.Info("using the Kubernetes API of the kubeconfig", "server", a.Config.Host, "kubeconfig", a.Kubeconfig, "node", a.NodeName)
-	}
-	return a, nil
-}
-
-// setupDRA serves DRAService: the DRA driver connections (their slices
-// deleted through kubeAPI when a driver stays away), the informers of the
-// objects the DRA half reads (kubecache: each kind once, shared by the
-// claim allocator and the slices view), this node's ResourceSlices as
-// streamed (slicewatch), and the claims manager (allocation on this node
-// by claimalloc, the drivers' calls by the registry, its records in
-// journal), which it returns; ListClaims joins its records with the API's
-// claims (claimview).
-func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal) (*claims.Manager, error) {
-	kc, err := kubecache.New(kubeAPI.Client, kubeAPI.NodeName)
-	if err != nil {
-		return nil, err
-	}
-	slices := slicewatch.New(kc.NodeSlices, kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
-	reg, err := drivers.New(drivers.Config{
-		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, AllowedDirs: rt.Config.AllowedDirs,
-		DisconnectDelay: delay, Log: rt.Log, Registerer: rt.Metrics, Slices: slices.Count,
-	})
-	if err != nil {
-		return nil, err
-	}
-	reg.Start()
-	rt.Go(func(ctx context.Context) error { <-ctx.Done(); reg.Close(); return nil })
-	alloc, err := claimalloc.New(kubeAPI.Client, kubeAPI.NodeName, rt.Log)
-	if err != nil {
-		return nil, err
-	}
-	// The allocator's decisions read the node, its slices, the
-	// DeviceClasses and the devices in use from kc's memory.
-	alloc.Follow(kc)
-	rt.Go(alloc.Run)
-	rt.Go(slices.Run)
-	rt.Go(kc.Run)
-	node := kubeAPI.NodeName
-	cm, err := claims.New(claims.Config{
-		Reserver: alloc, Drivers: reg, Journal: journal, Log: rt.Log, Registerer: rt.Metrics,
-		AllocatedHere: func(c *resourcev1.ResourceClaim) bool { return c.Annotations[claimalloc.AllocatedByAnnotation] == node },
-	})
-	if err != nil {
-		return nil, err
-	}
-	// The owed unprepares stop with the service; they stay recorded and
-	// resume at the next start.
-	rt.Go(func(ctx context.Context) error { <-ctx.Done(); cm.Close(); return nil })
-	view := claimview.New(kubeAPI.Client, node, cm, reg)
-	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(view)))
-	return cm, nil
+// draFlagGone is what a DRA flag the devicemanager had answers.
+func draFlagGone(name string) error {
+	return errors.New("--" + name + " is gone from the devicemanager: the DRA half (drivers, slices, claims) is served by nodeplug-dramanager; give it --" + name)
 }

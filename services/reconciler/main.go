@@ -54,6 +54,7 @@ func appService() app.Service {
 		Flags: func(fs *app.Flags) {
 			fs.StringVar(&cfg.WatcherAddr, "watcher-addr", "", "the watcher's API: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/watcher.sock)")
 			fs.StringVar(&cfg.DeviceManagerAddr, "devicemanager-addr", "", "the devicemanager's API: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/devicemanager.sock)")
+			fs.StringVar(&cfg.DRAManagerAddr, "dramanager-addr", "", "nodeplug-dramanager's API, which DRA drivers are registered with: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/dramanager.sock)")
 			fs.DurationVar(&cfg.ResyncPeriod, "resync-period", reconciler.DefaultResyncPeriod, "safety-net reconcile interval (changes are reconciled at once)")
 		},
 		Setup: func(_ context.Context, rt *app.Runtime) error {
@@ -62,6 +63,9 @@ func appService() app.Service {
 			}
 			if cfg.DeviceManagerAddr == "" {
 				cfg.DeviceManagerAddr = layout.APISocket(rt.Config.RootDir, "devicemanager")
+			}
+			if cfg.DRAManagerAddr == "" {
+				cfg.DRAManagerAddr = layout.APISocket(rt.Config.RootDir, "dramanager")
 			}
 			cfg.Dial = rt.Config.DialPeer
 			cfg.AllowedDirs = rt.Config.AllowedDirs
@@ -74,10 +78,11 @@ func appService() app.Service {
 
 // config is what the reconciler is configured with.
 type config struct {
-	// WatcherAddr and DeviceManagerAddr are absolute Unix socket paths or
-	// host:port.
+	// WatcherAddr, DeviceManagerAddr and DRAManagerAddr are absolute Unix
+	// socket paths or host:port.
 	WatcherAddr       string
 	DeviceManagerAddr string
+	DRAManagerAddr    string
 	// Dial connects to a peer (rpcutil.DialPeer when nil; the binary's
 	// applies its TLS flags to host:port addresses).
 	Dial         func(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error)
@@ -110,6 +115,7 @@ type service struct {
 	loop    *reconciler.Reconciler // the control loop
 	drivers *handler.Drivers       // CSI and DRA drivers
 	dm      *handler.DeviceManager // the devicemanager, as its handlers see it
+	dra     *handler.DeviceManager // the dramanager, as the DRA handler sees it
 	watch   *watchclient.Client    // feeds the loop from the watcher
 	api     *server.Server         // the gRPC adapter
 
@@ -140,15 +146,23 @@ func newService(cfg config) (*service, error) {
 		_ = wconn.Close()
 		return nil, err
 	}
+	rconn, err := cfg.Dial(cfg.DRAManagerAddr)
+	if err != nil {
+		_ = wconn.Close()
+		_ = dconn.Close()
+		return nil, err
+	}
 	s := &service{
 		status:  status.New(cfg.Clock, cfg.WatchLimits),
 		drivers: handler.NewDrivers(),
-		conns:   []*grpc.ClientConn{wconn, dconn},
+		conns:   []*grpc.ClientConn{wconn, dconn, rconn},
 	}
-	// A restarted devicemanager lost its endpoints and DRA drivers:
-	// register every device plugin and DRA driver with it again.
+	// A restarted devicemanager lost its endpoints: register every device
+	// plugin with it again; a restarted dramanager, every DRA driver.
 	s.dm = handler.NewDeviceManager(dconn, cfg.Log.With("peer", "devicemanager"),
-		func(_, _ string) { s.loop.Reregister(handler.TypeDevicePlugin, handler.TypeDRAPlugin) })
+		func(_, _ string) { s.loop.Reregister(handler.TypeDevicePlugin) })
+	s.dra = handler.NewDRAManager(rconn, cfg.Log.With("peer", "dramanager"),
+		func(_, _ string) { s.loop.Reregister(handler.TypeDRAPlugin) })
 	// What ListResources says of an endpoint, ListPlugins says of its
 	// registration (DESIGN "Reconciler ↔ devicemanager").
 	s.dm.OnEndpoint(func(e handler.EndpointState) {
@@ -163,7 +177,7 @@ func newService(cfg config) (*service, error) {
 		Handlers: map[string]cache.Handler{
 			handler.TypeDevicePlugin: handler.NewDevicePlugin(s.dm),
 			handler.TypeCSIPlugin:    handler.NewCSI(s.drivers, confiner),
-			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers, s.dm),
+			handler.TypeDRAPlugin:    handler.NewDRA(s.drivers, s.dra),
 		},
 		Status:        s.status,
 		Log:           cfg.Log,
@@ -180,14 +194,15 @@ func newService(cfg config) (*service, error) {
 }
 
 // run runs the control loop, the watcher client and the devicemanager
-// watch until ctx ends, then ends the API's streams and closes the
-// connections.
+// and dramanager watches until ctx ends, then ends the API's streams and
+// closes the connections.
 func (s *service) run(ctx context.Context) error {
 	defer s.close()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.loop.Run(gctx) })
 	g.Go(func() error { return s.watch.Run(gctx) })
 	g.Go(func() error { return s.dm.Run(gctx) })
+	g.Go(func() error { return s.dra.Run(gctx) })
 	err := g.Wait()
 	if errors.Is(err, context.Canceled) {
 		return nil

@@ -14,9 +14,9 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 )
 
-// DRA is the name Snapshot.Status gives the devicemanager's DRA side (its
+// DRA is the name Snapshot.Status gives nodeplug-dramanager (its
 // DRAService: the ResourceSlice stream, the driver and claim lists).
-const DRA = "devicemanager DRA"
+const DRA = "dramanager"
 
 // draPoll is how often the driver and claim lists are fetched when nothing
 // asked for them: no stream carries a DRA driver's connection state or a
@@ -30,7 +30,7 @@ const draPoll = 5 * time.Second
 // lists, since a slice change often comes with a driver's (registration,
 // removal after the deletion delay).
 func (s *State) watchSlices(ctx context.Context) error {
-	st, err := dmv1.NewDRAServiceClient(s.conns.DeviceManager).WatchResourceSlices(ctx, &dmv1.WatchResourceSlicesRequest{})
+	st, err := dmv1.NewDRAServiceClient(s.conns.DRAManager).WatchResourceSlices(ctx, &dmv1.WatchResourceSlicesRequest{})
 	if err != nil {
 		s.setStatus(DRA, describe(err))
 		return err
@@ -82,7 +82,7 @@ func (s *State) refreshDRA() {
 // listDRA fetches ListDRADrivers and ListClaims whenever asked (a plugin
 // change, a slice change, a stream's sync) and every draPoll.
 func (s *State) listDRA(ctx context.Context) {
-	client := dmv1.NewDRAServiceClient(s.conns.DeviceManager)
+	client := dmv1.NewDRAServiceClient(s.conns.DRAManager)
 	tick := time.NewTicker(draPoll)
 	defer tick.Stop()
 	for {

@@ -96,7 +96,7 @@ func TestFollowsResourceSlices(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer absent.Close()
-	st := New(Conns{Watcher: absent, Reconciler: absent, DeviceManager: dm}, slog.New(slog.DiscardHandler))
+	st := New(Conns{Watcher: absent, Reconciler: absent, DeviceManager: absent, DRAManager: dm}, slog.New(slog.DiscardHandler))
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- st.Run(rctx) }()

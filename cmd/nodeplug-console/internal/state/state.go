@@ -35,9 +35,11 @@ const (
 	DeviceManager = "devicemanager"
 )
 
-// Conns are the connections to the three services.
+// Conns are the connections to the services.
 type Conns struct {
 	Watcher, Reconciler, DeviceManager grpc.ClientConnInterface
+	// DRAManager is nodeplug-dramanager: DRA drivers, slices and claims.
+	DRAManager grpc.ClientConnInterface
 }
 
 // Snapshot is what the console shows at one moment. Its messages are

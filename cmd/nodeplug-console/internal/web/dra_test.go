@@ -86,7 +86,7 @@ func TestDRAView(t *testing.T) {
 		for _, want := range []string{
 			`data-device="gpu-0" data-health="unhealthy"`, `ECC errors`, `data-device="gpu-1" data-health="unknown"`,
 			`Claims not shown: this devicemanager does not serve ListClaims.`,
-			`data-service="devicemanager DRA">devicemanager DRA: unreachable: connection refused`,
+			`data-service="dramanager">dramanager: unreachable: connection refused`,
 		} {
 			if !strings.Contains(got, want) {
 				t.Errorf("the update lacks %s", want)

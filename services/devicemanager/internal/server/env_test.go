@@ -31,7 +31,7 @@ import (
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/cdispec"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/containerstart"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 // spans records every span of the tests.

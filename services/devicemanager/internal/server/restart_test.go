@@ -19,7 +19,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 func TestRestartRestoresAndRedials(t *testing.T) {

@@ -24,9 +24,14 @@ const DeviceManagerTimeout = 30 * time.Second
 // instance ID changes the devicemanager restarted and lost what it was
 // told: onRestart is called so that every plugin of those handlers is
 // registered with it again.
+//
+// The same type stands for nodeplug-dramanager, the DRA handler's peer
+// (NewDRAManager): there the instance ID is the dramanager's, followed
+// from WatchResourceSlices, and onRestart registers the DRA drivers again.
 type DeviceManager struct {
-	client devicemanagerv1.DeviceManagerServiceClient
-	dra    devicemanagerv1.DRAServiceClient
+	client devicemanagerv1.DeviceManagerServiceClient // nil for the dramanager
+	dra    devicemanagerv1.DRAServiceClient           // nil for the devicemanager
+	name   string                                     // "devicemanager" or "dramanager", for logs
 	log    *slog.Logger
 
 	mu         sync.Mutex
@@ -36,16 +41,31 @@ type DeviceManager struct {
 }
 
 // NewDeviceManager returns the devicemanager reached through conn, which
-// serves DeviceManagerService and DRAService. onRestart (may be nil) is
-// called, outside any lock, when the devicemanager's instance ID changes
-// from one known value to another.
+// serves DeviceManagerService. onRestart (may be nil) is called, outside
+// any lock, when the devicemanager's instance ID changes from one known
+// value to another.
 func NewDeviceManager(conn grpc.ClientConnInterface, log *slog.Logger, onRestart func(old, new string)) *DeviceManager {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &DeviceManager{
 		client:    devicemanagerv1.NewDeviceManagerServiceClient(conn),
+		name:      "devicemanager",
+		log:       log,
+		onRestart: onRestart,
+	}
+}
+
+// NewDRAManager returns nodeplug-dramanager reached through conn, which
+// serves DRAService; onRestart is called as NewDeviceManager's when the
+// dramanager's instance ID changes.
+func NewDRAManager(conn grpc.ClientConnInterface, log *slog.Logger, onRestart func(old, new string)) *DeviceManager {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &DeviceManager{
 		dra:       devicemanagerv1.NewDRAServiceClient(conn),
+		name:      "dramanager",
 		log:       log,
 		onRestart: onRestart,
 	}
@@ -88,24 +108,49 @@ func (m *DeviceManager) Observe(id string) {
 	m.instance = id
 	m.mu.Unlock()
 	if old != "" && old != id {
-		m.log.Info("devicemanager restarted; registering its plugins again", "old_instance", old, "instance", id)
+		m.log.Info(m.name+" restarted; registering its plugins again", "old_instance", old, "instance", id)
 		if m.onRestart != nil {
 			m.onRestart(old, id)
 		}
 	}
 }
 
-// Run follows the devicemanager's WatchResources stream until ctx ends,
-// resubscribing with backoff, and observes the instance ID of every
-// message, so a devicemanager restart is noticed even when no registration
-// is in flight.
+// Run follows the devicemanager's WatchResources stream (the
+// dramanager's WatchResourceSlices) until ctx ends, resubscribing with
+// backoff, and observes the instance ID of every message, so a restart is
+// noticed even when no registration is in flight.
 func (m *DeviceManager) Run(ctx context.Context) error {
-	// A restarted devicemanager is noticed within a quarter second: the
-	// registrations it lost are made again from then on.
-	stream.Resubscribe(ctx, 20*time.Millisecond, 250*time.Millisecond, m.watch, func(err error, delay time.Duration) {
-		m.log.Debug("devicemanager watch ended; resubscribing", "error", err, "in", delay)
+	watch := m.watch
+	if m.client == nil {
+		watch = m.watchSlices
+	}
+	// A restart is noticed within a quarter second: the registrations it
+	// lost are made again from then on.
+	stream.Resubscribe(ctx, 20*time.Millisecond, 250*time.Millisecond, watch, func(err error, delay time.Duration) {
+		m.log.Debug(m.name+" watch ended; resubscribing", "error", err, "in", delay)
 	})
 	return nil
+}
+
+// watchSlices follows the dramanager's WatchResourceSlices for its
+// instance ID only.
+func (m *DeviceManager) watchSlices(ctx context.Context) (synced bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := m.dra.WatchResourceSlices(ctx, &devicemanagerv1.WatchResourceSlicesRequest{})
+	if err != nil {
+		return false, err
+	}
+	for {
+		msg, err := st.Recv()
+		if err != nil {
+			return synced, err
+		}
+		m.Observe(msg.GetInstanceId())
+		if msg.GetSynced() != nil {
+			synced = true
+		}
+	}
 }
 
 func (m *DeviceManager) watch(ctx context.Context) (synced bool, err error) {

@@ -25,11 +25,11 @@ import (
 // helper's rolling update: distinct registration sockets and endpoints,
 // one driver name); as in the kubelet, each is its own registration, and
 // only an endpoint that another instance of the driver already holds is
-// refused. The devicemanager keys instances by driver name and endpoint
+// refused. The dramanager keys instances by driver name and endpoint
 // (EndpointKeyed) and keeps them beyond the reconciler's life
 // (OrphanDeregisterer). Unlike a device plugin's, a driver's endpoint is
 // not waited for (the kubelet does not wait for it either): one that does
-// not exist yet is refused by the devicemanager, which cannot dial it, and
+// not exist yet is refused by the dramanager, which cannot dial it, and
 // the reconciler retries it with its backoff, as it retries a CSI
 // driver's.
 type DRA struct {
@@ -44,7 +44,8 @@ var (
 	_ cache.OrphanDeregisterer = (*DRA)(nil)
 )
 
-// NewDRA returns a DRA handler recording into drivers and relaying to dm.
+// NewDRA returns a DRA handler recording into drivers and relaying to dm,
+// the dramanager (NewDRAManager).
 func NewDRA(drivers *Drivers, dm *DeviceManager) *DRA {
 	return &DRA{dm: dm, drivers: drivers, now: time.Now}
 }
@@ -92,7 +93,7 @@ func (h *DRA) Register(ctx context.Context, p cache.Plugin) error {
 		Generation:      p.Generation,
 	})
 	if err != nil {
-		werr := fmt.Errorf("devicemanager RegisterDRADriver for DRA driver %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
+		werr := fmt.Errorf("dramanager RegisterDRADriver for DRA driver %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
 		if msg, ok := kubeletrules.FromStatus(err); ok {
 			return kubeletrules.Wrap(msg, werr)
 		}
@@ -126,7 +127,7 @@ func (h *DRA) Deregister(ctx context.Context, p cache.Plugin) error {
 		Generation:    p.Generation,
 	})
 	if err != nil {
-		return fmt.Errorf("devicemanager DeregisterDRADriver for DRA driver %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
+		return fmt.Errorf("dramanager DeregisterDRADriver for DRA driver %s at %s: %w", p.Name, p.Endpoint, errdefs.FromGRPC(err))
 	}
 	h.dm.Observe(resp.GetInstanceId())
 	return nil
@@ -143,7 +144,7 @@ func (h *DRA) DeregisterOrphans(ctx context.Context, desired func(socketPath, ge
 	defer cancel()
 	resp, err := h.dm.dra.ListDRADrivers(ctx, &devicemanagerv1.ListDRADriversRequest{})
 	if err != nil {
-		return 0, fmt.Errorf("devicemanager ListDRADrivers: %w", errdefs.FromGRPC(err))
+		return 0, fmt.Errorf("dramanager ListDRADrivers: %w", errdefs.FromGRPC(err))
 	}
 	h.dm.Observe(resp.GetInstanceId())
 	n := 0
@@ -181,7 +182,7 @@ func (h *DRA) deregisterOrphan(ctx context.Context, driver string, in *deviceman
 		Generation:    in.GetGeneration(),
 	})
 	if err != nil {
-		return false, fmt.Errorf("devicemanager DeregisterDRADriver for DRA driver %s at %s: %w", driver, in.GetEndpoint(), errdefs.FromGRPC(err))
+		return false, fmt.Errorf("dramanager DeregisterDRADriver for DRA driver %s at %s: %w", driver, in.GetEndpoint(), errdefs.FromGRPC(err))
 	}
 	h.dm.Observe(resp.GetInstanceId())
 	return resp.GetRemoved(), nil

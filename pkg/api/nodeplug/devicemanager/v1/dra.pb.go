@@ -241,7 +241,7 @@ func (x *RegisterDRADriverRequest) GetEndpointBytes() []byte {
 
 type RegisterDRADriverResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Identifies the devicemanager process; new on each start.
+	// Identifies the dramanager process; new on each start.
 	InstanceId string `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// The instance as registered (its connection may still be coming up).
 	Instance      *DRADriverInstance `protobuf:"bytes,2,opt,name=instance,proto3" json:"instance,omitempty"`
@@ -442,7 +442,7 @@ type DRADriverInstance struct {
 	ConnectionState string `protobuf:"bytes,10,opt,name=connection_state,json=connectionState,proto3" json:"connection_state,omitempty"`
 	// The instance that serves the driver's calls: the newest connected one.
 	Serving bool `protobuf:"varint,11,opt,name=serving,proto3" json:"serving,omitempty"`
-	// Whether the driver offers a DRAResourceHealth service the devicemanager
+	// Whether the driver offers a DRAResourceHealth service the dramanager
 	// supports (v1.DRAResourceHealth or v1alpha1.DRAResourceHealth).
 	HealthService  bool                   `protobuf:"varint,12,opt,name=health_service,json=healthService,proto3" json:"health_service,omitempty"`
 	RegisteredTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=registered_time,json=registeredTime,proto3" json:"registered_time,omitempty"`
@@ -2158,6 +2158,272 @@ func (x *ListClaimsResponse) GetClaims() []*Claim {
 	return nil
 }
 
+type ListPodClaimsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this pod's claims; empty: every pod's.
+	PodUid        string `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPodClaimsRequest) Reset() {
+	*x = ListPodClaimsRequest{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPodClaimsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPodClaimsRequest) ProtoMessage() {}
+
+func (x *ListPodClaimsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPodClaimsRequest.ProtoReflect.Descriptor instead.
+func (*ListPodClaimsRequest) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListPodClaimsRequest) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+// PodClaims is what one pod's containers get from its prepared claims.
+type PodClaims struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	PodUid       string                 `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	PodNamespace string                 `protobuf:"bytes,2,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName      string                 `protobuf:"bytes,3,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	// By container name; a container that references no prepared claim is
+	// absent.
+	Containers    []*ContainerResources `protobuf:"bytes,4,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodClaims) Reset() {
+	*x = PodClaims{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodClaims) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodClaims) ProtoMessage() {}
+
+func (x *PodClaims) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodClaims.ProtoReflect.Descriptor instead.
+func (*PodClaims) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *PodClaims) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+func (x *PodClaims) GetPodNamespace() string {
+	if x != nil {
+		return x.PodNamespace
+	}
+	return ""
+}
+
+func (x *PodClaims) GetPodName() string {
+	if x != nil {
+		return x.PodName
+	}
+	return ""
+}
+
+func (x *PodClaims) GetContainers() []*ContainerResources {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+type ListPodClaimsResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// Sorted by pod UID.
+	Pods          []*PodClaims `protobuf:"bytes,2,rep,name=pods,proto3" json:"pods,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPodClaimsResponse) Reset() {
+	*x = ListPodClaimsResponse{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPodClaimsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPodClaimsResponse) ProtoMessage() {}
+
+func (x *ListPodClaimsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPodClaimsResponse.ProtoReflect.Descriptor instead.
+func (*ListPodClaimsResponse) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListPodClaimsResponse) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *ListPodClaimsResponse) GetPods() []*PodClaims {
+	if x != nil {
+		return x.Pods
+	}
+	return nil
+}
+
+type ReleasePodClaimsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PodUid        string                 `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleasePodClaimsRequest) Reset() {
+	*x = ReleasePodClaimsRequest{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasePodClaimsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasePodClaimsRequest) ProtoMessage() {}
+
+func (x *ReleasePodClaimsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasePodClaimsRequest.ProtoReflect.Descriptor instead.
+func (*ReleasePodClaimsRequest) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReleasePodClaimsRequest) GetPodUid() string {
+	if x != nil {
+		return x.PodUid
+	}
+	return ""
+}
+
+type ReleasePodClaimsResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// How many claims the pod no longer uses.
+	ReleasedClaims int64 `protobuf:"varint,2,opt,name=released_claims,json=releasedClaims,proto3" json:"released_claims,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ReleasePodClaimsResponse) Reset() {
+	*x = ReleasePodClaimsResponse{}
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleasePodClaimsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleasePodClaimsResponse) ProtoMessage() {}
+
+func (x *ReleasePodClaimsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_nodeplug_devicemanager_v1_dra_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleasePodClaimsResponse.ProtoReflect.Descriptor instead.
+func (*ReleasePodClaimsResponse) Descriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ReleasePodClaimsResponse) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *ReleasePodClaimsResponse) GetReleasedClaims() int64 {
+	if x != nil {
+		return x.ReleasedClaims
+	}
+	return 0
+}
+
 var File_nodeplug_devicemanager_v1_dra_proto protoreflect.FileDescriptor
 
 const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
@@ -2343,7 +2609,26 @@ const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
 	"\x12ListClaimsResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x128\n" +
-	"\x06claims\x18\x02 \x03(\v2 .nodeplug.devicemanager.v1.ClaimR\x06claims*\x95\x01\n" +
+	"\x06claims\x18\x02 \x03(\v2 .nodeplug.devicemanager.v1.ClaimR\x06claims\"/\n" +
+	"\x14ListPodClaimsRequest\x12\x17\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"\xb3\x01\n" +
+	"\tPodClaims\x12\x17\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12#\n" +
+	"\rpod_namespace\x18\x02 \x01(\tR\fpodNamespace\x12\x19\n" +
+	"\bpod_name\x18\x03 \x01(\tR\apodName\x12M\n" +
+	"\n" +
+	"containers\x18\x04 \x03(\v2-.nodeplug.devicemanager.v1.ContainerResourcesR\n" +
+	"containers\"r\n" +
+	"\x15ListPodClaimsResponse\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\x128\n" +
+	"\x04pods\x18\x02 \x03(\v2$.nodeplug.devicemanager.v1.PodClaimsR\x04pods\"2\n" +
+	"\x17ReleasePodClaimsRequest\x12\x17\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"d\n" +
+	"\x18ReleasePodClaimsResponse\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\x12'\n" +
+	"\x0freleased_claims\x18\x02 \x01(\x03R\x0ereleasedClaims*\x95\x01\n" +
 	"\x17ResourceSliceChangeType\x12*\n" +
 	"&RESOURCE_SLICE_CHANGE_TYPE_UNSPECIFIED\x10\x00\x12&\n" +
 	"\"RESOURCE_SLICE_CHANGE_TYPE_UPDATED\x10\x01\x12&\n" +
@@ -2355,7 +2640,7 @@ const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
 	"\x15CLAIM_STATE_ALLOCATED\x10\x02\x12\x18\n" +
 	"\x14CLAIM_STATE_PREPARED\x10\x03\x12\x1b\n" +
 	"\x17CLAIM_STATE_UNPREPARING\x10\x04\x12\x16\n" +
-	"\x12CLAIM_STATE_FAILED\x10\x052\xff\x06\n" +
+	"\x12CLAIM_STATE_FAILED\x10\x052\xf0\b\n" +
 	"\n" +
 	"DRAService\x12~\n" +
 	"\x11RegisterDRADriver\x123.nodeplug.devicemanager.v1.RegisterDRADriverRequest\x1a4.nodeplug.devicemanager.v1.RegisterDRADriverResponse\x12\x84\x01\n" +
@@ -2365,7 +2650,9 @@ const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
 	"\x13WatchResourceSlices\x125.nodeplug.devicemanager.v1.WatchResourceSlicesRequest\x1a6.nodeplug.devicemanager.v1.WatchResourceSlicesResponse0\x01\x12{\n" +
 	"\x10PrepareResources\x122.nodeplug.devicemanager.v1.PrepareResourcesRequest\x1a3.nodeplug.devicemanager.v1.PrepareResourcesResponse\x12i\n" +
 	"\n" +
-	"ListClaims\x12,.nodeplug.devicemanager.v1.ListClaimsRequest\x1a-.nodeplug.devicemanager.v1.ListClaimsResponseBPZNgithub.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1;devicemanagerv1b\x06proto3"
+	"ListClaims\x12,.nodeplug.devicemanager.v1.ListClaimsRequest\x1a-.nodeplug.devicemanager.v1.ListClaimsResponse\x12r\n" +
+	"\rListPodClaims\x12/.nodeplug.devicemanager.v1.ListPodClaimsRequest\x1a0.nodeplug.devicemanager.v1.ListPodClaimsResponse\x12{\n" +
+	"\x10ReleasePodClaims\x122.nodeplug.devicemanager.v1.ReleasePodClaimsRequest\x1a3.nodeplug.devicemanager.v1.ReleasePodClaimsResponseBPZNgithub.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1;devicemanagerv1b\x06proto3"
 
 var (
 	file_nodeplug_devicemanager_v1_dra_proto_rawDescOnce sync.Once
@@ -2380,7 +2667,7 @@ func file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP() []byte {
 }
 
 var file_nodeplug_devicemanager_v1_dra_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_nodeplug_devicemanager_v1_dra_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_nodeplug_devicemanager_v1_dra_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_nodeplug_devicemanager_v1_dra_proto_goTypes = []any{
 	(ResourceSliceChangeType)(0),        // 0: nodeplug.devicemanager.v1.ResourceSliceChangeType
 	(ClaimState)(0),                     // 1: nodeplug.devicemanager.v1.ClaimState
@@ -2412,28 +2699,33 @@ var file_nodeplug_devicemanager_v1_dra_proto_goTypes = []any{
 	(*Claim)(nil),                       // 27: nodeplug.devicemanager.v1.Claim
 	(*ListClaimsRequest)(nil),           // 28: nodeplug.devicemanager.v1.ListClaimsRequest
 	(*ListClaimsResponse)(nil),          // 29: nodeplug.devicemanager.v1.ListClaimsResponse
-	nil,                                 // 30: nodeplug.devicemanager.v1.Device.AttributesEntry
-	nil,                                 // 31: nodeplug.devicemanager.v1.Device.CapacityEntry
-	(*timestamppb.Timestamp)(nil),       // 32: google.protobuf.Timestamp
-	(*Synced)(nil),                      // 33: nodeplug.devicemanager.v1.Synced
+	(*ListPodClaimsRequest)(nil),        // 30: nodeplug.devicemanager.v1.ListPodClaimsRequest
+	(*PodClaims)(nil),                   // 31: nodeplug.devicemanager.v1.PodClaims
+	(*ListPodClaimsResponse)(nil),       // 32: nodeplug.devicemanager.v1.ListPodClaimsResponse
+	(*ReleasePodClaimsRequest)(nil),     // 33: nodeplug.devicemanager.v1.ReleasePodClaimsRequest
+	(*ReleasePodClaimsResponse)(nil),    // 34: nodeplug.devicemanager.v1.ReleasePodClaimsResponse
+	nil,                                 // 35: nodeplug.devicemanager.v1.Device.AttributesEntry
+	nil,                                 // 36: nodeplug.devicemanager.v1.Device.CapacityEntry
+	(*timestamppb.Timestamp)(nil),       // 37: google.protobuf.Timestamp
+	(*Synced)(nil),                      // 38: nodeplug.devicemanager.v1.Synced
 }
 var file_nodeplug_devicemanager_v1_dra_proto_depIdxs = []int32{
 	6,  // 0: nodeplug.devicemanager.v1.RegisterDRADriverResponse.instance:type_name -> nodeplug.devicemanager.v1.DRADriverInstance
-	32, // 1: nodeplug.devicemanager.v1.DRADriverInstance.registered_time:type_name -> google.protobuf.Timestamp
-	32, // 2: nodeplug.devicemanager.v1.DRADriverInstance.state_change_time:type_name -> google.protobuf.Timestamp
+	37, // 1: nodeplug.devicemanager.v1.DRADriverInstance.registered_time:type_name -> google.protobuf.Timestamp
+	37, // 2: nodeplug.devicemanager.v1.DRADriverInstance.state_change_time:type_name -> google.protobuf.Timestamp
 	6,  // 3: nodeplug.devicemanager.v1.DRADriver.instances:type_name -> nodeplug.devicemanager.v1.DRADriverInstance
-	32, // 4: nodeplug.devicemanager.v1.DRADriver.slice_deletion_time:type_name -> google.protobuf.Timestamp
+	37, // 4: nodeplug.devicemanager.v1.DRADriver.slice_deletion_time:type_name -> google.protobuf.Timestamp
 	7,  // 5: nodeplug.devicemanager.v1.ListDRADriversResponse.drivers:type_name -> nodeplug.devicemanager.v1.DRADriver
-	30, // 6: nodeplug.devicemanager.v1.Device.attributes:type_name -> nodeplug.devicemanager.v1.Device.AttributesEntry
-	31, // 7: nodeplug.devicemanager.v1.Device.capacity:type_name -> nodeplug.devicemanager.v1.Device.CapacityEntry
+	35, // 6: nodeplug.devicemanager.v1.Device.attributes:type_name -> nodeplug.devicemanager.v1.Device.AttributesEntry
+	36, // 7: nodeplug.devicemanager.v1.Device.capacity:type_name -> nodeplug.devicemanager.v1.Device.CapacityEntry
 	10, // 8: nodeplug.devicemanager.v1.ResourceSlice.pool:type_name -> nodeplug.devicemanager.v1.ResourcePool
 	11, // 9: nodeplug.devicemanager.v1.ResourceSlice.devices:type_name -> nodeplug.devicemanager.v1.Device
-	32, // 10: nodeplug.devicemanager.v1.ResourceSlice.creation_time:type_name -> google.protobuf.Timestamp
+	37, // 10: nodeplug.devicemanager.v1.ResourceSlice.creation_time:type_name -> google.protobuf.Timestamp
 	12, // 11: nodeplug.devicemanager.v1.ListResourceSlicesResponse.slices:type_name -> nodeplug.devicemanager.v1.ResourceSlice
 	0,  // 12: nodeplug.devicemanager.v1.ResourceSliceChange.type:type_name -> nodeplug.devicemanager.v1.ResourceSliceChangeType
 	12, // 13: nodeplug.devicemanager.v1.ResourceSliceChange.slice:type_name -> nodeplug.devicemanager.v1.ResourceSlice
 	16, // 14: nodeplug.devicemanager.v1.WatchResourceSlicesResponse.change:type_name -> nodeplug.devicemanager.v1.ResourceSliceChange
-	33, // 15: nodeplug.devicemanager.v1.WatchResourceSlicesResponse.synced:type_name -> nodeplug.devicemanager.v1.Synced
+	38, // 15: nodeplug.devicemanager.v1.WatchResourceSlicesResponse.synced:type_name -> nodeplug.devicemanager.v1.Synced
 	19, // 16: nodeplug.devicemanager.v1.ContainerClaims.claims:type_name -> nodeplug.devicemanager.v1.ContainerClaim
 	18, // 17: nodeplug.devicemanager.v1.PrepareResourcesRequest.pod_claims:type_name -> nodeplug.devicemanager.v1.PodClaim
 	20, // 18: nodeplug.devicemanager.v1.PrepareResourcesRequest.containers:type_name -> nodeplug.devicemanager.v1.ContainerClaims
@@ -2442,27 +2734,33 @@ var file_nodeplug_devicemanager_v1_dra_proto_depIdxs = []int32{
 	1,  // 21: nodeplug.devicemanager.v1.Claim.state:type_name -> nodeplug.devicemanager.v1.ClaimState
 	25, // 22: nodeplug.devicemanager.v1.Claim.devices:type_name -> nodeplug.devicemanager.v1.ClaimDevice
 	26, // 23: nodeplug.devicemanager.v1.Claim.pods:type_name -> nodeplug.devicemanager.v1.ClaimPod
-	32, // 24: nodeplug.devicemanager.v1.Claim.creation_time:type_name -> google.protobuf.Timestamp
+	37, // 24: nodeplug.devicemanager.v1.Claim.creation_time:type_name -> google.protobuf.Timestamp
 	27, // 25: nodeplug.devicemanager.v1.ListClaimsResponse.claims:type_name -> nodeplug.devicemanager.v1.Claim
-	2,  // 26: nodeplug.devicemanager.v1.DRAService.RegisterDRADriver:input_type -> nodeplug.devicemanager.v1.RegisterDRADriverRequest
-	4,  // 27: nodeplug.devicemanager.v1.DRAService.DeregisterDRADriver:input_type -> nodeplug.devicemanager.v1.DeregisterDRADriverRequest
-	8,  // 28: nodeplug.devicemanager.v1.DRAService.ListDRADrivers:input_type -> nodeplug.devicemanager.v1.ListDRADriversRequest
-	13, // 29: nodeplug.devicemanager.v1.DRAService.ListResourceSlices:input_type -> nodeplug.devicemanager.v1.ListResourceSlicesRequest
-	15, // 30: nodeplug.devicemanager.v1.DRAService.WatchResourceSlices:input_type -> nodeplug.devicemanager.v1.WatchResourceSlicesRequest
-	21, // 31: nodeplug.devicemanager.v1.DRAService.PrepareResources:input_type -> nodeplug.devicemanager.v1.PrepareResourcesRequest
-	28, // 32: nodeplug.devicemanager.v1.DRAService.ListClaims:input_type -> nodeplug.devicemanager.v1.ListClaimsRequest
-	3,  // 33: nodeplug.devicemanager.v1.DRAService.RegisterDRADriver:output_type -> nodeplug.devicemanager.v1.RegisterDRADriverResponse
-	5,  // 34: nodeplug.devicemanager.v1.DRAService.DeregisterDRADriver:output_type -> nodeplug.devicemanager.v1.DeregisterDRADriverResponse
-	9,  // 35: nodeplug.devicemanager.v1.DRAService.ListDRADrivers:output_type -> nodeplug.devicemanager.v1.ListDRADriversResponse
-	14, // 36: nodeplug.devicemanager.v1.DRAService.ListResourceSlices:output_type -> nodeplug.devicemanager.v1.ListResourceSlicesResponse
-	17, // 37: nodeplug.devicemanager.v1.DRAService.WatchResourceSlices:output_type -> nodeplug.devicemanager.v1.WatchResourceSlicesResponse
-	24, // 38: nodeplug.devicemanager.v1.DRAService.PrepareResources:output_type -> nodeplug.devicemanager.v1.PrepareResourcesResponse
-	29, // 39: nodeplug.devicemanager.v1.DRAService.ListClaims:output_type -> nodeplug.devicemanager.v1.ListClaimsResponse
-	33, // [33:40] is the sub-list for method output_type
-	26, // [26:33] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	23, // 26: nodeplug.devicemanager.v1.PodClaims.containers:type_name -> nodeplug.devicemanager.v1.ContainerResources
+	31, // 27: nodeplug.devicemanager.v1.ListPodClaimsResponse.pods:type_name -> nodeplug.devicemanager.v1.PodClaims
+	2,  // 28: nodeplug.devicemanager.v1.DRAService.RegisterDRADriver:input_type -> nodeplug.devicemanager.v1.RegisterDRADriverRequest
+	4,  // 29: nodeplug.devicemanager.v1.DRAService.DeregisterDRADriver:input_type -> nodeplug.devicemanager.v1.DeregisterDRADriverRequest
+	8,  // 30: nodeplug.devicemanager.v1.DRAService.ListDRADrivers:input_type -> nodeplug.devicemanager.v1.ListDRADriversRequest
+	13, // 31: nodeplug.devicemanager.v1.DRAService.ListResourceSlices:input_type -> nodeplug.devicemanager.v1.ListResourceSlicesRequest
+	15, // 32: nodeplug.devicemanager.v1.DRAService.WatchResourceSlices:input_type -> nodeplug.devicemanager.v1.WatchResourceSlicesRequest
+	21, // 33: nodeplug.devicemanager.v1.DRAService.PrepareResources:input_type -> nodeplug.devicemanager.v1.PrepareResourcesRequest
+	28, // 34: nodeplug.devicemanager.v1.DRAService.ListClaims:input_type -> nodeplug.devicemanager.v1.ListClaimsRequest
+	30, // 35: nodeplug.devicemanager.v1.DRAService.ListPodClaims:input_type -> nodeplug.devicemanager.v1.ListPodClaimsRequest
+	33, // 36: nodeplug.devicemanager.v1.DRAService.ReleasePodClaims:input_type -> nodeplug.devicemanager.v1.ReleasePodClaimsRequest
+	3,  // 37: nodeplug.devicemanager.v1.DRAService.RegisterDRADriver:output_type -> nodeplug.devicemanager.v1.RegisterDRADriverResponse
+	5,  // 38: nodeplug.devicemanager.v1.DRAService.DeregisterDRADriver:output_type -> nodeplug.devicemanager.v1.DeregisterDRADriverResponse
+	9,  // 39: nodeplug.devicemanager.v1.DRAService.ListDRADrivers:output_type -> nodeplug.devicemanager.v1.ListDRADriversResponse
+	14, // 40: nodeplug.devicemanager.v1.DRAService.ListResourceSlices:output_type -> nodeplug.devicemanager.v1.ListResourceSlicesResponse
+	17, // 41: nodeplug.devicemanager.v1.DRAService.WatchResourceSlices:output_type -> nodeplug.devicemanager.v1.WatchResourceSlicesResponse
+	24, // 42: nodeplug.devicemanager.v1.DRAService.PrepareResources:output_type -> nodeplug.devicemanager.v1.PrepareResourcesResponse
+	29, // 43: nodeplug.devicemanager.v1.DRAService.ListClaims:output_type -> nodeplug.devicemanager.v1.ListClaimsResponse
+	32, // 44: nodeplug.devicemanager.v1.DRAService.ListPodClaims:output_type -> nodeplug.devicemanager.v1.ListPodClaimsResponse
+	34, // 45: nodeplug.devicemanager.v1.DRAService.ReleasePodClaims:output_type -> nodeplug.devicemanager.v1.ReleasePodClaimsResponse
+	37, // [37:46] is the sub-list for method output_type
+	28, // [28:37] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_nodeplug_devicemanager_v1_dra_proto_init() }
@@ -2481,7 +2779,7 @@ func file_nodeplug_devicemanager_v1_dra_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodeplug_devicemanager_v1_dra_proto_rawDesc), len(file_nodeplug_devicemanager_v1_dra_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   30,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

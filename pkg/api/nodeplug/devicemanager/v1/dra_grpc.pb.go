@@ -26,16 +26,24 @@ const (
 	DRAService_WatchResourceSlices_FullMethodName = "/nodeplug.devicemanager.v1.DRAService/WatchResourceSlices"
 	DRAService_PrepareResources_FullMethodName    = "/nodeplug.devicemanager.v1.DRAService/PrepareResources"
 	DRAService_ListClaims_FullMethodName          = "/nodeplug.devicemanager.v1.DRAService/ListClaims"
+	DRAService_ListPodClaims_FullMethodName       = "/nodeplug.devicemanager.v1.DRAService/ListPodClaims"
+	DRAService_ReleasePodClaims_FullMethodName    = "/nodeplug.devicemanager.v1.DRAService/ReleasePodClaims"
 )
 
 // DRAServiceClient is the client API for DRAService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// DRAService keeps the devicemanager's connections to DRA drivers (the
-// kubelet's pkg/kubelet/cm/dra/plugin) and shows the ResourceSlices the
-// drivers publish for this node. It is served on the same socket as
-// DeviceManagerService.
+// DRAService keeps the connections to DRA drivers (the kubelet's
+// pkg/kubelet/cm/dra/plugin), shows the ResourceSlices the drivers publish
+// for this node, and allocates, prepares and releases the ResourceClaims of
+// the pods on this node (the kubelet's pkg/kubelet/cm/dra). It is served by
+// nodeplug-dramanager on its own socket (<root>/nodeplug/dramanager.sock),
+// apart from the devicemanager's DeviceManagerService: the DRA half, the
+// only part of nodeplug that reads the Kubernetes API, runs in a process
+// of its own. The devicemanager asks it for a container's claims
+// (ListPodClaims) at a container start and in the pod resources API, and
+// releases a pod's claims through it (ReleasePodClaims).
 //
 // Every path in this service (endpoint, socket_path) is absolute; when it is
 // not valid UTF-8 (or starts with a double quote) it is quoted as Go's
@@ -44,7 +52,7 @@ const (
 // bytes win when both are set.
 type DRAServiceClient interface {
 	// RegisterDRADriver connects one instance of a DRA driver, found through
-	// plugins_registry by the reconciler's DRA handler. The devicemanager
+	// plugins_registry by the reconciler's DRA handler. The dramanager
 	// dials the endpoint, picks the first of v1.DRAPlugin and
 	// v1beta1.DRAPlugin among the offered services and keeps the connection.
 	// It is a no-op success when the same driver, endpoint and generation is
@@ -84,6 +92,18 @@ type DRAServiceClient interface {
 	// device IDs. Claims this node recorded that are gone from the API are
 	// listed too.
 	ListClaims(ctx context.Context, in *ListClaimsRequest, opts ...grpc.CallOption) (*ListClaimsResponse, error)
+	// ListPodClaims returns, for every pod that uses a prepared claim (or
+	// only pod_uid's), what each of its containers gets from its claims:
+	// their CDI device IDs and devices. The devicemanager reads it for a
+	// container start and for the pod resources API's dynamic resources.
+	// Reader role.
+	ListPodClaims(ctx context.Context, in *ListPodClaimsRequest, opts ...grpc.CallOption) (*ListPodClaimsResponse, error)
+	// ReleasePodClaims releases a pod's claims: a claim no other pod uses is
+	// unprepared (retried until its driver answers, across restarts). The
+	// devicemanager calls it from DeviceManagerService.Release of a whole
+	// pod. Releasing a pod with no claims is a success with nothing
+	// released. Operator role.
+	ReleasePodClaims(ctx context.Context, in *ReleasePodClaimsRequest, opts ...grpc.CallOption) (*ReleasePodClaimsResponse, error)
 }
 
 type dRAServiceClient struct {
@@ -173,14 +193,40 @@ func (c *dRAServiceClient) ListClaims(ctx context.Context, in *ListClaimsRequest
 	return out, nil
 }
 
+func (c *dRAServiceClient) ListPodClaims(ctx context.Context, in *ListPodClaimsRequest, opts ...grpc.CallOption) (*ListPodClaimsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPodClaimsResponse)
+	err := c.cc.Invoke(ctx, DRAService_ListPodClaims_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dRAServiceClient) ReleasePodClaims(ctx context.Context, in *ReleasePodClaimsRequest, opts ...grpc.CallOption) (*ReleasePodClaimsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleasePodClaimsResponse)
+	err := c.cc.Invoke(ctx, DRAService_ReleasePodClaims_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DRAServiceServer is the server API for DRAService service.
 // All implementations must embed UnimplementedDRAServiceServer
 // for forward compatibility.
 //
-// DRAService keeps the devicemanager's connections to DRA drivers (the
-// kubelet's pkg/kubelet/cm/dra/plugin) and shows the ResourceSlices the
-// drivers publish for this node. It is served on the same socket as
-// DeviceManagerService.
+// DRAService keeps the connections to DRA drivers (the kubelet's
+// pkg/kubelet/cm/dra/plugin), shows the ResourceSlices the drivers publish
+// for this node, and allocates, prepares and releases the ResourceClaims of
+// the pods on this node (the kubelet's pkg/kubelet/cm/dra). It is served by
+// nodeplug-dramanager on its own socket (<root>/nodeplug/dramanager.sock),
+// apart from the devicemanager's DeviceManagerService: the DRA half, the
+// only part of nodeplug that reads the Kubernetes API, runs in a process
+// of its own. The devicemanager asks it for a container's claims
+// (ListPodClaims) at a container start and in the pod resources API, and
+// releases a pod's claims through it (ReleasePodClaims).
 //
 // Every path in this service (endpoint, socket_path) is absolute; when it is
 // not valid UTF-8 (or starts with a double quote) it is quoted as Go's
@@ -189,7 +235,7 @@ func (c *dRAServiceClient) ListClaims(ctx context.Context, in *ListClaimsRequest
 // bytes win when both are set.
 type DRAServiceServer interface {
 	// RegisterDRADriver connects one instance of a DRA driver, found through
-	// plugins_registry by the reconciler's DRA handler. The devicemanager
+	// plugins_registry by the reconciler's DRA handler. The dramanager
 	// dials the endpoint, picks the first of v1.DRAPlugin and
 	// v1beta1.DRAPlugin among the offered services and keeps the connection.
 	// It is a no-op success when the same driver, endpoint and generation is
@@ -229,6 +275,18 @@ type DRAServiceServer interface {
 	// device IDs. Claims this node recorded that are gone from the API are
 	// listed too.
 	ListClaims(context.Context, *ListClaimsRequest) (*ListClaimsResponse, error)
+	// ListPodClaims returns, for every pod that uses a prepared claim (or
+	// only pod_uid's), what each of its containers gets from its claims:
+	// their CDI device IDs and devices. The devicemanager reads it for a
+	// container start and for the pod resources API's dynamic resources.
+	// Reader role.
+	ListPodClaims(context.Context, *ListPodClaimsRequest) (*ListPodClaimsResponse, error)
+	// ReleasePodClaims releases a pod's claims: a claim no other pod uses is
+	// unprepared (retried until its driver answers, across restarts). The
+	// devicemanager calls it from DeviceManagerService.Release of a whole
+	// pod. Releasing a pod with no claims is a success with nothing
+	// released. Operator role.
+	ReleasePodClaims(context.Context, *ReleasePodClaimsRequest) (*ReleasePodClaimsResponse, error)
 	mustEmbedUnimplementedDRAServiceServer()
 }
 
@@ -259,6 +317,12 @@ func (UnimplementedDRAServiceServer) PrepareResources(context.Context, *PrepareR
 }
 func (UnimplementedDRAServiceServer) ListClaims(context.Context, *ListClaimsRequest) (*ListClaimsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListClaims not implemented")
+}
+func (UnimplementedDRAServiceServer) ListPodClaims(context.Context, *ListPodClaimsRequest) (*ListPodClaimsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPodClaims not implemented")
+}
+func (UnimplementedDRAServiceServer) ReleasePodClaims(context.Context, *ReleasePodClaimsRequest) (*ReleasePodClaimsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleasePodClaims not implemented")
 }
 func (UnimplementedDRAServiceServer) mustEmbedUnimplementedDRAServiceServer() {}
 func (UnimplementedDRAServiceServer) testEmbeddedByValue()                    {}
@@ -400,6 +464,42 @@ func _DRAService_ListClaims_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DRAService_ListPodClaims_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPodClaimsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DRAServiceServer).ListPodClaims(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DRAService_ListPodClaims_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DRAServiceServer).ListPodClaims(ctx, req.(*ListPodClaimsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DRAService_ReleasePodClaims_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleasePodClaimsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DRAServiceServer).ReleasePodClaims(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DRAService_ReleasePodClaims_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DRAServiceServer).ReleasePodClaims(ctx, req.(*ReleasePodClaimsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DRAService_ServiceDesc is the grpc.ServiceDesc for DRAService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -430,6 +530,14 @@ var DRAService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListClaims",
 			Handler:    _DRAService_ListClaims_Handler,
+		},
+		{
+			MethodName: "ListPodClaims",
+			Handler:    _DRAService_ListPodClaims_Handler,
+		},
+		{
+			MethodName: "ReleasePodClaims",
+			Handler:    _DRAService_ReleasePodClaims_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/pkg/stream"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 // core is the devicemanager's state and its one owner: the resources (their

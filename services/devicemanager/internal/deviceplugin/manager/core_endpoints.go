@@ -11,7 +11,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/endpoint"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 // admit checks a registration of r at the socket id against the live

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/sampleplugin"
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 // TestListDevices: each device with the health and the NUMA nodes its

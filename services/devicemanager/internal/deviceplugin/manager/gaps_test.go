@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 // journalOfTen saves, in dir, ten changes as separate records (a

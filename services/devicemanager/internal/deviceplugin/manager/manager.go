@@ -52,8 +52,8 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/endpoint"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/keylock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/keylock"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 // DefaultGracePeriod is how long a resource with no live endpoint keeps its

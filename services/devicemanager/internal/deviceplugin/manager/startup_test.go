@@ -16,7 +16,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

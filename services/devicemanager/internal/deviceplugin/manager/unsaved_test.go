@@ -15,7 +15,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil/plugintest"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/allocator"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 // flakyStore is a real store whose next Waits fail, as a write or an

@@ -9,7 +9,8 @@
 // The CDI names are, in this order: nodeplug's own device for the device
 // plugins' envs, mounts and device nodes (nodeplug.io/container=NAME), the
 // device plugins' cdi_devices, and the CDI device IDs of the DRA claims
-// the container references (package claims). A name that does not resolve
+// the container references (nodeplug-dramanager's, through package
+// draclient). A name that does not resolve
 // fails the start before any plugin is told of it: plugins and drivers
 // that name CDI devices they never wrote would otherwise fail only inside
 // the runtime, or not at all.
@@ -22,8 +23,8 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claims"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/cdispec"
+	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/draclient"
 )
 
 // Devices is the device-plugin part of a start (manager.Manager).
@@ -31,9 +32,10 @@ type Devices interface {
 	StartContainer(ctx context.Context, pod, container string, check func(manager.ContainerStart) error) (manager.ContainerStart, error)
 }
 
-// Claims gives the DRA claims prepared for a container (claims.Manager).
+// Claims gives the CDI device IDs of the DRA claims prepared for a
+// container, and whether it references any (draclient.Client).
 type Claims interface {
-	Container(podUID, container string) (claims.ContainerResult, bool)
+	Container(ctx context.Context, podUID, container string) ([]string, bool, error)
 }
 
 // Resolver resolves CDI names in the spec directories (cdispec.Specs).
@@ -44,7 +46,7 @@ type Resolver interface {
 
 var (
 	_ Devices  = (*manager.Manager)(nil)
-	_ Claims   = (*claims.Manager)(nil)
+	_ Claims   = (*draclient.Client)(nil)
 	_ Resolver = (*cdispec.Specs)(nil)
 )
 
@@ -80,12 +82,16 @@ type Result struct {
 // errdefs.ErrNotFound; a name that does not resolve
 // errdefs.ErrFailedPrecondition naming it and the directories; a plugin's
 // PreStartContainer failure is the plugin's error, and the allocation
-// stays.
+// stays. When the claims cannot be read (the dramanager does not answer),
+// the start fails with that error before any plugin is told.
 func (s *Starter) Start(ctx context.Context, pod, container string) (Result, error) {
-	var claimed claims.ContainerResult
+	var claimed []string
 	var hasClaims bool
 	if s.claims != nil {
-		claimed, hasClaims = s.claims.Container(pod, container)
+		var err error
+		if claimed, hasClaims, err = s.claims.Container(ctx, pod, container); err != nil {
+			return Result{}, err
+		}
 	}
 	var names []string
 	check := func(d manager.ContainerStart) error {
@@ -95,7 +101,7 @@ func (s *Starter) Start(ctx context.Context, pod, container string) (Result, err
 		if d.SpecDevice != "" {
 			names = append(names, d.SpecDevice)
 		}
-		for _, n := range slices.Concat(d.CDIDevices, claimed.CDIDeviceIDs) {
+		for _, n := range slices.Concat(d.CDIDevices, claimed) {
 			if !slices.Contains(names, n) {
 				names = append(names, n)
 			}

@@ -43,10 +43,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/allocator"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/dra/claims"
 )
 
 // Source is what the pod resources API reads: the allocations and the
@@ -74,9 +74,9 @@ type Server struct {
 }
 
 // ClaimSource is what the pod resources API reads of the prepared DRA
-// claims; *claims.Manager is one.
+// claims, nodeplug-dramanager's (draclient.Client).
 type ClaimSource interface {
-	Pods() []claims.PodClaims
+	Pods(ctx context.Context) ([]*dmv1.PodClaims, error)
 }
 
 // WithClaims fills the containers' dynamic resources from c. It is called
@@ -87,12 +87,17 @@ func (s *Server) WithClaims(c ClaimSource) *Server {
 }
 
 // pods reads the allocations and the claims into pods.
-func (s *Server) pods() []*pod {
-	var pcs []claims.PodClaims
+// A failure to read the claims fails the call: a list without them would
+// say that pods hold no dynamic resources.
+func (s *Server) pods(ctx context.Context) ([]*pod, error) {
+	var pcs []*dmv1.PodClaims
 	if s.claims != nil {
-		pcs = s.claims.Pods()
+		var err error
+		if pcs, err = s.claims.Pods(ctx); err != nil {
+			return nil, err
+		}
 	}
-	return group(s.src.ListAllocations(""), pcs)
+	return group(s.src.ListAllocations(""), pcs), nil
 }
 
 var _ podresourcesv1.PodResourcesListerServer = (*Server)(nil)
@@ -105,9 +110,12 @@ func New(src Source, reg prometheus.Registerer) *Server {
 
 // List returns every pod that holds devices, with its containers and their
 // devices.
-func (s *Server) List(context.Context, *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
+func (s *Server) List(ctx context.Context, _ *podresourcesv1.ListPodResourcesRequest) (*podresourcesv1.ListPodResourcesResponse, error) {
 	s.metrics.requests(s.metrics.list)
-	pods := s.pods()
+	pods, err := s.pods(ctx)
+	if err != nil {
+		return nil, err
+	}
 	topo := topologies(s.src.ListDevices())
 	resp := &podresourcesv1.ListPodResourcesResponse{PodResources: make([]*podresourcesv1.PodResources, 0, len(pods))}
 	for _, p := range pods {
@@ -134,10 +142,14 @@ func (s *Server) GetAllocatableResources(context.Context, *podresourcesv1.Alloca
 // Get returns the pod named by namespace and name. When two pod UIDs carry
 // the same name (a pod deleted and created again before the old one was
 // released), the one allocated last is answered.
-func (s *Server) Get(_ context.Context, req *podresourcesv1.GetPodResourcesRequest) (*podresourcesv1.GetPodResourcesResponse, error) {
+func (s *Server) Get(ctx context.Context, req *podresourcesv1.GetPodResourcesRequest) (*podresourcesv1.GetPodResourcesResponse, error) {
 	s.metrics.requests(s.metrics.get)
+	pods, err := s.pods(ctx)
+	if err != nil {
+		return nil, err
+	}
 	var found *pod
-	for _, p := range s.pods() {
+	for _, p := range pods {
 		if p.namespace == req.GetPodNamespace() && p.name == req.GetPodName() && (found == nil || p.latest.After(found.latest)) {
 			found = p
 		}
@@ -170,12 +182,12 @@ type pod struct {
 type container struct {
 	name    string
 	allocs  []allocator.Allocation // sorted by resource
-	dynamic []claims.ClaimDevice   // by claim
+	dynamic []*dmv1.PreparedDevice // by claim
 }
 
 // group groups allocations and claims by pod UID and container. Pods are
 // sorted by namespace, name and UID.
-func group(allocs []allocator.Allocation, pcs []claims.PodClaims) []*pod {
+func group(allocs []allocator.Allocation, pcs []*dmv1.PodClaims) []*pod {
 	byUID := map[string]*pod{}
 	var pods []*pod
 	for _, a := range allocs {
@@ -202,18 +214,18 @@ func group(allocs []allocator.Allocation, pcs []claims.PodClaims) []*pod {
 		p.containers[i].allocs = append(p.containers[i].allocs, a)
 	}
 	for _, pc := range pcs {
-		p := byUID[pc.Pod.UID]
+		p := byUID[pc.GetPodUid()]
 		if p == nil {
-			p = &pod{uid: pc.Pod.UID, namespace: pc.Pod.Namespace, name: pc.Pod.Name}
-			byUID[pc.Pod.UID] = p
+			p = &pod{uid: pc.GetPodUid(), namespace: pc.GetPodNamespace(), name: pc.GetPodName()}
+			byUID[pc.GetPodUid()] = p
 			pods = append(pods, p)
 		}
-		for _, cr := range pc.Containers {
-			i, found := slices.BinarySearchFunc(p.containers, cr.Container, func(c *container, name string) int { return cmp.Compare(c.name, name) })
+		for _, cr := range pc.GetContainers() {
+			i, found := slices.BinarySearchFunc(p.containers, cr.GetName(), func(c *container, name string) int { return cmp.Compare(c.name, name) })
 			if !found {
-				p.containers = slices.Insert(p.containers, i, &container{name: cr.Container})
+				p.containers = slices.Insert(p.containers, i, &container{name: cr.GetName()})
 			}
-			p.containers[i].dynamic = append(p.containers[i].dynamic, cr.Devices...)
+			p.containers[i].dynamic = append(p.containers[i].dynamic, cr.GetDevices()...)
 		}
 	}
 	slices.SortFunc(pods, func(a, b *pod) int {
@@ -283,19 +295,19 @@ func appendDevice(out []*podresourcesv1.ContainerDevices, resource, id string, n
 // dynamicToAPI converts a container's claim devices, grouped by claim
 // (they arrive sorted by claim), as the kubelet's GetDynamicResources
 // does.
-func dynamicToAPI(devs []claims.ClaimDevice) []*podresourcesv1.DynamicResource {
+func dynamicToAPI(devs []*dmv1.PreparedDevice) []*podresourcesv1.DynamicResource {
 	var out []*podresourcesv1.DynamicResource
 	for _, d := range devs {
-		if n := len(out); n == 0 || out[n-1].ClaimName != d.Claim.Name || out[n-1].ClaimNamespace != d.Claim.Namespace {
-			out = append(out, &podresourcesv1.DynamicResource{ClaimName: d.Claim.Name, ClaimNamespace: d.Claim.Namespace})
+		if n := len(out); n == 0 || out[n-1].ClaimName != d.GetClaimName() || out[n-1].ClaimNamespace != d.GetClaimNamespace() {
+			out = append(out, &podresourcesv1.DynamicResource{ClaimName: d.GetClaimName(), ClaimNamespace: d.GetClaimNamespace()})
 		}
-		cdi := make([]*podresourcesv1.CDIDevice, 0, len(d.CDIDeviceIDs))
-		for _, id := range d.CDIDeviceIDs {
+		cdi := make([]*podresourcesv1.CDIDevice, 0, len(d.GetCdiDeviceIds()))
+		for _, id := range d.GetCdiDeviceIds() {
 			cdi = append(cdi, &podresourcesv1.CDIDevice{Name: id})
 		}
 		last := out[len(out)-1]
 		last.ClaimResources = append(last.ClaimResources, &podresourcesv1.ClaimResource{
-			CdiDevices: cdi, DriverName: d.Driver, PoolName: d.Pool, DeviceName: d.Device.Device})
+			CdiDevices: cdi, DriverName: d.GetDriver(), PoolName: d.GetPool(), DeviceName: d.GetDevice()})
 	}
 	return out
 }

@@ -26,7 +26,7 @@ import (
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/allocator"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
 	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/store"
+	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -1,0 +1,201 @@
+// Command nodeplug-dramanager is nodeplug's DRA half: the connections to
+// DRA drivers, the ResourceSlices they publish for this node, and the
+// ResourceClaims of this node's pods, allocated with the scheduler's
+// structured allocator, prepared and unprepared by the drivers and kept
+// in a crash-safe journal of their own (the kubelet's pkg/kubelet/cm/dra).
+// It is the only nodeplug service that reads the Kubernetes API, so the
+// device-plugin half (nodeplug-devicemanager) links none of client-go.
+//
+// This file is the only place where its parts are put together: flags →
+// configuration → the journal, the Kubernetes API and the claims manager →
+// DRAService.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+	resourcev1 "k8s.io/api/resource/v1"
+
+	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/layout"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/claimalloc"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/claimview"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/draserver"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/drivers"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubeaccess"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubecache"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/slicewatch"
+	"github.com/nodeplug/nodeplug/services/internal/store"
+)
+
+func main() { os.Exit(app.Main(appService(), os.Args[1:])) }
+
+// appService is the dramanager as app.Main runs it: its name, defaults,
+// flags and setup. Nothing runs until app.Main parses the flags.
+func appService() app.Service {
+	var opts store.Options
+	var kube kubeaccess.Options
+	var draDelay time.Duration
+	return app.Service{
+		Binary: "dramanager", DefaultMetrics: app.DefaultDRAManagerMetricsAddr,
+		Flags: func(fs *app.Flags) {
+			fs.Int64Var(&opts.CompactAt, "checkpoint-compact-bytes", store.DefaultCompactAt,
+				"journal size past which the claims' checkpoint snapshot (<root-dir>/"+layout.DRAManagerDirName+") is rewritten in the background (or past the snapshot's size, if larger)")
+			fs.StringVar(&kube.Kubeconfig, "kubeconfig", "",
+				"kubeconfig of a cluster's API server holding ResourceSlices, ResourceClaims and DeviceClasses; empty: the node-local resource API of nodeplug-apiserver, through the kubeconfig it writes under the root dir")
+			fs.StringVar(&kube.NodeName, "node-name", "", "the Node this dramanager serves (default: the host name)")
+			fs.DurationVar(&draDelay, "dra-disconnect-delay", drivers.DefaultDisconnectDelay,
+				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
+		},
+		Setup: func(ctx context.Context, rt *app.Runtime) error {
+			return setup(rt, opts, kube, draDelay)
+		},
+	}
+}
+
+// setup opens the claims' journal (importing, once, the claims an older
+// devicemanager recorded in its own), the Kubernetes API and the DRA
+// parts, and serves DRAService. The claims manager runs until the service
+// stops; what it owes (unprepares, rollbacks of intents) stays recorded
+// and resumes at the next start.
+func setup(rt *app.Runtime, opts store.Options, kube kubeaccess.Options, draDelay time.Duration) error {
+	opts.Log = rt.Log
+	journal, err := openJournal(rt, opts)
+	if err != nil {
+		return err
+	}
+	kubeAPI, err := openKubeAPI(rt, kube)
+	if err != nil {
+		return err
+	}
+	return setupDRA(rt, uuid.NewString(), kubeAPI, draDelay, journal)
+}
+
+// openJournal opens and loads the claims' journal in
+// <root>/dra-manager. A journal damaged past trust is moved aside (and
+// logged), as the devicemanager's is: the claims it held are then unknown
+// here and their drivers keep them prepared. When the directory holds no
+// state yet and the devicemanager's checkpoint holds claims (a
+// devicemanager from before the DRA half had its own process recorded
+// them), they are imported first.
+func openJournal(rt *app.Runtime, opts store.Options) (*claims.Journal, error) {
+	dir := layout.DRAManagerDir(rt.Config.RootDir)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("creating the claims' checkpoint directory: %w", err)
+	}
+	journal := claims.NewJournal(store.New(dir, opts))
+	d, err := journal.Load()
+	if err != nil {
+		if !errors.Is(err, store.ErrCorrupt) {
+			return nil, err
+		}
+		rt.Log.Error("the claims' checkpoint was damaged and moved aside; claims it held are no longer known here", "dir", dir, "error", err)
+	}
+	if d == nil && err == nil {
+		if err := importClaims(rt, journal); err != nil {
+			return nil, err
+		}
+	}
+	return journal, nil
+}
+
+// importClaims copies the claim records of the devicemanager's checkpoint
+// (read, never changed) into journal, which holds nothing yet.
+func importClaims(rt *app.Runtime, journal *claims.Journal) error {
+	dmDir := rt.Config.DevicePluginsDir()
+	old, err := store.ReadState(dmDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("reading the DRA claims an older devicemanager recorded in %s: %w", dmDir, err)
+	}
+	if old == nil || len(old.Claims) == 0 {
+		return nil
+	}
+	if err := journal.Import(old.Claims); err != nil {
+		return fmt.Errorf("importing the DRA claims an older devicemanager recorded in %s: %w", dmDir, err)
+	}
+	rt.Log.Info("imported the DRA claims an older devicemanager recorded", "from", dmDir, "claims", len(old.Claims))
+	return nil
+}
+
+// openKubeAPI opens the Kubernetes API the DRA parts use: the cluster's
+// (--kubeconfig) or nodeplug-apiserver's node-local one.
+func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, error) {
+	kube.RootDir = rt.Config.RootDir
+	a, err := kubeaccess.Open(kube)
+	if err != nil {
+		return nil, err
+	}
+	if a.Local {
+		rt.Log.Info("using the node-local resource API of nodeplug-apiserver", "kubeconfig", a.Kubeconfig, "node", a.NodeName)
+	} else {
+		rt.Log.Info("using the Kubernetes API of the kubeconfig", "server", a.Config.Host, "kubeconfig", a.Kubeconfig, "node", a.NodeName)
+	}
+	return a, nil
+}
+
+// setupDRA serves DRAService: the DRA driver connections (their slices
+// deleted through kubeAPI when a driver stays away), the informers of the
+// objects the DRA half reads (kubecache: each kind once, shared by the
+// claim allocator and the slices view), this node's ResourceSlices as
+// streamed (slicewatch), and the claims manager (allocation on this node
+// by claimalloc, the drivers' calls by the registry, its records in
+// journal); ListClaims joins its records with the API's claims (claimview).
+func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal) error {
+	kc, err := kubecache.New(kubeAPI.Client, kubeAPI.NodeName)
+	if err != nil {
+		return err
+	}
+	slices := slicewatch.New(kc.NodeSlices, kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
+	reg, err := drivers.New(drivers.Config{
+		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, AllowedDirs: rt.Config.AllowedDirs,
+		DisconnectDelay: delay, Log: rt.Log, Registerer: rt.Metrics, Slices: slices.Count,
+	})
+	if err != nil {
+		return err
+	}
+	reg.Start()
+	rt.Go(func(ctx context.Context) error { <-ctx.Done(); reg.Close(); return nil })
+	alloc, err := claimalloc.New(kubeAPI.Client, kubeAPI.NodeName, rt.Log)
+	if err != nil {
+		return err
+	}
+	// The allocator's decisions read the node, its slices, the
+	// DeviceClasses and the devices in use from kc's memory.
+	alloc.Follow(kc)
+	rt.Go(alloc.Run)
+	rt.Go(slices.Run)
+	rt.Go(kc.Run)
+	node := kubeAPI.NodeName
+	cm, err := claims.New(claims.Config{
+		Reserver: alloc, Drivers: reg, Journal: journal, Log: rt.Log, Registerer: rt.Metrics,
+		AllocatedHere: func(c *resourcev1.ResourceClaim) bool { return c.Annotations[claimalloc.AllocatedByAnnotation] == node },
+	})
+	if err != nil {
+		return err
+	}
+	// The owed unprepares stop with the service; they stay recorded and
+	// resume at the next start. The journal is flushed and closed after
+	// them.
+	rt.Go(func(ctx context.Context) error {
+		<-ctx.Done()
+		cm.Close()
+		if err := journal.Flush(); err != nil {
+			rt.Log.Error("flushing the claims' checkpoint", "error", err)
+		}
+		return nil
+	})
+	view := claimview.New(kubeAPI.Client, node, cm, reg)
+	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(view), draserver.WithPods(cm)))
+	rt.Log.Info("dramanager ready", "instance_id", instanceID, "checkpoint", journal.Location(), "node", node)
+	return nil
+}
