@@ -22,8 +22,16 @@ COPY bin/nodeplug-devicemanager /nodeplug-devicemanager
 ENV NODEPLUG_DEVICEMANAGER_METRICS_LISTEN=0.0.0.0:9453
 ENTRYPOINT ["/nodeplug-devicemanager"]
 
+# The DRA half: DRA drivers, their slices and the pods' claims. In compose
+# it shares the apiserver's network namespace, to reach the node-local
+# resource API on loopback.
+FROM scratch AS dramanager
+COPY bin/nodeplug-dramanager /nodeplug-dramanager
+ENV NODEPLUG_DRAMANAGER_METRICS_LISTEN=0.0.0.0:9455
+ENTRYPOINT ["/nodeplug-dramanager"]
+
 # The node-local resource API. It serves on loopback only; in compose the
-# devicemanager (and DRA drivers) share its network namespace.
+# dramanager (and DRA drivers) share its network namespace.
 FROM scratch AS apiserver
 COPY bin/nodeplug-apiserver /nodeplug-apiserver
 ENV NODEPLUG_APISERVER_METRICS_LISTEN=0.0.0.0:9454

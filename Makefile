@@ -28,6 +28,7 @@ BINARIES := nodeplug-watcher:./services/watcher \
             nodeplug-reconciler:./services/reconciler \
             nodeplug-devicemanager:./services/devicemanager \
             nodeplug-apiserver:./services/apiserver \
+            nodeplug-dramanager:./services/dramanager \
             nodeplugctl:./cmd/nodeplugctl \
             nodeplug-sampleplugin:./cmd/nodeplug-sampleplugin \
             nodeplug-bench:./cmd/nodeplug-bench \
@@ -35,7 +36,7 @@ BINARIES := nodeplug-watcher:./services/watcher \
             nodeplug-console:./cmd/nodeplug-console
 # What make run starts, and nodeplugctl beside it: a first make run compiles
 # no more than these.
-RUN_BINARIES := $(filter nodeplug-apiserver:% nodeplug-watcher:% nodeplug-reconciler:% nodeplug-devicemanager:% nodeplugctl:% nodeplug-sampleplugin:% nodeplug-console:%,$(BINARIES))
+RUN_BINARIES := $(filter nodeplug-apiserver:% nodeplug-watcher:% nodeplug-reconciler:% nodeplug-devicemanager:% nodeplug-dramanager:% nodeplugctl:% nodeplug-sampleplugin:% nodeplug-console:%,$(BINARIES))
 LDFLAGS  := -s -w -X github.com/nodeplug/nodeplug/pkg/version.Version=$(VERSION)
 TEST_TIMEOUT ?= 45m
 TEST_P ?= 4
@@ -101,7 +102,7 @@ check-generate: generate ## Fail when the committed generated code is stale.
 .PHONY: docs
 docs: ## Regenerate docs/reference/ (the configuration and nodeplugctl references) from the flag and command tables; make test fails when they are stale.
 	NODEPLUG_UPDATE_DOCS=1 go test -count=1 -run '^TestReference$$' ./pkg/app/ ./cmd/nodeplugctl/ \
-	  ./services/watcher/ ./services/reconciler/ ./services/devicemanager/ ./services/apiserver/
+	  ./services/watcher/ ./services/reconciler/ ./services/devicemanager/ ./services/dramanager/ ./services/apiserver/
 
 .PHONY: lint
 lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml: import rules, funlen), file lengths (internal/filelen), buf lint, buf format, buf breaking against the previous commit.
@@ -156,7 +157,7 @@ compose: ## Make sure a current 'docker compose' is available (builds the pinned
 .PHONY: images
 images: build $(JAEGER) ## Build the container images (FROM scratch) from bin/.
 	@mkdir -p bin/images && cp -f $(JAEGER) bin/images/jaeger
-	@for t in apiserver watcher reconciler devicemanager sampleplugin nodeplugctl console jaeger; do \
+	@for t in apiserver watcher reconciler devicemanager dramanager sampleplugin nodeplugctl console jaeger; do \
 	  docker build -q --target $$t -t nodeplug/$$t:dev . 2>&1 >/dev/null | { grep -v -e DEPRECATED -e 'legacy builder' -e buildx -e '^ *$$' || true; }; \
 	  echo "built image nodeplug/$$t:dev"; done
 

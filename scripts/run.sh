@@ -185,14 +185,17 @@ rm -f "$ROOT/nodeplug/console.json"
 (umask 077 && : >"$LOGS/nodeplug-console.log")
 start nodeplug-console
 wait_console
-# The node-local resource API before the devicemanager, so that its DRA
-# half finds it at once (it would follow it whenever it came).
+# The node-local resource API before the dramanager, so that the DRA half
+# finds it at once (it would follow it whenever it came); both managers
+# before the reconciler, which registers plugins with them.
 start nodeplug-apiserver
 wait_healthy nodeplug-apiserver
 start nodeplug-watcher
 wait_healthy nodeplug-watcher
 start nodeplug-devicemanager
 wait_healthy nodeplug-devicemanager
+start nodeplug-dramanager
+wait_healthy nodeplug-dramanager
 start nodeplug-reconciler
 wait_healthy nodeplug-reconciler
 start nodeplug-sampleplugin --mode plugins-registry --resource example.com/sample --devices 4
@@ -217,11 +220,11 @@ cat <<INFO
 
 nodeplug is running (logs in $LOGS, root dir $ROOT).
 
-  APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager,apiserver}.sock
+  APIs      $ROOT/nodeplug/{watcher,reconciler,devicemanager,dramanager,apiserver}.sock
   resource API  $(resource_api_url) (nodeplug-apiserver: resource.k8s.io for DRA drivers; drivers' kubeconfig $ROOT/nodeplug/kubeconfig)
   podres    $ROOT/pod-resources/kubelet.sock (the kubelet's pod resources API, for monitoring agents)
   CDI specs $CDI_DIR (one per allocated container, for container runtimes)
-  metrics   $(metrics_url nodeplug-watcher)  $(metrics_url nodeplug-reconciler)  $(metrics_url nodeplug-devicemanager)  $(metrics_url nodeplug-apiserver)
+  metrics   $(metrics_url nodeplug-watcher)  $(metrics_url nodeplug-reconciler)  $(metrics_url nodeplug-devicemanager)  $(metrics_url nodeplug-dramanager)  $(metrics_url nodeplug-apiserver)
   console   $console_url
   traces    exported to ${OTEL_EXPORTER_OTLP_ENDPOINT:-nowhere (the console runs without its receiver)}: open one from the console, or bin/nodeplugctl trace TRACE_ID
 

@@ -43,7 +43,7 @@ func binaries(t *testing.T) string {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
-		built.err = stack.Build(ctx, built.dir, "nodeplug-apiserver", "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-bench")
+		built.err = stack.Build(ctx, built.dir, "nodeplug-apiserver", "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-dramanager", "nodeplug-bench")
 	})
 	if built.err != nil {
 		t.Fatal(built.err)

@@ -26,7 +26,7 @@ func runChaos(t *testing.T, cfg Config) *Results {
 	dir := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-apiserver"); err != nil {
+	if err := stack.Build(ctx, dir, "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-dramanager", "nodeplug-apiserver"); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Bin = dir

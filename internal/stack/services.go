@@ -31,8 +31,9 @@ func NewProcesses(bin, root string, env ...string) *Processes {
 	return &Processes{Bin: bin, Root: root, Env: env, procs: map[string]*Process{}, addrs: map[string]string{}, tcpAddrs: map[string]string{}}
 }
 
-// StartAll starts the apiserver, the watcher, the devicemanager and the reconciler, each
-// once the previous one listens.
+// StartAll starts the services (Services: the apiserver, the watcher, the
+// devicemanager, the dramanager and the reconciler), each once the
+// previous one listens.
 func (s *Processes) StartAll(ctx context.Context) error {
 	for _, name := range Services {
 		if err := s.Start(ctx, name); err != nil {

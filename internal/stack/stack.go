@@ -26,8 +26,9 @@ import (
 )
 
 // Services are the service binaries, in start order: the node-local
-// resource API first, so that the devicemanager's DRA half finds it.
-var Services = []string{"apiserver", "watcher", "devicemanager", "reconciler"}
+// resource API first, so that the DRA half (the dramanager) finds it; the
+// reconciler last, once the peers it registers plugins with listen.
+var Services = []string{"apiserver", "watcher", "devicemanager", "dramanager", "reconciler"}
 
 // Packages maps binary names to their Go packages.
 var Packages = map[string]string{
@@ -35,6 +36,7 @@ var Packages = map[string]string{
 	"nodeplug-reconciler":    "./services/reconciler",
 	"nodeplug-devicemanager": "./services/devicemanager",
 	"nodeplug-apiserver":     "./services/apiserver",
+	"nodeplug-dramanager":    "./services/dramanager",
 	"nodeplug-sampleplugin":  "./cmd/nodeplug-sampleplugin",
 	"nodeplugctl":            "./cmd/nodeplugctl",
 	"nodeplug-bench":         "./cmd/nodeplug-bench",

@@ -37,7 +37,7 @@ func startDeviceManager(t *testing.T, root string) *realDeviceManager {
 	bin := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-devicemanager"); err != nil {
+	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-devicemanager", "nodeplug-dramanager"); err != nil {
 		t.Fatal(err)
 	}
 	d := &realDeviceManager{t: t, bin: bin, root: root}

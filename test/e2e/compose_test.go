@@ -28,6 +28,7 @@ var composePorts = map[string]string{
 	"NODEPLUG_RECONCILER_METRICS_PORT":    "",
 	"NODEPLUG_DEVICEMANAGER_METRICS_PORT": "",
 	"NODEPLUG_APISERVER_METRICS_PORT":     "",
+	"NODEPLUG_DRAMANAGER_METRICS_PORT":    "",
 	"NODEPLUG_JAEGER_PORT":                "",
 	"NODEPLUG_CONSOLE_PORT":               "",
 }
@@ -59,7 +60,7 @@ const composeProject = "nodeplug-e2e"
 // through nodeplugctl, finds the registration trace in Jaeger's query API
 // with spans from the three services it crosses, checks that
 // nodeplug-apiserver's metrics answer on their published port (the
-// devicemanager's too, published by the apiserver service whose network
+// dramanager's too, published by the apiserver service whose network
 // namespace it shares), and takes it down with `make down`.
 // It runs when a Docker engine answers and is skipped, saying so, otherwise.
 func TestCompose(t *testing.T) {
@@ -186,7 +187,7 @@ func TestCompose(t *testing.T) {
 	} else {
 		t.Logf("nodeplugctl trace %s:\n%s", traceID, out)
 	}
-	for _, port := range []string{"NODEPLUG_APISERVER_METRICS_PORT", "NODEPLUG_DEVICEMANAGER_METRICS_PORT"} {
+	for _, port := range []string{"NODEPLUG_APISERVER_METRICS_PORT", "NODEPLUG_DEVICEMANAGER_METRICS_PORT", "NODEPLUG_DRAMANAGER_METRICS_PORT"} {
 		checkMetrics(t, "http://127.0.0.1:"+composePorts[port]+"/metrics")
 	}
 }
@@ -201,8 +202,9 @@ func asList(v any) []any {
 // --listen setting is left, the healthchecks check the API sockets, every
 // nodeplug container mounts the shared kubelet volume, where the services
 // reach each other's sockets, and runs its own image, a target of the
-// Dockerfile; the devicemanager shares nodeplug-apiserver's network
-// namespace, where the resource API's loopback address is.
+// Dockerfile; the dramanager shares nodeplug-apiserver's network
+// namespace, where the resource API's loopback address is, and the
+// devicemanager, which reads no Kubernetes API, does not.
 func TestComposeFileAccessRules(t *testing.T) {
 	root, err := stack.ModuleRoot()
 	if err != nil {
@@ -236,8 +238,11 @@ func TestComposeFileAccessRules(t *testing.T) {
 			t.Errorf("the Dockerfile has no target %s for the image of service %s", svc, svc)
 		}
 	}
-	if got := c.network["devicemanager"]; got != "service:apiserver" {
-		t.Errorf("the devicemanager's network_mode is %q, want \"service:apiserver\" (the resource API listens on the apiserver's loopback)", got)
+	if got := c.network["dramanager"]; got != "service:apiserver" {
+		t.Errorf("the dramanager's network_mode is %q, want \"service:apiserver\" (the resource API listens on the apiserver's loopback)", got)
+	}
+	if got := c.network["devicemanager"]; got != "" {
+		t.Errorf("the devicemanager's network_mode is %q, want its own network (it reads no Kubernetes API)", got)
 	}
 	// Every long-running service says when it is ready, so that make up
 	// --wait returns a stack that answers; nodeplugctl is a one-shot tool.

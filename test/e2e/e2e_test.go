@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer cancel()
 		if err := stack.Build(ctx, dir, "nodeplug-apiserver", "nodeplug-watcher", "nodeplug-reconciler",
-			"nodeplug-devicemanager", "nodeplug-sampleplugin", "nodeplugctl", "nodeplug-console"); err != nil {
+			"nodeplug-devicemanager", "nodeplug-dramanager", "nodeplug-sampleplugin", "nodeplugctl", "nodeplug-console"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}

@@ -76,7 +76,7 @@ func freePorts() []string {
 	var env []string
 	for _, v := range []string{"NODEPLUG_APISERVER_METRICS_LISTEN", "NODEPLUG_APISERVER_RESOURCE_API_LISTEN",
 		"NODEPLUG_WATCHER_METRICS_LISTEN", "NODEPLUG_RECONCILER_METRICS_LISTEN",
-		"NODEPLUG_DEVICEMANAGER_METRICS_LISTEN", "NODEPLUG_CONSOLE_LISTEN", "NODEPLUG_CONSOLE_OTLP_LISTEN"} {
+		"NODEPLUG_DEVICEMANAGER_METRICS_LISTEN", "NODEPLUG_DRAMANAGER_METRICS_LISTEN", "NODEPLUG_CONSOLE_LISTEN", "NODEPLUG_CONSOLE_OTLP_LISTEN"} {
 		env = append(env, v+"=127.0.0.1:0")
 	}
 	return env
@@ -98,7 +98,7 @@ func checkMetricsLine(t *testing.T, out string) {
 		return
 	}
 	for _, u := range urls {
-		for _, def := range []string{":9451/", ":9452/", ":9453/", ":9454/"} {
+		for _, def := range []string{":9451/", ":9452/", ":9453/", ":9454/", ":9455/"} {
 			if strings.Contains(u, def) {
 				t.Errorf("metrics URL %s is on a default port: the stack was asked for free ports", u)
 			}

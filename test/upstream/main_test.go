@@ -37,7 +37,7 @@ func run(m *testing.M) int {
 	defer func() { _ = os.RemoveAll(dir) }()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, dir, "nodeplug-apiserver", "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplugctl"); err != nil {
+	if err := stack.Build(ctx, dir, "nodeplug-apiserver", "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-dramanager", "nodeplugctl"); err != nil {
 		fmt.Fprintln(os.Stderr, "build the services:", err)
 		return 1
 	}

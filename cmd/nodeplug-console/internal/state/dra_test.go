@@ -65,7 +65,7 @@ func TestFollowsResourceSlices(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	bin := testutil.TempDir(t)
-	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-devicemanager"); err != nil {
+	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-devicemanager", "nodeplug-dramanager"); err != nil {
 		t.Fatal(err)
 	}
 	root := testutil.TempDir(t)

@@ -165,8 +165,9 @@ type Sources struct {
 }
 
 // Services whose traces Recent lists from Jaeger: the watcher roots every
-// registration, the devicemanager every Allocate.
-var Services = []string{"nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager"}
+// registration, the devicemanager every Allocate, the dramanager every
+// PrepareResources.
+var Services = []string{"nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-dramanager"}
 
 // Get returns the trace with id from the first source that holds it.
 func (s Sources) Get(ctx context.Context, id string) (*Trace, error) {

@@ -187,7 +187,7 @@ func RESTConfig(url string, pki *PKI, id Identity) (*rest.Config, error) {
 		TLSClientConfig: rest.TLSClientConfig{
 			CAData: pki.CAPEM, CertData: certPEM, KeyData: keyPEM,
 		},
-		UserAgent: "nodeplug-devicemanager",
+		UserAgent: "nodeplug-dramanager",
 		QPS:       -1,
 	}, nil
 }

@@ -43,7 +43,7 @@ var (
 	Driver   = Identity{Name: "driver", User: "nodeplug-driver", Role: resourceapi.RoleDriver}
 	Operator = Identity{Name: "operator", User: "nodeplug-operator", Role: resourceapi.RoleOperator}
 	Reader   = Identity{Name: "reader", User: "nodeplug-reader", Role: resourceapi.RoleReader}
-	Internal = Identity{Name: "internal", User: "nodeplug-devicemanager", Role: resourceapi.RoleInternal}
+	Internal = Identity{Name: "internal", User: "nodeplug-dramanager", Role: resourceapi.RoleInternal}
 
 	Identities = []Identity{Driver, Operator, Reader, Internal}
 )

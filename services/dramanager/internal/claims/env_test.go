@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -24,7 +23,6 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/telemetry"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/dratest"
@@ -127,8 +125,8 @@ func (p *plugin) set(f func(p *plugin)) {
 
 // env is a node: the node-local API, a DRA driver built on the upstream
 // helper on its Unix socket with a pool of devices, registered with the
-// devicemanager's DRA registry (the Drivers), claimalloc's Reserver, and
-// the state core over a journal in a temporary dir.
+// dramanager's DRA registry (the Drivers), claimalloc's Reserver, and
+// a journal in a temporary dir.
 type env struct {
 	t      *testing.T
 	api    *dratest.API
@@ -137,7 +135,6 @@ type env struct {
 	reg    *drivers.Registry
 	res    *claimalloc.Allocator
 	dir    string
-	core   *manager.Manager
 	mgr    *claims.Manager
 	// journal is the current start's; retry, when set, is the first
 	// retry's delay (else 10 ms).
@@ -150,7 +147,7 @@ const driverName = "gpu.example.com"
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	root := testutil.TempDir(t)
-	e := &env{t: t, api: dratest.StartAPI(t, root), dir: filepath.Join(root, "device-plugins")}
+	e := &env{t: t, api: dratest.StartAPI(t, root), dir: filepath.Join(root, "dra-manager")}
 	if err := os.MkdirAll(e.dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -211,16 +208,15 @@ func (e *env) addDriver(p *plugin, class string, n int) *dratest.Driver {
 	return d
 }
 
-// start opens the journal, the state core over it (which loads it) and a
-// Manager sharing it, as the devicemanager does at start.
+// start opens and loads the journal and a Manager over it, as the
+// dramanager does at start.
 func (e *env) start() {
 	e.t.Helper()
 	j := claims.NewJournal(store.New(e.dir, store.Options{}))
-	core, err := manager.Open(context.Background(), manager.Config{DevicePluginsDir: e.dir, Store: j, Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
+	if _, err := j.Load(); err != nil {
 		e.t.Fatal(err)
 	}
-	e.core, e.journal = core, j
+	e.journal = j
 	retry := cmp.Or(e.retry, 10*time.Millisecond)
 	m, err := claims.New(claims.Config{Reserver: e.res, Drivers: e.reg, Journal: j, RetryInitial: retry, RetryMax: 5 * retry,
 		AllocatedHere: func(c *resourcev1.ResourceClaim) bool {
@@ -239,16 +235,16 @@ func (e *env) stop() {
 		return
 	}
 	e.mgr.Close()
-	if err := e.core.Close(); err != nil {
+	if err := e.journal.Flush(); err != nil {
 		e.t.Error(err)
 	}
 	e.mgr = nil
 }
 
-// crash stops the Manager's loops and abandons the state core and its
-// journal without a flush, as a kill -9 leaves them: only what was
-// acknowledged (durable) is there for the next start. The abandoned core
-// is never closed: its flush would write after the next start's.
+// crash stops the Manager's loops and abandons its journal without a
+// flush, as a kill -9 leaves it: only what was acknowledged (durable) is
+// there for the next start. The abandoned journal is never flushed: its
+// flush would write after the next start's.
 func (e *env) crash() {
 	e.mgr.Close()
 	e.mgr = nil

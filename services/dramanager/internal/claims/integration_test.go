@@ -1,21 +1,20 @@
 package claims_test
 
 import (
-	"fmt"
+	"errors"
 	"testing"
 
-	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
-
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/server"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/shared/podresources"
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/draserver"
 )
 
-// TestPodResourcesDynamic: the pod resources API lists a pod that holds
-// only claims, each container with the devices of the claims and
-// requests it references, as the kubelet does.
-func TestPodResourcesDynamic(t *testing.T) {
+// TestListPodClaims: ListPodClaims, which the devicemanager reads for the
+// pod resources API and a container start, lists a pod's containers with
+// the devices and CDI device IDs of the claims and requests each
+// references; a pod_uid filter selects the pod; a released pod is gone.
+func TestListPodClaims(t *testing.T) {
 	e := newEnv(t)
 	e.claim("two", "a", "b")
 	r := podReq("p1", "two")
@@ -24,56 +23,53 @@ func TestPodResourcesDynamic(t *testing.T) {
 		{Container: "only-b", Claims: []claims.ContainerClaim{{Name: "c0", Request: "b"}}},
 	}
 	out := e.prepare(r)
-	pr := podresources.New(e.core, nil).WithClaims(e.mgr)
-	l, err := pr.List(ctx, &podresourcesv1.ListPodResourcesRequest{})
-	if err != nil || len(l.PodResources) != 1 {
-		t.Fatalf("list: %v, %v", l, err)
-	}
-	g, err := pr.Get(ctx, &podresourcesv1.GetPodResourcesRequest{PodName: "p1", PodNamespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range []*podresourcesv1.PodResources{l.PodResources[0], g.PodResources} {
-		if p.Name != "p1" || p.Namespace != ns || len(p.Containers) != 2 {
+	svc := draserver.NewService("instance", e.reg, nil, draserver.WithPods(e.mgr))
+	for _, uid := range []string{"", "uid-p1"} {
+		l, err := svc.ListPodClaims(ctx, &dmv1.ListPodClaimsRequest{PodUid: uid})
+		if err != nil || len(l.GetPods()) != 1 || l.GetInstanceId() != "instance" {
+			t.Fatalf("list %q: %v, %v", uid, l, err)
+		}
+		p := l.GetPods()[0]
+		if p.GetPodUid() != "uid-p1" || p.GetPodName() != "p1" || p.GetPodNamespace() != ns || len(p.GetContainers()) != 2 {
 			t.Fatalf("pod: %v", p)
 		}
-		for i, c := range p.Containers {
-			if c.Name != out[i].Container || len(c.DynamicResources) != 1 {
-				t.Fatalf("container %d: %v", i, c)
+		for i, c := range p.GetContainers() {
+			if c.GetName() != out[i].Container || len(c.GetDevices()) != len(out[i].Devices) || len(c.GetCdiDeviceIds()) != len(out[i].CDIDeviceIDs) {
+				t.Fatalf("container %d: %v, prepared %+v", i, c, out[i])
 			}
-			dr := c.DynamicResources[0]
-			if dr.ClaimName != "two" || dr.ClaimNamespace != ns || len(dr.ClaimResources) != len(out[i].Devices) {
-				t.Fatalf("container %s: %v", c.Name, dr)
-			}
-			for j, cr := range dr.ClaimResources {
-				d := out[i].Devices[j]
-				if cr.DriverName != driverName || cr.PoolName != d.Pool || cr.DeviceName != d.Device.Device ||
-					len(cr.CdiDevices) != 1 || cr.CdiDevices[0].Name != d.CDIDeviceIDs[0] {
-					t.Fatalf("container %s resource %d: %v, prepared %+v", c.Name, j, cr, d)
+			for j, d := range c.GetDevices() {
+				w := out[i].Devices[j]
+				if d.GetClaimName() != "two" || d.GetClaimNamespace() != ns || d.GetDriver() != driverName || d.GetPool() != w.Pool ||
+					d.GetDevice() != w.Device.Device || len(d.GetCdiDeviceIds()) != 1 || d.GetCdiDeviceIds()[0] != w.CDIDeviceIDs[0] {
+					t.Fatalf("container %s device %d: %v, prepared %+v", c.GetName(), j, d, w)
 				}
 			}
 		}
 	}
+	if l, err := svc.ListPodClaims(ctx, &dmv1.ListPodClaimsRequest{PodUid: "uid-other"}); err != nil || len(l.GetPods()) != 0 {
+		t.Fatalf("another pod: %v, %v", l, err)
+	}
 	e.release("p1", 1)
 	e.waitGone("two")
-	if l, err := pr.List(ctx, &podresourcesv1.ListPodResourcesRequest{}); err != nil || len(l.PodResources) != 0 {
+	if l, err := svc.ListPodClaims(ctx, &dmv1.ListPodClaimsRequest{}); err != nil || len(l.GetPods()) != 0 {
 		t.Fatalf("after release: %v, %v", l, err)
 	}
 }
 
-// TestReleaseRPC: DeviceManagerService.Release of a whole pod releases
-// its claims and says how many; a container's Release leaves them.
-func TestReleaseRPC(t *testing.T) {
+// TestReleasePodClaimsRPC: ReleasePodClaims, which the devicemanager calls
+// for a Release of a whole pod, releases the pod's claims and says how
+// many; a second release finds none; a request without a pod UID is
+// refused and releases nothing.
+func TestReleasePodClaimsRPC(t *testing.T) {
 	e := newEnv(t)
 	e.claim("one", "gpu")
 	e.claim("other", "gpu")
 	e.prepare(podReq("p1", "one", "other"))
-	svc := server.NewService(e.core).WithClaims(e.mgr)
-	resp, err := svc.Release(ctx, &dmv1.ReleaseRequest{PodUid: "uid-p1", ContainerName: "main"})
-	if err != nil || resp.GetReleasedClaims() != 0 || len(e.mgr.List()) != 2 {
-		t.Fatalf("container release: %v, %v, %+v", resp, err, e.mgr.List())
+	svc := draserver.NewService("instance", e.reg, nil, draserver.WithPods(e.mgr))
+	if _, err := svc.ReleasePodClaims(ctx, &dmv1.ReleasePodClaimsRequest{}); !errors.Is(err, errdefs.ErrInvalidArgument) || len(e.mgr.List()) != 2 {
+		t.Fatalf("release without a pod: %v, %+v", err, e.mgr.List())
 	}
-	resp, err = svc.Release(ctx, &dmv1.ReleaseRequest{PodUid: "uid-p1"})
+	resp, err := svc.ReleasePodClaims(ctx, &dmv1.ReleasePodClaimsRequest{PodUid: "uid-p1"})
 	if err != nil || resp.GetReleasedClaims() != 2 {
 		t.Fatalf("pod release: %v, %v", resp, err)
 	}
@@ -84,7 +80,7 @@ func TestReleaseRPC(t *testing.T) {
 			t.Fatalf("%s: %d prepares, %d unprepares", c, p, u)
 		}
 	}
-	if resp, err = svc.Release(ctx, &dmv1.ReleaseRequest{PodUid: "uid-p1"}); err != nil || resp.GetReleasedClaims() != 0 {
-		t.Fatal(fmt.Sprint(resp, err))
+	if resp, err = svc.ReleasePodClaims(ctx, &dmv1.ReleasePodClaimsRequest{PodUid: "uid-p1"}); err != nil || resp.GetReleasedClaims() != 0 {
+		t.Fatalf("second release: %v, %v", resp, err)
 	}
 }

@@ -3,7 +3,6 @@ package draserver_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
-	"github.com/nodeplug/nodeplug/services/devicemanager/internal/deviceplugin/manager"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claimview"
@@ -31,19 +29,18 @@ import (
 const gpu = "gpu.example.com"
 
 // startClaims is the service with the real claims manager: the journal
-// under a temporary device-plugins directory, the state core loading it,
-// claimalloc reserving against the node-local API and the registry calling
+// under a temporary dra-manager directory, loaded as the dramanager loads
+// it, claimalloc reserving against the node-local API and the registry calling
 // the drivers.
 func startClaims(t *testing.T) *env {
 	t.Helper()
 	return startWith(t, 0, func(reg *drivers.Registry, api *dratest.API) claimview.Records {
-		dir := filepath.Join(api.Root, "device-plugins")
+		dir := filepath.Join(api.Root, "dra-manager")
 		if err := os.MkdirAll(dir, 0o750); err != nil {
 			t.Fatal(err)
 		}
 		j := claims.NewJournal(store.New(dir, store.Options{}))
-		core, err := manager.Open(context.Background(), manager.Config{DevicePluginsDir: dir, Store: j, Log: slog.New(slog.DiscardHandler)})
-		if err != nil {
+		if _, err := j.Load(); err != nil {
 			t.Fatal(err)
 		}
 		res, err := claimalloc.New(api.Client, dratest.Node, nil)
@@ -58,7 +55,7 @@ func startClaims(t *testing.T) *env {
 		}
 		t.Cleanup(func() {
 			m.Close()
-			if err := core.Close(); err != nil {
+			if err := j.Flush(); err != nil {
 				t.Error(err)
 			}
 		})

@@ -19,7 +19,7 @@ import (
 )
 
 // userAgent is how the API's logs and metrics name the devicemanager.
-const userAgent = "nodeplug-devicemanager"
+const userAgent = "nodeplug-dramanager"
 
 // Options configures Open.
 type Options struct {
