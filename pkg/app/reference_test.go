@@ -16,7 +16,7 @@ import (
 
 // referenceServices are the services configuration.md links to, in its
 // order; each one's TestReference writes docs/reference/config/<name>.md.
-var referenceServices = []string{"watcher", "reconciler", "devicemanager", "apiserver"}
+var referenceServices = []string{"watcher", "reconciler", "devicemanager", "dramanager", "apiserver"}
 
 // TestReference: docs/reference/configuration.md is what the common flag
 // set renders (make docs writes it), and docs/reference/config/ holds a

@@ -18,9 +18,9 @@ import (
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
 )
 
-// realDeviceManager is a nodeplug-devicemanager binary running on root,
-// beside the nodeplug-apiserver that serves its node-local resource API.
-type realDeviceManager struct {
+// realDRAManager is a nodeplug-dramanager binary running on root, beside
+// the nodeplug-apiserver that serves its node-local resource API.
+type realDRAManager struct {
 	t    *testing.T
 	bin  string
 	root string
@@ -29,18 +29,18 @@ type realDeviceManager struct {
 	dra  devicemanagerv1.DRAServiceClient
 }
 
-// startDeviceManager builds nodeplug-apiserver and nodeplug-devicemanager
-// and runs them on root (the resource API on a free loopback port) until
-// the test ends; it returns once the devicemanager serves gRPC.
-func startDeviceManager(t *testing.T, root string) *realDeviceManager {
+// startDRAManager builds nodeplug-apiserver and nodeplug-dramanager and
+// runs them on root (the resource API on a free loopback port) until the
+// test ends; it returns once the dramanager serves gRPC.
+func startDRAManager(t *testing.T, root string) *realDRAManager {
 	t.Helper()
 	bin := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-devicemanager", "nodeplug-dramanager"); err != nil {
+	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-dramanager"); err != nil {
 		t.Fatal(err)
 	}
-	d := &realDeviceManager{t: t, bin: bin, root: root}
+	d := &realDRAManager{t: t, bin: bin, root: root}
 	t.Cleanup(func() {
 		for _, p := range []*stack.Process{d.proc, d.api} {
 			if p != nil {
@@ -50,7 +50,7 @@ func startDeviceManager(t *testing.T, root string) *realDeviceManager {
 	})
 	d.api = d.run("nodeplug-apiserver")
 	d.start()
-	conn, err := rpcutil.DialPeer(layout.APISocket(root, "devicemanager"))
+	conn, err := rpcutil.DialPeer(layout.APISocket(root, "dramanager"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func startDeviceManager(t *testing.T, root string) *realDeviceManager {
 
 // run starts the binary name on the root dir and waits until it serves
 // gRPC.
-func (d *realDeviceManager) run(name string) *stack.Process {
+func (d *realDRAManager) run(name string) *stack.Process {
 	d.t.Helper()
 	p, err := stack.Start(filepath.Join(d.bin, name), []string{"--root-dir", d.root, "--metrics-listen", "", "--log-level", "debug"}, nil)
 	if err != nil {
@@ -74,13 +74,13 @@ func (d *realDeviceManager) run(name string) *stack.Process {
 	return p
 }
 
-func (d *realDeviceManager) start() {
+func (d *realDRAManager) start() {
 	d.t.Helper()
-	d.proc = d.run("nodeplug-devicemanager")
+	d.proc = d.run("nodeplug-dramanager")
 }
 
-// restart kills the devicemanager (SIGKILL) and starts it again.
-func (d *realDeviceManager) restart() {
+// restart kills the dramanager (SIGKILL) and starts it again.
+func (d *realDRAManager) restart() {
 	d.t.Helper()
 	d.proc.Kill()
 	d.proc = nil
@@ -88,8 +88,8 @@ func (d *realDeviceManager) restart() {
 }
 
 // instances returns the registered instances of driver by registration
-// socket path, and the devicemanager's instance ID.
-func (d *realDeviceManager) instances(driver string) (map[string]*devicemanagerv1.DRADriverInstance, string, error) {
+// socket path, and the dramanager's instance ID.
+func (d *realDRAManager) instances(driver string) (map[string]*devicemanagerv1.DRADriverInstance, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := d.dra.ListDRADrivers(ctx, &devicemanagerv1.ListDRADriversRequest{DriverName: driver})
@@ -106,7 +106,7 @@ func (d *realDeviceManager) instances(driver string) (map[string]*devicemanagerv
 }
 
 // waitRegisteredRetrying waits until path is registered, moving the clock
-// past each backoff: attempts made before the devicemanager's connection
+// past each backoff: attempts made before the dramanager's connection
 // came up fail and are retried.
 func (e *env) waitRegisteredRetrying(path string) {
 	e.t.Helper()
@@ -122,18 +122,18 @@ func (e *env) waitRegisteredRetrying(path string) {
 	})
 }
 
-// With the real devicemanager, as a process of its own: two instances of
+// With the real dramanager, as a process of its own: two instances of
 // one DRA driver (rolling update) register with it through the reconciler,
 // with their sockets, generations and services; a kill -9 of the
-// devicemanager makes the reconciler register both again with the new
+// dramanager makes the reconciler register both again with the new
 // process, without contacting the plugins; a socket removed deregisters
 // its instance alone.
-func TestDRAWithTheDeviceManagerProcess(t *testing.T) {
+func TestDRAWithTheDRAManagerProcess(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs the devicemanager binary")
+		t.Skip("builds and runs the dramanager binary")
 	}
-	e := newEnvWith(t, func(c *config) { c.DeviceManagerAddr = layout.APISocket(c.AllowedDirs[0], "devicemanager") })
-	dm := startDeviceManager(t, e.root)
+	e := newEnvWith(t, func(c *config) { c.DRAManagerAddr = layout.APISocket(c.AllowedDirs[0], "dramanager") })
+	dm := startDRAManager(t, e.root)
 
 	a := e.plugin("a", draPlugin("dra.example.com"))
 	b := e.plugin("b", draPlugin("dra.example.com"))
@@ -167,8 +167,8 @@ func TestDRAWithTheDeviceManagerProcess(t *testing.T) {
 		})
 		return id
 	}
-	first := check("both instances registered with the devicemanager")
-	// Attempts made before the devicemanager's connection came up were
+	first := check("both instances registered with the dramanager")
+	// Attempts made before the dramanager's connection came up were
 	// refused and told so; from here on the plugins hear nothing more.
 	told := map[string][2]int{}
 	for _, p := range []*testplugin.Plugin{a, b} {
@@ -176,12 +176,12 @@ func TestDRAWithTheDeviceManagerProcess(t *testing.T) {
 	}
 
 	dm.restart()
-	if again := check("both instances registered again with the restarted devicemanager"); again == first {
-		t.Fatalf("the devicemanager kept its instance ID %s across a restart", first)
+	if again := check("both instances registered again with the restarted dramanager"); again == first {
+		t.Fatalf("the dramanager kept its instance ID %s across a restart", first)
 	}
 	for _, p := range []*testplugin.Plugin{a, b} {
 		if got := [2]int{len(p.Statuses()), p.GetInfoCalls()}; got != told[p.Path()] {
-			t.Fatalf("%s: %d notifications and GetInfo calls after the devicemanager restart, %d before; the plugin was contacted", p.Path(), got, told[p.Path()])
+			t.Fatalf("%s: %d notifications and GetInfo calls after the dramanager restart, %d before; the plugin was contacted", p.Path(), got, told[p.Path()])
 		}
 		if last := p.Statuses()[len(p.Statuses())-1]; !last.Registered {
 			t.Fatalf("%s: last notification %+v", p.Path(), last)

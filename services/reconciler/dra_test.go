@@ -204,7 +204,7 @@ func TestDRADeviceManagerFailure(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const prefix = "RegisterPlugin error -- plugin registration failed with err: devicemanager RegisterDRADriver for DRA driver dra.example.com"
+		const prefix = "RegisterPlugin error -- plugin registration failed with err: dramanager RegisterDRADriver for DRA driver dra.example.com"
 		if !strings.HasPrefix(got.Error, prefix) || !strings.Contains(got.Error, "devicemanager is shutting down") || strings.HasSuffix(got.Error, ": unavailable") {
 			t.Fatalf("reason %q, want %q… with the devicemanager's message and no errdefs suffix", got.Error, prefix)
 		}
@@ -226,8 +226,8 @@ func TestDRADeviceManagerFailure(t *testing.T) {
 	t.Run("unreachable", func(t *testing.T) {
 		var dmAddr string
 		e := newEnvWith(t, func(c *config) {
-			c.DeviceManagerAddr += ".later"
-			dmAddr = c.DeviceManagerAddr
+			c.DRAManagerAddr = c.DeviceManagerAddr + ".later"
+			dmAddr = c.DRAManagerAddr
 		})
 		p := e.plugin("dra", draPlugin("dra.example.com"))
 		e.w.Created(t, p.Path())
@@ -235,7 +235,7 @@ func TestDRADeviceManagerFailure(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(got.Error, "devicemanager RegisterDRADriver for DRA driver dra.example.com") {
+		if !strings.Contains(got.Error, "dramanager RegisterDRADriver for DRA driver dra.example.com") {
 			t.Fatalf("reason %q does not name the failed call", got.Error)
 		}
 		e.waitFailed(p.Path(), 1)
@@ -333,7 +333,7 @@ func TestDRAEndpointNotYetThere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(got.Error, "RegisterPlugin error -- plugin registration failed with err: devicemanager RegisterDRADriver for DRA driver dra.example.com at "+ep) {
+	if !strings.HasPrefix(got.Error, "RegisterPlugin error -- plugin registration failed with err: dramanager RegisterDRADriver for DRA driver dra.example.com at "+ep) {
 		t.Fatalf("reason %q", got.Error)
 	}
 	e.waitFailed(p.Path(), 1)

@@ -80,6 +80,11 @@ func (e *env) start() {
 	if e.configure != nil {
 		e.configure(&cfg)
 	}
+	// The fake devicemanager serves DRAService too, standing for the
+	// dramanager unless the test says otherwise.
+	if cfg.DRAManagerAddr == "" {
+		cfg.DRAManagerAddr = cfg.DeviceManagerAddr
+	}
 	s, err := newService(cfg)
 	if err != nil {
 		e.t.Fatal(err)

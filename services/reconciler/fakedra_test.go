@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -14,10 +15,10 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 )
 
-// fakeDRA is the devicemanager's DRAService over the fake devicemanager's
+// fakeDRA is the dramanager's DRAService over the fake devicemanager's
 // in-memory table of DRA driver instances (fakeDM.dra), served on the
-// devicemanager's socket beside DeviceManagerService and sharing its
-// instance ID and restarts. Its rules are the proto's and the
+// fake's socket beside DeviceManagerService and sharing its instance ID
+// and restarts (the reconciler dials it as its dramanager too). Its rules are the proto's and the
 // devicemanager's DRA registry's: an endpoint with no file is refused
 // UNAVAILABLE (the registry cannot dial it; the fake dials nothing);
 // instances are keyed by driver name and endpoint; the same generation
@@ -151,4 +152,22 @@ func (d *fakeDM) AddDRAInstance(in draInstance) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.dra[draKey(in.driver, in.endpoint)] = in
+}
+
+// WatchResourceSlices sends the synced marker with the instance ID, as the
+// dramanager's stream starts, and ends when the fake restarts.
+func (f *fakeDRA) WatchResourceSlices(_ *devicemanagerv1.WatchResourceSlicesRequest, srv grpc.ServerStreamingServer[devicemanagerv1.WatchResourceSlicesResponse]) error {
+	d := f.d
+	d.mu.Lock()
+	id, stop := d.instance, d.stop
+	d.mu.Unlock()
+	if err := srv.Send(&devicemanagerv1.WatchResourceSlicesResponse{InstanceId: id, Item: &devicemanagerv1.WatchResourceSlicesResponse_Synced{Synced: &devicemanagerv1.Synced{}}}); err != nil {
+		return err
+	}
+	select {
+	case <-stop:
+		return status.Error(codes.Unavailable, "dramanager restarting")
+	case <-srv.Context().Done():
+		return srv.Context().Err()
+	}
 }

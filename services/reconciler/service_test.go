@@ -997,13 +997,15 @@ func TestResyncIsASafetyNet(t *testing.T) {
 	}
 }
 
-// Without a watcher or a devicemanager the service keeps retrying quietly
-// and stops cleanly (goroutine leaks are checked by TestMain).
+// Without a watcher, a devicemanager or a dramanager the service keeps
+// retrying quietly and stops cleanly (goroutine leaks are checked by
+// TestMain).
 func TestRunWithoutPeers(t *testing.T) {
 	root, _ := tempRoot(t)
 	s, err := newService(config{
 		WatcherAddr:       filepath.Join(root, "no-watcher.sock"),
 		DeviceManagerAddr: filepath.Join(root, "no-dm.sock"),
+		DRAManagerAddr:    filepath.Join(root, "no-dra.sock"),
 		Log:               testLog(),
 	})
 	if err != nil {
@@ -1083,8 +1085,8 @@ func TestEndpointConfinement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "RegisterPlugin error -- plugin registration failed with err: devicemanager RegisterDRADriver"; !strings.HasPrefix(got.Error, want) {
-		t.Fatalf("endpoint that may appear: %+v, want accepted by validation and refused by the devicemanager (%q…)", got, want)
+	if want := "RegisterPlugin error -- plugin registration failed with err: dramanager RegisterDRADriver"; !strings.HasPrefix(got.Error, want) {
+		t.Fatalf("endpoint that may appear: %+v, want accepted by validation and refused by the dramanager (%q…)", got, want)
 	}
 	e.waitFailed(ok.Path(), 1)
 	if err := os.MkdirAll(filepath.Dir(later), 0o750); err != nil {
