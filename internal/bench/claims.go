@@ -133,7 +133,7 @@ func (r *runner) claims(ctx context.Context) ([]ClaimsResult, error) {
 		return nil, fmt.Errorf("the local API's one Node: %v (%v)", nodes, err)
 	}
 	node := nodes.Items[0].Name
-	conn, err := rpcutil.DialPeer(r.st.Addr("devicemanager"))
+	conn, err := rpcutil.DialPeer(r.st.Addr("dramanager"))
 	if err != nil {
 		return nil, err
 	}

@@ -20,8 +20,8 @@ func Print(w io.Writer, r *Results) {
 	for _, rr := range r.Registration {
 		fmt.Fprintf(w, "  N=%-5d notify       %s\n", rr.N, rr.Notify)
 		fmt.Fprintf(w, "  N=%-5d allocatable  %s\n", rr.N, rr.Allocatable)
-		fmt.Fprintf(w, "  N=%-5d all registered in %.1f ms (sockets appeared within %.1f ms); CPU used: watcher %.0f ms, reconciler %.0f ms, devicemanager %.0f ms\n",
-			rr.N, rr.AllRegisteredMs, rr.AppearMs, rr.CPUms["watcher"], rr.CPUms["reconciler"], rr.CPUms["devicemanager"])
+		fmt.Fprintf(w, "  N=%-5d all registered in %.1f ms (sockets appeared within %.1f ms); CPU used: watcher %.0f ms, reconciler %.0f ms, devicemanager %.0f ms, dramanager %.0f ms\n",
+			rr.N, rr.AllRegisteredMs, rr.AppearMs, rr.CPUms["watcher"], rr.CPUms["reconciler"], rr.CPUms["devicemanager"], rr.CPUms["dramanager"])
 		fmt.Fprintf(w, "  N=%-5d deregistration %s\n", rr.N, rr.Deregistration)
 	}
 	if len(r.Floor) > 0 {

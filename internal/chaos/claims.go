@@ -53,7 +53,7 @@ const claimsDevices = 6
 // ClaimsResults are the claims phase's figures.
 type ClaimsResults struct {
 	Workers int `json:"workers"`
-	Kills   int `json:"devicemanager_kills"`
+	Kills   int `json:"dramanager_kills"`
 	// Prepares and Releases count acknowledged PrepareResources and
 	// Releases; Retried the calls that failed (a kill, no device free
 	// yet) and were made again; Shared the claims two pods used.
@@ -181,14 +181,14 @@ func (claimsPlugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.Devi
 
 // claimsPhase runs cfg.ClaimWorkers clients preparing and releasing claims
 // (each a new claim; every other one shared by two pods) through
-// DRAService.PrepareResources and Release, kills the devicemanager
+// DRAService.PrepareResources and Release, kills the dramanager
 // cfg.ClaimKills times while they do, checks (i) in the API after each
 // restart and, once the load stops, (h).
 func (h *harness) claimsPhase(ctx context.Context) error {
 	if h.cfg.ClaimWorkers == 0 {
 		return nil
 	}
-	h.logf("claims: %d clients preparing and releasing, %d devicemanager kills", h.cfg.ClaimWorkers, h.cfg.ClaimKills)
+	h.logf("claims: %d clients preparing and releasing, %d dramanager kills", h.cfg.ClaimWorkers, h.cfg.ClaimKills)
 	s := &claimsState{h: h, acked: map[string]bool{}, inUse: map[string]int{}, released: map[string]string{}, prepared: map[string][]string{}, names: map[string]string{}}
 	s.res.Workers = h.cfg.ClaimWorkers
 	defer func() {
@@ -237,7 +237,7 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 		case <-time.After(time.Duration(h.intn(50)) * time.Millisecond):
 		}
 		when := fmt.Sprintf("claims kill %d", i+1)
-		if err := h.killRestart(ctx, "devicemanager"); err != nil {
+		if err := h.killRestart(ctx, "dramanager"); err != nil {
 			return err
 		}
 		s.mu.Lock()
@@ -246,7 +246,7 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 		if err := s.checkAPI(ctx, when); err != nil {
 			return err
 		}
-		if _, err := h.converge(ctx, when, "devicemanager"); err != nil {
+		if _, err := h.converge(ctx, when, "dramanager"); err != nil {
 			return err
 		}
 	}
@@ -261,15 +261,15 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 
 // claimDriver is a DRA driver of a phase's own, on the upstream helper,
 // with the clients the phase needs: the operator's, to the API, and the
-// devicemanager's DRAService.
+// dramanager's DRAService.
 type claimDriver struct {
 	operator kubernetes.Interface
 	dra      dmv1.DRAServiceClient
-	stop     func() // stops the driver and closes the devicemanager's connection
+	stop     func() // stops the driver and closes the dramanager's connection
 }
 
 // startClaimDriver connects to the API as the operator and to the
-// devicemanager, starts plugin as driver name on the upstream helper,
+// dramanager, starts plugin as driver name on the upstream helper,
 // publishes devices dev-0 … dev-(devices-1) on the local API's one Node
 // and creates their DeviceClass.
 func (h *harness) startClaimDriver(ctx context.Context, name string, plugin kubeletplugin.DRAPlugin, devices int) (claimDriver, error) {
@@ -286,7 +286,7 @@ func (h *harness) startClaimDriver(ctx context.Context, name string, plugin kube
 		return d, fmt.Errorf("the local API's one Node: %v (%v)", nodes, err)
 	}
 	node := nodes.Items[0].Name
-	conn, err := rpcutil.DialPeer(h.st.Addr("devicemanager"))
+	conn, err := rpcutil.DialPeer(h.st.Addr("dramanager"))
 	if err != nil {
 		return d, err
 	}
@@ -475,7 +475,7 @@ func (s *claimsState) checkAPI(ctx context.Context, when string) error {
 	return nil
 }
 
-// listClaims lists the claims, retrying while the restarted devicemanager
+// listClaims lists the claims, retrying while the restarted dramanager
 // does not answer yet.
 func listClaims(ctx context.Context, cs kubernetes.Interface) ([]resourcev1.ResourceClaim, error) {
 	deadline := time.Now().Add(time.Minute)

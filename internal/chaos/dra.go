@@ -38,7 +38,7 @@ const (
 )
 
 // draKillTargets are the services the DRA phase kills, in turn.
-var draKillTargets = []string{"apiserver", "devicemanager"}
+var draKillTargets = []string{"apiserver", "dramanager"}
 
 // draSlicesPerDriver is how many slices each chaos driver keeps writing.
 const draSlicesPerDriver = 3
@@ -49,7 +49,7 @@ const seqAttr = "seq"
 // DRAResults are the DRA phase's figures.
 type DRAResults struct {
 	Drivers int `json:"drivers"`
-	// Kills of nodeplug-apiserver and of the devicemanager, in turn.
+	// Kills of nodeplug-apiserver and of the dramanager, in turn.
 	Kills int `json:"kills"`
 	// Acked counts acknowledged slice writes (creates and updates);
 	// Uncertain those whose answer a kill cut off; Conflicts the 409s
@@ -74,7 +74,7 @@ type draSlice struct {
 }
 
 // draDriver is one chaos DRA driver: registered through plugins_registry
-// by the upstream kubeletplugin helper (so the devicemanager dials it and
+// by the upstream kubeletplugin helper (so the dramanager dials it and
 // keeps its slices), its slices written by the harness through the
 // node-local API with the driver kubeconfig, every acknowledgement
 // recorded.
@@ -129,13 +129,13 @@ func (h *harness) draClient(file string) (kubernetes.Interface, error) {
 }
 
 // draPhase starts the DRA drivers, kills nodeplug-apiserver and the
-// devicemanager in turn, cfg.DRAKills times, while they publish, and checks (e) and (f) and the drivers'
+// dramanager in turn, cfg.DRAKills times, while they publish, and checks (e) and (f) and the drivers'
 // connections after each restart, and the device plugins' invariants too.
 func (h *harness) draPhase(ctx context.Context) error {
 	if h.cfg.DRADrivers == 0 {
 		return nil
 	}
-	h.logf("DRA: %d drivers publishing %d slices each, %d kills of the apiserver and the devicemanager in turn", h.cfg.DRADrivers, draSlicesPerDriver, h.cfg.DRAKills)
+	h.logf("DRA: %d drivers publishing %d slices each, %d kills of the apiserver and the dramanager in turn", h.cfg.DRADrivers, draSlicesPerDriver, h.cfg.DRAKills)
 	d := &draState{}
 	h.dra = d
 	if err := h.draConnect(ctx, d); err != nil {
@@ -255,7 +255,7 @@ func (h *harness) draKill(ctx context.Context, i int, errc <-chan error) error {
 	if err := h.draAwaitKillMoment(ctx, errc); err != nil {
 		return err
 	}
-	// The API server holds the slices, the devicemanager the
+	// The API server holds the slices, the dramanager the
 	// drivers' connections (and deletes a gone driver's slices): each
 	// is killed in turn.
 	svc := draKillTargets[i%len(draKillTargets)]
@@ -446,7 +446,7 @@ func (h *harness) draConverge(ctx context.Context, when string) error {
 // draConnected is "" once ListDRADrivers shows each driver with a serving,
 // connected instance, else what is missing.
 func (h *harness) draConnected(ctx context.Context) string {
-	conn, err := rpcutil.DialPeer(h.st.Addr("devicemanager"))
+	conn, err := rpcutil.DialPeer(h.st.Addr("dramanager"))
 	if err != nil {
 		return err.Error()
 	}

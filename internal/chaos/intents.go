@@ -25,21 +25,21 @@ import (
 
 // The intents phase's invariant, beside (a)–(k):
 //
-//	(l) no claim is stranded by a kill: after the devicemanager is killed
+//	(l) no claim is stranded by a kill: after the dramanager is killed
 //	    at any step of a prepare or of a release and started again, the
 //	    claim ends either prepared for its pod (reserved for it, its
 //	    driver holding it, nodeplug listing it prepared) or fully rolled
 //	    back (no allocation, reservation or allocation marker, its driver
 //	    not holding it, nodeplug recording nothing of it) — prepared only
 //	    when the kill came after the prepare's commit — and no intent is
-//	    left unsettled (the devicemanager's
-//	    nodeplug_devicemanager_claim_intents is 0).
+//	    left unsettled (the dramanager's
+//	    nodeplug_dramanager_claim_intents is 0).
 const invStranded = "l"
 
 // intentsDriverName is the intents phase's DRA driver.
 const intentsDriverName = "intents.chaos.nodeplug.test"
 
-// The devicemanager's testing hook (its claims package's CrashEnv) and its
+// The dramanager's testing hook (its claims package's CrashEnv) and its
 // allocation marker (claimalloc.AllocatedByAnnotation).
 const (
 	crashEnv              = "NODEPLUG_CRASH_AT"
@@ -53,7 +53,7 @@ const (
 )
 
 // intentStep is a step of a prepare or a release at which the
-// devicemanager is killed: through its crash hook, or (external) by the
+// dramanager is killed: through its crash hook, or (external) by the
 // driver while NodePrepareResources runs.
 type intentStep struct {
 	name     string
@@ -96,7 +96,7 @@ type intentsState struct {
 
 	mu       sync.Mutex
 	prepared map[string]bool // claim UIDs the driver holds prepared
-	killOn   string          // the claim whose NodePrepareResources kills the devicemanager
+	killOn   string          // the claim whose NodePrepareResources kills the dramanager
 }
 
 // intentsPlugin is the phase's driver: it prepares what the allocation
@@ -109,7 +109,7 @@ func (p intentsPlugin) PrepareResourceClaims(_ context.Context, claims []*resour
 	kill := slices.ContainsFunc(claims, func(c *resourcev1.ResourceClaim) bool { return c.Name == s.killOn })
 	s.mu.Unlock()
 	if kill {
-		s.h.st.Kill("devicemanager") // its call is in flight: this is during it
+		s.h.st.Kill("dramanager") // its call is in flight: this is during it
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -145,14 +145,14 @@ func (intentsPlugin) WatchHealthStatus(context.Context, chan<- kubeletplugin.Dev
 	return kubeletplugin.ErrHealthNotSupported
 }
 
-// intentsPhase kills the devicemanager at each step of a prepare and of a
+// intentsPhase kills the dramanager at each step of a prepare and of a
 // release of a claim of its own, starts it again, and checks (l): the
 // pod is never prepared again, as a deleted pod is not.
 func (h *harness) intentsPhase(ctx context.Context) error {
 	if !h.cfg.Intents {
 		return nil
 	}
-	h.logf("intents: the devicemanager killed at each of %d steps of a prepare and a release", len(intentSteps))
+	h.logf("intents: the dramanager killed at each of %d steps of a prepare and a release", len(intentSteps))
 	s := &intentsState{h: h, prepared: map[string]bool{}}
 	d, err := h.startClaimDriver(ctx, intentsDriverName, intentsPlugin{s}, 2)
 	if err != nil {
@@ -174,7 +174,7 @@ func (h *harness) intentsPhase(ctx context.Context) error {
 }
 
 // run is one step: a claim of its own for a pod of its own (prepared
-// first for a release's step), the devicemanager killed at the step, and
+// first for a release's step), the dramanager killed at the step, and
 // started again; then where the claim ends, and (l).
 func (s *intentsState) run(ctx context.Context, i int, st intentStep) (IntentStepResult, error) {
 	claim := fmt.Sprintf("intent-%d", i)
@@ -191,7 +191,7 @@ func (s *intentsState) run(ctx context.Context, i int, st intentStep) (IntentSte
 	if err := s.arm(ctx, st, claim); err != nil {
 		return IntentStepResult{}, err
 	}
-	victim := s.h.st.Process("devicemanager")
+	victim := s.h.st.Process("dramanager")
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	if st.release {
 		_, _ = s.h.dm.Release(cctx, &dmv1.ReleaseRequest{PodUid: pod}, grpc.WaitForReady(true))
@@ -241,7 +241,7 @@ func (s *intentsState) createClaim(ctx context.Context, name string) (string, er
 	return string(c.UID), nil
 }
 
-// prepare asks for pod's claim, waiting for the devicemanager to be
+// prepare asks for pod's claim, waiting for the dramanager to be
 // reachable.
 func (s *intentsState) prepare(ctx context.Context, claim, pod string) error {
 	_, err := s.dra.PrepareResources(ctx, &dmv1.PrepareResourcesRequest{
@@ -252,8 +252,8 @@ func (s *intentsState) prepare(ctx context.Context, claim, pod string) error {
 	return err
 }
 
-// arm makes the next call die at st: the driver kills the devicemanager
-// during its call, or the devicemanager is started again with its crash
+// arm makes the next call die at st: the driver kills the dramanager
+// during its call, or the dramanager is started again with its crash
 // hook set to st (stopped first, gracefully).
 func (s *intentsState) arm(ctx context.Context, st intentStep, claim string) error {
 	if st.external {
@@ -263,25 +263,25 @@ func (s *intentsState) arm(ctx context.Context, st intentStep, claim string) err
 		return nil
 	}
 	h := s.h
-	if p := h.st.Process("devicemanager"); p != nil {
+	if p := h.st.Process("dramanager"); p != nil {
 		_ = p.Stop(10 * time.Second)
 	}
 	env := h.st.Env
 	h.st.Env = append(slices.Clone(env), crashEnv+"="+st.name)
 	defer func() { h.st.Env = env }()
-	if err := h.st.Start(ctx, "devicemanager"); err != nil {
-		return fmt.Errorf("start the devicemanager to die at %s: %w", st.name, err)
+	if err := h.st.Start(ctx, "dramanager"); err != nil {
+		return fmt.Errorf("start the dramanager to die at %s: %w", st.name, err)
 	}
 	return nil
 }
 
 // restart waits for victim to have died at st, then starts the
-// devicemanager again, as it always starts, and waits for convergence.
+// dramanager again, as it always starts, and waits for convergence.
 func (s *intentsState) restart(ctx context.Context, st intentStep, victim *stack.Process) error {
 	deadline := time.Now().Add(s.h.cfg.Converge)
 	for victim.Err() == nil {
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("the devicemanager did not die at %s within %v", st.name, s.h.cfg.Converge)
+			return fmt.Errorf("the dramanager did not die at %s within %v", st.name, s.h.cfg.Converge)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -289,12 +289,12 @@ func (s *intentsState) restart(ctx context.Context, st intentStep, victim *stack
 	s.killOn = ""
 	s.mu.Unlock()
 	s.h.mu.Lock()
-	s.h.res.Kills["devicemanager"]++
+	s.h.res.Kills["dramanager"]++
 	s.h.mu.Unlock()
-	if err := s.h.st.Start(ctx, "devicemanager"); err != nil {
-		return fmt.Errorf("restart the devicemanager: %w", err)
+	if err := s.h.st.Start(ctx, "dramanager"); err != nil {
+		return fmt.Errorf("restart the dramanager: %w", err)
 	}
-	_, err := s.h.converge(ctx, "intents: kill "+st.name, "devicemanager")
+	_, err := s.h.converge(ctx, "intents: kill "+st.name, "dramanager")
 	return err
 }
 
@@ -368,9 +368,9 @@ func (s *intentsState) recorded(ctx context.Context, uid string) (dmv1.ClaimStat
 	return dmv1.ClaimState_CLAIM_STATE_UNSPECIFIED, nil
 }
 
-// intents reads the devicemanager's nodeplug_devicemanager_claim_intents.
+// intents reads the dramanager's nodeplug_dramanager_claim_intents.
 func (s *intentsState) intents(ctx context.Context) (float64, error) {
-	addr, err := s.h.st.Process("devicemanager").Addr(ctx, "metrics listening")
+	addr, err := s.h.st.Process("dramanager").Addr(ctx, "metrics listening")
 	if err != nil {
 		return 0, err
 	}
@@ -386,11 +386,11 @@ func (s *intentsState) intents(ctx context.Context) (float64, error) {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "nodeplug_devicemanager_claim_intents "); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), "nodeplug_dramanager_claim_intents "); ok {
 			return strconv.ParseFloat(v, 64)
 		}
 	}
-	return 0, errors.Join(errors.New("nodeplug_devicemanager_claim_intents not in the devicemanager's metrics"), sc.Err())
+	return 0, errors.Join(errors.New("nodeplug_dramanager_claim_intents not in the dramanager's metrics"), sc.Err())
 }
 
 // retry calls f until it succeeds, ctx ends, or cfg.Converge passed.

@@ -277,20 +277,26 @@ func TestSamplePluginKubeletSockAcrossRestart(t *testing.T) {
 }
 
 // The devicemanager's --resource-api-listen is gone (the node-local resource
-// API is nodeplug-apiserver's): given as a flag or in the environment, it
-// stops the start with an error that points at nodeplug-apiserver, before
-// the devicemanager serves anything.
-func TestResourceAPIListenGone(t *testing.T) {
+// API is nodeplug-apiserver's), and so are its DRA flags (--kubeconfig,
+// --node-name, --dra-disconnect-delay: the DRA half is nodeplug-dramanager):
+// given as a flag or in the environment, each stops the start with an error
+// that names the flag and the process that took it over, before the
+// devicemanager serves anything.
+func TestRemovedFlagsNameTheirService(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
 	bin := filepath.Join(buildBinaries(t, "nodeplug-devicemanager"), "nodeplug-devicemanager")
 	for _, tc := range []struct {
-		name      string
-		args, env []string
+		name        string
+		args, env   []string
+		flag, owner string
 	}{
-		{"flag", []string{"--resource-api-listen", "127.0.0.1:0"}, nil},
-		{"environment", nil, []string{"NODEPLUG_DEVICEMANAGER_RESOURCE_API_LISTEN=127.0.0.1:0"}},
+		{"flag", []string{"--resource-api-listen", "127.0.0.1:0"}, nil, "--resource-api-listen", "nodeplug-apiserver"},
+		{"environment", nil, []string{"NODEPLUG_DEVICEMANAGER_RESOURCE_API_LISTEN=127.0.0.1:0"}, "--resource-api-listen", "nodeplug-apiserver"},
+		{"kubeconfig", []string{"--kubeconfig", "/etc/kubeconfig"}, nil, "--kubeconfig", "nodeplug-dramanager"},
+		{"node name in the environment", nil, []string{"NODEPLUG_DEVICEMANAGER_NODE_NAME=node-1"}, "--node-name", "nodeplug-dramanager"},
+		{"disconnect delay", []string{"--dra-disconnect-delay", "1s"}, nil, "--dra-disconnect-delay", "nodeplug-dramanager"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := testutil.TempDir(t)
@@ -299,10 +305,10 @@ func TestResourceAPIListenGone(t *testing.T) {
 			out, err := cmd.CombinedOutput()
 			var exit *exec.ExitError
 			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
-				t.Fatalf("the devicemanager with the removed --resource-api-listen: %v, want a failed start\n%s", err, out)
+				t.Fatalf("the devicemanager with the removed %s: %v, want a failed start\n%s", tc.flag, err, out)
 			}
-			if !strings.Contains(string(out), "--resource-api-listen") || !strings.Contains(string(out), "nodeplug-apiserver") {
-				t.Errorf("the error does not name the flag and nodeplug-apiserver:\n%s", out)
+			if !strings.Contains(string(out), tc.flag) || !strings.Contains(string(out), tc.owner) {
+				t.Errorf("the error does not name %s and %s:\n%s", tc.flag, tc.owner, out)
 			}
 			if _, err := os.Stat(layout.APISocket(root, "devicemanager")); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the devicemanager's API socket after the refused start: %v, want none", err)

@@ -18,7 +18,7 @@ import (
 	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
-var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/devicemanager/claims")
+var tracer = telemetry.Tracer("github.com/nodeplug/nodeplug/services/dramanager/claims")
 
 // Retry bounds of an owed unprepare (and of an owed Unreserve): the
 // first retry after RetryInitial, doubling up to RetryMax.
@@ -250,17 +250,17 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, m *Manager) *metrics {
 	mt := &metrics{
 		prepares: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeplug_devicemanager_claim_prepares_total",
+			Name: "nodeplug_dramanager_claim_prepares_total",
 			Help: "Prepare calls per result: prepared (a driver was called), reused (every claim already prepared for the pod) or failed.",
 		}, []string{"result"}),
 		unprepares: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "nodeplug_devicemanager_claim_unprepares_total",
+			Name: "nodeplug_dramanager_claim_unprepares_total",
 			Help: "NodeUnprepareResources attempts per driver and result (ok, failed); a failed one is retried with backoff.",
 		}, []string{"driver", "result"}),
 	}
 	if reg != nil {
 		claims := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "nodeplug_devicemanager_claims",
+			Name: "nodeplug_dramanager_claims",
 			Help: "DRA claims recorded on this node (prepared or unpreparing).",
 		}, func() float64 {
 			m.mu.Lock()
@@ -268,7 +268,7 @@ func newMetrics(reg prometheus.Registerer, m *Manager) *metrics {
 			return float64(len(m.records))
 		})
 		intents := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "nodeplug_devicemanager_claim_intents",
+			Name: "nodeplug_dramanager_claim_intents",
 			Help: "Reservations of DRA claims whose prepare is neither committed nor rolled back: in flight, or a rollback owed after a failure or a restart.",
 		}, func() float64 { return float64(m.Intents()) })
 		reg.MustRegister(mt.prepares, mt.unprepares, claims, intents)
