@@ -29,7 +29,7 @@ func TestStartContainer(t *testing.T) {
 	bin := testutil.TempDir(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*testutil.Deadline)
 	defer cancel()
-	if err := stack.Build(ctx, bin, "nodeplug-devicemanager"); err != nil {
+	if err := stack.Build(ctx, bin, "nodeplug-devicemanager", "nodeplug-dramanager"); err != nil {
 		t.Fatal(err)
 	}
 	t.Run("SamplePlugin", func(t *testing.T) { testStartSamplePlugin(t, bin) })
@@ -37,10 +37,10 @@ func TestStartContainer(t *testing.T) {
 }
 
 // startStack runs the devicemanager in bin over a fresh root dir (its CDI
-// specs in <root>/cdi, where names also resolve: internal/stack) and
-// registers a sample device plugin on its kubelet.sock for each of opts;
+// specs in <root>/cdi, where names also resolve: internal/stack), with the
+// dramanager it asks for the containers' claims (none here), and registers a sample device plugin on its kubelet.sock for each of opts;
 // it returns the root dir once every resource is allocatable.
-func startStack(t *testing.T, bin string, opts ...sampleplugin.Options) string {
+func startStack(t *testing.T, bin string, opts ...sampleplugin.Options) (string, *stack.Processes) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*testutil.Deadline)
 	defer cancel()
@@ -52,8 +52,10 @@ func startStack(t *testing.T, bin string, opts ...sampleplugin.Options) string {
 			t.Logf("devicemanager log:\n%s", p.Logs())
 		}
 	})
-	if err := ps.Start(ctx, "devicemanager"); err != nil {
-		t.Fatal(err)
+	for _, svc := range []string{"devicemanager", "dramanager"} {
+		if err := ps.Start(ctx, svc); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cc, err := rpcutil.DialPeer(ps.Addr("devicemanager"))
 	if err != nil {
@@ -80,7 +82,7 @@ func startStack(t *testing.T, bin string, opts ...sampleplugin.Options) string {
 			return fmt.Errorf("resources %v", resp.GetResources())
 		})
 	}
-	return root
+	return root, ps
 }
 
 // ctlOK runs nodeplugctl against root and fails t unless it exits 0.
@@ -108,7 +110,7 @@ func specFiles(t *testing.T, dir string) []string {
 // device nodes; the annotation is passed on), tells the plugin that asks
 // for it at every start, and the release removes the container's spec.
 func testStartSamplePlugin(t *testing.T, bin string) {
-	root := startStack(t, bin, sampleplugin.Options{Resource: "example.com/sample", Devices: 4, PreStartRequired: true})
+	root, _ := startStack(t, bin, sampleplugin.Options{Resource: "example.com/sample", Devices: 4, PreStartRequired: true})
 	cdiDir := filepath.Join(root, "cdi")
 	ctlOK(t, root, "allocate", "--pod", "pod-1", "--container", "main", "example.com/sample=2")
 	if files := specFiles(t, cdiDir); len(files) != 1 {
@@ -151,7 +153,7 @@ func testStartSamplePlugin(t *testing.T, bin string) {
 // defines fails the start with the devicemanager's message whole, and
 // resolves once a spec defines it.
 func testStartErrors(t *testing.T, bin string) {
-	root := startStack(t, bin, sampleplugin.Options{Resource: "example.com/cdi", Devices: 2, CDI: true})
+	root, ps := startStack(t, bin, sampleplugin.Options{Resource: "example.com/cdi", Devices: 2, CDI: true})
 	cdiDir := filepath.Join(root, "cdi")
 
 	code, out, errOut := runCLI(t, "--root-dir", root, "start", "--pod", "nobody", "--container", "main")
@@ -176,6 +178,18 @@ func testStartErrors(t *testing.T, bin string) {
 	want := "--device nodeplug.io/container=pod-2_main --device example.com/cdi=dev-0 --annotation nodeplug.io/resource=example.com/cdi\n"
 	if out != want {
 		t.Errorf("start -o podman:\n%q\nwant\n%q", out, want)
+	}
+
+	// Without the dramanager the devicemanager cannot know the
+	// container's claims: the start fails, naming the dramanager, and the
+	// allocation stays.
+	ps.Kill("dramanager")
+	code, out, errOut = runCLI(t, "--root-dir", root, "start", "--pod", "pod-2", "--container", "main")
+	if code != exitError || out != "" || !strings.Contains(errOut, "nodeplug-dramanager at "+layout.APISocket(root, "dramanager")) || !strings.Contains(errOut, "ListPodClaims") {
+		t.Errorf("start without the dramanager: exit %d, stdout %q, stderr %q; want an error naming nodeplug-dramanager and its socket", code, out, errOut)
+	}
+	if out := ctlOK(t, root, "allocations"); !strings.Contains(out, "pod-2") {
+		t.Errorf("allocations after the failed start:\n%s\nwant pod-2's", out)
 	}
 }
 

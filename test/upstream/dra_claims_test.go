@@ -249,7 +249,7 @@ func checkPrepared(t *testing.T, resp *dmv1.PrepareResourcesResponse, d *claimsD
 // dmClient is a DeviceManagerService client on the devicemanager's socket.
 func (n *draNode) dmClient() dmv1.DeviceManagerServiceClient {
 	n.t.Helper()
-	conn, err := rpcutil.DialPeer(n.dmp.Addr("devicemanager"))
+	conn, err := rpcutil.DialPeer(n.svc.Addr("devicemanager"))
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -571,7 +571,7 @@ func TestDRAClaimShared(t *testing.T) {
 	n.waitReleasedInAPI(cs, claim)
 }
 
-// TestDRAClaimKillBetweenPrepareAndRelease: the devicemanager killed with
+// TestDRAClaimKillBetweenPrepareAndRelease: the dramanager killed with
 // SIGKILL after a prepare, and restarted, still has the claim prepared
 // (the same prepare again calls no driver), and a release then unprepares
 // it exactly once.
@@ -587,8 +587,8 @@ func TestDRAClaimKillBetweenPrepareAndRelease(t *testing.T) {
 	}
 	dev := checkPrepared(t, resp, d, claim, devs)
 
-	n.killDM()
-	n.startDM()
+	n.killDRA()
+	n.startDRA()
 	n.waitDriver(driverName, oneServing(1, ""))
 
 	again, err := n.draClient().PrepareResources(ctxT(t), req)

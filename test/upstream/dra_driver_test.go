@@ -22,7 +22,7 @@ const testDriver = "gpu.nodeplug.test"
 
 // TestDRADriverSlices runs the upstream test driver (the kubeletplugin
 // helper) as its own process against the node-local API: it registers and
-// the devicemanager connects to it (ListDRADrivers, nodeplugctl drivers);
+// the dramanager connects to it (ListDRADrivers, nodeplugctl drivers);
 // its devices appear as one ResourceSlice of this node owned by the Node,
 // the same through client-go, ListResourceSlices and nodeplugctl slices; a
 // change to its devices updates that slice (and WatchResourceSlices
@@ -98,12 +98,12 @@ func TestDRADriverSlices(t *testing.T) {
 		}
 		return nil
 	})
-	alive(t, n.dmProcess())
+	alive(t, n.draProcess())
 }
 
-// TestDRASlicesSurviveKills kills the devicemanager and then
+// TestDRASlicesSurviveKills kills the dramanager and then
 // nodeplug-apiserver with SIGKILL while a driver is published. The
-// devicemanager's kill leaves the API serving the same slice while it is
+// dramanager's kill leaves the API serving the same slice while it is
 // down, and its restart deletes nothing. After the API server's restart the
 // slice is the same object (UID, devices), the Node keeps its UID, the
 // driver writes on through the restarted API, and the resourceVersion after
@@ -120,11 +120,11 @@ func TestDRASlicesSurviveKills(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	n.killDM()
-	sameSlice(t, n, cs, before, devs, "with the devicemanager down")
-	n.startDM()
+	n.killDRA()
+	sameSlice(t, n, cs, before, devs, "with the dramanager down")
+	n.startDRA()
 	n.waitDriver(testDriver, oneServing(1, ""))
-	sameSlice(t, n, cs, before, devs, "after the devicemanager's restart")
+	sameSlice(t, n, cs, before, devs, "after the dramanager's restart")
 
 	n.killAPI()
 	n.startAPI()
@@ -148,7 +148,7 @@ func TestDRASlicesSurviveKills(t *testing.T) {
 	if rv(t, after.ResourceVersion) <= rv(t, before.ResourceVersion) {
 		t.Errorf("resourceVersion %s after the restarts, was %s before them", after.ResourceVersion, before.ResourceVersion)
 	}
-	alive(t, n.dmProcess())
+	alive(t, n.draProcess())
 }
 
 // sameSlice checks that the API lists the driver's one slice as before
@@ -268,7 +268,7 @@ func TestDRARollingUpdate(t *testing.T) {
 }
 
 // TestDRADriverGoneWhileDeviceManagerDown stops the driver while the
-// devicemanager is killed: the restarted devicemanager finds the driver's
+// dramanager is killed: the restarted dramanager finds the driver's
 // slices of a driver no longer registered and deletes them after the delay.
 func TestDRADriverGoneWhileDeviceManagerDown(t *testing.T) {
 	n := startDRANode(t, shortDelay)
@@ -278,11 +278,11 @@ func TestDRADriverGoneWhileDeviceManagerDown(t *testing.T) {
 	n.waitDriver(testDriver, oneServing(1, ""))
 	n.waitSlices(cs, testDriver, devs)
 
-	n.killDM()
+	n.killDRA()
 	if err := d.proc.Stop(30 * time.Second); err != nil {
 		t.Fatalf("driver stop: %v", err)
 	}
-	n.startDM()
+	n.startDRA()
 	n.waitNoSlices(cs, testDriver)
-	alive(t, n.dmProcess())
+	alive(t, n.draProcess())
 }

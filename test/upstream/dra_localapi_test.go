@@ -160,7 +160,7 @@ func TestDRALocalAPIForbidden(t *testing.T) {
 // selectors that do not parse, a body over the limit. Each gets a 4xx
 // Status (422 naming the bad fields for invalid objects), nothing is
 // stored, nodeplug-apiserver serves on (the same process), and so does the
-// devicemanager, on its gRPC API.
+// dramanager, on its gRPC API.
 func TestDRALocalAPIBadInput(t *testing.T) {
 	n := startDRANode(t, longDelay)
 	cfg := n.restConfig(n.kubeconfig())
@@ -236,7 +236,7 @@ func TestDRALocalAPIBadInput(t *testing.T) {
 	if got := n.apiProcess().Cmd.Process.Pid; got != pid {
 		t.Fatalf("nodeplug-apiserver pid %d, was %d", got, pid)
 	}
-	alive(t, n.dmProcess())
+	alive(t, n.draProcess())
 	cs := n.client(n.kubeconfig())
 	list, err := cs.ResourceV1().ResourceSlices().List(ctxT(t), metav1.ListOptions{})
 	if err != nil {
@@ -251,15 +251,15 @@ func TestDRALocalAPIBadInput(t *testing.T) {
 	dmGRPCServing(t, n)
 }
 
-// dmGRPCServing checks that the devicemanager answers on its gRPC socket.
+// dmGRPCServing checks that the dramanager answers on its gRPC socket.
 func dmGRPCServing(t *testing.T, n *draNode) {
 	t.Helper()
-	conn, err := rpcutil.DialPeer(n.dmp.Addr("devicemanager"))
+	conn, err := rpcutil.DialPeer(n.dmp.Addr("dramanager"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = conn.Close() }()
 	if _, err := dmv1.NewDeviceManagerServiceClient(conn).ListResources(ctxT(t), &dmv1.ListResourcesRequest{}); err != nil {
-		t.Errorf("devicemanager gRPC after the bad requests: %v", err)
+		t.Errorf("dramanager gRPC after the bad requests: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
-// Disconnect delays (--dra-disconnect-delay): how long the devicemanager
+// Disconnect delays (--dra-disconnect-delay): how long the dramanager
 // keeps the slices of a driver none of whose instances is connected, and,
 // after its start, waits for drivers to register again. Short where a test
 // waits for the deletion; long where a test checks that nothing is deleted
@@ -41,7 +41,7 @@ const (
 	longDelay  = 5 * time.Minute
 )
 
-// draNode is the four services over one root dir, nodeplug-apiserver
+// draNode is the five services over one root dir, nodeplug-apiserver
 // serving the node-local resource API on a free loopback port (kept across
 // its restarts: the kubeconfigs name it), and the DRA drivers the test
 // started, each a process of cmd/dradriver.
@@ -49,9 +49,9 @@ type draNode struct {
 	t    *testing.T
 	root string
 	node string
-	// svc runs the watcher and the reconciler; api nodeplug-apiserver and
-	// dmp the devicemanager, which alone take the node's name (and the
-	// devicemanager the DRA flags).
+	// svc runs the watcher, the devicemanager and the reconciler; api
+	// nodeplug-apiserver and dmp the dramanager, which alone take the
+	// node's name (and the dramanager the DRA flags).
 	svc, api, dmp *stack.Processes
 	drivers       []*stack.Process
 }
@@ -74,10 +74,12 @@ func startDRANode(t *testing.T, delay time.Duration) *draNode {
 	t.Cleanup(n.stop)
 	n.startAPI()
 	ctx := ctxT(t)
-	if err := n.svc.Start(ctx, "watcher"); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"watcher", "devicemanager"} {
+		if err := n.svc.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
 	}
-	n.startDM()
+	n.startDRA()
 	if err := n.svc.Start(ctx, "reconciler"); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +95,7 @@ func (n *draNode) stop() {
 	for _, s := range []struct {
 		p    *stack.Processes
 		name string
-	}{{n.svc, "reconciler"}, {n.dmp, "devicemanager"}, {n.svc, "watcher"}, {n.api, "apiserver"}} {
+	}{{n.svc, "reconciler"}, {n.dmp, "dramanager"}, {n.svc, "devicemanager"}, {n.svc, "watcher"}, {n.api, "apiserver"}} {
 		if p := s.p.Process(s.name); p != nil {
 			_ = p.Stop(10 * time.Second)
 			if n.t.Failed() {
@@ -128,19 +130,19 @@ func (n *draNode) killAPI() { n.api.Kill("apiserver") }
 // apiProcess is nodeplug-apiserver's current process.
 func (n *draNode) apiProcess() *stack.Process { return n.api.Process("apiserver") }
 
-// startDM starts the devicemanager (again, on the same addresses).
-func (n *draNode) startDM() {
+// startDRA starts the dramanager (again, on the same addresses).
+func (n *draNode) startDRA() {
 	n.t.Helper()
-	if err := n.dmp.Start(ctxT(n.t), "devicemanager"); err != nil {
+	if err := n.dmp.Start(ctxT(n.t), "dramanager"); err != nil {
 		n.t.Fatal(err)
 	}
 }
 
-// killDM SIGKILLs the devicemanager.
-func (n *draNode) killDM() { n.dmp.Kill("devicemanager") }
+// killDRA SIGKILLs the dramanager.
+func (n *draNode) killDRA() { n.dmp.Kill("dramanager") }
 
-// dmProcess is the devicemanager's current process.
-func (n *draNode) dmProcess() *stack.Process { return n.dmp.Process("devicemanager") }
+// draProcess is the dramanager's current process.
+func (n *draNode) draProcess() *stack.Process { return n.dmp.Process("dramanager") }
 
 // kubeconfig is the driver's kubeconfig nodeplug-apiserver writes at its
 // start.
@@ -376,10 +378,10 @@ func alive(t *testing.T, p *stack.Process) {
 	}
 }
 
-// draClient is a DRAService client on the devicemanager's socket.
+// draClient is a DRAService client on the dramanager's socket.
 func (n *draNode) draClient() dmv1.DRAServiceClient {
 	n.t.Helper()
-	conn, err := rpcutil.DialPeer(n.dmp.Addr("devicemanager"))
+	conn, err := rpcutil.DialPeer(n.dmp.Addr("dramanager"))
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -387,7 +389,7 @@ func (n *draNode) draClient() dmv1.DRAServiceClient {
 	return dmv1.NewDRAServiceClient(conn)
 }
 
-// waitDriver waits until the devicemanager's ListDRADrivers shows driver
+// waitDriver waits until the dramanager's ListDRADrivers shows driver
 // with instances for which cond holds, and returns it.
 func (n *draNode) waitDriver(driver string, cond func(*dmv1.DRADriver) error) *dmv1.DRADriver {
 	n.t.Helper()

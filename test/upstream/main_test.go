@@ -92,23 +92,28 @@ type dm struct {
 	client dmv1.DeviceManagerServiceClient
 }
 
-// startDM starts a devicemanager over a new root dir.
+// startDM starts a devicemanager over a new root dir, with the dramanager
+// it asks for the claims of a container start and of the pod resources
+// API (there are none: no DRA driver runs).
 func startDM(t *testing.T) *dm {
 	t.Helper()
 	root := testutil.TempDir(t)
 	d := &dm{t: t, root: root, dpDir: filepath.Join(root, "device-plugins"), procs: stack.NewProcesses(binDir, root)}
-	d.start()
 	t.Cleanup(func() {
 		if d.conn != nil {
 			_ = d.conn.Close()
 		}
-		if t.Failed() {
-			if p := d.procs.Process("devicemanager"); p != nil {
-				t.Logf("devicemanager log:\n%s", p.Logs())
+		for _, name := range []string{"devicemanager", "dramanager"} {
+			if p := d.procs.Process(name); t.Failed() && p != nil {
+				t.Logf("%s log:\n%s", name, p.Logs())
 			}
+			d.procs.Kill(name)
 		}
-		d.procs.Kill("devicemanager")
 	})
+	if err := d.procs.Start(ctxT(t), "dramanager"); err != nil {
+		t.Fatal(err)
+	}
+	d.start()
 	return d
 }
 

@@ -51,40 +51,40 @@ func sliceDevices(snap Snapshot, name string) map[string]*dmv1.Device {
 }
 
 // TestFollowsResourceSlices runs a real nodeplug-apiserver and
-// devicemanager and follows the devicemanager: a ResourceSlice created
+// dramanager and follows the dramanager: a ResourceSlice created
 // through the node-local API with the driver kubeconfig (client-go, as a
 // driver writes) shows with its devices' attributes and capacity; after a
-// kill -9 of the devicemanager and a restart the DRA status says the stream
+// kill -9 of the dramanager and a restart the DRA status says the stream
 // went down and then synced again, and an update made after the restart
 // shows; a deletion removes the slice; the driver list and the claim list
 // are fetched without error.
 func TestFollowsResourceSlices(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds and runs nodeplug-apiserver and the devicemanager")
+		t.Skip("builds and runs nodeplug-apiserver and the dramanager")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	bin := testutil.TempDir(t)
-	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-devicemanager", "nodeplug-dramanager"); err != nil {
+	if err := stack.Build(ctx, bin, "nodeplug-apiserver", "nodeplug-dramanager"); err != nil {
 		t.Fatal(err)
 	}
 	root := testutil.TempDir(t)
 	ps := stack.NewProcesses(bin, root)
 	t.Cleanup(func() {
 		ps.StopAll()
-		for _, name := range []string{"apiserver", "devicemanager"} {
+		for _, name := range []string{"apiserver", "dramanager"} {
 			if p := ps.Process(name); t.Failed() && p != nil {
 				t.Logf("%s log:\n%s", name, p.Logs())
 			}
 		}
 	})
 	// The node-local API first, as StartAll starts it.
-	for _, name := range []string{"apiserver", "devicemanager"} {
+	for _, name := range []string{"apiserver", "dramanager"} {
 		if err := ps.Start(ctx, name); err != nil {
 			t.Fatal(err)
 		}
 	}
-	dm, err := rpcutil.DialPeer(ps.Addr("devicemanager"))
+	dm, err := rpcutil.DialPeer(ps.Addr("dramanager"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,15 +157,15 @@ func TestFollowsResourceSlices(t *testing.T) {
 	})
 
 	// kill -9: the stream goes down, and follows the restarted
-	// devicemanager from its new snapshot.
-	ps.Kill("devicemanager")
+	// dramanager from its new snapshot.
+	ps.Kill("dramanager")
 	testutil.Eventually(t, "the DRA stream reported down", func() error {
 		if st.Snapshot().Status[DRA] == "" {
 			return fmt.Errorf("still synced")
 		}
 		return nil
 	})
-	if err := ps.Start(ctx, "devicemanager"); err != nil {
+	if err := ps.Start(ctx, "dramanager"); err != nil {
 		t.Fatal(err)
 	}
 	created.Spec.Devices = append(created.Spec.Devices, device("gpu-1"))

@@ -123,7 +123,7 @@ func TestNodeplugctlPrepareAndClaims(t *testing.T) {
 	})
 	ctl := func(args ...string) string {
 		t.Helper()
-		out, err := exec.Command(filepath.Join(bin, "nodeplugctl"), append([]string{"--root-dir", e.api.Root, "--devicemanager-addr", e.sock}, args...)...).CombinedOutput()
+		out, err := exec.Command(filepath.Join(bin, "nodeplugctl"), append([]string{"--root-dir", e.api.Root, "--dramanager-addr", e.sock}, args...)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("nodeplugctl %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
@@ -176,7 +176,7 @@ func TestNodeplugctlPrepareAndClaims(t *testing.T) {
 	// allocator's reason.
 	e.pendingClaim(t, "bad", "gpu")
 	p.Fail("bad", "device dev-1 does not answer")
-	cmd := exec.Command(filepath.Join(bin, "nodeplugctl"), "--devicemanager-addr", e.sock, "prepare", "--pod-uid", "uid-2", "--namespace", "default",
+	cmd := exec.Command(filepath.Join(bin, "nodeplugctl"), "--dramanager-addr", e.sock, "prepare", "--pod-uid", "uid-2", "--namespace", "default",
 		"--name", "pod-2", "--claim", "gpu=bad", "--container", "main=gpu")
 	failed, err := cmd.CombinedOutput()
 	t.Logf("$ nodeplugctl %s\n%s", strings.Join(cmd.Args[3:], " "), failed)
@@ -187,7 +187,7 @@ func TestNodeplugctlPrepareAndClaims(t *testing.T) {
 		t.Errorf("claims after the failed prepare:\n%s", out)
 	}
 	e.pendingClaim(t, "nofit", "nosuchclass")
-	cmd = exec.Command(filepath.Join(bin, "nodeplugctl"), "--devicemanager-addr", e.sock, "prepare", "--pod-uid", "uid-3", "--namespace", "default",
+	cmd = exec.Command(filepath.Join(bin, "nodeplugctl"), "--dramanager-addr", e.sock, "prepare", "--pod-uid", "uid-3", "--namespace", "default",
 		"--name", "pod-3", "--claim", "gpu=nofit", "--container", "main=gpu")
 	failed, err = cmd.CombinedOutput()
 	t.Logf("$ nodeplugctl %s\n%s", strings.Join(cmd.Args[3:], " "), failed)
