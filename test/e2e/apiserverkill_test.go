@@ -24,6 +24,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
 
+	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/layout"
@@ -42,8 +43,9 @@ const (
 // one pod after another: they go on without an error while it is down, and
 // so does the start of a container whose DRA claim was prepared before. A
 // DRA prepare while it is down fails with an error that names the resource
-// API, not the devicemanager; once nodeplug-apiserver is started again, the
-// same prepare succeeds, from the same devicemanager process.
+// API, not the dramanager; once nodeplug-apiserver is started again, the
+// same prepare succeeds, from the same dramanager process, and neither
+// manager was restarted.
 func TestAPIServerKillLeavesDevicePluginsServing(t *testing.T) {
 	e := newEnv(t)
 	e.plugin("killdp", killResource, 8, false)
@@ -55,7 +57,7 @@ func TestAPIServerKillLeavesDevicePluginsServing(t *testing.T) {
 	if _, err := dra.PrepareResources(ctx, claimPrepare("dra-pod-0", claims[0])); err != nil {
 		t.Fatalf("PrepareResources with nodeplug-apiserver up: %v", err)
 	}
-	dm := e.st.Process("devicemanager")
+	dm, drm := e.st.Process("devicemanager"), e.st.Process("dramanager")
 
 	loop := startServingLoop(t, e, "dra-pod-0")
 	loop.waitRounds(t, 3)
@@ -71,8 +73,8 @@ func TestAPIServerKillLeavesDevicePluginsServing(t *testing.T) {
 	if !strings.Contains(msg, "nodeplug-apiserver") && !strings.Contains(msg, "resource API") {
 		t.Errorf("PrepareResources with nodeplug-apiserver down: %v; want an error naming nodeplug-apiserver or the resource API", err)
 	}
-	if strings.Contains(msg, "devicemanager") {
-		t.Errorf("PrepareResources with nodeplug-apiserver down: %v; the devicemanager is not what is down", err)
+	if strings.Contains(msg, "dramanager") {
+		t.Errorf("PrepareResources with nodeplug-apiserver down: %v; the dramanager is not what is down", err)
 	}
 	loop.waitRounds(t, loop.rounds.Load()+5)
 	t.Logf("with nodeplug-apiserver down: %d rounds served; the prepare failed with %v", loop.rounds.Load()-killedAt, err)
@@ -90,15 +92,17 @@ func TestAPIServerKillLeavesDevicePluginsServing(t *testing.T) {
 	}
 	loop.waitRounds(t, loop.rounds.Load()+3)
 	loop.stop(t)
-	if got := e.st.Process("devicemanager"); got != dm || got.Cmd.Process.Signal(syscall.Signal(0)) != nil {
-		t.Errorf("the devicemanager was restarted or exited (%v)", got.Err())
+	for name, p := range map[string]*stack.Process{"devicemanager": dm, "dramanager": drm} {
+		if got := e.st.Process(name); got != p || got.Cmd.Process.Signal(syscall.Signal(0)) != nil {
+			t.Errorf("the %s was restarted or exited (%v)", name, got.Err())
+		}
 	}
 }
 
-// draClient is a DRAService client on the devicemanager's socket.
+// draClient is a DRAService client on the dramanager's socket.
 func (e *env) draClient() dmv1.DRAServiceClient {
 	e.t.Helper()
-	conn, err := rpcutil.DialPeer(e.st.Addr("devicemanager"))
+	conn, err := rpcutil.DialPeer(e.st.Addr("dramanager"))
 	if err != nil {
 		e.t.Fatal(err)
 	}
