@@ -178,7 +178,7 @@ func (f *fakeClaims) ListClaims(_ context.Context, req *dmv1.ListClaimsRequest) 
 func TestPrepareAndClaimsAgainstGRPCServer(t *testing.T) {
 	f := &fakeClaims{prepared: make(chan *dmv1.PrepareResourcesRequest, 2)}
 	sock := serveFake(t, func(s *grpc.Server) { dmv1.RegisterDRAServiceServer(s, f) })
-	code, out, errOut := runCLI(t, "--devicemanager-addr", sock, "prepare", "--pod-uid", "pod-1", "--namespace", "default", "--name", "p1",
+	code, out, errOut := runCLI(t, "--dramanager-addr", sock, "prepare", "--pod-uid", "pod-1", "--namespace", "default", "--name", "p1",
 		"--claim", "gpu=gpu-claim", "--container", "main=gpu", "--container", "side=gpu/gpu")
 	if code != 0 {
 		t.Fatalf("prepare: exit %d: %s", code, errOut)
@@ -194,7 +194,7 @@ side       -                         -
 	if out != want {
 		t.Errorf("prepare output:\n%s\nwant:\n%s", out, want)
 	}
-	code, out, _ = runCLI(t, "--devicemanager-addr", sock, "prepare", "-o", "json", "--pod-uid", "pod-1", "--namespace", "default", "--name", "p1",
+	code, out, _ = runCLI(t, "--dramanager-addr", sock, "prepare", "-o", "json", "--pod-uid", "pod-1", "--namespace", "default", "--name", "p1",
 		"--claim", "gpu=gpu-claim", "--container", "main=gpu")
 	<-f.prepared
 	var resp struct {
@@ -206,7 +206,7 @@ side       -                         -
 	if err := json.Unmarshal([]byte(out), &resp); code != 0 || err != nil || len(resp.Containers) != 2 || resp.Containers[0].CdiDeviceIds[0] != "example.com/gpu=u1-gpu-0" {
 		t.Errorf("prepare JSON (exit %d) %s: %v", code, out, err)
 	}
-	code, out, errOut = runCLI(t, "--devicemanager-addr", sock, "claims", "--namespace", "team")
+	code, out, errOut = runCLI(t, "--dramanager-addr", sock, "claims", "--namespace", "team")
 	if code != 0 || !strings.Contains(out, "team/gpu-claim  allocated") {
 		t.Errorf("claims: exit %d: %s%s", code, out, errOut)
 	}

@@ -85,7 +85,7 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 	msg := st.Message()
 	info, answered := errdefs.InfoOf(err)
 	if answered {
-		if derr := peerFault(op, msg, info); derr != nil {
+		if derr := peerFault(svc.name, op, msg, info); derr != nil {
 			return derr
 		}
 	}
@@ -115,26 +115,28 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 }
 
 // peerFault says an error whose reason blames a DRA driver or a device
-// plugin as its fault, naming it and its socket; nil for other reasons.
-func peerFault(op, msg string, info *errdetails.ErrorInfo) error {
+// plugin as its fault, naming it and its socket, and svc, the service
+// that answered, as the one not at fault; nil for other reasons.
+func peerFault(svc, op, msg string, info *errdetails.ErrorInfo) error {
 	md := info.GetMetadata()
 	driver, socket := md[errdefs.MetaDriver], md[errdefs.MetaSocket]
+	said := fmt.Sprintf("\n  the %s said: %s", svc, msg)
 	switch info.GetReason() {
 	case errdefs.ReasonDRADriverUnreachable:
-		return fmt.Errorf("%s: DRA driver %s is not reachable at %s: the driver is at fault, not the devicemanager — is the driver running? (nodeplugctl drivers)\n  the devicemanager said: %s",
-			op, driver, socket, msg)
+		return fmt.Errorf("%s: DRA driver %s is not reachable at %s: the driver is at fault, not the %s — is the driver running? (nodeplugctl drivers)%s",
+			op, driver, socket, svc, said)
 	case errdefs.ReasonDRADriverFailed:
-		return fmt.Errorf("%s: DRA driver %s (socket %s) failed: the driver is at fault, not the devicemanager — see the driver's log\n  the devicemanager said: %s",
-			op, driver, socket, msg)
+		return fmt.Errorf("%s: DRA driver %s (socket %s) failed: the driver is at fault, not the %s — see the driver's log%s",
+			op, driver, socket, svc, said)
 	case errdefs.ReasonDevicePluginUnreachable:
-		return fmt.Errorf("%s: the device plugin of %s did not answer %s at %s: the plugin is at fault, not the devicemanager — is the plugin running? (nodeplugctl plugins)\n  the devicemanager said: %s",
-			op, md[errdefs.MetaResource], md[errdefs.MetaCall], socket, msg)
+		return fmt.Errorf("%s: the device plugin of %s did not answer %s at %s: the plugin is at fault, not the %s — is the plugin running? (nodeplugctl plugins)%s",
+			op, md[errdefs.MetaResource], md[errdefs.MetaCall], socket, svc, said)
 	case errdefs.ReasonDevicePluginFailed:
-		return fmt.Errorf("%s: the device plugin of %s (socket %s) failed %s: the plugin is at fault, not the devicemanager — see the plugin's log\n  the devicemanager said: %s",
-			op, md[errdefs.MetaResource], socket, md[errdefs.MetaCall], msg)
+		return fmt.Errorf("%s: the device plugin of %s (socket %s) failed %s: the plugin is at fault, not the %s — see the plugin's log%s",
+			op, md[errdefs.MetaResource], socket, md[errdefs.MetaCall], svc, said)
 	case errdefs.ReasonDRADriverNotRegistered:
-		return fmt.Errorf("%s: DRA driver %s is not registered on this node — start it, or see why it did not register (nodeplugctl drivers)\n  the devicemanager said: %s",
-			op, driver, msg)
+		return fmt.Errorf("%s: DRA driver %s is not registered on this node — start it, or see why it did not register (nodeplugctl drivers)%s",
+			op, driver, said)
 	}
 	return nil
 }

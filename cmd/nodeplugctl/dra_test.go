@@ -87,7 +87,7 @@ func TestSlicesAndDriversAgainstGRPCServer(t *testing.T) {
 		reconcilerv1.RegisterReconcilerServiceServer(s, f)
 		dmv1.RegisterDRAServiceServer(s, f)
 	})
-	code, out, errOut := runCLI(t, "--devicemanager-addr", sock, "slices", "--driver", "gpu.example.com", "-o", "json")
+	code, out, errOut := runCLI(t, "--dramanager-addr", sock, "slices", "--driver", "gpu.example.com", "-o", "json")
 	if code != 0 {
 		t.Fatalf("slices: exit %d: %s", code, errOut)
 	}
@@ -101,14 +101,14 @@ func TestSlicesAndDriversAgainstGRPCServer(t *testing.T) {
 		t.Errorf("slices JSON %q: %v", out, err)
 	}
 
-	code, out, errOut = runCLI(t, "--reconciler-addr", sock, "--devicemanager-addr", sock, "drivers")
+	code, out, errOut = runCLI(t, "--reconciler-addr", sock, "--dramanager-addr", sock, "drivers")
 	if code != 0 || errOut != "" {
 		t.Fatalf("drivers: exit %d: %s", code, errOut)
 	}
 	if !strings.Contains(out, "DRA DRIVER       VERSIONS") || !strings.Contains(out, "/r/dra.sock  -        ready       yes") {
 		t.Errorf("drivers table:\n%s", out)
 	}
-	code, out, _ = runCLI(t, "--reconciler-addr", sock, "--devicemanager-addr", sock, "drivers", "-o", "json")
+	code, out, _ = runCLI(t, "--reconciler-addr", sock, "--dramanager-addr", sock, "drivers", "-o", "json")
 	var doc struct {
 		DraDrivers           []struct{ Name string }
 		DraDriverConnections []struct {

@@ -40,12 +40,12 @@ func serveFailing(t *testing.T, err error) string {
 	})
 }
 
-// An UNAVAILABLE the devicemanager answers is never "cannot reach the
-// devicemanager", whatever words its message holds: a DRA driver that
+// An UNAVAILABLE the dramanager answers is never "cannot reach the
+// dramanager", whatever words its message holds: a DRA driver that
 // cannot be reached, failed or is not registered is said as the driver's
 // fault, naming it and its socket; another UNAVAILABLE as the
-// devicemanager's answer. Only a transport failure is "cannot reach".
-func TestDriverFaultsAreNotTheDevicemanagers(t *testing.T) {
+// dramanager's answer. Only a transport failure is "cannot reach".
+func TestDriverFaultsAreNotTheDRAManagers(t *testing.T) {
 	const sock = "/var/lib/kubelet/plugins/gpu.example.com/dra.sock"
 	meta := map[string]string{errdefs.MetaDriver: "gpu.example.com", errdefs.MetaSocket: sock, errdefs.MetaCall: "NodePrepareResources"}
 	driverErr := func(reason, msg string, kind error) error {
@@ -58,20 +58,20 @@ func TestDriverFaultsAreNotTheDevicemanagers(t *testing.T) {
 		want []string
 	}{
 		{"driver down", driverErr(errdefs.ReasonDRADriverUnreachable, "connection error: dial unix: connect: connection refused", errdefs.ErrUnavailable),
-			[]string{"DRA driver gpu.example.com is not reachable at " + sock, "the driver is at fault, not the devicemanager", "connection refused"}},
+			[]string{"DRA driver gpu.example.com is not reachable at " + sock, "the driver is at fault, not the dramanager", "connection refused"}},
 		{"driver failed", driverErr(errdefs.ReasonDRADriverFailed, "boom", errdefs.ErrInternal),
-			[]string{"DRA driver gpu.example.com (socket " + sock + ") failed", "the driver is at fault, not the devicemanager", "boom"}},
+			[]string{"DRA driver gpu.example.com (socket " + sock + ") failed", "the driver is at fault, not the dramanager", "boom"}},
 		{"driver not registered", errdefs.WithReason(fmt.Errorf("DRA driver gpu.example.com is not registered on this node: %w", errdefs.ErrUnavailable),
 			errdefs.ReasonDRADriverNotRegistered, map[string]string{errdefs.MetaDriver: "gpu.example.com"}),
 			[]string{"DRA driver gpu.example.com is not registered on this node — start it"}},
-		{"the devicemanager's own", fmt.Errorf("reserve ResourceClaim default/c: Get \"https://127.0.0.1/\": EOF: %w", errdefs.ErrUnavailable),
-			[]string{"EOF: unavailable (the devicemanager at ", "says: unavailable)"}},
+		{"the dramanager's own", fmt.Errorf("reserve ResourceClaim default/c: Get \"https://127.0.0.1/\": EOF: %w", errdefs.ErrUnavailable),
+			[]string{"EOF: unavailable (the dramanager at ", "says: unavailable)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := serveFailing(t, tc.err)
-			code, _, errOut := runCLI(t, "--devicemanager-addr", addr, "prepare", "--pod-uid", "u", "--namespace", "default", "--name", "p",
+			code, _, errOut := runCLI(t, "--dramanager-addr", addr, "prepare", "--pod-uid", "u", "--namespace", "default", "--name", "p",
 				"--claim", "c=c", "--container", "main=c")
-			if code != exitError || strings.Contains(errOut, "cannot reach the devicemanager") {
+			if code != exitError || strings.Contains(errOut, "cannot reach the dramanager") {
 				t.Fatalf("exit %d: %s", code, errOut)
 			}
 			for _, w := range tc.want {
@@ -81,10 +81,10 @@ func TestDriverFaultsAreNotTheDevicemanagers(t *testing.T) {
 			}
 		})
 	}
-	code, _, errOut := runCLI(t, "--devicemanager-addr", "/nonexistent/devicemanager.sock", "prepare", "--pod-uid", "u", "--namespace", "default",
+	code, _, errOut := runCLI(t, "--dramanager-addr", "/nonexistent/dramanager.sock", "prepare", "--pod-uid", "u", "--namespace", "default",
 		"--name", "p", "--claim", "c=c", "--container", "main=c")
-	if code != exitError || !strings.Contains(errOut, "cannot reach the devicemanager at /nonexistent/devicemanager.sock") {
-		t.Errorf("no devicemanager: exit %d: %s", code, errOut)
+	if code != exitError || !strings.Contains(errOut, "cannot reach the dramanager at /nonexistent/dramanager.sock") {
+		t.Errorf("no dramanager: exit %d: %s", code, errOut)
 	}
 }
 

@@ -138,7 +138,7 @@ func setup(ctx context.Context, rt *app.Runtime, grace time.Duration, opts store
 // errResourceAPIListenGone is what the devicemanager's former
 // --resource-api-listen answers.
 var errResourceAPIListenGone = errors.New("--resource-api-listen is gone from the devicemanager: the node-local resource API " +
-	"is served by nodeplug-apiserver (its --resource-api-listen); the devicemanager reaches it through <root-dir>/nodeplug/kubeconfig-internal")
+	"is served by nodeplug-apiserver (its --resource-api-listen); nodeplug-dramanager reaches it through <root-dir>/nodeplug/kubeconfig-internal")
 
 // draFlagGone is what a DRA flag the devicemanager had answers.
 func draFlagGone(name string) error {

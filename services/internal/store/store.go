@@ -1,8 +1,11 @@
-// Package store keeps the devicemanager's state durable: one record per
-// resource (its devices and endpoints) and one per allocation (a
-// container's devices of one resource), behind the Store interface.
+// Package store keeps the managers' state durable: the devicemanager's,
+// one record per resource (its devices and endpoints) and one per
+// allocation (a container's devices of one resource), and the
+// dramanager's, one record per prepared DRA claim or intent (claims.go),
+// behind the Store interface. Each manager has a journal of its own.
 //
-// Journal is the Store: in the device-plugins directory, a snapshot of the
+// Journal is the Store: in its directory (the devicemanager's
+// device-plugins directory, the dramanager's dra-manager), a snapshot of the
 // whole state (nodeplug_checkpoint) and, beside it, an append-only journal
 // of the changes since (nodeplug_checkpoint.journal.<N>), each change one
 // checksummed record. A change costs one append, and every change that
@@ -35,7 +38,7 @@ import (
 	"strings"
 )
 
-// Store makes the devicemanager's state durable.
+// Store makes a manager's state durable.
 //
 // Ordering: changes take effect in the order of the Append calls. Wait(t)
 // returns nil once every change appended up to t, and every change

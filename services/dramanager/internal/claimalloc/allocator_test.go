@@ -292,7 +292,7 @@ func TestConcurrentReservesNeverShareADevice(t *testing.T) {
 	}
 }
 
-// Two Allocators of one node (as an old and a new devicemanager overlapping
+// Two Allocators of one node (as an old and a new dramanager overlapping
 // for a moment) reserving one claim at once: the claim's resourceVersion
 // keeps their writes apart (409, read again), so it is allocated once and
 // reserved for both pods.

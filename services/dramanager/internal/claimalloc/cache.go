@@ -24,7 +24,7 @@ type caches struct {
 
 var errRunning = errors.New("claim allocation: Run is already running")
 
-// Follow makes Run read kc's informers, shared with the devicemanager's
+// Follow makes Run read kc's informers, shared with the dramanager's
 // other readers of the API, instead of informers of its own. It is called
 // before Run; kc is run by its owner.
 func (a *Allocator) Follow(kc *kubecache.Cache) { a.kc = kc }

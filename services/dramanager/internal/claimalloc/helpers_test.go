@@ -22,7 +22,7 @@ const (
 	nic      = "nic.example.com"
 )
 
-// env is the node-local API served for a test, as the devicemanager serves
+// env is the node-local API served for a test, as the dramanager serves
 // it, with its client and an Allocator over it.
 type env struct {
 	t      *testing.T

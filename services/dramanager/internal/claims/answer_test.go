@@ -110,7 +110,7 @@ func checkRefused(t *testing.T, e *env, l *plugin, claim string, err error, want
 
 // A driver that is down fails the prepare as unavailable, and the reason
 // that blames the driver, with its name and socket, survives to the
-// status the devicemanager answers.
+// status the dramanager answers.
 func TestDriverDownIsTheDriversFault(t *testing.T) {
 	e := newEnv(t)
 	e.claim("one", "gpu")

@@ -4,7 +4,7 @@
 // driver and sent to NodePrepareResources; a claim is recorded as prepared
 // only after its driver succeeded, is shared between pods by reference
 // count, and is unprepared (retried until it succeeds) when the last pod
-// using it is released. The records live in the devicemanager's journal.
+// using it is released. The records live in the dramanager's journal.
 //
 // This file is the contract between the parts: the Manager here, the
 // Reserver (claim allocation against the node's ResourceSlices) and the

@@ -31,8 +31,8 @@ const (
 type Config struct {
 	Reserver Reserver
 	Drivers  Drivers
-	// Journal is the devicemanager's store, wrapped (NewJournal) and
-	// loaded (the state core's Restore) before New is called.
+	// Journal is the dramanager's store, wrapped (NewJournal) and loaded
+	// (Journal.Load, and Import at a first start) before New is called.
 	Journal *Journal
 	// AllocatedHere tells a claim this node allocated (it is recorded;
 	// Reserver.Unreserve deallocates such a claim after its last pod).
@@ -83,7 +83,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	saved, loaded := cfg.Journal.Saved()
 	if !loaded {
-		return nil, fmt.Errorf("claims: the journal was not loaded (the state core restores it first): %w", errdefs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("claims: the journal was not loaded (Journal.Load comes first): %w", errdefs.ErrFailedPrecondition)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)

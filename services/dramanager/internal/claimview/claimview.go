@@ -101,7 +101,7 @@ func New(client kubernetes.Interface, node string, records Records, health Healt
 // about its claims), until a prepare naming the claim succeeds.
 func (v *View) Prepare(ctx context.Context, req claims.PrepareRequest) ([]claims.ContainerResult, error) {
 	if v.records == nil {
-		return nil, fmt.Errorf("this devicemanager does not prepare ResourceClaims: %w", errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("this dramanager does not prepare ResourceClaims: %w", errdefs.ErrUnavailable)
 	}
 	keys := make([]string, 0, len(req.PodClaims))
 	for _, pc := range req.PodClaims {

@@ -1,5 +1,5 @@
 // Package dratest runs the real parts the DRA tests need: the node-local
-// resource API (package kubeaccess, as the devicemanager serves it) and DRA
+// resource API (package kubeaccess, as the dramanager serves it) and DRA
 // drivers built on the upstream kubeletplugin helper, each pointed at that
 // API with the driver kubeconfig, as a driver on a nodeplug node is.
 // Only tests import it.
@@ -38,7 +38,7 @@ const Node = "node-1"
 // API is a running node-local resource API.
 type API struct {
 	Root string
-	// Client has the devicemanager's own (internal) role.
+	// Client has the dramanager's own (internal) role.
 	Client kubernetes.Interface
 	// DriverClient uses <root>/nodeplug/kubeconfig, the drivers' one.
 	DriverClient kubernetes.Interface

@@ -80,7 +80,7 @@ func claimsRequest(refs []claims.ClaimRef) []*drapbv1.Claim {
 // unreachable driver is unavailable), and the error carries the reason
 // (errdefs.ReasonDRADriverUnreachable, or ReasonDRADriverFailed for any
 // other failure) with the driver, its socket and the call, so that the
-// caller learns that the driver, not the devicemanager, is at fault.
+// caller learns that the driver, not the dramanager, is at fault.
 func callError(method string, c Conn, err error) error {
 	err = errdefs.FromGRPC(err)
 	reason := errdefs.ReasonDRADriverFailed

@@ -128,7 +128,7 @@ func (in *instance) healthStream() (got bool, err error) {
 		stream, err = drahealthv1.V1Alpha1ClientWrapper{Client: drahealthv1alpha1.NewDRAResourceHealthClient(in.conn)}.
 			NodeWatchResources(ctx, &drahealthv1.NodeWatchResourcesRequest{})
 	default:
-		return false, status.Errorf(codes.Unimplemented, "health service %q is not supported by the devicemanager", in.healthService)
+		return false, status.Errorf(codes.Unimplemented, "health service %q is not supported by the dramanager", in.healthService)
 	}
 	if err != nil {
 		return false, err

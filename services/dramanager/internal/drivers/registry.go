@@ -1,4 +1,4 @@
-// Package drivers keeps the devicemanager's connections to DRA drivers, as the
+// Package drivers keeps the dramanager's connections to DRA drivers, as the
 // kubelet's DRA plugin manager (pkg/kubelet/cm/dra/plugin) does: each
 // registered instance of a driver is dialled and its connection kept;
 // several instances of one driver may be registered at once (the
@@ -10,7 +10,7 @@
 // Unlike the kubelet, which deletes all of the node's slices the moment it
 // starts, the registry waits the same delay after its start before it
 // deletes the slices of the drivers that have not registered (again) by
-// then: after a devicemanager restart the reconciler registers the
+// then: after a dramanager restart the reconciler registers the
 // drivers anew, and deleting at once would wipe the slices of drivers that
 // never stopped serving, which then publish them again — a dip in what
 // the node offers, for nothing.

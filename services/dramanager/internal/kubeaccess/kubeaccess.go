@@ -1,8 +1,8 @@
-// Package kubeaccess gives the devicemanager its Kubernetes API client: a
+// Package kubeaccess gives the dramanager its Kubernetes API client: a
 // cluster's, named by --kubeconfig, or else the node-local resource API
 // that nodeplug-apiserver serves, reached through the kubeconfig it writes
-// for the devicemanager (<root>/nodeplug/kubeconfig-internal). Either way
-// the API is another process: the rest of the devicemanager gets a
+// for the dramanager (<root>/nodeplug/kubeconfig-internal). Either way
+// the API is another process: the rest of the dramanager gets a
 // client-go kubernetes.Interface and the node name, and nothing here
 // serves anything.
 package kubeaccess
@@ -18,7 +18,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/nodename"
 )
 
-// userAgent is how the API's logs and metrics name the devicemanager.
+// userAgent is how the API's logs and metrics name the dramanager.
 const userAgent = "nodeplug-dramanager"
 
 // Options configures Open.
@@ -30,7 +30,7 @@ type Options struct {
 	NodeName string
 }
 
-// Access is the API the devicemanager uses.
+// Access is the API the dramanager uses.
 type Access struct {
 	Client kubernetes.Interface
 	// Config is Client's configuration.
@@ -44,17 +44,17 @@ type Access struct {
 }
 
 // LocalKubeconfig is the kubeconfig nodeplug-apiserver writes for the
-// devicemanager under root.
+// dramanager under root.
 func LocalKubeconfig(root string) string { return layout.IdentityKubeconfigFile(root, "internal") }
 
 // Open builds the client: for --kubeconfig, from that file (errors name
 // the flag); for the node-local API, over a transport that reads the
-// kubeconfig nodeplug-apiserver writes for the devicemanager at each
+// kubeconfig nodeplug-apiserver writes for the dramanager at each
 // request that finds it changed (localTransport). Nothing waits for the
 // API, and no request is made: an API server that is not up yet, or that
 // was restarted on another port, is found by the calls, each of which
 // fails on its own (naming nodeplug-apiserver) while the rest of the
-// devicemanager serves.
+// dramanager serves.
 func Open(opts Options) (*Access, error) {
 	node, err := nodename.Resolve(opts.NodeName)
 	if err != nil {
@@ -69,7 +69,7 @@ func Open(opts Options) (*Access, error) {
 			Host:      "https://" + localHost,
 			Transport: &localTransport{path: a.Kubeconfig},
 			// The node-local API serves this node alone: no client-side
-			// throttling between the devicemanager and it.
+			// throttling between the dramanager and it.
 			QPS: -1,
 		}
 	} else if a.Config, err = clientcmd.BuildConfigFromFlags("", a.Kubeconfig); err != nil {

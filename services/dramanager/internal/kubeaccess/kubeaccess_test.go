@@ -15,7 +15,7 @@ import (
 
 const testNode = "node-a"
 
-// TestLocalAPIFollowsTheKubeconfig: the devicemanager's client is made
+// TestLocalAPIFollowsTheKubeconfig: the dramanager's client is made
 // before nodeplug-apiserver ever ran; its calls fail naming it until the
 // kubeconfig appears, then reach the server it names, and again after the
 // server was stopped and served anew.

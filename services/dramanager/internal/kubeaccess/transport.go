@@ -24,10 +24,10 @@ const localHost = "nodeplug-apiserver.local"
 var ErrNoLocalAPI = errors.New("the node-local resource API is not running")
 
 // localTransport is the node-local API's transport. At each request it
-// looks at the kubeconfig nodeplug-apiserver writes for the devicemanager
+// looks at the kubeconfig nodeplug-apiserver writes for the dramanager
 // and, when the file is new or changed (another port, renewed
 // certificates), builds the TLS transport it describes anew; the request
-// goes to the server it names. So the devicemanager starts, and its
+// goes to the server it names. So the dramanager starts, and its
 // device-plugin half serves, whether or not nodeplug-apiserver has run
 // yet, and follows it across restarts.
 type localTransport struct {

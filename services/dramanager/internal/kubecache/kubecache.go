@@ -1,4 +1,4 @@
-// Package kubecache follows the Kubernetes objects the devicemanager's DRA
+// Package kubecache follows the Kubernetes objects the dramanager's DRA
 // half reads, each kind once, with one informer: the Node, this node's
 // ResourceSlices and those of no one node, the DeviceClasses, and the
 // ResourceClaims (kept with their identity and allocation only, which is
@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// Cache is the devicemanager's informers over one API.
+// Cache is the dramanager's informers over one API.
 type Cache struct {
 	// Node is this node's Node (by metadata.name).
 	Node cache.SharedIndexInformer
@@ -47,7 +47,7 @@ type Cache struct {
 // Each informer is built from its typed client's List and Watch rather
 // than from client-go's informer factory: the factory's package pulls in
 // the informers and listers of every API group (some 120 packages the
-// devicemanager would compile and link for the five it reads).
+// dramanager would compile and link for the five it reads).
 func New(client kubernetes.Interface, node string) (*Cache, error) {
 	nodeName := fields.OneTermEqualSelector("metadata.name", node).String()
 	mine := fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, node).String()

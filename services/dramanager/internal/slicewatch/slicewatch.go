@@ -1,4 +1,4 @@
-// Package slicewatch is this node's ResourceSlices as the devicemanager's
+// Package slicewatch is this node's ResourceSlices as the dramanager's
 // API streams them: it follows the slice informer it is given (the one
 // kubecache shares with the claim allocator, so slices are cached once)
 // and fans each change out, numbered by a revision, to subscribers through
