@@ -48,7 +48,7 @@ func runChaos(t *testing.T, cfg Config) *Results {
 
 // TestChaosShort is the short form of `make chaos` over freshly built
 // binaries: a few SIGKILLs under load, a few devicemanager kills mid-burst
-// and during checkpoint compactions, devicemanager kills while DRA drivers
+// and during checkpoint compactions, dramanager kills while DRA drivers
 // publish ResourceSlices, and each kind of damage to the
 // snapshot and the journal, with every invariant checked after
 // each restart. Every wait in it is for a state, with a generous deadline;
