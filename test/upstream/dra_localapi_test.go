@@ -259,7 +259,7 @@ func dmGRPCServing(t *testing.T, n *draNode) {
 		t.Fatal(err)
 	}
 	defer func() { _ = conn.Close() }()
-	if _, err := dmv1.NewDeviceManagerServiceClient(conn).ListResources(ctxT(t), &dmv1.ListResourcesRequest{}); err != nil {
+	if _, err := dmv1.NewDRAServiceClient(conn).ListDRADrivers(ctxT(t), &dmv1.ListDRADriversRequest{}); err != nil {
 		t.Errorf("dramanager gRPC after the bad requests: %v", err)
 	}
 }
