@@ -15,8 +15,9 @@ type PodClaims struct {
 }
 
 // Pods returns every pod that uses a prepared claim, by namespace, name
-// and UID (what the pod resources API lists as dynamic resources).
-func (m *Manager) Pods() []PodClaims {
+// and UID (what the pod resources API lists as dynamic resources), or,
+// when podUID is not empty, only that pod (a container start's).
+func (m *Manager) Pods(podUID string) []PodClaims {
 	byUID := map[string]*PodClaims{}
 	m.mu.Lock()
 	for _, r := range m.records {
@@ -24,8 +25,14 @@ func (m *Manager) Pods() []PodClaims {
 			continue
 		}
 		ref := ClaimRef{Namespace: r.rec.Namespace, Name: r.rec.Name, UID: r.rec.UID}
-		devs := devicesOf(r.rec.Devices)
+		var devs []Device // read once per claim, and only for a pod asked for
 		for _, p := range r.rec.Pods {
+			if podUID != "" && p.UID != podUID {
+				continue
+			}
+			if devs == nil {
+				devs = devicesOf(r.rec.Devices)
+			}
 			pc := byUID[p.UID]
 			if pc == nil {
 				pc = &PodClaims{Pod: PodRef{UID: p.UID, Namespace: p.Namespace, Name: p.Name}}
@@ -63,10 +70,7 @@ func (m *Manager) Pods() []PodClaims {
 // claims and requests it references, without duplicates, and those
 // devices. ok is false when the container references no prepared claim.
 func (m *Manager) Container(podUID, container string) (res ContainerResult, ok bool) {
-	for _, pc := range m.Pods() {
-		if pc.Pod.UID != podUID {
-			continue
-		}
+	for _, pc := range m.Pods(podUID) {
 		for _, c := range pc.Containers {
 			if c.Container == container {
 				return c, true

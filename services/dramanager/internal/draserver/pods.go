@@ -14,7 +14,7 @@ import (
 // Pods is what the service needs of the claims manager for the
 // devicemanager's calls: the pods' prepared claims, and a pod's release.
 type Pods interface {
-	Pods() []claims.PodClaims
+	Pods(podUID string) []claims.PodClaims
 	ReleasePod(ctx context.Context, podUID string) (int, error)
 }
 
@@ -30,10 +30,7 @@ func (s *Service) ListPodClaims(_ context.Context, req *dmv1.ListPodClaimsReques
 		return nil, fmt.Errorf("this dramanager does not prepare ResourceClaims: %w", errdefs.ErrUnavailable)
 	}
 	out := &dmv1.ListPodClaimsResponse{InstanceId: s.instanceID}
-	for _, pc := range s.pods.Pods() {
-		if req.GetPodUid() != "" && pc.Pod.UID != req.GetPodUid() {
-			continue
-		}
+	for _, pc := range s.pods.Pods(req.GetPodUid()) {
 		p := &dmv1.PodClaims{PodUid: pc.Pod.UID, PodNamespace: pc.Pod.Namespace, PodName: pc.Pod.Name}
 		for _, c := range pc.Containers {
 			p.Containers = append(p.Containers, containerToAPI(c))

@@ -33,6 +33,9 @@ type DeviceManager struct {
 	dra    devicemanagerv1.DRAServiceClient           // nil for the devicemanager
 	name   string                                     // "devicemanager" or "dramanager", for logs
 	log    *slog.Logger
+	// watch is the stream Run follows: WatchResources, or the
+	// dramanager's WatchResourceSlices (watchSlices).
+	watch func(ctx context.Context) (synced bool, err error)
 
 	mu         sync.Mutex
 	instance   string
@@ -48,12 +51,14 @@ func NewDeviceManager(conn grpc.ClientConnInterface, log *slog.Logger, onRestart
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &DeviceManager{
+	m := &DeviceManager{
 		client:    devicemanagerv1.NewDeviceManagerServiceClient(conn),
 		name:      "devicemanager",
 		log:       log,
 		onRestart: onRestart,
 	}
+	m.watch = m.watchResources
+	return m
 }
 
 // NewDRAManager returns nodeplug-dramanager reached through conn, which
@@ -63,12 +68,14 @@ func NewDRAManager(conn grpc.ClientConnInterface, log *slog.Logger, onRestart fu
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &DeviceManager{
+	m := &DeviceManager{
 		dra:       devicemanagerv1.NewDRAServiceClient(conn),
 		name:      "dramanager",
 		log:       log,
 		onRestart: onRestart,
 	}
+	m.watch = m.watchSlices
+	return m
 }
 
 // EndpointState is what the devicemanager reports about one endpoint it got
@@ -120,13 +127,9 @@ func (m *DeviceManager) Observe(id string) {
 // backoff, and observes the instance ID of every message, so a restart is
 // noticed even when no registration is in flight.
 func (m *DeviceManager) Run(ctx context.Context) error {
-	watch := m.watch
-	if m.client == nil {
-		watch = m.watchSlices
-	}
 	// A restart is noticed within a quarter second: the registrations it
 	// lost are made again from then on.
-	stream.Resubscribe(ctx, 20*time.Millisecond, 250*time.Millisecond, watch, func(err error, delay time.Duration) {
+	stream.Resubscribe(ctx, 20*time.Millisecond, 250*time.Millisecond, m.watch, func(err error, delay time.Duration) {
 		m.log.Debug(m.name+" watch ended; resubscribing", "error", err, "in", delay)
 	})
 	return nil
@@ -153,7 +156,7 @@ func (m *DeviceManager) watchSlices(ctx context.Context) (synced bool, err error
 	}
 }
 
-func (m *DeviceManager) watch(ctx context.Context) (synced bool, err error) {
+func (m *DeviceManager) watchResources(ctx context.Context) (synced bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Only the endpoints and the instance ID matter here: no device IDs,
