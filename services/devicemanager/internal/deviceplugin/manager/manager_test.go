@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -74,6 +75,23 @@ func registered(t *testing.T, resource string, devices int) (*Manager, *samplepl
 	return m, p, dpDir
 }
 
+// breakStore removes the store's directory, so that no checkpoint can be
+// written until it is made again. A save in flight (a plugin's device
+// list, say) may create a file in it while it is removed, after the
+// listing: it is removed again until it is gone.
+func breakStore(t *testing.T, dir string) {
+	t.Helper()
+	testutil.Eventually(t, dir+" removed", func() error {
+		if err := os.RemoveAll(dir); err != nil {
+			return err
+		}
+		if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%s still there: %v", dir, err)
+		}
+		return nil
+	})
+}
+
 // TestAllocationNotSavedIsRolledBack: an allocation that cannot be made
 // durable is refused and leaves nothing allocated; its device stays taken
 // until the taking back is durable too (the allocation may have reached
@@ -82,9 +100,7 @@ func registered(t *testing.T, resource string, devices int) (*Manager, *samplepl
 func TestAllocationNotSavedIsRolledBack(t *testing.T) {
 	const res = "example.com/unsaved"
 	m, p, dpDir := registered(t, res, 2)
-	if err := os.RemoveAll(dpDir); err != nil { // the checkpoint cannot be written
-		t.Fatal(err)
-	}
+	breakStore(t, dpDir) // the checkpoint cannot be written
 	req := &allocator.Request{PodUID: "pod", Container: "c", Resources: []allocator.ResourceRequest{{Name: res, Count: 1}}}
 	_, err := m.Allocate(ctxT(t), req)
 	if !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "allocation not saved") {
@@ -125,9 +141,7 @@ func TestRegistrationNotSavedFails(t *testing.T) {
 	root := testutil.TempDir(t)
 	m := running(t, root, Config{})
 	dpDir := filepath.Join(root, "device-plugins")
-	if err := os.RemoveAll(dpDir); err != nil { // the checkpoint cannot be written
-		t.Fatal(err)
-	}
+	breakStore(t, dpDir) // the checkpoint cannot be written
 	p := plugintest.Start(t, sampleplugin.Options{Resource: res, Devices: 2, SocketPath: filepath.Join(root, "plugins_registry", "p.sock")})
 	reg := Registration{Resource: res, Endpoint: p.SocketPath(), Versions: []string{"v1beta1"}, Generation: "g", Path: PathPluginsRegistry}
 	err := m.Register(ctxT(t), reg)
@@ -169,9 +183,7 @@ func TestReleaseNotSavedFailsUntilSaved(t *testing.T) {
 	if _, err := m.Allocate(ctxT(t), req); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(dpDir); err != nil {
-		t.Fatal(err)
-	}
+	breakStore(t, dpDir)
 	for i := range 2 {
 		n, err := m.Release(ctxT(t), "pod", "")
 		if n != 0 || !errors.Is(err, errdefs.ErrInternal) || !strings.Contains(err.Error(), "not saved, its devices stay allocated") {
