@@ -252,9 +252,9 @@ type RoundFigures struct {
 	Notify  Dist    `json:"notify"`
 	TotalMs float64 `json:"total_ms"`
 	// CPU per plugin from the first socket to the last plugin's Notify
-	// answered, summed over the registrar's processes: nodeplug's three
-	// services or the contract floor's three processes. Zero for the
-	// floor, which shares its process with the plugins.
+	// answered, summed over the registrar's processes (their CPU clocks):
+	// nodeplug's services or the contract floor's three processes. Zero
+	// for the floor, which shares its process with the plugins.
 	CPUmsPerPlugin float64 `json:"cpu_ms_per_plugin,omitempty"`
 }
 

@@ -351,6 +351,16 @@ func printKubeletHeader(w io.Writer) {
 	fmt.Fprintln(w, "a pass, the mean wait of a random moment. Each figure the median of the rounds; nodeplug/kubelet below 1: nodeplug is faster")
 }
 
+// median is the median of each figure of one registrar's rounds, which
+// of (the nodeplug, floor or contract floor figures of a round).
+func (f FloorResult) median(which func(FloorRound) RoundFigures) RoundFigures {
+	rounds := make([]RoundFigures, 0, len(f.Rounds))
+	for _, rd := range f.Rounds {
+		rounds = append(rounds, which(rd))
+	}
+	return medianFigures(rounds)
+}
+
 // medianFigures is the median of each figure of rounds.
 func medianFigures(rounds []RoundFigures) RoundFigures {
 	var p50, p99, total, cpu []float64

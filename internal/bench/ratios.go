@@ -81,8 +81,8 @@ func kindSlug(kind string) string {
 }
 
 // cpuOverContract is the median over rounds of nodeplug's CPU per plugin
-// over the contract floor's. A round in which either measured none (less
-// than a tick) is left out; zero when every round is.
+// over the contract floor's. A round in which either measured none (its
+// processes' CPU could not be read) is left out; zero when every round is.
 func cpuOverContract(rounds []FloorRound) float64 {
 	var v []float64
 	for _, rd := range rounds {

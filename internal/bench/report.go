@@ -29,21 +29,21 @@ func Print(w io.Writer, r *Results) {
 		fmt.Fprintln(w, "(in-process fsnotify → fresh connection → GetInfo → for device plugins GetDevicePluginOptions and the first")
 		fmt.Fprintln(w, "ListAndWatch answer → Notify); socket appears → NotifyRegistrationStatus(true); ratios nodeplug/floor, median of rounds")
 		for _, f := range r.Floor {
-			last := f.Rounds[len(f.Rounds)-1]
+			np, fl := f.median(func(rd FloorRound) RoundFigures { return rd.Nodeplug }), f.median(func(rd FloorRound) RoundFigures { return rd.Floor })
 			fmt.Fprintf(w, "  %-13s N=%-5d nodeplug p50 %7.1f  p99 %7.1f  total %7.1f ms | floor p50 %7.1f  p99 %7.1f  total %7.1f ms | ratio p50 %.2f×  p99 %.2f×  total %.2f× (target ≤ %.1f×)\n",
-				f.Kind, f.N, last.Nodeplug.Notify.P50, last.Nodeplug.Notify.P99, last.Nodeplug.TotalMs, last.Floor.Notify.P50, last.Floor.Notify.P99, last.Floor.TotalMs,
+				f.Kind, f.N, np.Notify.P50, np.Notify.P99, np.TotalMs, fl.Notify.P50, fl.Notify.P99, fl.TotalMs,
 				f.RatioP50, f.RatioP99, f.RatioTotal, floorTargets[f.Kind])
 		}
 		fmt.Fprintln(w, "Contract floor: the least a registrar split as DESIGN splits nodeplug can do (watcher, reconciler and devicemanager")
 		fmt.Fprintln(w, "processes, their gRPC contracts and a durable registration, nothing else); the total's ratio split in two")
 		for _, f := range r.Floor {
-			last := f.Rounds[len(f.Rounds)-1]
+			np, cf := f.median(func(rd FloorRound) RoundFigures { return rd.Nodeplug }), f.median(func(rd FloorRound) RoundFigures { return rd.Contract })
 			cpu := ""
-			if f.N >= 100 { // the kernel counts CPU in 10 ms ticks
-				cpu = fmt.Sprintf(" | CPU per plugin: nodeplug %.2f ms, contract floor %.2f ms", last.Nodeplug.CPUmsPerPlugin, last.Contract.CPUmsPerPlugin)
+			if f.N >= 100 { // below, a registration's CPU is mostly the burst's fixed costs
+				cpu = fmt.Sprintf(" | CPU per plugin: nodeplug %.2f ms, contract floor %.2f ms", np.CPUmsPerPlugin, cf.CPUmsPerPlugin)
 			}
 			fmt.Fprintf(w, "  %-13s N=%-5d contract floor p50 %7.1f  p99 %7.1f  total %7.1f ms | total contract/floor %.2f×  nodeplug/contract %.2f×%s\n",
-				f.Kind, f.N, last.Contract.Notify.P50, last.Contract.Notify.P99, last.Contract.TotalMs, f.ContractRatioTotal, f.OverheadRatioTotal, cpu)
+				f.Kind, f.N, cf.Notify.P50, cf.Notify.P99, cf.TotalMs, f.ContractRatioTotal, f.OverheadRatioTotal, cpu)
 		}
 	}
 	PrintKubelet(w, r)
