@@ -104,6 +104,7 @@ type Runtime struct {
 	group    *errgroup.Group
 	ctx      context.Context
 	deferred bool
+	sup      *supervisor
 }
 
 // stopTimeout bounds a graceful stop: open streams never end on their own.
@@ -117,6 +118,7 @@ func (rt *Runtime) DeferReady() (ready func()) {
 		// After shutdown began, the health server ignores this.
 		rt.Health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 		rt.Log.Info("ready")
+		rt.sup.ready(rt.Addr.String())
 	}
 }
 

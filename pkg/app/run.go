@@ -167,7 +167,7 @@ func serveUntilStopped(ctx context.Context, svc Service, cfg Config, l *listener
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, gctx := errgroup.WithContext(sctx)
-	rt := &Runtime{Config: cfg, Log: log, Metrics: reg, Server: server, Health: healthSrv, Addr: l.api.Addr(), group: g, ctx: gctx}
+	rt := &Runtime{Config: cfg, Log: log, Metrics: reg, Server: server, Health: healthSrv, Addr: l.api.Addr(), group: g, ctx: gctx, sup: newSupervisor(log)}
 	if l.tcp != nil {
 		rt.TCPAddr = l.tcp.Addr()
 	}
@@ -180,6 +180,12 @@ func serveUntilStopped(ctx context.Context, svc Service, cfg Config, l *listener
 	}
 	if !rt.deferred {
 		healthSrv.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		rt.sup.ready(l.api.Addr().String())
+	}
+	if err := rt.superviseWatchdog(l.api.Addr()); err != nil {
+		cancel()
+		_ = g.Wait()
+		return err
 	}
 	if svc.Settle != nil {
 		rt.Go(func(ctx context.Context) error {
@@ -193,6 +199,7 @@ func serveUntilStopped(ctx context.Context, svc Service, cfg Config, l *listener
 	log.Info("gRPC listening", "service", name, "addr", l.api.Addr().String(), "root_dir", cfg.RootDir, "version", version.Version)
 	rt.serve(l.api, server, func() {
 		log.Info("shutting down")
+		rt.sup.stopping()
 		healthSrv.Shutdown()
 	})
 	if l.tcp != nil {
