@@ -13,6 +13,7 @@ GRPCURL_VERSION       := v1.9.4
 GOLANGCI_LINT_VERSION := v2.15.0
 JAEGER_VERSION        := v1.76.0
 COMPOSE_VERSION       := v5.6.0
+NFPM_VERSION          := v2.48.0
 
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 TOOLS     ?= $(HOME)/.cache/nodeplug/tools
@@ -20,6 +21,10 @@ BUF       := $(TOOLS)/buf-$(BUF_VERSION)
 GRPCURL   := $(TOOLS)/grpcurl-$(GRPCURL_VERSION)
 JAEGER    := $(TOOLS)/jaeger-$(JAEGER_VERSION)
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+NFPM      := $(TOOLS)/nfpm-$(NFPM_VERSION)
+# The Debian package's version (make package): see scripts/package-version.sh.
+PKG_VERSION ?= $(shell scripts/package-version.sh 2>/dev/null || echo 0.0.0)
+PACKAGE_ARCHES ?= amd64 arm64
 export BUF_CACHE_DIR ?= $(HOME)/.cache/nodeplug/buf
 export GOLANGCI_LINT_CACHE ?= $(HOME)/.cache/nodeplug/golangci-lint
 export DOCKER_CONFIG ?= $(HOME)/.docker
@@ -120,7 +125,7 @@ lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml: im
 	else echo "buf breaking: no previous commit with protos, skipped"; fi
 
 .PHONY: tools
-tools: $(BUF) $(GRPCURL) $(GOLANGCI_LINT) ## Install the pinned tools (skipped when present).
+tools: $(BUF) $(GRPCURL) $(GOLANGCI_LINT) $(NFPM) ## Install the pinned tools (skipped when present).
 
 $(BUF):
 	@scripts/tool-build.sh tools/buf $@ github.com/bufbuild/buf/cmd/buf
@@ -130,6 +135,13 @@ $(GRPCURL):
 
 $(GOLANGCI_LINT):
 	@scripts/tool-build.sh tools/golangci-lint $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
+$(NFPM):
+	@CGO_ENABLED=0 scripts/tool-build.sh tools/nfpm $@ github.com/goreleaser/nfpm/v2/cmd/nfpm -trimpath -ldflags '-s -w'
+
+.PHONY: package
+package: $(NFPM) ## Build the Debian packages (PACKAGE_ARCHES, default amd64 arm64) into dist/: the services, nodeplugctl, systemd units under nodeplug.target, /etc/nodeplug; NODEPLUG_PACKAGER=rpm for RPMs.
+	@scripts/package.sh '$(NFPM)' '$(PKG_VERSION)' $(PACKAGE_ARCHES)
 
 $(JAEGER):
 	@CGO_ENABLED=0 scripts/tool-build.sh tools/jaeger $@ github.com/jaegertracing/jaeger/cmd/jaeger -trimpath -ldflags '-s -w'

@@ -39,7 +39,7 @@ func appService() app.Service {
 		Flags: func(fs *app.Flags) {
 			fs.StringVar(&opts.Listen, "resource-api-listen", localapi.DefaultListen,
 				"loopback address of the node-local resource API (HTTPS; port 0: a free port, kept across restarts)")
-			fs.StringVar(&opts.NodeName, "node-name", "", "the one Node the API serves (default: the host name; the devicemanager's --node-name must match)")
+			fs.StringVar(&opts.NodeName, "node-name", "", "the one Node the API serves (default: the host name; the dramanager's --node-name must match)")
 			limitFlags(fs, &opts.Limits)
 		},
 		Setup: func(_ context.Context, rt *app.Runtime) error {

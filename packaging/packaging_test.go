@@ -1,0 +1,273 @@
+// Package packaging_test checks nodeplug's Debian package and its systemd
+// units (packaging/, make package): the units as systemd-analyze reads
+// them, the configuration files' variables against the services' own, and
+// the package nfpm builds.
+package packaging_test
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodeplug/nodeplug/internal/stack"
+	"github.com/nodeplug/nodeplug/internal/testutil"
+)
+
+// services are the units of nodeplug.target, by service name.
+var services = []string{"watcher", "reconciler", "devicemanager", "dramanager", "apiserver"}
+
+// binaries builds the services and nodeplugctl once for the package's
+// tests.
+func binaries(t *testing.T) string {
+	t.Helper()
+	dir := testutil.TempDir(t)
+	names := []string{"nodeplugctl"}
+	for _, s := range services {
+		names = append(names, "nodeplug-"+s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if err := stack.Build(ctx, dir, names...); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestUnitsVerify: systemd-analyze verify reads nodeplug.target and every
+// service's unit without a word: no unknown key, no bad value, each
+// ExecStart an executable (the units are checked with ExecStart pointing
+// at the binaries built here instead of /usr/bin).
+func TestUnitsVerify(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed (Debian's systemd package): the units cannot be verified")
+	}
+	bin := binaries(t)
+	dir := testutil.TempDir(t)
+	units := []string{filepath.Join(dir, "nodeplug.target")}
+	if err := copyFile(filepath.Join("systemd", "nodeplug.target"), units[0], nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range services {
+		name := "nodeplug-" + s + ".service"
+		dst := filepath.Join(dir, name)
+		err := copyFile(filepath.Join("systemd", name), dst, func(line string) string {
+			if v, ok := strings.CutPrefix(line, "ExecStart=/usr/bin/"); ok {
+				return "ExecStart=" + filepath.Join(bin, v)
+			}
+			return line
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		units = append(units, dst)
+	}
+	out, err := exec.Command(analyze, append([]string{"verify"}, units...)...).CombinedOutput()
+	if err != nil || len(out) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+
+	// What the target pulls in is every service, and each service is
+	// installed into the target, started after the services it calls.
+	target := readUnit(t, "nodeplug.target")
+	for _, s := range services {
+		u := readUnit(t, "nodeplug-"+s+".service")
+		if !slices.Contains(target["Wants"], "nodeplug-"+s+".service") {
+			t.Errorf("nodeplug.target does not want nodeplug-%s.service", s)
+		}
+		if got := u["WantedBy"]; !slices.Equal(got, []string{"nodeplug.target"}) {
+			t.Errorf("nodeplug-%s.service WantedBy=%v, want nodeplug.target", s, got)
+		}
+		if got := u["Type"]; !slices.Equal(got, []string{"notify"}) {
+			t.Errorf("nodeplug-%s.service Type=%v, want notify", s, got)
+		}
+		if len(u["WatchdogSec"]) != 1 || !slices.Equal(u["Restart"], []string{"always"}) {
+			t.Errorf("nodeplug-%s.service WatchdogSec=%v Restart=%v, want a watchdog and Restart=always", s, u["WatchdogSec"], u["Restart"])
+		}
+	}
+	after := readUnit(t, "nodeplug-reconciler.service")["After"]
+	for _, peer := range []string{"watcher", "devicemanager", "dramanager"} {
+		if !slices.Contains(after, "nodeplug-"+peer+".service") {
+			t.Errorf("the reconciler starts after %v, not after nodeplug-%s.service, which it registers plugins with", after, peer)
+		}
+	}
+}
+
+// TestConfigNamesTheServicesVariables: every variable the files in
+// /etc/nodeplug set or show commented out is one the service reads, as its
+// own -h lists it, so a setting uncommented there takes effect.
+func TestConfigNamesTheServicesVariables(t *testing.T) {
+	bin := binaries(t)
+	help := map[string]string{}
+	for _, s := range services {
+		out, _ := exec.Command(filepath.Join(bin, "nodeplug-"+s), "-h").CombinedOutput()
+		if !strings.Contains(string(out), "NODEPLUG_ROOT_DIR") {
+			t.Fatalf("nodeplug-%s -h lists no variables:\n%s", s, out)
+		}
+		help[s] = string(out)
+	}
+	setting := regexp.MustCompile(`^#?(NODEPLUG_[A-Z0-9_]+)=`)
+	files := append([]string{"nodeplug"}, services...)
+	for _, f := range files {
+		vars, err := variables(filepath.Join("etc", f+".env"), setting)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(vars) == 0 {
+			t.Errorf("etc/%s.env names no variable", f)
+		}
+		readers := []string{f}
+		if f == "nodeplug" {
+			readers = services // read by every service
+		}
+		for _, v := range vars {
+			for _, s := range readers {
+				if !strings.Contains(help[s], v) {
+					t.Errorf("etc/%s.env names %s, which nodeplug-%s does not read", f, v, s)
+				}
+			}
+		}
+	}
+}
+
+// TestPackage builds the amd64 Debian package as make package does and
+// reads it back with dpkg-deb: its version, its files, the configuration
+// as conffiles, the maintainer scripts, and binaries that say the
+// package's version.
+func TestPackage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the package build links six binaries")
+	}
+	nfpm := os.Getenv("NODEPLUG_NFPM")
+	if nfpm == "" {
+		home, _ := os.UserHomeDir()
+		nfpm = filepath.Join(home, ".cache", "nodeplug", "tools", "nfpm-v2.48.0")
+	}
+	if _, err := os.Stat(nfpm); err != nil {
+		t.Skipf("no nfpm at %s (make tools builds it; NODEPLUG_NFPM names another): %v", nfpm, err)
+	}
+	dpkgDeb, err := exec.LookPath("dpkg-deb")
+	if err != nil {
+		t.Skip("dpkg-deb is not installed")
+	}
+	const version = "1.2.3+test.1"
+	dist := testutil.TempDir(t)
+	root, err := stack.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "package.sh"), nfpm, version, "amd64")
+	cmd.Env = append(os.Environ(), "NODEPLUG_DIST_DIR="+dist)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("package.sh: %v\n%s", err, out)
+	}
+	deb := filepath.Join(dist, "nodeplug_"+version+"_amd64.deb")
+	field := func(name string) string {
+		out, err := exec.Command(dpkgDeb, "-f", deb, name).CombinedOutput()
+		if err != nil {
+			t.Fatalf("dpkg-deb -f %s: %v\n%s", name, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if v, a, p := field("Version"), field("Architecture"), field("Package"); v != version || a != "amd64" || p != "nodeplug" {
+		t.Fatalf("package %s %s %s, want nodeplug %s amd64", p, v, a, version)
+	}
+
+	tree := testutil.TempDir(t)
+	if out, err := exec.Command(dpkgDeb, "-R", deb, tree).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb -R: %v\n%s", err, out)
+	}
+	want := []string{
+		"usr/bin/nodeplugctl", "usr/lib/systemd/system/nodeplug.target",
+		"usr/lib/sysusers.d/nodeplug.conf", "usr/lib/tmpfiles.d/nodeplug.conf",
+		"etc/nodeplug/nodeplug.env", "DEBIAN/postinst", "DEBIAN/prerm", "DEBIAN/postrm",
+	}
+	var conffiles []string
+	for _, s := range services {
+		want = append(want, "usr/bin/nodeplug-"+s, "usr/lib/systemd/system/nodeplug-"+s+".service", "etc/nodeplug/"+s+".env")
+		conffiles = append(conffiles, "/etc/nodeplug/"+s+".env")
+	}
+	for _, f := range want {
+		if _, err := os.Stat(filepath.Join(tree, f)); err != nil {
+			t.Errorf("the package lacks /%s: %v", f, err)
+		}
+	}
+	cf, err := os.ReadFile(filepath.Join(tree, "DEBIAN", "conffiles"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(conffiles, "/etc/nodeplug/nodeplug.env") {
+		if !slices.Contains(strings.Fields(string(cf)), c) {
+			t.Errorf("%s is not a conffile: conffiles\n%s", c, cf)
+		}
+	}
+	for _, b := range []string{"nodeplugctl", "nodeplug-watcher", "nodeplug-dramanager"} {
+		out, err := exec.Command(filepath.Join(tree, "usr", "bin", b), "--version").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), version) {
+			t.Errorf("%s --version: %v, %q: the package's version %s is not in it", b, err, out, version)
+		}
+	}
+}
+
+func copyFile(src, dst string, edit func(string) string) error {
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	lines := strings.Split(string(b), "\n")
+	if edit != nil {
+		for i, l := range lines {
+			lines[i] = edit(l)
+		}
+	}
+	return os.WriteFile(dst, []byte(strings.Join(lines, "\n")), 0o644)
+}
+
+// readUnit reads the settings of a unit in systemd/: each key's
+// space-separated values, over all its lines.
+func readUnit(t *testing.T, name string) map[string][]string {
+	t.Helper()
+	f, err := os.Open(filepath.Join("systemd", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	u := map[string][]string{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), "=")
+		if !ok || strings.HasPrefix(k, "#") || strings.HasPrefix(k, "[") {
+			continue
+		}
+		u[k] = append(u[k], strings.Fields(v)...)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// variables lists the variables a configuration file sets or shows
+// commented out.
+func variables(path string, setting *regexp.Regexp) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var vars []string
+	for l := range strings.Lines(string(b)) {
+		if m := setting.FindStringSubmatch(strings.TrimSpace(l)); m != nil {
+			vars = append(vars, m[1])
+		}
+	}
+	return vars, nil
+}
