@@ -145,14 +145,7 @@ func TestPackage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the package build links six binaries")
 	}
-	nfpm := os.Getenv("NODEPLUG_NFPM")
-	if nfpm == "" {
-		home, _ := os.UserHomeDir()
-		nfpm = filepath.Join(home, ".cache", "nodeplug", "tools", "nfpm-v2.48.0")
-	}
-	if _, err := os.Stat(nfpm); err != nil {
-		t.Skipf("no nfpm at %s (make tools builds it; NODEPLUG_NFPM names another): %v", nfpm, err)
-	}
+	nfpm := nfpmPath(t)
 	dpkgDeb, err := exec.LookPath("dpkg-deb")
 	if err != nil {
 		t.Skip("dpkg-deb is not installed")
@@ -216,6 +209,21 @@ func TestPackage(t *testing.T) {
 			t.Errorf("%s --version: %v, %q: the package's version %s is not in it", b, err, out, version)
 		}
 	}
+}
+
+// nfpmPath is the nfpm make tools builds (NODEPLUG_NFPM names another);
+// without one the test is skipped.
+func nfpmPath(t *testing.T) string {
+	t.Helper()
+	nfpm := os.Getenv("NODEPLUG_NFPM")
+	if nfpm == "" {
+		home, _ := os.UserHomeDir()
+		nfpm = filepath.Join(home, ".cache", "nodeplug", "tools", "nfpm-v2.48.0")
+	}
+	if _, err := os.Stat(nfpm); err != nil {
+		t.Skipf("no nfpm at %s (make tools builds it; NODEPLUG_NFPM names another): %v", nfpm, err)
+	}
+	return nfpm
 }
 
 func copyFile(src, dst string, edit func(string) string) error {
