@@ -180,13 +180,14 @@ func TestPackage(t *testing.T) {
 		t.Fatalf("dpkg-deb -R: %v\n%s", err, out)
 	}
 	want := []string{
-		"usr/bin/nodeplugctl", "usr/lib/systemd/system/nodeplug.target",
+		"usr/bin/nodeplugctl", "usr/share/man/man1/nodeplugctl.1.gz", "usr/lib/systemd/system/nodeplug.target",
 		"usr/lib/sysusers.d/nodeplug.conf", "usr/lib/tmpfiles.d/nodeplug.conf",
 		"etc/nodeplug/nodeplug.env", "DEBIAN/postinst", "DEBIAN/prerm", "DEBIAN/postrm",
 	}
 	var conffiles []string
 	for _, s := range services {
-		want = append(want, "usr/bin/nodeplug-"+s, "usr/lib/systemd/system/nodeplug-"+s+".service", "etc/nodeplug/"+s+".env")
+		want = append(want, "usr/bin/nodeplug-"+s, "usr/share/man/man8/nodeplug-"+s+".8.gz",
+			"usr/lib/systemd/system/nodeplug-"+s+".service", "etc/nodeplug/"+s+".env")
 		conffiles = append(conffiles, "/etc/nodeplug/"+s+".env")
 	}
 	for _, f := range want {

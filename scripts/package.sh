@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds nodeplug's Debian packages (make package) into dist/: for each
 # architecture, the services and nodeplugctl cross-compiled with the
-# package's version in their --version, then nfpm with packaging/nfpm.yaml.
+# package's version in their --version, and their man pages, then nfpm
+# with packaging/nfpm.yaml.
 # Usage: package.sh NFPM VERSION ARCH...
 # NODEPLUG_PACKAGER=rpm builds RPMs instead; NODEPLUG_DIST_DIR writes
 # elsewhere than dist/.
@@ -14,6 +15,10 @@ packager=${NODEPLUG_PACKAGER:-deb}
 ldflags="-s -w -X github.com/nodeplug/nodeplug/pkg/version.Version=$version"
 dist=${NODEPLUG_DIST_DIR:-dist}
 mkdir -p "$dist"
+# The man pages, from the references make docs generates (docs/reference/).
+rm -rf "$dist/man"
+go run ./internal/manpages -version "$version" -out "$dist/man"
+manabs=$(realpath "$dist/man")
 for arch in "$@"; do
   bin=$dist/bin-linux-$arch
   GOOS=linux GOARCH=$arch NODEPLUG_BIN_DIR=$bin scripts/build.sh "$ldflags" \
@@ -25,7 +30,7 @@ for arch in "$@"; do
     nodeplugctl:./cmd/nodeplugctl
   # nfpm reads the files the config names from the working directory.
   binabs=$(realpath "$bin") distabs=$(realpath "$dist")
-  (cd packaging && NODEPLUG_VERSION=$version NODEPLUG_ARCH=$arch NODEPLUG_BIN=$binabs \
+  (cd packaging && NODEPLUG_VERSION=$version NODEPLUG_ARCH=$arch NODEPLUG_BIN=$binabs NODEPLUG_MAN=$manabs \
     "$nfpm" package --config nfpm.yaml --packager "$packager" --target "$distabs/")
 done
 ls -l "$dist"/*."$packager"
