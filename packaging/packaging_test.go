@@ -180,7 +180,7 @@ func TestPackage(t *testing.T) {
 		t.Fatalf("dpkg-deb -R: %v\n%s", err, out)
 	}
 	want := []string{
-		"usr/bin/nodeplugctl", "usr/share/man/man1/nodeplugctl.1.gz", "usr/lib/systemd/system/nodeplug.target",
+		"usr/bin/nodeplugctl", "usr/share/man/man1/nodeplugctl.1.gz", "usr/share/bash-completion/completions/nodeplugctl", "usr/lib/systemd/system/nodeplug.target",
 		"usr/lib/sysusers.d/nodeplug.conf", "usr/lib/tmpfiles.d/nodeplug.conf",
 		"etc/nodeplug/nodeplug.env", "DEBIAN/postinst", "DEBIAN/prerm", "DEBIAN/postrm",
 	}

@@ -19,6 +19,8 @@ mkdir -p "$dist"
 rm -rf "$dist/man"
 go run ./internal/manpages -version "$version" -out "$dist/man"
 manabs=$(realpath "$dist/man")
+# nodeplugctl's bash completion (static: it asks the installed nodeplugctl).
+go run ./cmd/nodeplugctl completion bash > "$dist/man/nodeplugctl.bash"
 for arch in "$@"; do
   bin=$dist/bin-linux-$arch
   GOOS=linux GOARCH=$arch NODEPLUG_BIN_DIR=$bin scripts/build.sh "$ldflags" \

@@ -125,6 +125,7 @@ func init() {
 		{"trace", "[--source auto|console|jaeger] TRACE_ID", "draw a trace from the console (make run) or Jaeger (make up) as a text waterfall", cmdTrace},
 		{"conform", conformArgs, "check a plugin against the kubelet's contract, playing the kubelet", cmdConform},
 		{"healthcheck", healthcheckArgs, "exit 0 when a service (gRPC health) or Jaeger (its query API) serves, else 1", cmdHealthcheck},
+		{"completion", completionArgs, "print a shell completion script of the commands and flags (source <(nodeplugctl completion bash))", cmdCompletion},
 		{"version", "", "print the version", cmdVersion},
 	}
 }
@@ -183,6 +184,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if name == "help" {
 		c.usage(stdout, fs)
 		return exitOK
+	}
+	if name == completeCommand {
+		return complete(ctx, rest[1:], stdout)
 	}
 	for _, cmd := range commands {
 		if cmd.name != name {
