@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/coreos/go-systemd/v22/daemon"
@@ -27,6 +28,9 @@ type supervisor struct {
 	// notify sends one sd_notify message; reports whether a manager
 	// listens (daemon.SdNotify; tests replace it).
 	notify func(state string) (bool, error)
+
+	mu                  sync.Mutex
+	readySent, stopSent bool
 }
 
 func newSupervisor(log *slog.Logger) *supervisor {
@@ -41,12 +45,23 @@ func (s *supervisor) send(state string) {
 
 // ready says the service serves: systemd starts the units ordered after
 // it, and `systemctl start` returns.
+// Once only, and never after stopping: a deferred readiness that comes
+// during the shutdown (the health server ignores it too) is not said.
 func (s *supervisor) ready(addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.readySent || s.stopSent {
+		return
+	}
+	s.readySent = true
 	s.send(daemon.SdNotifyReady + "\nSTATUS=serving on " + addr)
 }
 
 // stopping says the service is on its way down.
 func (s *supervisor) stopping() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopSent = true
 	s.send(daemon.SdNotifyStopping + "\nSTATUS=shutting down")
 }
 

@@ -138,6 +138,7 @@ func TestSystemdReadyWatchdogStopping(t *testing.T) {
 	if resp, err := healthpb.NewHealthClient(conn).Check(cctx, &healthpb.HealthCheckRequest{}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health once READY=1 was sent: %v, %v; want SERVING", resp.GetStatus(), err)
 	}
+	ready() // said once: a second call sends nothing
 	pets := n.count("WATCHDOG=1")
 	testutil.Eventually(t, "the watchdog petted on once ready", func() error {
 		if c := n.count("WATCHDOG=1"); c <= pets {
@@ -155,6 +156,10 @@ func TestSystemdReadyWatchdogStopping(t *testing.T) {
 	}
 	if c := n.count("READY=1"); c != 1 {
 		t.Fatalf("READY=1 sent %d times: %q", c, n.messages())
+	}
+	ready() // after the stop: not said
+	if c := n.count("READY=1"); c != 1 {
+		t.Fatalf("READY=1 sent %d times, once after the stop: %q", c, n.messages())
 	}
 }
 
