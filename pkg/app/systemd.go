@@ -25,8 +25,8 @@ import (
 // supervisor tells the service manager where the service is.
 type supervisor struct {
 	log *slog.Logger
-	// notify sends one sd_notify message; reports whether a manager
-	// listens (daemon.SdNotify; tests replace it).
+	// notify sends one sd_notify message and reports whether a manager
+	// listens (daemon.SdNotify).
 	notify func(state string) (bool, error)
 
 	mu                  sync.Mutex
