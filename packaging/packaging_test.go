@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,11 +24,49 @@ import (
 // services are the units of nodeplug.target, by service name.
 var services = []string{"watcher", "reconciler", "devicemanager", "dramanager", "apiserver"}
 
-// binaries builds the services and nodeplugctl once for the package's
-// tests.
+// built is what this package's tests build once and share: the services'
+// binaries, and each version of the package (package.sh links six
+// binaries every time). TestMain removes it.
+var built struct {
+	mu   sync.Mutex
+	dir  string
+	bin  string
+	debs map[string]string // by version
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+	os.Exit(code)
+}
+
+// builtDirLocked is the directory of what the tests build once.
+func builtDirLocked(t *testing.T) string {
+	t.Helper()
+	if built.dir == "" {
+		dir, err := os.MkdirTemp("", "nodeplug-packaging")
+		if err != nil {
+			t.Fatal(err)
+		}
+		built.dir, built.debs = dir, map[string]string{}
+	}
+	return built.dir
+}
+
+// binaries are the services and nodeplugctl, built once.
 func binaries(t *testing.T) string {
 	t.Helper()
-	dir := testutil.TempDir(t)
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	if built.bin != "" {
+		return built.bin
+	}
+	dir := filepath.Join(builtDirLocked(t), "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	names := []string{"nodeplugctl"}
 	for _, s := range services {
 		names = append(names, "nodeplug-"+s)
@@ -37,7 +76,43 @@ func binaries(t *testing.T) string {
 	if err := stack.Build(ctx, dir, names...); err != nil {
 		t.Fatal(err)
 	}
+	built.bin = dir
 	return dir
+}
+
+// Versions of the package the tests build: TestPackage reads the first
+// back, TestOnSystemd installs it and upgrades to the second.
+const (
+	version1 = "1.0.0+test.1"
+	version2 = "1.0.0+test.2"
+)
+
+// debPackage is the amd64 package of version, built once as make package
+// builds it (scripts/package.sh with nfpm), or the test is skipped
+// without nfpm.
+func debPackage(t *testing.T, version string) string {
+	t.Helper()
+	nfpm := nfpmPath(t)
+	built.mu.Lock()
+	defer built.mu.Unlock()
+	dist := filepath.Join(builtDirLocked(t), "dist-"+version)
+	if deb, ok := built.debs[version]; ok {
+		return deb
+	}
+	root, err := stack.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "package.sh"), nfpm, version, "amd64")
+	cmd.Env = append(os.Environ(), "NODEPLUG_DIST_DIR="+dist)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("package.sh %s: %v\n%s", version, err, tail(out))
+	}
+	deb := filepath.Join(dist, "nodeplug_"+version+"_amd64.deb")
+	built.debs[version] = deb
+	return deb
 }
 
 // TestUnitsVerify: systemd-analyze verify reads nodeplug.target and every
@@ -145,25 +220,12 @@ func TestPackage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the package build links six binaries")
 	}
-	nfpm := nfpmPath(t)
 	dpkgDeb, err := exec.LookPath("dpkg-deb")
 	if err != nil {
 		t.Skip("dpkg-deb is not installed")
 	}
-	const version = "1.2.3+test.1"
-	dist := testutil.TempDir(t)
-	root, err := stack.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "package.sh"), nfpm, version, "amd64")
-	cmd.Env = append(os.Environ(), "NODEPLUG_DIST_DIR="+dist)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("package.sh: %v\n%s", err, out)
-	}
-	deb := filepath.Join(dist, "nodeplug_"+version+"_amd64.deb")
+	const version = version1
+	deb := debPackage(t, version)
 	field := func(name string) string {
 		out, err := exec.Command(dpkgDeb, "-f", deb, name).CombinedOutput()
 		if err != nil {

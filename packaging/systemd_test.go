@@ -214,20 +214,8 @@ func TestOnSystemd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: boots a Debian host in podman")
 	}
-	nfpm := nfpmPath(t)
-	root, err := stack.ModuleRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dist := testutil.TempDir(t)
-	const v1, v2 = "1.0.0+test.1", "1.0.0+test.2"
-	for _, v := range []string{v1, v2} {
-		cmd := exec.Command(filepath.Join(root, "scripts", "package.sh"), nfpm, v, "amd64")
-		cmd.Env = append(os.Environ(), "NODEPLUG_DIST_DIR="+filepath.Join(dist, v))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("package.sh %s: %v\n%s", v, err, tail(out))
-		}
-	}
+	v1, v2 := version1, version2
+	deb1, deb2 := debPackage(t, v1), debPackage(t, v2)
 	plugins := testutil.TempDir(t)
 	if err := stack.Build(context.Background(), plugins, "nodeplug-sampleplugin"); err != nil {
 		t.Fatal(err)
@@ -235,8 +223,8 @@ func TestOnSystemd(t *testing.T) {
 	h := bootHost(t)
 
 	// Install: apt, and the target and its services come up.
-	h.copy(filepath.Join(dist, v1, "nodeplug_"+v1+"_amd64.deb"), "/tmp/nodeplug-1.deb")
-	h.copy(filepath.Join(dist, v2, "nodeplug_"+v2+"_amd64.deb"), "/tmp/nodeplug-2.deb")
+	h.copy(deb1, "/tmp/nodeplug-1.deb")
+	h.copy(deb2, "/tmp/nodeplug-2.deb")
 	h.must("apt-get", "install", "-y", "--no-install-recommends", "/tmp/nodeplug-1.deb")
 	h.waitActive(units...)
 	if got := h.show("nodeplug-devicemanager", "StatusText"); got != "serving on /var/lib/kubelet/nodeplug/devicemanager.sock" {

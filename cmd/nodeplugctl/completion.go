@@ -58,6 +58,13 @@ func cmdCompletion(_ context.Context, c *cli, args []string) error {
 // type when it takes one.
 var flagLine = regexp.MustCompile(`^  -(\S+)(?: (\S+))?$`)
 
+// usageFlag is a flag completion offers: its name, and whether a value
+// follows it.
+type usageFlag struct {
+	name  string
+	value bool
+}
+
 // complete prints what may follow words: the global flags and the
 // commands before a command, the command's flags after one. Nothing after
 // a flag that takes a value, or when words do not parse.
@@ -65,55 +72,50 @@ func complete(ctx context.Context, words []string, stdout io.Writer) int {
 	c := &cli{stdout: io.Discard, stderr: io.Discard}
 	var showVersion bool
 	fs := c.globalFlags(&showVersion)
-	// The global flags in the usage form of a command's flags (which
-	// app.Flags prints otherwise): "  -name" and its value's type, if any.
-	var usage strings.Builder
+	var flags []usageFlag
 	fs.VisitAll(func(fl *flag.Flag) {
-		typ := " value"
-		if b, ok := fl.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-			typ = ""
-		}
-		fmt.Fprintf(&usage, "  -%s%s\n", fl.Name, typ)
+		b, ok := fl.Value.(interface{ IsBoolFlag() bool })
+		flags = append(flags, usageFlag{name: fl.Name, value: !ok || !b.IsBoolFlag()})
 	})
 	if fs.Parse(words) != nil {
 		return exitOK
 	}
-	var out []string
 	rest := fs.Args()
+	var out []string
+	if len(rest) > 0 { // a command: its flags, read from its usage
+		var help bytes.Buffer
+		run(ctx, []string{rest[0], "-h"}, &help, &help)
+		flags, words = usageFlags(help.String()), rest[1:]
+	}
+	if valueNext(flags, words) {
+		return exitOK
+	}
+	for _, f := range flags {
+		out = append(out, "--"+f.name)
+	}
 	if len(rest) == 0 {
-		if valueNext(usage.String(), words) {
-			return exitOK
-		}
-		out = append(out, flagsOf(usage.String())...)
 		for _, cmd := range commands {
 			out = append(out, cmd.name)
 		}
-	} else {
-		var help bytes.Buffer
-		run(ctx, []string{rest[0], "-h"}, &help, &help)
-		if valueNext(help.String(), rest[1:]) {
-			return exitOK
-		}
-		out = flagsOf(help.String())
 	}
 	fmt.Fprintln(stdout, strings.Join(out, "\n"))
 	return exitOK
 }
 
-// flagsOf lists the flags in a usage text, as --name.
-func flagsOf(usage string) []string {
-	var out []string
+// usageFlags lists the flags in a flag set's usage text.
+func usageFlags(usage string) []usageFlag {
+	var out []usageFlag
 	for l := range strings.Lines(usage) {
 		if m := flagLine.FindStringSubmatch(strings.TrimRight(l, "\n")); m != nil {
-			out = append(out, "--"+m[1])
+			out = append(out, usageFlag{name: m[1], value: m[2] != ""})
 		}
 	}
 	return out
 }
 
-// valueNext reports whether the last of words is a flag of usage that
-// takes a value (so the word being typed is that value).
-func valueNext(usage string, words []string) bool {
+// valueNext reports whether the last of words is one of flags that takes
+// a value (so the word being typed is that value).
+func valueNext(flags []usageFlag, words []string) bool {
 	if len(words) == 0 {
 		return false
 	}
@@ -121,9 +123,9 @@ func valueNext(usage string, words []string) bool {
 	if last == words[len(words)-1] || strings.Contains(last, "=") {
 		return false
 	}
-	for l := range strings.Lines(usage) {
-		if m := flagLine.FindStringSubmatch(strings.TrimRight(l, "\n")); m != nil && m[1] == last {
-			return m[2] != ""
+	for _, f := range flags {
+		if f.name == last {
+			return f.value
 		}
 	}
 	return false

@@ -25,20 +25,17 @@ import (
 // supervisor tells the service manager where the service is.
 type supervisor struct {
 	log *slog.Logger
-	// notify sends one sd_notify message and reports whether a manager
-	// listens (daemon.SdNotify).
-	notify func(state string) (bool, error)
 
 	mu                  sync.Mutex
 	readySent, stopSent bool
 }
 
 func newSupervisor(log *slog.Logger) *supervisor {
-	return &supervisor{log: log, notify: func(state string) (bool, error) { return daemon.SdNotify(false, state) }}
+	return &supervisor{log: log}
 }
 
 func (s *supervisor) send(state string) {
-	if _, err := s.notify(state); err != nil {
+	if _, err := daemon.SdNotify(false, state); err != nil {
 		s.log.Warn("telling the service manager failed", "message", state, "error", err)
 	}
 }
