@@ -111,6 +111,11 @@ const (
 	// certificate and the client certificates it makes (keys 0600).
 	PKIDirName = "pki"
 
+	// RegistrationsFileName is the reconciler's registrations file: the
+	// plugins it registered and told so, adopted at its next start
+	// without contacting them again.
+	RegistrationsFileName = "registrations.json"
+
 	// ResourceStoreFileName is the node-local resource API's store: its
 	// ResourceSlices, ResourceClaims, DeviceClasses and Node.
 	ResourceStoreFileName = "resource-api.db"
@@ -200,6 +205,11 @@ func IdentityKubeconfigFile(root, identity string) string {
 // ResourceStoreFile returns <root>/nodeplug/resource-api.db.
 func ResourceStoreFile(root string) string {
 	return filepath.Join(root, APIDirName, ResourceStoreFileName)
+}
+
+// RegistrationsFile returns <root>/nodeplug/registrations.json.
+func RegistrationsFile(root string) string {
+	return filepath.Join(root, APIDirName, RegistrationsFileName)
 }
 
 // PKIDir returns <root>/nodeplug/pki.

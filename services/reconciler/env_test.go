@@ -76,6 +76,8 @@ func (e *env) start() {
 		AllowedDirs:       []string{e.root},
 		Log:               testLog(),
 		Clock:             e.clk,
+		// Kept across the env's restarts, as in the root dir.
+		RegistrationsFile: filepath.Join(e.root, "registrations.json"),
 	}
 	if e.configure != nil {
 		e.configure(&cfg)

@@ -26,6 +26,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/checkpoint"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/reconciler"
@@ -67,6 +68,7 @@ func appService() app.Service {
 			if cfg.DRAManagerAddr == "" {
 				cfg.DRAManagerAddr = layout.APISocket(rt.Config.RootDir, "dramanager")
 			}
+			cfg.RegistrationsFile = layout.RegistrationsFile(rt.Config.RootDir)
 			cfg.Dial = rt.Config.DialPeer
 			cfg.AllowedDirs = rt.Config.AllowedDirs
 			cfg.WatchLimits = rt.Config.WatchLimits()
@@ -87,6 +89,10 @@ type config struct {
 	// applies its TLS flags to host:port addresses).
 	Dial         func(addr string, opts ...grpc.DialOption) (*grpc.ClientConn, error)
 	ResyncPeriod time.Duration
+	// RegistrationsFile is where the registrations this reconciler made
+	// are kept for its next start (none when empty: a restart registers
+	// every plugin again, as the kubelet does).
+	RegistrationsFile string
 	// AllowedDirs confine plugin endpoints (none: no confinement).
 	AllowedDirs []string
 	// WatchLimits bound the WatchPlugins streams: how many may be open,
@@ -118,6 +124,8 @@ type service struct {
 	dra     *handler.DeviceManager // the dramanager, as the DRA handler sees it
 	watch   *watchclient.Client    // feeds the loop from the watcher
 	api     *server.Server         // the gRPC adapter
+	ckpt    *checkpoint.File       // the registrations file; nil: none
+	log     *slog.Logger
 
 	conns []*grpc.ClientConn
 }
@@ -156,6 +164,16 @@ func newService(cfg config) (*service, error) {
 		status:  status.New(cfg.Clock, cfg.WatchLimits),
 		drivers: handler.NewDrivers(),
 		conns:   []*grpc.ClientConn{wconn, dconn, rconn},
+		log:     cfg.Log,
+	}
+	if cfg.RegistrationsFile != "" {
+		// A file that cannot be read costs only this: its plugins
+		// register again, from GetInfo on.
+		ckpt, err := checkpoint.Open(cfg.RegistrationsFile, checkpoint.Options{Log: cfg.Log})
+		if err != nil {
+			cfg.Log.Warn("the registrations file of the last run cannot be read; every plugin registers again", "error", err)
+		}
+		s.ckpt = ckpt
 	}
 	// A restarted devicemanager lost its endpoints: register every device
 	// plugin with it again; a restarted dramanager, every DRA driver.
@@ -163,6 +181,10 @@ func newService(cfg config) (*service, error) {
 		func(_, _ string) { s.loop.Reregister(handler.TypeDevicePlugin) })
 	s.dra = handler.NewDRAManager(rconn, cfg.Log.With("peer", "dramanager"),
 		func(_, _ string) { s.loop.Reregister(handler.TypeDRAPlugin) })
+	// A registration recovered from the last run waits for its peer to be
+	// reachable; a pass follows each time one becomes so.
+	s.dm.OnReady(func() { s.loop.Wake() })
+	s.dra.OnReady(func() { s.loop.Wake() })
 	// What ListResources says of an endpoint, ListPlugins says of its
 	// registration (DESIGN "Reconciler ↔ devicemanager").
 	s.dm.OnEndpoint(func(e handler.EndpointState) {
@@ -186,6 +208,7 @@ func newService(cfg config) (*service, error) {
 		Confiner:      confiner,
 		RefusedWindow: cfg.RefusedWindow,
 		MaxParallel:   cfg.MaxParallel,
+		Checkpoint:    s.ckpt,
 		EndpointWait:  cfg.EndpointWait,
 	})
 	s.watch = watchclient.New(watcherv1.NewWatcherServiceClient(wconn), s.loop, cfg.Log)
@@ -193,9 +216,10 @@ func newService(cfg config) (*service, error) {
 	return s, nil
 }
 
-// run runs the control loop, the watcher client and the devicemanager
-// and dramanager watches until ctx ends, then ends the API's streams and
-// closes the connections.
+// run runs the control loop, the watcher client, the devicemanager and
+// dramanager watches and the registrations file's writer until ctx ends,
+// then writes the registrations file, ends the API's streams and closes
+// the connections.
 func (s *service) run(ctx context.Context) error {
 	defer s.close()
 	g, gctx := errgroup.WithContext(ctx)
@@ -203,7 +227,17 @@ func (s *service) run(ctx context.Context) error {
 	g.Go(func() error { return s.watch.Run(gctx) })
 	g.Go(func() error { return s.dm.Run(gctx) })
 	g.Go(func() error { return s.dra.Run(gctx) })
+	if s.ckpt != nil {
+		g.Go(func() error { return s.ckpt.Run(gctx) })
+	}
 	err := g.Wait()
+	if s.ckpt != nil {
+		// Every operation has ended: what they changed is written now,
+		// so that the next reconciler adopts it.
+		if ferr := s.ckpt.Flush(); ferr != nil {
+			s.log.Warn("writing the registrations file at exit failed; the next start registers the plugins it misses again", "error", ferr)
+		}
+	}
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

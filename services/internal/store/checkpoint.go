@@ -8,7 +8,6 @@ package store
 
 import (
 	"bytes"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/pkg/layout"
+	"github.com/nodeplug/nodeplug/services/internal/atomicfile"
 )
 
 // FileName is the snapshot's name in the device-plugins directory
@@ -379,83 +379,19 @@ func moveAside(path string, now time.Time) (string, error) {
 	if err := os.Rename(path, aside); err != nil {
 		return "", err
 	}
-	return aside, syncDir(filepath.Dir(path))
+	return aside, atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // writeSnapshot writes a snapshot atomically.
 func writeSnapshot(path string, journal uint64, s *state) (int64, error) {
 	b := marshalSnapshot(journal, s)
-	f, err := createTemp(filepath.Dir(path), "."+FileName+".tmp-")
+	f, err := atomicfile.CreateTemp(filepath.Dir(path), "."+FileName+".tmp-")
 	if err != nil {
 		return 0, fmt.Errorf("write snapshot: %w", err)
 	}
 	if _, err := f.Write(b); err != nil {
-		discard(f)
+		atomicfile.Discard(f)
 		return 0, fmt.Errorf("write snapshot %s: %w", f.Name(), err)
 	}
-	return int64(len(b)), install(f, path)
-}
-
-// install makes the temporary file f durable and renames it over path:
-// fsync, close, rename (which replaces whatever is at path, a symlink
-// included, rather than writing through it), fsync of the directory. On
-// failure the temporary file is removed.
-func install(f *os.File, path string) error {
-	if err := f.Sync(); err != nil {
-		discard(f)
-		return fmt.Errorf("fsync %s: %w", f.Name(), err)
-	}
-	if err := f.Close(); err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("close %s: %w", f.Name(), err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("rename %s into place: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func discard(f *os.File) {
-	_ = f.Close()
-	_ = os.Remove(f.Name())
-}
-
-// createTemp creates a new file dir/<prefix><random>, mode 0600, opened for
-// writing with O_EXCL and O_NOFOLLOW: it never opens an existing file or
-// follows a link planted at its name.
-func createTemp(dir, prefix string) (*os.File, error) {
-	for range 100 {
-		var rnd [8]byte
-		if _, err := rand.Read(rnd[:]); err != nil {
-			return nil, err
-		}
-		name := filepath.Join(dir, prefix+hex.EncodeToString(rnd[:]))
-		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		// The mode is exactly 0600, whatever the umask.
-		if err := f.Chmod(0o600); err != nil {
-			discard(f)
-			return nil, err
-		}
-		return f, nil
-	}
-	return nil, fmt.Errorf("create a temporary file in %s: too many name collisions", dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = d.Close() }()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", dir, err)
-	}
-	return nil
+	return int64(len(b)), atomicfile.Install(f, path)
 }

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/nodeplug/nodeplug/services/internal/atomicfile"
 )
 
 // DefaultCompactAt is the journal size past which the snapshot is
@@ -137,7 +139,7 @@ func removeJournalsBefore(path string, n uint64) error {
 		removed = true
 	}
 	if removed {
-		return syncDir(filepath.Dir(path))
+		return atomicfile.SyncDir(filepath.Dir(path))
 	}
 	return nil
 }

@@ -18,6 +18,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nodeplug/nodeplug/services/internal/atomicfile"
 )
 
 // KubeletInterval is the least time between two writes of the mirror: a
@@ -262,18 +264,18 @@ func (k *KubeletMirror) write() error {
 // than writing through it), fsync of the directory. The temporary name
 // starts with a dot, so that the kubelet's checkpoint listing skips it.
 func (k *KubeletMirror) writeFile(b []byte) error {
-	f, err := createTemp(filepath.Dir(k.path), kubeletTempPrefix)
+	f, err := atomicfile.CreateTemp(filepath.Dir(k.path), kubeletTempPrefix)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", k.path, err)
 	}
 	if _, err := f.Write(b); err != nil {
-		discard(f)
+		atomicfile.Discard(f)
 		return fmt.Errorf("write %s: %w", f.Name(), err)
 	}
 	if k.beforeInstall != nil {
 		k.beforeInstall()
 	}
-	return install(f, k.path)
+	return atomicfile.Install(f, k.path)
 }
 
 const kubeletTempPrefix = "." + KubeletFileName + ".tmp-"

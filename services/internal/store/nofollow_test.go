@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/services/internal/atomicfile"
 )
 
 // TestSymlinksNotFollowed: a symlink planted at the snapshot's or at a
@@ -114,7 +115,7 @@ func TestReadFileRefusesNonRegular(t *testing.T) {
 // symlink, even one that names it exactly.
 func TestCreateTempRefusesLinks(t *testing.T) {
 	dir := testutil.TempDir(t)
-	f, err := createTemp(dir, "t-")
+	f, err := atomicfile.CreateTemp(dir, "t-")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/nodeplug/nodeplug/pkg/layout"
+	"github.com/nodeplug/nodeplug/services/internal/atomicfile"
 )
 
 const (
@@ -448,34 +449,34 @@ func listJournals(path string) ([]journalFile, error) {
 // writing, with the length of its header: records are written from
 // there, over the padding and then past it.
 func createJournal(path string, n uint64, prealloc int64) (*os.File, int64, error) {
-	f, err := createTemp(filepath.Dir(path), "."+FileName+".journal-tmp-")
+	f, err := atomicfile.CreateTemp(filepath.Dir(path), "."+FileName+".journal-tmp-")
 	if err != nil {
 		return nil, 0, fmt.Errorf("create journal: %w", err)
 	}
 	h, err := json.Marshal(journalHeader{Journal: n})
 	if err != nil {
-		discard(f)
+		atomicfile.Discard(f)
 		return nil, 0, err
 	}
 	frame := appendFrame(nil, h)
 	if _, err := f.Write(frame); err != nil {
-		discard(f)
+		atomicfile.Discard(f)
 		return nil, 0, fmt.Errorf("write journal header: %w", err)
 	}
 	if err := pad(f, prealloc-int64(len(frame))); err != nil {
-		discard(f)
+		atomicfile.Discard(f)
 		return nil, 0, fmt.Errorf("preallocate journal %s: %w", f.Name(), err)
 	}
 	if err := f.Sync(); err != nil {
-		discard(f)
+		atomicfile.Discard(f)
 		return nil, 0, fmt.Errorf("fsync journal %s: %w", f.Name(), err)
 	}
 	final := journalPath(path, n)
 	if err := os.Rename(f.Name(), final); err != nil {
-		discard(f)
+		atomicfile.Discard(f)
 		return nil, 0, fmt.Errorf("rename journal into place: %w", err)
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(path)); err != nil {
 		_ = f.Close()
 		return nil, 0, err
 	}

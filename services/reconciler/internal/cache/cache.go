@@ -108,6 +108,18 @@ type EndpointKeyed interface {
 	Replaces(old, p Plugin) bool
 }
 
+// DownstreamReady is implemented by handlers whose registrations live in
+// another process (the devicemanager, the dramanager). A registration the
+// reconciler makes again without contacting the plugin (one it recovered
+// from its last run) waits until DownstreamReady holds, rather than failing
+// against a peer that is still starting and sending the plugin through
+// GetInfo and NotifyRegistrationStatus again. Whoever wires the handler
+// wakes the reconciler (Reconciler.Wake) each time its peer becomes
+// reachable.
+type DownstreamReady interface {
+	DownstreamReady() bool
+}
+
 // DesiredStateOfWorld is the set of sockets that exist.
 type DesiredStateOfWorld interface {
 	// AddOrUpdate records a socket. It reports whether the entry changed

@@ -39,8 +39,10 @@ type DeviceManager struct {
 
 	mu         sync.Mutex
 	instance   string
+	ready      bool // the watch stream is open
 	onRestart  func(old, new string)
 	onEndpoint func(EndpointState)
+	onReady    func()
 }
 
 // NewDeviceManager returns the devicemanager reached through conn, which
@@ -97,6 +99,33 @@ func (m *DeviceManager) OnEndpoint(f func(EndpointState)) {
 	m.onEndpoint = f
 }
 
+// OnReady sets f to be called, from Run, each time the peer becomes
+// reachable: its watch stream opened. Call it before Run.
+func (m *DeviceManager) OnReady(f func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.onReady = f
+}
+
+// Ready reports whether the peer is reachable: its watch stream is open.
+func (m *DeviceManager) Ready() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ready
+}
+
+// setReady records whether the watch stream is open, and calls the
+// OnReady function when it opens.
+func (m *DeviceManager) setReady(ready bool) {
+	m.mu.Lock()
+	was, f := m.ready, m.onReady
+	m.ready = ready
+	m.mu.Unlock()
+	if ready && !was && f != nil {
+		f()
+	}
+}
+
 // Instance returns the last devicemanager instance ID seen ("" before the
 // first).
 func (m *DeviceManager) Instance() string {
@@ -144,12 +173,14 @@ func (m *DeviceManager) watchSlices(ctx context.Context) (synced bool, err error
 	if err != nil {
 		return false, err
 	}
+	defer m.setReady(false)
 	for {
 		msg, err := st.Recv()
 		if err != nil {
 			return synced, err
 		}
 		m.Observe(msg.GetInstanceId())
+		m.setReady(true)
 		if msg.GetSynced() != nil {
 			synced = true
 		}
@@ -165,12 +196,14 @@ func (m *DeviceManager) watchResources(ctx context.Context) (synced bool, err er
 	if err != nil {
 		return false, err
 	}
+	defer m.setReady(false)
 	for {
 		msg, err := st.Recv()
 		if err != nil {
 			return synced, err
 		}
 		m.Observe(msg.GetInstanceId())
+		m.setReady(true)
 		if msg.GetSynced() != nil {
 			synced = true
 		}

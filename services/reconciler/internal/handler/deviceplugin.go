@@ -28,6 +28,7 @@ var (
 	_ cache.EndpointWaiter     = (*DevicePlugin)(nil)
 	_ cache.EndpointKeyed      = (*DevicePlugin)(nil)
 	_ cache.OrphanDeregisterer = (*DevicePlugin)(nil)
+	_ cache.DownstreamReady    = (*DevicePlugin)(nil)
 )
 
 // NewDevicePlugin returns a handler relaying to dm.
@@ -53,6 +54,9 @@ func (h *DevicePlugin) EndpointMissing(endpoint string, waited time.Duration) er
 	return kubeletrules.Wrap("failed to dial device plugin: "+context.DeadlineExceeded.Error(),
 		fmt.Errorf("device plugin endpoint %s did not appear within %v: %w", endpoint, waited, errdefs.ErrUnavailable))
 }
+
+// DownstreamReady reports whether the devicemanager is reachable.
+func (h *DevicePlugin) DownstreamReady() bool { return h.dm.Ready() }
 
 // Replaces holds when p names old's resource and endpoint: the
 // devicemanager then replaces old's endpoint with p's generation.

@@ -42,6 +42,7 @@ var (
 	_ cache.Handler            = (*DRA)(nil)
 	_ cache.EndpointKeyed      = (*DRA)(nil)
 	_ cache.OrphanDeregisterer = (*DRA)(nil)
+	_ cache.DownstreamReady    = (*DRA)(nil)
 )
 
 // NewDRA returns a DRA handler recording into drivers and relaying to dm,
@@ -61,6 +62,9 @@ func (h *DRA) Validate(_ context.Context, name, endpoint string, versions []stri
 	}
 	return nil
 }
+
+// DownstreamReady reports whether the dramanager is reachable.
+func (h *DRA) DownstreamReady() bool { return h.dm.Ready() }
 
 // Replaces holds when p names old's driver and endpoint: the devicemanager
 // then replaces old's instance with p's generation.

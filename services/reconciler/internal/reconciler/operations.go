@@ -19,6 +19,7 @@ func (r *Reconciler) unregister(ctx context.Context, p cache.Plugin) error {
 	defer span.End()
 	r.status.Unregistering(p.SocketPath, p.Generation, span.SpanContext().TraceID().String())
 	r.asw.Remove(p.SocketPath)
+	r.forgotten(p)
 	err := step(ctx, "reconciler.handler.Deregister", func(ctx context.Context) error { return p.Handler.Deregister(ctx, p) })
 	r.metrics.observeDeregistration(p.Type, err)
 	if err != nil {
@@ -42,8 +43,18 @@ func (r *Reconciler) registerAgain(ctx context.Context, p cache.Plugin) error {
 	err := step(ctx, "reconciler.handler.Register", func(ctx context.Context) error { return p.Handler.Register(ctx, p) })
 	r.metrics.observeRegistration(p.Type, err, time.Since(start))
 	endSpan(span, err)
+	if err != nil && ctx.Err() == nil && !downstreamReady(p) {
+		// The handler's peer went away meanwhile: the plugin is not at
+		// fault, so it stays registered here and is registered with the
+		// peer again once it is back (a restarted peer asks for that
+		// too), without contacting the plugin.
+		r.markReregister(p.SocketPath)
+		r.log.InfoContext(ctx, "registering plugin again failed: its handler's peer is not reachable; retried when it is", "socket_path", p.SocketPath, "name", p.Name, "error", err)
+		return nil
+	}
 	if err != nil {
 		r.asw.Remove(p.SocketPath)
+		r.forgotten(p)
 		if ctx.Err() != nil {
 			// Cancelled (its socket went) while the handler worked: it
 			// may have registered it all the same.

@@ -37,6 +37,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/checkpoint"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/clock"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/executor"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
@@ -83,6 +84,10 @@ type Options struct {
 	EndpointWait time.Duration
 	// MaxParallel bounds operations executing at once (see executor).
 	MaxParallel int
+	// Checkpoint, when set, is the registrations file: the registrations
+	// it held are adopted at the first snapshot, and every registration
+	// made and told to its plugin, or undone, is written to it.
+	Checkpoint *checkpoint.File
 	// Confiner, when set, refuses plugin endpoints outside the allowed
 	// directories (reported to the plugin as a validation failure), and
 	// every dial of a plugin's registration socket (GetInfo, Notify, and
@@ -102,12 +107,16 @@ type Reconciler struct {
 	exec     *executor.Executor
 	opts     Options
 	metrics  *metrics
+	ckpt     *checkpoint.File
 
 	wake chan struct{}
 	bg   sync.WaitGroup
 
 	mu         sync.Mutex
 	reregister map[string]bool
+	// recovered are the registrations file's, adopted at the first
+	// snapshot (then nil).
+	recovered []cache.Plugin
 	orphans    orphanCheck
 	// What the next pass looks at: every socket (full) or only the dirty
 	// ones, so a burst of N events costs O(N), not O(N²).
@@ -156,6 +165,8 @@ func New(o Options) *Reconciler {
 		reregister: map[string]bool{},
 		dirty:      map[string]struct{}{},
 		syncedCh:   make(chan struct{}),
+		ckpt:       o.Checkpoint,
+		recovered:  recoveredPlugins(o.Checkpoint, o.Handlers),
 	}
 	r.metrics = newMetrics(r)
 	r.exec = executor.New(executor.Options{Clock: o.Clock, Log: o.Log, MaxParallel: o.MaxParallel, Due: r.wakePath})
@@ -212,13 +223,17 @@ func (r *Reconciler) signal() {
 
 // ReplaceSockets makes the DSW exactly sockets (a new watcher stream's
 // snapshot): sockets with an unchanged generation are left alone, so a
-// watcher restart causes no re-registration. After the first snapshot,
-// downstream registrations whose sockets are gone are deregistered.
+// watcher restart causes no re-registration. The first snapshot adopts the
+// registrations file's registrations whose sockets it holds with the same
+// generation, so a reconciler restart causes none either. After the first
+// snapshot, downstream registrations whose sockets are gone are
+// deregistered.
 func (r *Reconciler) ReplaceSockets(sockets []cache.Socket) {
 	added, changed, removed := r.dsw.Replace(sockets)
 	r.mu.Lock()
 	if !r.synced {
 		r.synced = true
+		r.adoptRecoveredLocked()
 		close(r.syncedCh)
 		r.orphans.due = true
 	}
@@ -393,8 +408,16 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 		if !registered || !desired || p.Generation != d.Generation {
 			// Gone or replaced: the other steps handle it.
 			r.dropReregister(path)
-		} else if r.runCancellable(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
+		} else if !downstreamReady(p) {
+			// Its handler's peer is not reachable yet: the pass that
+			// follows it becoming so (Wake) registers it.
+		} else {
+			// Dropped before the operation starts, which may ask for it
+			// again (registerAgain); kept when it could not start.
 			r.dropReregister(path)
+			if !r.runCancellable(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
+				r.markReregister(path)
+			}
 		}
 	}
 
@@ -422,6 +445,12 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 func (r *Reconciler) desired(path, generation string) bool {
 	d, ok := r.dsw.Get(path)
 	return ok && d.Generation == generation
+}
+
+func (r *Reconciler) markReregister(path string) {
+	r.mu.Lock()
+	r.reregister[path] = true
+	r.mu.Unlock()
 }
 
 func (r *Reconciler) dropReregister(path string) {

@@ -84,6 +84,7 @@ func (r *Reconciler) register(ctx context.Context, d cache.Socket, a executor.At
 	if prev != nil && !prevGone && replacedElsewhere(*prev, p) {
 		r.deregisterPrevious(ctx, *prev)
 	}
+	r.recorded(p)
 	r.status.Registered(d.Path, d.Generation)
 	return nil
 }
@@ -118,6 +119,7 @@ func (r *Reconciler) dropPrevious(ctx context.Context, old cache.Plugin) {
 	if cur, ok := r.asw.Get(old.SocketPath); ok && cur.Generation == old.Generation {
 		r.asw.Remove(old.SocketPath)
 	}
+	r.forgotten(old)
 	r.deregisterPrevious(ctx, old)
 }
 
