@@ -780,9 +780,12 @@ func TestWatcherRestartCausesNoDeregistration(t *testing.T) {
 	}
 }
 
-// Done better than the kubelet: a reconciler restart registers again without
-// duplicating anything downstream, deregisters what vanished while it was
-// down, and rebuilds the CSI and DRA records.
+// Done better than the kubelet: a reconciler restart contacts no plugin
+// whose socket kept its generation (no GetInfo, no NotifyRegistrationStatus:
+// it adopts them from the registrations file and registers them with their
+// handlers again), duplicates nothing downstream, deregisters what vanished
+// while it was down, registers what was recreated from GetInfo on, and
+// rebuilds the CSI and DRA records.
 func TestReconcilerRestart(t *testing.T) {
 	e := newEnv(t)
 	a := e.plugin("a", devicePlugin("example.com/a"))
@@ -805,12 +808,24 @@ func TestReconcilerRestart(t *testing.T) {
 	f2 := e.plugin("f", devicePlugin("example.com/f"))
 	f2.SetGetInfoDelay(time.Minute)
 	e.w.Created(t, f2.Path())
+	dmCalls := len(e.dm.Calls())
 	e.start()
 	for _, p := range []*testplugin.Plugin{a, c, d} {
 		e.waitRegistered(p.Path())
 	}
 	e.expireGetInfo()
 	e.waitFailed(f2.Path(), 1)
+	// Registered with the handlers again: a's endpoint by the
+	// devicemanager, the DRA and CSI records rebuilt.
+	testutil.WaitFor(t, "a registered with the devicemanager again, and the DRA and CSI records rebuilt", func() bool {
+		return slices.Contains(e.dm.Calls()[dmCalls:], "register "+a.Path()+" "+genA) &&
+			len(e.s.drivers.List(handler.TypeDRAPlugin)) == 1 && len(e.s.drivers.List(handler.TypeCSIPlugin)) == 1
+	})
+	for _, p := range []*testplugin.Plugin{a, c, d} {
+		if calls, sts := p.GetInfoCalls(), p.Statuses(); calls != 1 || len(sts) != 1 || !sts[0].Registered {
+			t.Errorf("%s was contacted again after the restart: %d GetInfo calls, notifications %+v; want 1 and one registered", p.Path(), calls, sts)
+		}
+	}
 	testutil.WaitFor(t, "vanished and stale endpoints swept", func() bool {
 		eps := e.dm.Endpoints()
 		_, hasB := eps[b.Path()]
