@@ -7,10 +7,12 @@ package packaging_test
 import (
 	"bufio"
 	"context"
+	"debug/elf"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -31,7 +33,7 @@ var built struct {
 	mu   sync.Mutex
 	dir  string
 	bin  string
-	debs map[string]string // by version
+	debs map[string]string // by version and architecture
 }
 
 func TestMain(m *testing.M) {
@@ -90,13 +92,17 @@ const (
 // debPackage is the amd64 package of version, built once as make package
 // builds it (scripts/package.sh with nfpm), or the test is skipped
 // without nfpm.
-func debPackage(t *testing.T, version string) string {
+func debPackage(t *testing.T, version string) string { return debPackageFor(t, version, "amd64") }
+
+// debPackageFor is debPackage for the architecture arch.
+func debPackageFor(t *testing.T, version, arch string) string {
 	t.Helper()
 	nfpm := nfpmPath(t)
 	built.mu.Lock()
 	defer built.mu.Unlock()
-	dist := filepath.Join(builtDirLocked(t), "dist-"+version)
-	if deb, ok := built.debs[version]; ok {
+	key := version + "_" + arch
+	dist := filepath.Join(builtDirLocked(t), "dist-"+key)
+	if deb, ok := built.debs[key]; ok {
 		return deb
 	}
 	root, err := stack.ModuleRoot()
@@ -105,13 +111,13 @@ func debPackage(t *testing.T, version string) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "package.sh"), nfpm, version, "amd64")
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "scripts", "package.sh"), nfpm, version, arch)
 	cmd.Env = append(os.Environ(), "NODEPLUG_DIST_DIR="+dist)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("package.sh %s: %v\n%s", version, err, tail(out))
+		t.Fatalf("package.sh %s %s: %v\n%s", version, arch, err, tail(out))
 	}
-	deb := filepath.Join(dist, "nodeplug_"+version+"_amd64.deb")
-	built.debs[version] = deb
+	deb := filepath.Join(dist, "nodeplug_"+version+"_"+arch+".deb")
+	built.debs[key] = deb
 	return deb
 }
 
@@ -212,20 +218,52 @@ func TestConfigNamesTheServicesVariables(t *testing.T) {
 	}
 }
 
-// TestPackage builds the amd64 Debian package as make package does and
-// reads it back with dpkg-deb: its version, its files, the configuration
-// as conffiles, the maintainer scripts, and binaries that say the
-// package's version.
+// TestPackage builds the Debian packages as make package does, for amd64
+// and arm64, and reads them back with dpkg-deb: their version and
+// architecture, their files, the configuration as conffiles, the
+// maintainer scripts, and binaries built for the package's architecture
+// that say the package's version (run for amd64, read as ELF for arm64).
 func TestPackage(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: the package build links six binaries")
+		t.Skip("-short: the package build links six binaries per architecture")
 	}
 	dpkgDeb, err := exec.LookPath("dpkg-deb")
 	if err != nil {
 		t.Skip("dpkg-deb is not installed")
 	}
 	const version = version1
-	deb := debPackage(t, version)
+	for _, arch := range []string{"amd64", "arm64"} {
+		t.Run(arch, func(t *testing.T) {
+			deb := debPackageFor(t, version, arch)
+			tree := readPackage(t, dpkgDeb, deb, version, arch)
+			machine := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[arch]
+			for _, b := range []string{"nodeplugctl", "nodeplug-watcher", "nodeplug-reconciler", "nodeplug-devicemanager", "nodeplug-dramanager", "nodeplug-apiserver"} {
+				path := filepath.Join(tree, "usr", "bin", b)
+				f, err := elf.Open(path)
+				if err != nil {
+					t.Errorf("%s: %v", b, err)
+					continue
+				}
+				if f.Machine != machine {
+					t.Errorf("%s is built for %v, want %v", b, f.Machine, machine)
+				}
+				_ = f.Close()
+				if arch != runtime.GOARCH {
+					continue
+				}
+				out, err := exec.Command(path, "--version").CombinedOutput()
+				if err != nil || !strings.Contains(string(out), version) {
+					t.Errorf("%s --version: %v, %q: the package's version %s is not in it", b, err, out, version)
+				}
+			}
+		})
+	}
+}
+
+// readPackage checks the package deb's control fields and files, and
+// returns the directory it was unpacked into.
+func readPackage(t *testing.T, dpkgDeb, deb, version, arch string) string {
+	t.Helper()
 	field := func(name string) string {
 		out, err := exec.Command(dpkgDeb, "-f", deb, name).CombinedOutput()
 		if err != nil {
@@ -233,8 +271,8 @@ func TestPackage(t *testing.T) {
 		}
 		return strings.TrimSpace(string(out))
 	}
-	if v, a, p := field("Version"), field("Architecture"), field("Package"); v != version || a != "amd64" || p != "nodeplug" {
-		t.Fatalf("package %s %s %s, want nodeplug %s amd64", p, v, a, version)
+	if v, a, p := field("Version"), field("Architecture"), field("Package"); v != version || a != arch || p != "nodeplug" {
+		t.Fatalf("package %s %s %s, want nodeplug %s %s", p, v, a, version, arch)
 	}
 
 	tree := testutil.TempDir(t)
@@ -266,12 +304,7 @@ func TestPackage(t *testing.T) {
 			t.Errorf("%s is not a conffile: conffiles\n%s", c, cf)
 		}
 	}
-	for _, b := range []string{"nodeplugctl", "nodeplug-watcher", "nodeplug-dramanager"} {
-		out, err := exec.Command(filepath.Join(tree, "usr", "bin", b), "--version").CombinedOutput()
-		if err != nil || !strings.Contains(string(out), version) {
-			t.Errorf("%s --version: %v, %q: the package's version %s is not in it", b, err, out, version)
-		}
-	}
+	return tree
 }
 
 // nfpmPath is the nfpm make tools builds (NODEPLUG_NFPM names another);

@@ -209,7 +209,8 @@ var units = []string{"nodeplug.target", "nodeplug-watcher", "nodeplug-reconciler
 // a kill -9 is restarted by systemd with the allocation kept; a service
 // that hangs (SIGSTOP) is restarted by the watchdog; an upgrade to a
 // package of a higher version keeps the allocation and the plugin's
-// devices healthy; purge leaves nothing of nodeplug behind.
+// devices healthy, and the plugin is not registered again; purge leaves
+// nothing of nodeplug behind.
 func TestOnSystemd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: boots a Debian host in podman")
@@ -236,7 +237,9 @@ func TestOnSystemd(t *testing.T) {
 
 	// A device plugin, and callers in the package's groups.
 	h.copy(filepath.Join(plugins, "nodeplug-sampleplugin"), "/usr/local/bin/nodeplug-sampleplugin")
-	if out, err := h.podmanCmd("exec", "-d", h.name, "nodeplug-sampleplugin", "--devices", "2"); err != nil {
+	// Its log says "registered" at each NotifyRegistrationStatus(true):
+	// the plugin's own count of its registrations.
+	if out, err := h.podmanCmd("exec", "-d", h.name, "sh", "-c", "exec nodeplug-sampleplugin --devices 2 2>>/var/log/sampleplugin.log"); err != nil {
 		t.Fatalf("starting the sample plugin: %v\n%s", err, out)
 	}
 	h.must("useradd", "-m", "-G", "nodeplug,nodeplug-ops", "ops")
@@ -257,6 +260,9 @@ func TestOnSystemd(t *testing.T) {
 	allocated := h.allocations("pod-1")
 	if !strings.Contains(allocated, "example.com/sample") {
 		t.Fatalf("allocations of pod-1: %s", allocated)
+	}
+	if n := h.registrations(); n != 1 {
+		t.Fatalf("the sample plugin was told it is registered %d times, want once", n)
 	}
 
 	// kill -9: systemd starts the devicemanager again, which keeps the
@@ -307,11 +313,19 @@ func TestOnSystemd(t *testing.T) {
 			return errors.New(got)
 		}
 		out, err := h.exec("nodeplugctl", "resources")
-		if err != nil || !strings.Contains(out, "example.com/sample") || strings.Contains(out, "unhealthy") {
+		if err != nil || !strings.Contains(out, "example.com/sample") || strings.Contains(out, "unhealthy") || !strings.Contains(out, "live via plugins_registry") {
 			return fmt.Errorf("%v: %s", err, out)
 		}
 		return nil
 	})
+	// Every service restarted, the reconciler among them, and the plugin
+	// was not registered again: the reconciler adopted its registration.
+	if n := h.registrations(); n != 1 {
+		t.Errorf("after the upgrade the sample plugin was told it is registered %d times, want once", n)
+	}
+	if out := h.must("journalctl", "--no-pager", "-u", "nodeplug-reconciler"); !strings.Contains(out, "registrations recovered from the last run") {
+		t.Errorf("the reconciler's journal does not say it recovered its registrations:\n%s", tail([]byte(out)))
+	}
 
 	// Purge: nothing of nodeplug remains.
 	h.must("apt-get", "purge", "-y", "nodeplug")
@@ -328,6 +342,20 @@ func TestOnSystemd(t *testing.T) {
 	if out, _ := h.exec("pgrep", "-f", "nodeplug-(watcher|reconciler|devicemanager|dramanager|apiserver)"); strings.TrimSpace(out) != "" {
 		t.Errorf("nodeplug processes run after purge: %s", out)
 	}
+}
+
+// registrations is how many times the sample plugin was told it is
+// registered (NotifyRegistrationStatus(true)), from its log.
+func (h *host) registrations() int {
+	h.t.Helper()
+	out := h.must("cat", "/var/log/sampleplugin.log")
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "msg=registered ") || strings.Contains(line, `"msg":"registered"`) {
+			n++
+		}
+	}
+	return n
 }
 
 func writeFile(t *testing.T, path, content string) {

@@ -266,7 +266,9 @@ func marshal(regs []Registration) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := json.MarshalIndent(fileJSON{Kind: Kind, Version: Version, Checksum: checksum(raw), Registrations: raw}, "", " ")
+	// Compact: jq shows it indented, and a burst of registrations
+	// rewrites it often.
+	b, err := json.Marshal(fileJSON{Kind: Kind, Version: Version, Checksum: checksum(raw), Registrations: raw})
 	if err != nil {
 		return nil, err
 	}

@@ -88,7 +88,7 @@ func TestUnreadableFiles(t *testing.T) {
 	}{
 		{"not JSON", "{", "is not a registrations file"},
 		{"another kind", `{"kind":"other","version":1}`, `is of kind "other"`},
-		{"a later version", strings.Replace(string(b), `"version": 1`, `"version": 2`, 1), "version 2"},
+		{"a later version", strings.Replace(string(b), `"version":1`, `"version":2`, 1), "version 2"},
 		{"damaged", strings.Replace(string(b), "/a.sock", "/b.sock", 1), "is damaged"},
 		{"a registration without its type", func() string {
 			b, err := marshal([]Registration{{SocketPath: "/a.sock", Generation: "1:1:1"}})
