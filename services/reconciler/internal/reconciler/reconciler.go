@@ -117,7 +117,7 @@ type Reconciler struct {
 	// recovered are the registrations file's, adopted at the first
 	// snapshot (then nil).
 	recovered []cache.Plugin
-	orphans    orphanCheck
+	orphans   orphanCheck
 	// What the next pass looks at: every socket (full) or only the dirty
 	// ones, so a burst of N events costs O(N), not O(N²).
 	full   bool
