@@ -404,20 +404,17 @@ func (r *Reconciler) reconcilePath(ctx context.Context, path string) {
 	r.mu.Lock()
 	again := r.reregister[path]
 	r.mu.Unlock()
-	if again {
-		if !registered || !desired || p.Generation != d.Generation {
-			// Gone or replaced: the other steps handle it.
-			r.dropReregister(path)
-		} else if !downstreamReady(p) {
-			// Its handler's peer is not reachable yet: the pass that
-			// follows it becoming so (Wake) registers it.
-		} else {
-			// Dropped before the operation starts, which may ask for it
-			// again (registerAgain); kept when it could not start.
-			r.dropReregister(path)
-			if !r.runCancellable(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
-				r.markReregister(path)
-			}
+	// While its handler's peer is not reachable, it waits: the pass that
+	// follows the peer becoming so (Wake) registers it.
+	if again && (!registered || !desired || p.Generation != d.Generation) {
+		// Gone or replaced: the other steps handle it.
+		r.dropReregister(path)
+	} else if again && downstreamReady(p) {
+		// Dropped before the operation starts, which may ask for it
+		// again (registerAgain); kept when it could not start.
+		r.dropReregister(path)
+		if !r.runCancellable(ctx, path, p.Generation, func(ctx context.Context, _ executor.Attempt) error { return r.registerAgain(ctx, p) }) {
+			r.markReregister(path)
 		}
 	}
 
