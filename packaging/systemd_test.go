@@ -323,6 +323,11 @@ func TestOnSystemd(t *testing.T) {
 	if n := h.registrations(); n != 1 {
 		t.Errorf("after the upgrade the sample plugin was told it is registered %d times, want once", n)
 	}
+	// The devicemanager redialled the plugin's endpoint from its
+	// checkpoint before serving: its devices never went unhealthy.
+	if out := h.must("journalctl", "--no-pager", "-u", "nodeplug-devicemanager"); strings.Contains(out, "recorded endpoint does not answer") {
+		t.Errorf("a restarted devicemanager could not redial the plugin, whose devices were unhealthy meanwhile:\n%s", tail([]byte(out)))
+	}
 	if out := h.must("journalctl", "--no-pager", "-u", "nodeplug-reconciler"); !strings.Contains(out, "registrations recovered from the last run") {
 		t.Errorf("the reconciler's journal does not say it recovered its registrations:\n%s", tail([]byte(out)))
 	}
