@@ -32,7 +32,7 @@ func recoveredPlugins(ckpt *checkpoint.File, handlers map[string]cache.Handler) 
 	return out
 }
 
-// adoptRecovered adopts the recovered registrations whose sockets are
+// adoptRecoveredLocked adopts the recovered registrations whose sockets are
 // desired with the same generation, once, at the first snapshot. Called
 // with r.mu held.
 func (r *Reconciler) adoptRecoveredLocked() {
