@@ -283,8 +283,9 @@ func TestDRADeviceManagerRestartReregisters(t *testing.T) {
 }
 
 // A reconciler restart registers its DRA drivers again (a no-op
-// downstream) and deregisters the instances whose sockets went while it
-// was down, or that it never knew: an earlier reconciler's.
+// downstream; the plugin is not contacted) and deregisters the instances
+// whose sockets went while it was down, or that it never knew: an earlier
+// reconciler's.
 func TestDRAReconcilerRestartSweepsOrphans(t *testing.T) {
 	e := newEnv(t)
 	keep := e.plugin("keep", draPlugin("dra.example.com"))
@@ -314,9 +315,12 @@ func TestDRAReconcilerRestartSweepsOrphans(t *testing.T) {
 			t.Fatalf("the desired instance was deregistered: %q", e.dm.DRACalls())
 		}
 	}
-	if d := e.s.drivers.List(handler.TypeDRAPlugin); len(d) != 1 || d[0].SocketPath != keep.Path() {
-		t.Fatalf("DRA drivers after restart = %+v", d)
-	}
+	// The adopted driver's record is rebuilt when it is registered with
+	// the dramanager again, once the dramanager's watch stream is open.
+	testutil.WaitFor(t, "the DRA driver's record rebuilt after the restart", func() bool {
+		d := e.s.drivers.List(handler.TypeDRAPlugin)
+		return len(d) == 1 && d[0].SocketPath == keep.Path()
+	})
 }
 
 // A DRA driver's endpoint is not waited for, as the kubelet does not wait

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+	"github.com/nodeplug/nodeplug/pkg/layout"
 )
 
 // allocWatch follows WatchResources and records, per resource, the lowest
@@ -100,8 +103,9 @@ func (w *allocWatch) stop() (minimum map[string]int64, streams int) {
 // plugin of each registration path is registered and an allocation exists,
 // starts it again, and checks that allocatable never dipped (apiserver,
 // watcher, reconciler) or came back without any plugin re-creating its
-// socket (devicemanager), that the allocation is intact, and that no
-// endpoint is duplicated.
+// socket (devicemanager), that the allocation is intact, that no endpoint
+// is duplicated, and that a watcher or reconciler restart does not
+// register the plugins_registry plugin again.
 func TestRestartsKeepState(t *testing.T) {
 	for _, svc := range stack.Services {
 		t.Run(svc, func(t *testing.T) {
@@ -131,6 +135,18 @@ func TestRestartsKeepState(t *testing.T) {
 				t.Fatal(err)
 			}
 			registryNotifies := len(viaRegistry.Statuses())
+			if svc == "reconciler" {
+				// Its registration is on disk (written in the background
+				// within a tenth of a second) before the kill.
+				file := layout.RegistrationsFile(e.root)
+				testutil.Eventually(t, "the registry plugin in the reconciler's registrations file", func() error {
+					b, err := os.ReadFile(file)
+					if err != nil || !strings.Contains(string(b), viaRegistry.SocketPath()) {
+						return fmt.Errorf("%s: %v %s", file, err, b)
+					}
+					return nil
+				})
+			}
 
 			w := watchAllocatable(e)
 			e.st.Kill(svc)
@@ -224,8 +240,10 @@ func TestRestartsKeepState(t *testing.T) {
 					t.Errorf("legacy plugin has %d ListAndWatch streams, want 1", got)
 				}
 			}
-			if got := len(viaRegistry.Statuses()); svc == "watcher" && got != registryNotifies {
-				t.Errorf("a watcher restart re-registered the plugin (%d → %d notifications)", registryNotifies, got)
+			// Neither a watcher restart nor a reconciler restart (which
+			// adopts its registrations from its file) contacts the plugin.
+			if got := len(viaRegistry.Statuses()); (svc == "watcher" || svc == "reconciler") && got != registryNotifies {
+				t.Errorf("a %s restart re-registered the plugin (%d → %d notifications)", svc, registryNotifies, got)
 			}
 		})
 	}
