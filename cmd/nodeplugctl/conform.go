@@ -40,6 +40,7 @@ func cmdConform(ctx context.Context, c *cli, args []string) error {
 	fs.Var(&allowed, "allowed-endpoint-dir", "where endpoints may be, as the services' flag (default: the root dir; with --socket the parent of its directory)")
 	fs.Var(&env, "env", "KEY=VALUE added to the started plugin's environment (repeatable)")
 	fs.DurationVar(&cfg.RegisterWait, "register-wait", conform.DefaultRegisterWait, "how long the started plugin has to register, and to register again after kubelet.sock is re-created")
+	fs.IntVar(&cfg.Resources, "resources", 0, "with a command: how many resources the plugin serves, each registered on its own; conform waits (within --register-wait) for that many before checking the others (0: those registered while the first was checked)")
 	fs.DurationVar(&cfg.Observe, "observe", conform.DefaultObserve, "how long to watch for what must not happen (health flaps, a new stream ending, a crash after socket removal)")
 	fs.DurationVar(&cfg.RecreateWait, "recreate-wait", conform.DefaultRecreateWait, "how long socket-removal waits for the plugin to create its removed socket again")
 	fs.StringVar(&cfg.Root, "plugin-root", "", "with a command: serve kubelet.sock and plugins_registry under this dir instead of a temporary one (for plugins that hard-code /var/lib/kubelet; refused when a kubelet answers there)")

@@ -416,7 +416,9 @@ func TestEveryResourceIsChecked(t *testing.T) {
 	for _, mode := range []string{"kubelet", "registry"} {
 		t.Run(mode, func(t *testing.T) {
 			cmd := append(pluginCommand(t, mode, faultplugin.FaultDuplicateIDs), "--resources", "2", "--fault-resource", "2")
-			rep := run(t, conform.Config{Command: cmd, Observe: short,
+			// The plugin registers its resources one after the other:
+			// conform is told to wait for both.
+			rep := run(t, conform.Config{Command: cmd, Observe: short, Resources: 2,
 				Selection: conform.Selection{Only: []string{conform.CheckOptions, conform.CheckDeviceIDs, conform.CheckAllocate, conform.CheckSIGTERM}}})
 			if got := slices.Sorted(slices.Values(rep.Resources)); strings.Join(got, ",") != faultplugin.Resource+","+second {
 				t.Fatalf("resources checked: %q", rep.Resources)

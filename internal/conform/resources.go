@@ -39,10 +39,14 @@ func (r *runner) resourceName() string {
 }
 
 // checkOtherResources finds the plugin's other registrations, those that
-// arrived while the first was checked: Register calls on kubelet.sock for
+// arrived while the first was checked, or, with Config.Resources, once that
+// many registered (within RegisterWait): Register calls on kubelet.sock for
 // another resource and other sockets in plugins_registry. Each is checked
 // as the first was.
 func (r *runner) checkOtherResources(ctx context.Context) {
+	if r.cfg.Resources > 1 {
+		poll(ctx, r.cfg.RegisterWait, func() bool { return r.registeredResources() >= r.cfg.Resources })
+	}
 	seen := map[string]bool{r.resourceName(): true}
 	for i := 0; ; i++ {
 		reg, _ := r.kubelet.next(i)
@@ -74,6 +78,20 @@ func (r *runner) checkOtherResources(ctx context.Context) {
 		s.deviceChecks(ctx)
 		r.others = append(r.others, s)
 	}
+}
+
+// registeredResources counts the plugin's registrations so far: the
+// resources named on kubelet.sock, and the sockets in plugins_registry.
+func (r *runner) registeredResources() int {
+	names := map[string]bool{}
+	for i := 0; ; i++ {
+		reg, _ := r.kubelet.next(i)
+		if reg == nil {
+			break
+		}
+		names[reg.req.GetResourceName()] = true
+	}
+	return len(names) + len(findSockets(r.registryDir()))
 }
 
 // findSockets returns every socket under dir, as the kubelet's walk finds

@@ -84,6 +84,11 @@ type Config struct {
 	Timeout time.Duration
 	// RegisterWait bounds the wait for the started plugin to register.
 	RegisterWait time.Duration
+	// Resources is how many resources the started plugin serves, each
+	// registered on its own: conform waits (within RegisterWait) for that
+	// many before it checks the others. 0: the others are those that
+	// registered while the first was checked.
+	Resources int
 	// Observe is how long conform watches for what must not happen.
 	Observe time.Duration
 	// RecreateWait is how long socket-removal waits for a re-created
@@ -110,6 +115,9 @@ func (c *Config) defaults() error {
 	}
 	if err := c.Validate(); err != nil {
 		return err
+	}
+	if c.Resources < 0 {
+		return fmt.Errorf("resources %d: give how many resources the plugin serves, or 0", c.Resources)
 	}
 	if c.Timeout <= 0 {
 		c.Timeout = DefaultTimeout
