@@ -264,10 +264,7 @@ func TestDRADeviceManagerRestartReregisters(t *testing.T) {
 	e := newEnv(t)
 	a := e.plugin("a", draPluginAt("dra.example.com", e.endpoint("ep-a")))
 	b := e.plugin("b", draPluginAt("dra.example.com", e.endpoint("ep-b")))
-	for _, p := range []*testplugin.Plugin{a, b} {
-		e.w.Created(t, p.Path())
-		e.waitRegistered(p.Path())
-	}
+	e.createdRegistered(a, b)
 	want := e.dm.DRAInstances()
 	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.dm.Instance() != "" })
 	e.dm.Restart()
@@ -290,10 +287,7 @@ func TestDRAReconcilerRestartSweepsOrphans(t *testing.T) {
 	e := newEnv(t)
 	keep := e.plugin("keep", draPlugin("dra.example.com"))
 	gone := e.plugin("gone", draPlugin("dra2.example.com"))
-	for _, p := range []*testplugin.Plugin{keep, gone} {
-		e.w.Created(t, p.Path())
-		e.waitRegistered(p.Path())
-	}
+	e.createdRegistered(keep, gone)
 	e.stop()
 	gone.Stop()
 	e.w.Deleted(gone.Path())

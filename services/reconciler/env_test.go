@@ -147,6 +147,16 @@ func (e *env) waitRegistered(path string) status.PluginStatus {
 	return e.waitState(path, "registered", func(s status.PluginStatus) bool { return s.State == status.StateRegistered })
 }
 
+// createdRegistered reports each plugin's socket created and waits until
+// it is registered.
+func (e *env) createdRegistered(ps ...*testplugin.Plugin) {
+	e.t.Helper()
+	for _, p := range ps {
+		e.w.Created(e.t, p.Path())
+		e.waitRegistered(p.Path())
+	}
+}
+
 func (e *env) waitFailed(path string, failures int) status.PluginStatus {
 	e.t.Helper()
 	return e.waitState(path, "failed", func(s status.PluginStatus) bool {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/checkpoint"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/handler"
 	"github.com/nodeplug/nodeplug/services/reconciler/internal/status"
@@ -21,10 +22,7 @@ func TestRestartWaitsForThePeers(t *testing.T) {
 	e := newEnv(t)
 	dp := e.plugin("dp", devicePlugin("example.com/dp"))
 	dra := e.plugin("dra", draPlugin("dra.example.com"))
-	for _, p := range []*testplugin.Plugin{dp, dra} {
-		e.w.Created(t, p.Path())
-		e.waitRegistered(p.Path())
-	}
+	e.createdRegistered(dp, dra)
 	e.stop()
 
 	// The peers come back at an address where nothing serves yet.
@@ -83,7 +81,7 @@ func TestRestartWithADamagedRegistrationsFile(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the registrations file written anew", func() bool {
 		f, err := checkpoint.Open(file, checkpoint.Options{})
-		return err == nil && slices.ContainsFunc(f.Loaded(), func(r checkpoint.Registration) bool {
+		return err == nil && slices.ContainsFunc(f.Loaded(), func(r cache.Plugin) bool {
 			return r.SocketPath == p.Path() && r.Name == "example.com/p"
 		})
 	})
@@ -96,10 +94,7 @@ func TestRegistrationsFileHoldsTheRegistered(t *testing.T) {
 	ok := e.plugin("ok", devicePlugin("example.com/ok"))
 	gone := e.plugin("gone", draPlugin("dra.example.com"))
 	bad := e.plugin("bad", testplugin.Info{Type: "GPUPlugin", Name: "x", Versions: []string{"v1"}})
-	for _, p := range []*testplugin.Plugin{ok, gone} {
-		e.w.Created(t, p.Path())
-		e.waitRegistered(p.Path())
-	}
+	e.createdRegistered(ok, gone)
 	e.w.Created(t, bad.Path())
 	if _, err := bad.WaitStatus(waitCtx(t), testplugin.Rejected); err != nil {
 		t.Fatal(err)

@@ -745,10 +745,7 @@ func TestWatcherRestartCausesNoDeregistration(t *testing.T) {
 	a := e.plugin("a", devicePlugin("example.com/a"))
 	b := e.plugin("b", devicePlugin("example.com/b"))
 	c := e.plugin("c", draPlugin("dra.example.com"))
-	for _, p := range []*testplugin.Plugin{a, b, c} {
-		e.w.Created(t, p.Path())
-		e.waitRegistered(p.Path())
-	}
+	e.createdRegistered(a, b, c)
 	b.Stop()
 	streams := e.w.Streams()
 	e.w.Restart(func(m map[string]string) { delete(m, b.Path()) })
@@ -793,10 +790,7 @@ func TestReconcilerRestart(t *testing.T) {
 	c := e.plugin("c", draPlugin("dra.example.com"))
 	d := e.plugin("d", testplugin.Info{Type: "CSIPlugin", Name: "csi.example.com", Versions: []string{"1.0.0"}}, csiOptions("csi.example.com"))
 	f := e.plugin("f", devicePlugin("example.com/f"))
-	for _, p := range []*testplugin.Plugin{a, b, c, d, f} {
-		e.w.Created(t, p.Path())
-		e.waitRegistered(p.Path())
-	}
+	e.createdRegistered(a, b, c, d, f)
 	genA := e.dm.Endpoints()[a.Path()].generation
 	e.stop()
 	// While the reconciler is down, b goes away and f is recreated by a
@@ -859,10 +853,7 @@ func TestDeviceManagerRestartReregisters(t *testing.T) {
 	a := e.plugin("a", devicePlugin("example.com/a"))
 	b := e.plugin("b", devicePlugin("example.com/b"))
 	c := e.plugin("c", draPlugin("dra.example.com"))
-	for _, p := range []*testplugin.Plugin{a, b, c} {
-		e.w.Created(t, p.Path())
-		e.waitRegistered(p.Path())
-	}
+	e.createdRegistered(a, b, c)
 	want := e.dm.Endpoints()
 	wantDRA := e.dm.DRAInstances()[c.Path()]
 	testutil.WaitFor(t, "devicemanager instance known", func() bool { return e.s.dm.Instance() != "" })

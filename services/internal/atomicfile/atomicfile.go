@@ -15,12 +15,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 )
 
 // WriteFile writes data to path atomically and durably, mode 0600. The
-// temporary file is named <dir>/.<base>.tmp-<random>; one left by a crash
-// is garbage to remove (RemoveTemps).
+// temporary file is named <dir>/.<base>.tmp-<random> (TempPrefix); one
+// left by a crash is garbage to remove (RemoveTemps).
 func WriteFile(path string, data []byte) error {
 	f, err := CreateTemp(filepath.Dir(path), TempPrefix(path))
 	if err != nil {
@@ -36,12 +38,18 @@ func WriteFile(path string, data []byte) error {
 // TempPrefix is the name prefix of WriteFile's temporary files for path.
 func TempPrefix(path string) string { return "." + filepath.Base(path) + ".tmp-" }
 
-// RemoveTemps removes the temporary files a crash in WriteFile left
-// beside path.
-func RemoveTemps(path string) {
-	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(path), TempPrefix(path)+"*"))
-	for _, m := range matches {
-		_ = os.Remove(m)
+// RemoveTemps removes the files in dir whose names start with one of
+// prefixes: the temporary files a crash left (TempPrefix of a path
+// WriteFile writes, or the prefix given to CreateTemp).
+func RemoveTemps(dir string, prefixes ...string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(e.Name(), p) }) {
+			_ = os.Remove(filepath.Join(dir, e.Name()))
+		}
 	}
 }
 

@@ -382,16 +382,9 @@ func moveAside(path string, now time.Time) (string, error) {
 	return aside, atomicfile.SyncDir(filepath.Dir(path))
 }
 
-// writeSnapshot writes a snapshot atomically.
+// writeSnapshot writes a snapshot atomically (atomicfile.WriteFile: its
+// temporary file is .nodeplug_checkpoint.tmp-*, which removeTemps knows).
 func writeSnapshot(path string, journal uint64, s *state) (int64, error) {
 	b := marshalSnapshot(journal, s)
-	f, err := atomicfile.CreateTemp(filepath.Dir(path), "."+FileName+".tmp-")
-	if err != nil {
-		return 0, fmt.Errorf("write snapshot: %w", err)
-	}
-	if _, err := f.Write(b); err != nil {
-		atomicfile.Discard(f)
-		return 0, fmt.Errorf("write snapshot %s: %w", f.Name(), err)
-	}
-	return int64(len(b)), atomicfile.Install(f, path)
+	return int64(len(b)), atomicfile.WriteFile(path, b)
 }

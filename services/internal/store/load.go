@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
+
+	"github.com/nodeplug/nodeplug/services/internal/atomicfile"
 )
 
 // Load implements Store. It reads the snapshot, then the journals that
@@ -291,13 +292,5 @@ func (j *Journal) moveAside(path string, why error, now time.Time) (*CorruptErro
 
 // removeTemps removes temporary files a crash left behind.
 func removeTemps(dir string) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "."+FileName+".tmp-") || strings.HasPrefix(e.Name(), "."+FileName+".journal-tmp-") {
-			_ = os.Remove(filepath.Join(dir, e.Name()))
-		}
-	}
+	atomicfile.RemoveTemps(dir, atomicfile.TempPrefix(Path(dir)), "."+FileName+".journal-tmp-")
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -278,19 +277,11 @@ func (k *KubeletMirror) writeFile(b []byte) error {
 	return atomicfile.Install(f, k.path)
 }
 
-const kubeletTempPrefix = "." + KubeletFileName + ".tmp-"
+var kubeletTempPrefix = atomicfile.TempPrefix(KubeletFileName)
 
 // removeKubeletTemps removes temporary mirror files a crash left behind.
 func removeKubeletTemps(dir string) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), kubeletTempPrefix) {
-			_ = os.Remove(filepath.Join(dir, e.Name()))
-		}
-	}
+	atomicfile.RemoveTemps(dir, kubeletTempPrefix)
 }
 
 // importKubelet imports the allocations of the kubelet's checkpoint into

@@ -29,6 +29,7 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -36,6 +37,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/services/internal/atomicfile"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 )
 
 // Kind and Version head the file: a file of another kind or version is
@@ -53,15 +55,8 @@ const DefaultInterval = 100 * time.Millisecond
 // memory.
 const maxFile = 64 << 20
 
-// Registration is one plugin the reconciler registered and told so.
-type Registration struct {
-	SocketPath string
-	Generation string
-	Type       string
-	Name       string
-	Endpoint   string
-	Versions   []string
-}
+// A registration is the ASW's entry of a plugin the reconciler registered
+// and told so (cache.Plugin); its Handler is not kept.
 
 // File is the registrations file: what it holds, and the writer that keeps
 // it current. Its methods are safe for concurrent use.
@@ -69,10 +64,10 @@ type File struct {
 	path     string
 	log      *slog.Logger
 	interval time.Duration
-	loaded   []Registration
+	loaded   []cache.Plugin
 
 	mu      sync.Mutex
-	regs    map[string]Registration // by socket path
+	regs    map[string]cache.Plugin // by socket path
 	changes uint64                  // bumped by every change
 	saved   uint64                  // changes on disk
 	failing bool                    // the last write failed
@@ -100,8 +95,8 @@ func Open(path string, o Options) (*File, error) {
 	if o.Interval <= 0 {
 		o.Interval = DefaultInterval
 	}
-	f := &File{path: path, log: o.Log, interval: o.Interval, regs: map[string]Registration{}, kick: make(chan struct{}, 1)}
-	atomicfile.RemoveTemps(path)
+	f := &File{path: path, log: o.Log, interval: o.Interval, regs: map[string]cache.Plugin{}, kick: make(chan struct{}, 1)}
+	atomicfile.RemoveTemps(filepath.Dir(path), atomicfile.TempPrefix(path))
 	regs, err := read(path)
 	if err != nil {
 		return f, err
@@ -117,11 +112,11 @@ func Open(path string, o Options) (*File, error) {
 func (f *File) Path() string { return f.path }
 
 // Loaded returns the registrations the file held when it was opened.
-func (f *File) Loaded() []Registration { return slices.Clone(f.loaded) }
+func (f *File) Loaded() []cache.Plugin { return slices.Clone(f.loaded) }
 
 // Put records r, replacing what its socket path had.
-func (f *File) Put(r Registration) {
-	r.Versions = slices.Clone(r.Versions)
+func (f *File) Put(r cache.Plugin) {
+	r.Versions, r.Handler = slices.Clone(r.Versions), nil
 	f.mu.Lock()
 	f.regs[r.SocketPath] = r
 	f.changes++
@@ -145,7 +140,7 @@ func (f *File) Delete(path, generation string) {
 }
 
 // List returns the registrations recorded now, sorted by socket path.
-func (f *File) List() []Registration {
+func (f *File) List() []cache.Plugin {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return sorted(f.regs)
@@ -224,8 +219,8 @@ func (f *File) Flush() error {
 	return nil
 }
 
-func sorted(m map[string]Registration) []Registration {
-	return slices.SortedFunc(maps.Values(m), func(a, b Registration) int { return strings.Compare(a.SocketPath, b.SocketPath) })
+func sorted(m map[string]cache.Plugin) []cache.Plugin {
+	return slices.SortedFunc(maps.Values(m), func(a, b cache.Plugin) int { return strings.Compare(a.SocketPath, b.SocketPath) })
 }
 
 // The file's format: JSON, its registrations' checksum (CRC-32C of the
@@ -252,7 +247,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 func checksum(b []byte) string { return fmt.Sprintf("crc32c:%08x", crc32.Checksum(b, castagnoli)) }
 
-func marshal(regs []Registration) ([]byte, error) {
+func marshal(regs []cache.Plugin) ([]byte, error) {
 	out := make([]registrationJSON, 0, len(regs))
 	for _, r := range regs {
 		j := registrationJSON{SocketPath: bounds.PathText(r.SocketPath), Generation: bounds.PathText(r.Generation),
@@ -277,7 +272,7 @@ func marshal(regs []Registration) ([]byte, error) {
 
 // read returns the registrations of the file at path: none when there is
 // no file.
-func read(path string) ([]Registration, error) {
+func read(path string) ([]cache.Plugin, error) {
 	fh, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -303,7 +298,7 @@ func read(path string) ([]Registration, error) {
 	return unmarshal(path, b)
 }
 
-func unmarshal(path string, b []byte) ([]Registration, error) {
+func unmarshal(path string, b []byte) ([]cache.Plugin, error) {
 	var f fileJSON
 	if err := json.Unmarshal(b, &f); err != nil {
 		return nil, fmt.Errorf("%s is not a registrations file: %w", path, err)
@@ -318,7 +313,7 @@ func unmarshal(path string, b []byte) ([]Registration, error) {
 	if err := json.Unmarshal(f.Registrations, &regs); err != nil {
 		return nil, fmt.Errorf("%s: registrations: %w", path, err)
 	}
-	out := make([]Registration, 0, len(regs))
+	out := make([]cache.Plugin, 0, len(regs))
 	for i, j := range regs {
 		r, err := fromJSON(j)
 		if err != nil {
@@ -339,8 +334,8 @@ func compact(raw json.RawMessage) []byte {
 	return b.Bytes()
 }
 
-func fromJSON(j registrationJSON) (Registration, error) {
-	var r Registration
+func fromJSON(j registrationJSON) (cache.Plugin, error) {
+	var r cache.Plugin
 	var err error
 	field := func(name, text string) string {
 		if err != nil {
@@ -361,10 +356,10 @@ func fromJSON(j registrationJSON) (Registration, error) {
 		r.Versions = append(r.Versions, field("versions", v))
 	}
 	if err != nil {
-		return Registration{}, err
+		return cache.Plugin{}, err
 	}
 	if r.SocketPath == "" || r.Generation == "" || r.Type == "" {
-		return Registration{}, errors.New("socket_path, generation and type must be set")
+		return cache.Plugin{}, errors.New("socket_path, generation and type must be set")
 	}
 	return r, nil
 }

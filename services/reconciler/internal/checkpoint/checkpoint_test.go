@@ -10,10 +10,11 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/services/internal/atomicfile"
+	"github.com/nodeplug/nodeplug/services/reconciler/internal/cache"
 )
 
-func reg(path, gen string) Registration {
-	return Registration{SocketPath: path, Generation: gen, Type: "DevicePlugin", Name: "example.com/dev", Endpoint: path, Versions: []string{"v1beta1"}}
+func reg(path, gen string) cache.Plugin {
+	return cache.Plugin{SocketPath: path, Generation: gen, Type: "DevicePlugin", Name: "example.com/dev", Endpoint: path, Versions: []string{"v1beta1"}}
 }
 
 func open(t *testing.T, path string) *File {
@@ -34,7 +35,7 @@ func TestRoundTrip(t *testing.T) {
 	if got := f.Loaded(); len(got) != 0 {
 		t.Fatalf("a missing file loaded %+v", got)
 	}
-	odd := Registration{SocketPath: "/r/plugins_registry/\xff\xfe.sock", Generation: "1:2:3", Type: "DRAPlugin",
+	odd := cache.Plugin{SocketPath: "/r/plugins_registry/\xff\xfe.sock", Generation: "1:2:3", Type: "DRAPlugin",
 		Name: "\"quoted\"", Endpoint: "/r/plugins/\x80/dra.sock", Versions: []string{"v1.DRAPlugin", "v1beta1.DRAPlugin"}}
 	f.Put(reg("/r/plugins_registry/a.sock", "1:1:1"))
 	f.Put(odd)
@@ -42,7 +43,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := open(t, path).Loaded()
-	want := []Registration{reg("/r/plugins_registry/a.sock", "1:1:1"), odd}
+	want := []cache.Plugin{reg("/r/plugins_registry/a.sock", "1:1:1"), odd}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("loaded %+v\nwant %+v", got, want)
 	}
@@ -91,7 +92,7 @@ func TestUnreadableFiles(t *testing.T) {
 		{"a later version", strings.Replace(string(b), `"version":1`, `"version":2`, 1), "version 2"},
 		{"damaged", strings.Replace(string(b), "/a.sock", "/b.sock", 1), "is damaged"},
 		{"a registration without its type", func() string {
-			b, err := marshal([]Registration{{SocketPath: "/a.sock", Generation: "1:1:1"}})
+			b, err := marshal([]cache.Plugin{{SocketPath: "/a.sock", Generation: "1:1:1"}})
 			if err != nil {
 				t.Fatal(err)
 			}

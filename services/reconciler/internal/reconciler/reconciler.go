@@ -114,10 +114,7 @@ type Reconciler struct {
 
 	mu         sync.Mutex
 	reregister map[string]bool
-	// recovered are the registrations file's, adopted at the first
-	// snapshot (then nil).
-	recovered []cache.Plugin
-	orphans   orphanCheck
+	orphans    orphanCheck
 	// What the next pass looks at: every socket (full) or only the dirty
 	// ones, so a burst of N events costs O(N), not O(N²).
 	full   bool
@@ -166,7 +163,6 @@ func New(o Options) *Reconciler {
 		dirty:      map[string]struct{}{},
 		syncedCh:   make(chan struct{}),
 		ckpt:       o.Checkpoint,
-		recovered:  recoveredPlugins(o.Checkpoint, o.Handlers),
 	}
 	r.metrics = newMetrics(r)
 	r.exec = executor.New(executor.Options{Clock: o.Clock, Log: o.Log, MaxParallel: o.MaxParallel, Due: r.wakePath})
