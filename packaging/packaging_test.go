@@ -23,9 +23,6 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
-// services are the units of nodeplug.target, by service name.
-var services = []string{"watcher", "reconciler", "devicemanager", "dramanager", "apiserver"}
-
 // built is what this package's tests build once and share: the services'
 // binaries, and each version of the package (package.sh links six
 // binaries every time). TestMain removes it.
@@ -70,7 +67,7 @@ func binaries(t *testing.T) string {
 		t.Fatal(err)
 	}
 	names := []string{"nodeplugctl"}
-	for _, s := range services {
+	for _, s := range stack.Services {
 		names = append(names, "nodeplug-"+s)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -136,7 +133,7 @@ func TestUnitsVerify(t *testing.T) {
 	if err := copyFile(filepath.Join("systemd", "nodeplug.target"), units[0], nil); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range services {
+	for _, s := range stack.Services {
 		name := "nodeplug-" + s + ".service"
 		dst := filepath.Join(dir, name)
 		err := copyFile(filepath.Join("systemd", name), dst, func(line string) string {
@@ -158,7 +155,7 @@ func TestUnitsVerify(t *testing.T) {
 	// What the target pulls in is every service, and each service is
 	// installed into the target, started after the services it calls.
 	target := readUnit(t, "nodeplug.target")
-	for _, s := range services {
+	for _, s := range stack.Services {
 		u := readUnit(t, "nodeplug-"+s+".service")
 		if !slices.Contains(target["Wants"], "nodeplug-"+s+".service") {
 			t.Errorf("nodeplug.target does not want nodeplug-%s.service", s)
@@ -187,7 +184,7 @@ func TestUnitsVerify(t *testing.T) {
 func TestConfigNamesTheServicesVariables(t *testing.T) {
 	bin := binaries(t)
 	help := map[string]string{}
-	for _, s := range services {
+	for _, s := range stack.Services {
 		out, _ := exec.Command(filepath.Join(bin, "nodeplug-"+s), "-h").CombinedOutput()
 		if !strings.Contains(string(out), "NODEPLUG_ROOT_DIR") {
 			t.Fatalf("nodeplug-%s -h lists no variables:\n%s", s, out)
@@ -195,7 +192,7 @@ func TestConfigNamesTheServicesVariables(t *testing.T) {
 		help[s] = string(out)
 	}
 	setting := regexp.MustCompile(`^#?(NODEPLUG_[A-Z0-9_]+)=`)
-	files := append([]string{"nodeplug"}, services...)
+	files := append([]string{"nodeplug"}, stack.Services...)
 	for _, f := range files {
 		vars, err := variables(filepath.Join("etc", f+".env"), setting)
 		if err != nil {
@@ -206,7 +203,7 @@ func TestConfigNamesTheServicesVariables(t *testing.T) {
 		}
 		readers := []string{f}
 		if f == "nodeplug" {
-			readers = services // read by every service
+			readers = stack.Services // read by every service
 		}
 		for _, v := range vars {
 			for _, s := range readers {
@@ -285,7 +282,7 @@ func readPackage(t *testing.T, dpkgDeb, deb, version, arch string) string {
 		"etc/nodeplug/nodeplug.env", "DEBIAN/postinst", "DEBIAN/prerm", "DEBIAN/postrm",
 	}
 	var conffiles []string
-	for _, s := range services {
+	for _, s := range stack.Services {
 		want = append(want, "usr/bin/nodeplug-"+s, "usr/share/man/man8/nodeplug-"+s+".8.gz",
 			"usr/lib/systemd/system/nodeplug-"+s+".service", "etc/nodeplug/"+s+".env")
 		conffiles = append(conffiles, "/etc/nodeplug/"+s+".env")

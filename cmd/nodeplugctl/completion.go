@@ -1,13 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"io"
-	"regexp"
+	"net/http"
 	"strings"
+
+	"google.golang.org/grpc"
 )
 
 // completeCommand is the hidden command the completion scripts call with
@@ -54,15 +55,37 @@ func cmdCompletion(_ context.Context, c *cli, args []string) error {
 	return usagef("no completion for shell %q: bash or zsh", fs.Arg(0))
 }
 
-// flagLine is a flag in a flag set's usage: its name, and its value's
-// type when it takes one.
-var flagLine = regexp.MustCompile(`^  -(\S+)(?: (\S+))?$`)
-
 // usageFlag is a flag completion offers: its name, and whether a value
 // follows it.
 type usageFlag struct {
 	name  string
 	value bool
+}
+
+// flagsOf lists the flags of fs.
+func flagsOf(fs interface{ VisitAll(func(*flag.Flag)) }) []usageFlag {
+	var out []usageFlag
+	fs.VisitAll(func(fl *flag.Flag) {
+		b, ok := fl.Value.(interface{ IsBoolFlag() bool })
+		out = append(out, usageFlag{name: fl.Name, value: !ok || !b.IsBoolFlag()})
+	})
+	return out
+}
+
+// commandFlagSet returns the flag set the command name parses (the global
+// flags it takes after its name among them), as its -h sees it, or nil for
+// no such command.
+func commandFlagSet(ctx context.Context, name string) *flag.FlagSet {
+	var got *flag.FlagSet
+	c := &cli{stdout: io.Discard, stderr: io.Discard, http: &http.Client{}, conns: map[string]*grpc.ClientConn{},
+		help: func(fs *flag.FlagSet) { got = fs }}
+	defer c.close()
+	for _, cmd := range commands {
+		if cmd.name == name {
+			_ = cmd.run(ctx, c, []string{"-h"})
+		}
+	}
+	return got
 }
 
 // complete prints what may follow words: the global flags and the
@@ -72,20 +95,17 @@ func complete(ctx context.Context, words []string, stdout io.Writer) int {
 	c := &cli{stdout: io.Discard, stderr: io.Discard}
 	var showVersion bool
 	fs := c.globalFlags(&showVersion)
-	var flags []usageFlag
-	fs.VisitAll(func(fl *flag.Flag) {
-		b, ok := fl.Value.(interface{ IsBoolFlag() bool })
-		flags = append(flags, usageFlag{name: fl.Name, value: !ok || !b.IsBoolFlag()})
-	})
+	flags := flagsOf(fs)
 	if fs.Parse(words) != nil {
 		return exitOK
 	}
 	rest := fs.Args()
 	var out []string
-	if len(rest) > 0 { // a command: its flags, read from its usage
-		var help bytes.Buffer
-		run(ctx, []string{rest[0], "-h"}, &help, &help)
-		flags, words = usageFlags(help.String()), rest[1:]
+	if len(rest) > 0 { // a command: its own flag set's flags
+		flags, words = nil, rest[1:]
+		if cfs := commandFlagSet(ctx, rest[0]); cfs != nil {
+			flags = flagsOf(cfs)
+		}
 	}
 	if valueNext(flags, words) {
 		return exitOK
@@ -100,17 +120,6 @@ func complete(ctx context.Context, words []string, stdout io.Writer) int {
 	}
 	fmt.Fprintln(stdout, strings.Join(out, "\n"))
 	return exitOK
-}
-
-// usageFlags lists the flags in a flag set's usage text.
-func usageFlags(usage string) []usageFlag {
-	var out []usageFlag
-	for l := range strings.Lines(usage) {
-		if m := flagLine.FindStringSubmatch(strings.TrimRight(l, "\n")); m != nil {
-			out = append(out, usageFlag{name: m[1], value: m[2] != ""})
-		}
-	}
-	return out
 }
 
 // valueNext reports whether the last of words is one of flags that takes

@@ -3,15 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"testing"
-
-	"google.golang.org/grpc"
 
 	"github.com/nodeplug/nodeplug/pkg/app"
 	"github.com/nodeplug/nodeplug/pkg/refdoc"
@@ -125,12 +121,9 @@ func globalSection() string {
 // commandFlags returns the flags of cmd's own flag set: the one it parses,
 // taken on -h, without the global flags it also takes.
 func commandFlags(cmd command) ([]app.FlagRef, error) {
-	var got *flag.FlagSet
-	c := &cli{stdout: io.Discard, stderr: io.Discard, http: &http.Client{}, conns: map[string]*grpc.ClientConn{},
-		help: func(fs *flag.FlagSet) { got = fs }}
-	defer c.close()
-	if err := cmd.run(context.Background(), c, []string{"-h"}); !errors.Is(err, flag.ErrHelp) || got == nil {
-		return nil, fmt.Errorf("nodeplugctl %s -h: %v, and its flag set was not seen", cmd.name, err)
+	got := commandFlagSet(context.Background(), cmd.name)
+	if got == nil {
+		return nil, fmt.Errorf("nodeplugctl %s -h: its flag set was not seen", cmd.name)
 	}
 	global := globalFlagSet()
 	var own []app.FlagRef
