@@ -155,11 +155,13 @@ func (w *Watcher) applyLocked(changes []change, c cause) {
 			ev.TraceContext = telemetry.Inject(ctx)
 			span.End()
 		}
-		w.hub.Publish(ev)
+		// The metrics move before the event is published: a subscriber that
+		// has seen the event reads metrics that count it.
 		w.metrics.events.WithLabelValues(ch.typ.String()).Inc()
+		w.metrics.sockets.Set(float64(len(w.sockets)))
+		w.hub.Publish(ev)
 		out = append(out, logged{ctx, ev})
 	}
-	w.metrics.sockets.Set(float64(len(w.sockets)))
 	w.mu.Unlock()
 
 	for _, l := range out {
