@@ -198,27 +198,24 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (Instance, er
 		reg.SocketPath = reg.Endpoint
 	}
 	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return Instance{}, fmt.Errorf("DRA registry is shutting down: %w", errdefs.ErrUnavailable)
+	st, done, err := r.registeredLocked(ctx, reg)
+	r.mu.Unlock()
+	if done {
+		return st, err
 	}
-	if old := r.findLocked(reg.Endpoint); old != nil {
-		if old.generation == reg.Generation {
-			if old.driver != reg.Driver {
-				r.mu.Unlock()
-				return Instance{}, fmt.Errorf("endpoint %s with generation %s is registered for DRA driver %s, not %s: %w",
-					bounds.Quote(reg.Endpoint), reg.Generation, old.driver, reg.Driver, errdefs.ErrAlreadyExists)
-			}
-			st := r.stateLocked(old)
-			r.mu.Unlock()
-			r.log.DebugContext(ctx, "DRA driver instance already registered with this generation", "driver", reg.Driver, "endpoint", reg.Endpoint, "generation", reg.Generation)
-			return st, nil
-		}
-	}
+	// The client connection is built outside the lock: in a burst of
+	// registrations it is the costliest step, and the others need not
+	// wait for it.
 	in, err := r.dial(reg, service, dialPath, id)
 	if err != nil {
-		r.mu.Unlock()
 		return Instance{}, err
+	}
+	r.mu.Lock()
+	if st, done, err := r.registeredLocked(ctx, reg); done {
+		// Shutting down, or the same generation registered meanwhile.
+		r.mu.Unlock()
+		in.close()
+		return st, err
 	}
 	replaced := r.removeLocked(r.findLocked(reg.Endpoint))
 	r.drivers[reg.Driver] = append(r.drivers[reg.Driver], in)
@@ -239,6 +236,26 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (Instance, er
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stateLocked(in), nil
+}
+
+// registeredLocked reports whether reg needs no new instance: the
+// registry is shutting down (an error), the same generation of its
+// endpoint is registered for it (its state), or for another driver (an
+// error). Called with r.mu held.
+func (r *Registry) registeredLocked(ctx context.Context, reg Registration) (Instance, bool, error) {
+	if r.closed {
+		return Instance{}, true, fmt.Errorf("DRA registry is shutting down: %w", errdefs.ErrUnavailable)
+	}
+	old := r.findLocked(reg.Endpoint)
+	if old == nil || old.generation != reg.Generation {
+		return Instance{}, false, nil
+	}
+	if old.driver != reg.Driver {
+		return Instance{}, true, fmt.Errorf("endpoint %s with generation %s is registered for DRA driver %s, not %s: %w",
+			bounds.Quote(reg.Endpoint), reg.Generation, old.driver, reg.Driver, errdefs.ErrAlreadyExists)
+	}
+	r.log.DebugContext(ctx, "DRA driver instance already registered with this generation", "driver", reg.Driver, "endpoint", reg.Endpoint, "generation", reg.Generation)
+	return r.stateLocked(old), true, nil
 }
 
 // Deregister removes the instance of driver at endpoint registered with

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -248,6 +249,42 @@ func TestRegisterSameGenerationIsNoop(t *testing.T) {
 	if dd := r.Drivers(d.Name); len(dd) != 1 || len(dd[0].Instances) != 0 || dd[0].SliceDeletion.IsZero() {
 		t.Fatalf("drivers after deregistering the only instance = %+v; want a deletion pending", dd)
 	}
+}
+
+// Registrations of one endpoint and generation that race (each builds its
+// connection outside the registry's lock) end with one instance, which
+// every caller is given; the same generation for another driver is then
+// refused.
+func TestConcurrentRegistrationsOfOneGeneration(t *testing.T) {
+	api := dratest.StartAPI(t, testutil.TempDir(t))
+	r, _ := newRegistry(t, api, time.Hour)
+	d := dratest.StartDriver(t, api, "gpu.example.com", "")
+	reg := drivers.Registration{Driver: d.Name, Endpoint: d.Endpoint, Services: d.Services, SocketPath: d.RegSocket, Generation: d.Generation(t)}
+	const n = 8
+	got := make([]drivers.Instance, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { got[i], errs[i] = r.Register(context.Background(), reg) })
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("registration %d: %v", i, errs[i])
+		}
+		if !got[i].Registered.Equal(got[0].Registered) {
+			t.Fatalf("registration %d is of an instance registered at %v, registration 0 of one at %v: want one instance", i, got[i].Registered, got[0].Registered)
+		}
+	}
+	if dd := r.Drivers(d.Name); len(dd) != 1 || len(dd[0].Instances) != 1 {
+		t.Fatalf("drivers = %+v, want one instance of %s", dd, d.Name)
+	}
+	other := reg
+	other.Driver = "other.example.com"
+	if _, err := r.Register(context.Background(), other); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("the same generation for another driver: %v, want ErrAlreadyExists", err)
+	}
+	waitConnected(t, r, d, true)
 }
 
 func TestRegisterRefusesBadInput(t *testing.T) {
