@@ -158,7 +158,7 @@ func newClient(addr string, opts []grpc.DialOption) (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// server.address is the path dialled (the kernel names a Unix
 		// connection by its server's bound name: telemetry).
-		grpc.WithStatsHandler(telemetry.ClientHandler(addr, otelgrpc.WithFilter(filters.Not(filters.HealthCheck())))),
+		grpc.WithStatsHandler(telemetry.ClientHandler(addr)),
 	}
 	if IsUnixPath(addr) {
 		// The authority is a fixed name: the path is not a host, and some

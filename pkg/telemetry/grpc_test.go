@@ -7,14 +7,18 @@ import (
 	"testing"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
@@ -44,8 +48,10 @@ func TestUnixSpansNameThePathDialled(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	defer func() { _ = tp.Shutdown(context.Background()) }()
+	// The client handler is built for the global provider.
+	otel.SetTracerProvider(tp)
 	srv := grpc.NewServer(grpc.StatsHandler(ServerHandler(otelgrpc.WithTracerProvider(tp))))
-	healthpb.RegisterHealthServer(srv, health.NewServer())
+	testgrpc.RegisterTestServiceServer(srv, testgrpc.UnimplementedTestServiceServer{})
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	stopped := false
@@ -64,13 +70,14 @@ func TestUnixSpansNameThePathDialled(t *testing.T) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", path)
 		}),
-		grpc.WithStatsHandler(ClientHandler(path, otelgrpc.WithTracerProvider(tp))))
+		grpc.WithStatsHandler(ClientHandler(path)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
-		t.Fatal(err)
+	// Health checks are not traced; any other call is, answered or not.
+	if _, err := testgrpc.NewTestServiceClient(conn).EmptyCall(context.Background(), &testgrpc.Empty{}); status.Code(err) != codes.Unimplemented {
+		t.Fatalf("EmptyCall: %v, want Unimplemented", err)
 	}
 
 	kinds := map[trace.SpanKind]string{}
@@ -104,5 +111,55 @@ func TestClientHandlerLeavesTCPAlone(t *testing.T) {
 	}
 	if _, ok := ClientHandler("/run/x.sock").(*dialledHandler); !ok {
 		t.Fatal("a Unix socket path did not get the Unix path handler")
+	}
+}
+
+// The otelgrpc handler is shared by every connection while the global
+// providers and propagator stay the same, and built again when one is set.
+func TestClientHandlerSharedUntilTheProvidersChange(t *testing.T) {
+	inner := func(h stats.Handler) stats.Handler {
+		if d, ok := h.(*dialledHandler); ok {
+			return d.Handler
+		}
+		return h
+	}
+	first := inner(ClientHandler("/run/a.sock"))
+	if inner(ClientHandler("/run/b.sock")) != first || inner(ClientHandler("127.0.0.1:1")) != first {
+		t.Fatal("connections with the same providers got different handlers")
+	}
+	tp := sdktrace.NewTracerProvider()
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	otel.SetTracerProvider(tp)
+	second := inner(ClientHandler("/run/a.sock"))
+	if second == first {
+		t.Fatal("a new tracer provider did not get a new handler")
+	}
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}))
+	if inner(ClientHandler("/run/a.sock")) == second {
+		t.Fatal("a new propagator did not get a new handler")
+	}
+}
+
+func TestSameValue(t *testing.T) {
+	a, b := &struct{ x int }{}, &struct{ x int }{}
+	s := []int{1, 2}
+	for _, tc := range []struct {
+		x, y any
+		want bool
+	}{
+		{nil, nil, true},
+		{a, nil, false},
+		{a, a, true},
+		{a, b, false},
+		{s, s, true},
+		{s, s[:1], false},
+		{s, []int{1, 2}, false},
+		{struct{}{}, struct{}{}, true},
+		{1, int64(1), false},
+		{struct{ f any }{[]int{}}, struct{ f any }{[]int{}}, false}, // not comparable: said different, no panic
+	} {
+		if got := sameValue(tc.x, tc.y); got != tc.want {
+			t.Errorf("sameValue(%#v, %#v) = %v, want %v", tc.x, tc.y, got, tc.want)
+		}
 	}
 }
