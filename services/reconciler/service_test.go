@@ -969,8 +969,12 @@ func TestManyPlugins(t *testing.T) {
 // registered at the next resync.
 func TestResyncIsASafetyNet(t *testing.T) {
 	e := newEnv(t)
+	// Each manager's watch stream opening asks for a full pass (OnReady);
+	// once both are open, that has been asked.
+	testutil.WaitFor(t, "the managers' watch streams open", func() bool { return e.s.dm.Ready() && e.s.dra.Ready() })
 	// A registration first: the loop runs (its resync timer is armed) and
-	// has made the full pass that the watcher's snapshot asked for.
+	// has made the full passes that the watcher's snapshot and the
+	// streams asked for.
 	first := e.plugin("first", draPlugin("dra-first.example.com"))
 	e.w.Created(t, first.Path())
 	e.waitRegistered(first.Path())

@@ -100,7 +100,9 @@ func (m *DeviceManager) OnEndpoint(f func(EndpointState)) {
 }
 
 // OnReady sets f to be called, from Run, each time the peer becomes
-// reachable: its watch stream opened. Call it before Run.
+// reachable: its watch stream opened. f runs with m's lock held, so that
+// once Ready reports true f has returned; it must not call m. Call it
+// before Run.
 func (m *DeviceManager) OnReady(f func()) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -118,11 +120,11 @@ func (m *DeviceManager) Ready() bool {
 // OnReady function when it opens.
 func (m *DeviceManager) setReady(ready bool) {
 	m.mu.Lock()
-	was, f := m.ready, m.onReady
+	defer m.mu.Unlock()
+	was := m.ready
 	m.ready = ready
-	m.mu.Unlock()
-	if ready && !was && f != nil {
-		f()
+	if ready && !was && m.onReady != nil {
+		m.onReady()
 	}
 }
 
