@@ -221,18 +221,20 @@ func (r *Registry) Register(ctx context.Context, reg Registration) (Instance, er
 	r.drivers[reg.Driver] = append(r.drivers[reg.Driver], in)
 	r.byEndpoint[in.endpoint] = in
 	r.syncLocked(reg.Driver)
+	// Connecting starts here and goes on after the answer, as in the
+	// kubelet, which does not wait for it either: waiting held a reconciler
+	// worker for a round trip to a driver that, in a burst, shares the
+	// CPU with every other driver starting. The answer says where the
+	// connection is (usually CONNECTING); ListDRADrivers follows it.
+	// Started under the lock, so a Close that follows waits for its
+	// goroutines (and one that came first left nothing to start).
+	in.start(&r.wg)
 	r.mu.Unlock()
 	if replaced != nil {
 		replaced.close()
 		r.log.InfoContext(ctx, "DRA driver instance replaced by a new generation", "driver", replaced.driver, "endpoint", reg.Endpoint, "old_generation", replaced.generation, "generation", reg.Generation)
 	}
 	r.log.InfoContext(ctx, "DRA driver instance registered", "driver", reg.Driver, "endpoint", reg.Endpoint, "dial_path", dialPath, "service", service, "health_service", in.healthService, "generation", reg.Generation)
-	// Connecting starts here and goes on after the answer, as in the
-	// kubelet, which does not wait for it either: waiting held a reconciler
-	// worker for a round trip to a driver that, in a burst, shares the
-	// CPU with every other driver starting. The answer says where the
-	// connection is (usually CONNECTING); ListDRADrivers follows it.
-	in.start(&r.wg)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stateLocked(in), nil
