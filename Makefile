@@ -14,6 +14,10 @@ GOLANGCI_LINT_VERSION := v2.15.0
 JAEGER_VERSION        := v1.76.0
 COMPOSE_VERSION       := v5.6.0
 NFPM_VERSION          := v2.48.0
+# The control plane of make test-cluster, at the k8s.io release nodeplug
+# builds on (pinned in tools/kube-apiserver/go.mod and tools/etcd/go.mod).
+KUBE_VERSION          := v1.37.2
+ETCD_VERSION          := v3.7.3
 
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 TOOLS     ?= $(HOME)/.cache/nodeplug/tools
@@ -22,6 +26,9 @@ GRPCURL   := $(TOOLS)/grpcurl-$(GRPCURL_VERSION)
 JAEGER    := $(TOOLS)/jaeger-$(JAEGER_VERSION)
 GOLANGCI_LINT := $(TOOLS)/golangci-lint-$(GOLANGCI_LINT_VERSION)
 NFPM      := $(TOOLS)/nfpm-$(NFPM_VERSION)
+KUBE_APISERVER := $(TOOLS)/kube-apiserver-$(KUBE_VERSION)
+ETCD      := $(TOOLS)/etcd-$(ETCD_VERSION)
+CLUSTER_BIN := $(TOOLS)/cluster-$(KUBE_VERSION)-etcd-$(ETCD_VERSION)
 # The Debian package's version (make package): see scripts/package-version.sh.
 PKG_VERSION ?= $(shell scripts/package-version.sh 2>/dev/null || echo 0.0.0)
 PACKAGE_ARCHES ?= amd64 arm64
@@ -61,6 +68,13 @@ build-run: ## Build only what make run starts (no bench, chaos or grpcurl).
 .PHONY: test
 test: ## Run every test under the race detector, and the upstream-plugin module test/upstream beside them (the compose test runs when a Docker engine answers); TEST_P packages at a time (default 4).
 	@TEST_TIMEOUT=$(TEST_TIMEOUT) TEST_P=$(TEST_P) scripts/test.sh
+
+.PHONY: test-cluster
+test-cluster: $(KUBE_APISERVER) $(ETCD) ## Run the cluster tests: nodeplug beside a real kube-apiserver and etcd (built from the Go module proxy, about 20 minutes the first time; cached), with deploy/rbac's permissions, one node then three.
+	@mkdir -p $(CLUSTER_BIN)
+	@ln -sf $(KUBE_APISERVER) $(CLUSTER_BIN)/kube-apiserver
+	@ln -sf $(ETCD) $(CLUSTER_BIN)/etcd
+	NODEPLUG_CLUSTER_BIN=$(CLUSTER_BIN) go -C test/upstream test -race -count=1 -timeout $(TEST_TIMEOUT) -run '^TestCluster' -v .
 
 .PHONY: fuzz
 fuzz: ## Run every Go fuzz target for FUZZTIME each (default 10s); seeds also run in make test.
@@ -142,6 +156,17 @@ $(NFPM):
 .PHONY: package
 package: $(NFPM) ## Build the Debian packages (PACKAGE_ARCHES, default amd64 arm64) into dist/: the services, nodeplugctl, systemd units under nodeplug.target, /etc/nodeplug; NODEPLUG_PACKAGER=rpm for RPMs.
 	@scripts/package.sh '$(NFPM)' '$(PKG_VERSION)' $(PACKAGE_ARCHES)
+
+# The version ldflags give kube-apiserver the version its release reports
+# (and emulates), as the release's own build does.
+$(KUBE_APISERVER):
+	@CGO_ENABLED=0 scripts/tool-build.sh tools/kube-apiserver $@ k8s.io/kubernetes/cmd/kube-apiserver -trimpath -ldflags '-s -w \
+	  -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitTreeState=clean \
+	  -X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(patsubst v%,%,$(KUBE_VERSION)))) \
+	  -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION)))'
+
+$(ETCD):
+	@CGO_ENABLED=0 scripts/tool-build.sh tools/etcd $@ go.etcd.io/etcd/server/v3 -trimpath -ldflags '-s -w'
 
 $(JAEGER):
 	@CGO_ENABLED=0 scripts/tool-build.sh tools/jaeger $@ github.com/jaegertracing/jaeger/cmd/jaeger -trimpath -ldflags '-s -w'

@@ -54,6 +54,9 @@ type draNode struct {
 	// node's name (and the dramanager the DRA flags).
 	svc, api, dmp *stack.Processes
 	drivers       []*stack.Process
+	// driverConfig is the drivers' kubeconfig with a cluster's API server
+	// (startClusterNode); empty: the one nodeplug-apiserver writes.
+	driverConfig string
 }
 
 // startDRANode starts the services over a new root dir; they and every
@@ -144,9 +147,14 @@ func (n *draNode) killDRA() { n.dmp.Kill("dramanager") }
 // draProcess is the dramanager's current process.
 func (n *draNode) draProcess() *stack.Process { return n.dmp.Process("dramanager") }
 
-// kubeconfig is the driver's kubeconfig nodeplug-apiserver writes at its
-// start.
-func (n *draNode) kubeconfig() string { return filepath.Join(n.root, "nodeplug", "kubeconfig") }
+// kubeconfig is the drivers' kubeconfig: the one nodeplug-apiserver writes
+// at its start, or the cluster's driver identity's.
+func (n *draNode) kubeconfig() string {
+	if n.driverConfig != "" {
+		return n.driverConfig
+	}
+	return filepath.Join(n.root, "nodeplug", "kubeconfig")
+}
 
 // restConfig loads a kubeconfig, waiting for the file to be written.
 func (n *draNode) restConfig(path string) *rest.Config {
