@@ -37,13 +37,24 @@ const (
 	// error, or with an answer that is not valid.
 	ReasonDevicePluginFailed = "DEVICE_PLUGIN_FAILED"
 
+	// ReasonKubernetesAPIDenied: the Kubernetes API refused the
+	// service's own identity a permission it needs (PERMISSION_DENIED);
+	// MetaVerb, MetaGroup, MetaResource and MetaIdentity name it.
+	ReasonKubernetesAPIDenied = "KUBERNETES_API_PERMISSION_DENIED"
+
 	// MetaDriver, MetaResource, MetaSocket and MetaCall are metadata
-	// keys: the DRA driver's name, the device plugin's resource, its
-	// socket, the call that failed.
+	// keys: the DRA driver's name, the device plugin's resource (or the
+	// Kubernetes resource[/subresource] refused), its socket, the call
+	// that failed.
 	MetaDriver   = "driver"
 	MetaResource = "resource"
 	MetaSocket   = "socket"
 	MetaCall     = "call"
+	// MetaVerb, MetaGroup and MetaIdentity are the verb and API group the
+	// Kubernetes API refused, and to whom.
+	MetaVerb     = "verb"
+	MetaGroup    = "group"
+	MetaIdentity = "identity"
 )
 
 // reasoned is an error with the ErrorInfo reason and metadata ToGRPC

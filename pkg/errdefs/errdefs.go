@@ -15,7 +15,11 @@ import (
 
 // Sentinel errors. Wrap them: fmt.Errorf("resource %q: %w", name, ErrNotFound).
 var (
-	ErrInvalidArgument    = errors.New("invalid argument")
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrPermissionDenied: a party the service relies on (the Kubernetes
+	// API) refused the service's own identity; the message names what
+	// was refused and to whom.
+	ErrPermissionDenied   = errors.New("permission denied")
 	ErrNotFound           = errors.New("not found")
 	ErrAlreadyExists      = errors.New("already exists")
 	ErrFailedPrecondition = errors.New("failed precondition")
@@ -29,6 +33,9 @@ var mapping = []struct {
 	err  error
 	code codes.Code
 }{
+	// A refusal comes first: an error that wraps it and another kind
+	// (an API call failed, so the service is unavailable) is a refusal.
+	{ErrPermissionDenied, codes.PermissionDenied},
 	{ErrInvalidArgument, codes.InvalidArgument},
 	{ErrNotFound, codes.NotFound},
 	{ErrAlreadyExists, codes.AlreadyExists},

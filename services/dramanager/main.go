@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	resourcev1 "k8s.io/api/resource/v1"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
@@ -143,6 +144,31 @@ func openKubeAPI(rt *app.Runtime, kube kubeaccess.Options) (*kubeaccess.Access, 
 	return a, nil
 }
 
+// permissionsHealth is the gRPC health service that says whether the
+// cluster's API grants the dramanager every permission it needs: UNKNOWN
+// until the start check completes, then SERVING, or NOT_SERVING when one
+// is missing. The service's own health ("") does not follow it: the
+// drivers, the prepared claims and their releases need no permission.
+const permissionsHealth = "nodeplug.dramanager.KubernetesAPIPermissions"
+
+// checkPermissions runs the start check in the background: who the API
+// takes the dramanager to be, and whether it grants each permission of
+// kubeaccess.Required (logged, in the metrics and in permissionsHealth).
+func checkPermissions(rt *app.Runtime, kubeAPI *kubeaccess.Access) {
+	rt.Health.SetServingStatus(permissionsHealth, healthpb.HealthCheckResponse_UNKNOWN)
+	check := kubeaccess.NewChecker(kubeAPI, kubeaccess.CheckConfig{
+		Log: rt.Log, Registerer: rt.Metrics,
+		Done: func(missing []kubeaccess.Rule) {
+			st := healthpb.HealthCheckResponse_SERVING
+			if len(missing) > 0 {
+				st = healthpb.HealthCheckResponse_NOT_SERVING
+			}
+			rt.Health.SetServingStatus(permissionsHealth, st)
+		},
+	})
+	rt.Go(check.Run)
+}
+
 // setupDRA serves DRAService: the DRA driver connections (their slices
 // deleted through kubeAPI when a driver stays away), the informers of the
 // objects the DRA half reads (kubecache: each kind once, shared by the
@@ -156,8 +182,9 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 		return err
 	}
 	slices := slicewatch.New(kc.NodeSlices, kubeAPI.Client, kubeAPI.NodeName, rt.Config.WatchLimits(), rt.Log)
+	slices.Explain(kubeAPI.Identity, func() error { return kc.LastError(kc.NodeSlices) })
 	reg, err := drivers.New(drivers.Config{
-		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, AllowedDirs: rt.Config.AllowedDirs,
+		Client: kubeAPI.Client, NodeName: kubeAPI.NodeName, Identity: kubeAPI.Identity, AllowedDirs: rt.Config.AllowedDirs,
 		DisconnectDelay: delay, Log: rt.Log, Registerer: rt.Metrics, Slices: slices.Count,
 	})
 	if err != nil {
@@ -169,6 +196,7 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	if err != nil {
 		return err
 	}
+	alloc.SetIdentity(kubeAPI.Identity)
 	// The allocator's decisions read the node, its slices, the
 	// DeviceClasses and the devices in use from kc's memory.
 	alloc.Follow(kc)
@@ -194,6 +222,7 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 		}
 		return nil
 	})
+	checkPermissions(rt, kubeAPI)
 	view := claimview.New(kubeAPI.Client, node, cm, reg)
 	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(view), draserver.WithPods(cm)))
 	rt.Log.Info("dramanager ready", "instance_id", instanceID, "checkpoint", journal.Location(), "node", node)

@@ -35,6 +35,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubeaccess"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubecache"
 )
 
@@ -82,9 +83,11 @@ var features = structured.Features{
 // API for each decision, or, while Run runs, followed by an informer; either
 // way this Allocator's own writes count as soon as they are made.
 type Allocator struct {
-	client   kubernetes.Interface
-	node     string
-	log      *slog.Logger
+	client kubernetes.Interface
+	node   string
+	log    *slog.Logger
+	// who is named in the API's refusals (SetIdentity).
+	who      *kubeaccess.Identity
 	celCache *cel.Cache
 	track    *tracker
 
@@ -120,6 +123,11 @@ func New(client kubernetes.Interface, nodeName string, log *slog.Logger) (*Alloc
 	}, nil
 }
 
+// SetIdentity names who as the identity the API refuses, in the
+// PERMISSION_DENIED errors of a 401 or a 422 (whose answers do not name
+// it); called before the first Reserve.
+func (a *Allocator) SetIdentity(who *kubeaccess.Identity) { a.who = who }
+
 // Reserve implements claims.Reserver.
 func (a *Allocator) Reserve(ctx context.Context, pod claims.PodRef, ref claims.ClaimRef) (*resourcev1.ResourceClaim, error) {
 	if err := checkRefs(pod, ref); err != nil {
@@ -147,7 +155,7 @@ func (a *Allocator) Reserve(ctx context.Context, pod claims.PodRef, ref claims.C
 			continue
 		}
 		if err != nil {
-			return nil, apiError(fmt.Sprintf("reserving claim %s for pod %s", name(ref), pod.UID), err)
+			return nil, a.apiError(fmt.Sprintf("reserving claim %s for pod %s", name(ref), pod.UID), err)
 		}
 		return out, nil
 	}
@@ -307,7 +315,7 @@ func (a *Allocator) Unreserve(ctx context.Context, pod claims.PodRef, ref claims
 			if errors.Is(err, errGone) {
 				return nil
 			}
-			return apiError(fmt.Sprintf("unreserving claim %s for pod %s", name(ref), pod.UID), err)
+			return a.apiError(fmt.Sprintf("unreserving claim %s for pod %s", name(ref), pod.UID), err)
 		}
 		return nil
 	}
@@ -374,19 +382,25 @@ func (a *Allocator) unmark(ctx context.Context, claim *resourcev1.ResourceClaim)
 func (a *Allocator) getClaim(ctx context.Context, ref claims.ClaimRef) (*resourcev1.ResourceClaim, error) {
 	claim, err := a.client.ResourceV1().ResourceClaims(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err != nil {
-		return nil, apiError("reading claim "+name(ref), err)
+		return nil, a.apiError("reading claim "+name(ref), err)
 	}
 	return claim, nil
 }
 
-// apiError wraps an API error in the errdefs sentinel for its kind. Errors
-// already wrapping a sentinel or the context's error pass through.
-func apiError(what string, err error) error {
+// apiError wraps an API error in the errdefs sentinel for its kind: a
+// permission refused (403, 401, a 422 for want of resourceclaims/binding)
+// is PERMISSION_DENIED naming the verb, the resource and the identity
+// refused (kubeaccess.Denied). Errors already wrapping a sentinel or the
+// context's error pass through.
+func (a *Allocator) apiError(what string, err error) error {
 	for _, s := range []error{errdefs.ErrNotFound, errdefs.ErrFailedPrecondition, errdefs.ErrInvalidArgument,
-		errdefs.ErrUnavailable, errdefs.ErrInternal, context.Canceled, context.DeadlineExceeded} {
+		errdefs.ErrPermissionDenied, errdefs.ErrUnavailable, errdefs.ErrInternal, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, s) {
 			return err
 		}
+	}
+	if denied := kubeaccess.Denied(err, a.who); denied != nil {
+		return fmt.Errorf("%s: %w", what, denied)
 	}
 	var kind error
 	switch {
@@ -394,7 +408,7 @@ func apiError(what string, err error) error {
 		kind = errdefs.ErrNotFound
 	case apierrors.IsConflict(err):
 		kind = errdefs.ErrUnavailable // still conflicting after the re-reads: retryable
-	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err), apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
 		kind = errdefs.ErrFailedPrecondition
 	default:
 		kind = errdefs.ErrUnavailable // unreachable, timeouts, 5xx, 429

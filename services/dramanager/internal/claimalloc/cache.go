@@ -97,7 +97,7 @@ func (a *Allocator) forgetObj(obj any) {
 func (a *Allocator) cachedInputs(ctx context.Context, c *caches) (*inputs, error) {
 	node, err := a.nodeObj(ctx)
 	if err != nil {
-		return nil, apiError("reading node "+a.node, err)
+		return nil, a.apiError("reading node "+a.node, err)
 	}
 	var out []*resourcev1.ResourceSlice
 	seen := sets.New[string]()

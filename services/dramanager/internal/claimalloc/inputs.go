@@ -30,7 +30,7 @@ type inputs struct {
 func (a *Allocator) readInputs(ctx context.Context) (*inputs, error) {
 	node, err := a.client.CoreV1().Nodes().Get(ctx, a.node, metav1.GetOptions{})
 	if err != nil {
-		return nil, apiError("reading node "+a.node, err)
+		return nil, a.apiError("reading node "+a.node, err)
 	}
 	slices, err := a.listSlices(ctx)
 	if err != nil {
@@ -38,7 +38,7 @@ func (a *Allocator) readInputs(ctx context.Context) (*inputs, error) {
 	}
 	classList, err := a.client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, apiError("listing DeviceClasses", err)
+		return nil, a.apiError("listing DeviceClasses", err)
 	}
 	classes := classLister{}
 	for i := range classList.Items {
@@ -46,7 +46,7 @@ func (a *Allocator) readInputs(ctx context.Context) (*inputs, error) {
 	}
 	claimList, err := a.client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, apiError("listing ResourceClaims", err)
+		return nil, a.apiError("listing ResourceClaims", err)
 	}
 	a.track.reconcile(claimList.Items, claimList.ResourceVersion)
 	return &inputs{node: node, slices: slices, classes: classes}, nil
@@ -61,7 +61,7 @@ func (a *Allocator) listSlices(ctx context.Context) ([]*resourcev1.ResourceSlice
 		sel := fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, node).String()
 		list, err := a.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
 		if err != nil {
-			return nil, apiError("listing ResourceSlices ("+sel+")", err)
+			return nil, a.apiError("listing ResourceSlices ("+sel+")", err)
 		}
 		for i := range list.Items {
 			s := &list.Items[i]

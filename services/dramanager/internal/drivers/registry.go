@@ -32,6 +32,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/kubeletrules"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubeaccess"
 )
 
 // DefaultDisconnectDelay is how long a driver may have no connected
@@ -55,6 +56,9 @@ type Config struct {
 	// NodeName is this node; only its slices are deleted. Required with
 	// Client.
 	NodeName string
+	// Identity is who the API refuses when it refuses a deletion (named in
+	// the log); nil: not known.
+	Identity *kubeaccess.Identity
 	// AllowedDirs confine the endpoints that may be dialled (DESIGN
 	// "Dialling"); required.
 	AllowedDirs []string

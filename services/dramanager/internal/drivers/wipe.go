@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubeaccess"
 )
 
 // Why a driver's slices are deleted (the reason label of the metrics).
@@ -86,7 +88,9 @@ func (r *Registry) runWipe(ctx context.Context, driver string, w *wipe) {
 	r.mu.Unlock()
 }
 
-// wipeBackoff is the kubelet's, for a deletion the API refuses.
+// wipeBackoff is the kubelet's, for a deletion the API refuses; it holds
+// at its cap (DelayFunc().Until) and never gives up: a deletion refused
+// for want of a permission succeeds once it is granted.
 var wipeBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.2, Cap: 5 * time.Minute, Steps: 100}
 
 // deleteSlices deletes driver's ResourceSlices on this node with one
@@ -98,7 +102,7 @@ var wipeBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.2, Ca
 func (r *Registry) deleteSlices(ctx context.Context, driver, reason string) {
 	sel := fields.Set{resourceapi.ResourceSliceSelectorNodeName: r.cfg.NodeName, resourceapi.ResourceSliceSelectorDriver: driver}.String()
 	slices := r.cfg.Client.ResourceV1().ResourceSlices()
-	_ = wait.ExponentialBackoffWithContext(ctx, wipeBackoff, func(ctx context.Context) (bool, error) {
+	_ = wipeBackoff.DelayFunc().Until(ctx, true, true, func(ctx context.Context) (bool, error) {
 		n := -1 // unknown
 		if r.cfg.Slices != nil {
 			if c, ok := r.cfg.Slices(driver); ok {
@@ -124,6 +128,9 @@ func (r *Registry) deleteSlices(ctx context.Context, driver, reason string) {
 		case ctx.Err() != nil:
 			return false, ctx.Err()
 		default:
+			if denied := kubeaccess.Denied(err, r.cfg.Identity); denied != nil {
+				err = denied
+			}
 			r.log.Warn("deleting the ResourceSlices of a DRA driver failed; retrying", "driver", driver, "field_selector", sel, "error", err)
 			return false, nil
 		}
@@ -143,11 +150,14 @@ func (r *Registry) Start() {
 		defer r.wg.Done()
 		sel := fields.Set{resourceapi.ResourceSliceSelectorNodeName: r.cfg.NodeName}.String()
 		var drivers map[string]bool
-		_ = wait.ExponentialBackoffWithContext(r.ctx, wipeBackoff, func(ctx context.Context) (bool, error) {
+		_ = wipeBackoff.DelayFunc().Until(r.ctx, true, true, func(ctx context.Context) (bool, error) {
 			list, err := r.cfg.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel})
 			if err != nil {
 				if ctx.Err() != nil {
 					return false, ctx.Err()
+				}
+				if denied := kubeaccess.Denied(err, r.cfg.Identity); denied != nil {
+					err = denied
 				}
 				r.log.Warn("listing this node's ResourceSlices at start failed; retrying", "field_selector", sel, "error", err)
 				return false, nil

@@ -41,6 +41,10 @@ type Access struct {
 	Kubeconfig string
 	// Local: the API is the node-local one (nodeplug-apiserver).
 	Local bool
+	// Identity is who the API takes the dramanager to be: not known until
+	// the start check (Checker) asked a cluster's API; with the node-local
+	// API, the internal identity of its kubeconfig.
+	Identity *Identity
 }
 
 // LocalKubeconfig is the kubeconfig nodeplug-apiserver writes for the
@@ -60,9 +64,10 @@ func Open(opts Options) (*Access, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Access{NodeName: node, Kubeconfig: opts.Kubeconfig}
+	a := &Access{NodeName: node, Kubeconfig: opts.Kubeconfig, Identity: unknownIdentity("not asked yet")}
 	if a.Kubeconfig == "" {
 		a.Local, a.Kubeconfig = true, LocalKubeconfig(opts.RootDir)
+		a.Identity = unknownIdentity("nodeplug-apiserver serves no SelfSubjectReview; the credentials are those of " + a.Kubeconfig)
 		a.Config = &rest.Config{
 			// Requests are sent to the server the kubeconfig names; this
 			// host only appears where the file could not be read.

@@ -7,7 +7,8 @@
 // slices from the same informer.
 //
 // Consumers add their event handlers before Run; the stores are complete
-// once Synced is closed. Safe for concurrent use.
+// once Synced is closed; LastError says why an informer has not synced.
+// Safe for concurrent use.
 package kubecache
 
 import (
@@ -40,6 +41,14 @@ type Cache struct {
 	Claims cache.SharedIndexInformer
 
 	synced chan struct{}
+	// failed holds, per informer, its last failed list or watch.
+	failed map[cache.SharedIndexInformer]*lastError
+}
+
+// lastError is an informer's last failed list or watch.
+type lastError struct {
+	mu  sync.Mutex
+	err error
 }
 
 // New makes the informers for node's objects; Run runs them.
@@ -87,7 +96,39 @@ func New(client kubernetes.Interface, node string) (*Cache, error) {
 	if err := c.Claims.SetTransform(StripClaim); err != nil {
 		return nil, fmt.Errorf("the ResourceClaim informer: %w", err)
 	}
+	c.failed = map[cache.SharedIndexInformer]*lastError{}
+	for _, inf := range c.all() {
+		last := &lastError{}
+		c.failed[inf] = last
+		// client-go's handler still logs the failure.
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			last.mu.Lock()
+			last.err = err
+			last.mu.Unlock()
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		}); err != nil {
+			return nil, fmt.Errorf("an informer's error handler: %w", err)
+		}
+	}
 	return c, nil
+}
+
+func (c *Cache) all() []cache.SharedIndexInformer {
+	return []cache.SharedIndexInformer{c.Node, c.NodeSlices, c.OtherSlices, c.Classes, c.Claims}
+}
+
+// LastError returns the last failed list or watch of inf (one of c's
+// informers), nil when none failed: why an informer that has not synced
+// has not (a permission refused, the API unreachable). It is kept after
+// a later success.
+func (c *Cache) LastError(inf cache.SharedIndexInformer) error {
+	last := c.failed[inf]
+	if last == nil {
+		return nil
+	}
+	last.mu.Lock()
+	defer last.mu.Unlock()
+	return last.err
 }
 
 // informer is a shared informer of one kind, listed and watched with
@@ -114,9 +155,8 @@ func informer(client kubernetes.Interface, obj runtime.Object, fieldSelector str
 // Run starts the informers and runs them until ctx ends; Synced is closed
 // once every one has listed.
 func (c *Cache) Run(ctx context.Context) error {
-	all := []cache.SharedIndexInformer{c.Node, c.NodeSlices, c.OtherSlices, c.Classes, c.Claims}
 	var wg sync.WaitGroup
-	for _, inf := range all {
+	for _, inf := range c.all() {
 		wg.Add(1)
 		go func() { defer wg.Done(); inf.RunWithContext(ctx) }()
 	}

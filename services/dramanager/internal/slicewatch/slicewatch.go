@@ -27,6 +27,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/stream"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubeaccess"
 )
 
 // ChangeType says what happened to a slice.
@@ -55,6 +56,10 @@ type Slices struct {
 	log    *slog.Logger
 	hub    *stream.Hub[Change]
 	synced chan struct{}
+	// who and listErr explain refusals and a list that does not come
+	// (Explain).
+	who     *kubeaccess.Identity
+	listErr func() error
 
 	mu    sync.Mutex
 	items map[string]*resourcev1.ResourceSlice // by name
@@ -74,6 +79,14 @@ func New(inf cache.SharedIndexInformer, client kubernetes.Interface, node string
 		hub:   stream.NewBoundedHub(limits, func(c Change) int { return c.Slice.Size() + 16 }),
 		items: map[string]*resourcev1.ResourceSlice{},
 	}
+}
+
+// Explain makes the errors say why: who names the identity the API
+// refused (PERMISSION_DENIED), listErr returns the informer's last failed
+// list or watch (kubecache.Cache.LastError), which a Watch that waited
+// in vain for the first list reports. Called before Run.
+func (s *Slices) Explain(who *kubeaccess.Identity, listErr func() error) {
+	s.who, s.listErr = who, listErr
 }
 
 // Run follows the informer (run by its owner) until ctx ends; the Watch
@@ -184,8 +197,18 @@ func (s *Slices) waitSynced(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-t.C:
-		return fmt.Errorf("this node's ResourceSlices are not listed yet (the Kubernetes API does not answer): %w", errdefs.ErrUnavailable)
 	}
+	var last error
+	if s.listErr != nil {
+		last = s.listErr()
+	}
+	if denied := kubeaccess.Denied(last, s.who); denied != nil {
+		return fmt.Errorf("this node's ResourceSlices are not listed yet: %w", denied)
+	}
+	if last != nil {
+		return fmt.Errorf("this node's ResourceSlices are not listed yet: %w: %w", last, errdefs.ErrUnavailable)
+	}
+	return fmt.Errorf("this node's ResourceSlices are not listed yet (the Kubernetes API does not answer): %w", errdefs.ErrUnavailable)
 }
 
 // List lists this node's slices (driver's only, when set) from the API,
@@ -196,6 +219,9 @@ func (s *Slices) List(ctx context.Context, driver string) ([]resourcev1.Resource
 		sel[resourcev1.ResourceSliceSelectorDriver] = driver
 	}
 	list, err := s.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: sel.String()})
+	if denied := kubeaccess.Denied(err, s.who); denied != nil {
+		return nil, fmt.Errorf("list ResourceSlices with %s: %w", sel, denied)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list ResourceSlices with %s: %w: %w", sel, err, errdefs.ErrUnavailable)
 	}
