@@ -16,16 +16,23 @@ import (
 
 const prepareArgs = "--pod-uid UID --namespace NS --name POD --claim PODCLAIM=CLAIM... --container NAME=PODCLAIM[/REQUEST]... [-o table|json]"
 
+// cmdClaims lists the claims that concern this node (the dramanager
+// decides which: ListClaims), or with --all every claim of the API, with
+// the node each is allocated to.
 func cmdClaims(ctx context.Context, c *cli, args []string) error {
 	var namespace string
+	var all bool
 	return listCommand(ctx, c, "claims", args, dramanagerSvc, func(ctx context.Context, _ *flag.FlagSet) (*dmv1.ListClaimsResponse, error) {
 		cc, err := c.conn(dramanagerSvc)
 		if err != nil {
 			return nil, err
 		}
-		return dmv1.NewDRAServiceClient(cc).ListClaims(ctx, &dmv1.ListClaimsRequest{Namespace: namespace})
-	}, renderClaims, func(fs *flag.FlagSet) {
+		return dmv1.NewDRAServiceClient(cc).ListClaims(ctx, &dmv1.ListClaimsRequest{Namespace: namespace, All: all})
+	}, func(w io.Writer, now time.Time, resp *dmv1.ListClaimsResponse) error {
+		return renderClaims(w, now, resp, all)
+	}, func(fs *flag.FlagSet) {
 		fs.StringVar(&namespace, "namespace", "", "only this namespace's claims")
+		fs.BoolVar(&all, "all", false, "also the claims that do not concern this node (with a cluster: every claim of the API), with a NODE column: the node each is allocated to")
 	})
 }
 
@@ -43,14 +50,23 @@ func joinOrDash(items []string) string {
 
 // renderClaims prints one row per claim: its state, drivers, devices
 // (pool/device), their health (device=health, with the driver's message
-// in parentheses), pods (names, else UIDs), CDI IDs and the reason.
-func renderClaims(w io.Writer, _ time.Time, resp *dmv1.ListClaimsResponse) error {
+// in parentheses), pods (names, else UIDs), CDI IDs and the reason; with
+// all (--all), the node it is allocated to after its state.
+func renderClaims(w io.Writer, _ time.Time, resp *dmv1.ListClaimsResponse, all bool) error {
 	if len(resp.GetClaims()) == 0 {
-		_, err := fmt.Fprintln(w, "no ResourceClaims")
+		msg := "no ResourceClaims concern this node (--all lists every one)"
+		if all {
+			msg = "no ResourceClaims"
+		}
+		_, err := fmt.Fprintln(w, msg)
 		return err
 	}
 	tw := newTable(w)
-	fmt.Fprintln(tw, "CLAIM\tSTATE\tDRIVER\tDEVICES\tHEALTH\tPODS\tCDI IDS\tREASON")
+	node := ""
+	if all {
+		node = "NODE\t"
+	}
+	fmt.Fprintln(tw, "CLAIM\tSTATE\t"+node+"DRIVER\tDEVICES\tHEALTH\tPODS\tCDI IDS\tREASON")
 	for _, cl := range resp.GetClaims() {
 		var drivers, devices, health, pods []string
 		for _, d := range cl.GetDevices() {
@@ -68,7 +84,10 @@ func renderClaims(w io.Writer, _ time.Time, resp *dmv1.ListClaimsResponse) error
 		for _, p := range cl.GetPods() {
 			pods = append(pods, cmpOr(p.GetName(), p.GetUid()))
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cl.GetNamespace(), cl.GetName(), claimState(cl.GetState()),
+		if all {
+			node = dash(cl.GetAllocatedNode()) + "\t"
+		}
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s%s\t%s\t%s\t%s\t%s\t%s\n", cl.GetNamespace(), cl.GetName(), claimState(cl.GetState()), node,
 			joinOrDash(drivers), joinOrDash(devices), joinOrDash(health), joinOrDash(pods), joinOrDash(cl.GetCdiDeviceIds()), dash(cl.GetReason()))
 	}
 	return tw.Flush()

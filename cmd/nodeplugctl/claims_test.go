@@ -17,30 +17,46 @@ import (
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 )
 
+// The claims table; with --all it has the NODE each claim is allocated
+// to. An empty list says whether it was this node's.
 func TestRenderClaims(t *testing.T) {
-	var b bytes.Buffer
-	err := renderClaims(&b, testNow, &dmv1.ListClaimsResponse{Claims: []*dmv1.Claim{
-		{Namespace: "default", Name: "gpu-claim", State: dmv1.ClaimState_CLAIM_STATE_PREPARED,
+	resp := &dmv1.ListClaimsResponse{Claims: []*dmv1.Claim{
+		{Namespace: "default", Name: "gpu-claim", State: dmv1.ClaimState_CLAIM_STATE_PREPARED, AllocatedNode: "node-1",
 			Devices: []*dmv1.ClaimDevice{{Driver: "gpu.example.com", Pool: "node-1", Device: "gpu-0", CdiDeviceIds: []string{"example.com/gpu=u1-gpu-0"},
 				Health: "Unhealthy", HealthMessage: "ECC errors"}},
 			Pods: []*dmv1.ClaimPod{{Uid: "uid-1", Name: "p1"}, {Uid: "uid-2"}}, CdiDeviceIds: []string{"example.com/gpu=u1-gpu-0"}},
 		{Namespace: "default", Name: "waiting", State: dmv1.ClaimState_CLAIM_STATE_PENDING},
 		{Namespace: "ns", Name: "bad", State: dmv1.ClaimState_CLAIM_STATE_FAILED, Reason: "no device fits"},
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := `CLAIM              STATE     DRIVER           DEVICES       HEALTH                        PODS      CDI IDS                   REASON
-default/gpu-claim  prepared  gpu.example.com  node-1/gpu-0  gpu-0=Unhealthy (ECC errors)  p1,uid-2  example.com/gpu=u1-gpu-0  -
-default/waiting    pending   -                -             -                             -         -                         -
-ns/bad             failed    -                -             -                             -         -                         no device fits
-`
-	if b.String() != want {
-		t.Errorf("claims table:\n%s\nwant:\n%s", b.String(), want)
-	}
-	b.Reset()
-	if err := renderClaims(&b, testNow, &dmv1.ListClaimsResponse{}); err != nil || b.String() != "no ResourceClaims\n" {
-		t.Errorf("empty claims table: %q, %v", b.String(), err)
+		{Namespace: "ns", Name: "theirs", State: dmv1.ClaimState_CLAIM_STATE_ALLOCATED, AllocatedNode: "node-2",
+			Devices: []*dmv1.ClaimDevice{{Driver: "gpu.example.com", Pool: "node-2", Device: "gpu-1"}}, Reason: "allocated to node node-2, not this node (node-1)"},
+	}}
+	for _, tc := range []struct {
+		all  bool
+		resp *dmv1.ListClaimsResponse
+		want string
+	}{
+		{false, resp, `CLAIM              STATE      DRIVER           DEVICES       HEALTH                        PODS      CDI IDS                   REASON
+default/gpu-claim  prepared   gpu.example.com  node-1/gpu-0  gpu-0=Unhealthy (ECC errors)  p1,uid-2  example.com/gpu=u1-gpu-0  -
+default/waiting    pending    -                -             -                             -         -                         -
+ns/bad             failed     -                -             -                             -         -                         no device fits
+ns/theirs          allocated  gpu.example.com  node-2/gpu-1  -                             -         -                         allocated to node node-2, not this node (node-1)
+`},
+		{true, resp, `CLAIM              STATE      NODE    DRIVER           DEVICES       HEALTH                        PODS      CDI IDS                   REASON
+default/gpu-claim  prepared   node-1  gpu.example.com  node-1/gpu-0  gpu-0=Unhealthy (ECC errors)  p1,uid-2  example.com/gpu=u1-gpu-0  -
+default/waiting    pending    -       -                -             -                             -         -                         -
+ns/bad             failed     -       -                -             -                             -         -                         no device fits
+ns/theirs          allocated  node-2  gpu.example.com  node-2/gpu-1  -                             -         -                         allocated to node node-2, not this node (node-1)
+`},
+		{false, &dmv1.ListClaimsResponse{}, "no ResourceClaims concern this node (--all lists every one)\n"},
+		{true, &dmv1.ListClaimsResponse{}, "no ResourceClaims\n"},
+	} {
+		var b bytes.Buffer
+		if err := renderClaims(&b, testNow, tc.resp, tc.all); err != nil {
+			t.Fatal(err)
+		}
+		if b.String() != tc.want {
+			t.Errorf("claims table (all %v):\n%s\nwant:\n%s", tc.all, b.String(), tc.want)
+		}
 	}
 }
 
@@ -158,6 +174,7 @@ func TestApplyRefusesBadFilesBeforeDialling(t *testing.T) {
 type fakeClaims struct {
 	dmv1.UnimplementedDRAServiceServer
 	prepared chan *dmv1.PrepareResourcesRequest
+	listed   chan *dmv1.ListClaimsRequest
 }
 
 func (f *fakeClaims) PrepareResources(_ context.Context, req *dmv1.PrepareResourcesRequest) (*dmv1.PrepareResourcesResponse, error) {
@@ -172,11 +189,12 @@ func (f *fakeClaims) PrepareResources(_ context.Context, req *dmv1.PrepareResour
 }
 
 func (f *fakeClaims) ListClaims(_ context.Context, req *dmv1.ListClaimsRequest) (*dmv1.ListClaimsResponse, error) {
+	f.listed <- req
 	return &dmv1.ListClaimsResponse{Claims: []*dmv1.Claim{{Namespace: req.GetNamespace(), Name: "gpu-claim", State: dmv1.ClaimState_CLAIM_STATE_ALLOCATED}}}, nil
 }
 
 func TestPrepareAndClaimsAgainstGRPCServer(t *testing.T) {
-	f := &fakeClaims{prepared: make(chan *dmv1.PrepareResourcesRequest, 2)}
+	f := &fakeClaims{prepared: make(chan *dmv1.PrepareResourcesRequest, 2), listed: make(chan *dmv1.ListClaimsRequest, 2)}
 	sock := serveFake(t, func(s *grpc.Server) { dmv1.RegisterDRAServiceServer(s, f) })
 	code, out, errOut := runCLI(t, "--dramanager-addr", sock, "prepare", "--pod-uid", "pod-1", "--namespace", "default", "--name", "p1",
 		"--claim", "gpu=gpu-claim", "--container", "main=gpu", "--container", "side=gpu/gpu")
@@ -209,6 +227,16 @@ side       -                         -
 	code, out, errOut = runCLI(t, "--dramanager-addr", sock, "claims", "--namespace", "team")
 	if code != 0 || !strings.Contains(out, "team/gpu-claim  allocated") {
 		t.Errorf("claims: exit %d: %s%s", code, out, errOut)
+	}
+	if req := <-f.listed; req.GetNamespace() != "team" || req.GetAll() {
+		t.Errorf("claims sent %v, want namespace team without all", req)
+	}
+	code, out, errOut = runCLI(t, "--dramanager-addr", sock, "claims", "--all")
+	if code != 0 || !strings.Contains(out, "NODE") {
+		t.Errorf("claims --all: exit %d: %s%s", code, out, errOut)
+	}
+	if req := <-f.listed; req.GetNamespace() != "" || !req.GetAll() {
+		t.Errorf("claims --all sent %v, want all", req)
 	}
 }
 

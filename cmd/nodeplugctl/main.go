@@ -112,7 +112,7 @@ func init() {
 		{"plugins", "[-o table|json]", "every plugin: the reconciler's plugins_registry sockets and the device plugins registered on kubelet.sock", cmdPlugins},
 		{"drivers", "[-o table|json]", "registered CSI and DRA drivers, and each DRA driver instance's connection in the dramanager", cmdDrivers},
 		{"slices", "[--driver NAME] [-o table|json]", "this node's DRA ResourceSlices: driver, pool, devices with attributes and capacity", cmdSlices},
-		{"claims", "[--namespace NS] [-o table|json]", "DRA ResourceClaims and this node's view of them: state, devices with health, pods, CDI IDs", cmdClaims},
+		{"claims", "[--namespace NS] [--all] [-o table|json]", "DRA ResourceClaims that concern this node (--all: every one) and this node's view of them: state, devices with health, pods, CDI IDs", cmdClaims},
 		{"apply", applyArgs, "create or update DeviceClasses and ResourceClaims from a YAML file, through the node-local resource API (operator)", cmdApply},
 		{"prepare", prepareArgs, "prepare a pod's DRA claims: allocate, NodePrepareResources, the CDI device IDs per container", cmdPrepare},
 		{"resources", "[-o table|json]", "device plugin resources: capacity, allocatable, free, endpoints", cmdResources},

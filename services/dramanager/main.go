@@ -223,8 +223,10 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 		return nil
 	})
 	checkPermissions(rt, kubeAPI)
-	view := claimview.New(kubeAPI.Client, node, cm, reg)
-	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(view), draserver.WithPods(cm)))
+	// On a cluster's API, ListClaims lists this node's claims unless asked
+	// for all; the view takes the releases to forget the pods' failures.
+	view := claimview.New(kubeAPI.Client, node, cm, reg, claimview.SharedAPI(!kubeAPI.Local))
+	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(view), draserver.WithPods(view)))
 	rt.Log.Info("dramanager ready", "instance_id", instanceID, "checkpoint", journal.Location(), "node", node)
 	return nil
 }

@@ -15,10 +15,15 @@ import (
 // the claims manager).
 type Claims interface {
 	Prepare(ctx context.Context, req claims.PrepareRequest) ([]claims.ContainerResult, error)
-	List(ctx context.Context, namespace string) ([]claimview.Claim, error)
+	List(ctx context.Context, opts claimview.ListOptions) ([]claimview.Claim, error)
 }
 
-var _ Claims = (*claimview.View)(nil)
+var (
+	_ Claims = (*claimview.View)(nil)
+	// The view also serves Pods, so that a pod's release forgets its
+	// failed prepares (ListClaims shows them until then).
+	_ Pods = (*claimview.View)(nil)
+)
 
 // Option configures a Service.
 type Option func(*Service)
@@ -75,7 +80,7 @@ func (s *Service) ListClaims(ctx context.Context, req *dmv1.ListClaimsRequest) (
 	if s.claims == nil {
 		return nil, fmt.Errorf("this dramanager does not prepare ResourceClaims: %w", errdefs.ErrUnavailable)
 	}
-	list, err := s.claims.List(ctx, req.GetNamespace())
+	list, err := s.claims.List(ctx, claimview.ListOptions{Namespace: req.GetNamespace(), All: req.GetAll()})
 	if err != nil {
 		return nil, err
 	}

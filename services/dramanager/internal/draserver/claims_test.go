@@ -217,3 +217,39 @@ func TestClaimsWithoutManager(t *testing.T) {
 		t.Errorf("claim x: %v, want allocated to %s (not by this node) with dev-0 and no health", c, dratest.Node)
 	}
 }
+
+// On a cluster's API, ListClaims lists the claims that concern this node
+// (here: allocated to it) unless all is set, with the namespace as asked;
+// on the node-local API (TestClaimsWithoutManager) every claim.
+func TestListClaimsOfThisNodeOrAll(t *testing.T) {
+	e := startWith(t, 0, nil, claimview.SharedAPI(true))
+	ctx := context.Background()
+	if _, err := dratest.AllocatedClaim(ctx, e.api.Client, "default", "here", gpu, "dev-0"); err != nil {
+		t.Fatal(err)
+	}
+	e.pendingClaim(t, "pending", "class")
+	for _, tc := range []struct {
+		req  *dmv1.ListClaimsRequest
+		want []string
+	}{
+		{&dmv1.ListClaimsRequest{}, []string{"default/here"}},
+		{&dmv1.ListClaimsRequest{All: true}, []string{"default/here", "default/pending"}},
+		{&dmv1.ListClaimsRequest{All: true, Namespace: "default"}, []string{"default/here", "default/pending"}},
+		{&dmv1.ListClaimsRequest{All: true, Namespace: "other"}, nil},
+	} {
+		resp, err := e.client.ListClaims(ctx, tc.req)
+		if err != nil {
+			t.Fatalf("ListClaims(%v): %v", tc.req, err)
+		}
+		var got []string
+		for _, c := range resp.GetClaims() {
+			got = append(got, c.GetNamespace()+"/"+c.GetName())
+			if c.GetName() == "here" && (c.GetAllocatedNode() != dratest.Node || c.GetState() != dmv1.ClaimState_CLAIM_STATE_ALLOCATED) {
+				t.Errorf("ListClaims(%v): claim here = %v, want allocated to %s", tc.req, c, dratest.Node)
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("ListClaims(%v) = %v, want %v", tc.req, got, tc.want)
+		}
+	}
+}

@@ -48,8 +48,9 @@ func start(t *testing.T, delay time.Duration) *env {
 }
 
 // startWith is start with the claims manager that records returns, called
-// with the registry and the API before the service is built (nil: none).
-func startWith(t *testing.T, delay time.Duration, records func(*drivers.Registry, *dratest.API) claimview.Records) *env {
+// with the registry and the API before the service is built (nil: none),
+// and the view's options.
+func startWith(t *testing.T, delay time.Duration, records func(*drivers.Registry, *dratest.API) claimview.Records, opts ...claimview.Option) *env {
 	t.Helper()
 	root := testutil.TempDir(t)
 	api := dratest.StartAPI(t, root)
@@ -80,7 +81,7 @@ func startWith(t *testing.T, delay time.Duration, records func(*drivers.Registry
 	if records != nil {
 		rec = records(reg, api)
 	}
-	view := claimview.New(api.Client, dratest.Node, rec, reg)
+	view := claimview.New(api.Client, dratest.Node, rec, reg, opts...)
 	dmv1.RegisterDRAServiceServer(srv, draserver.NewService("dm-1", reg, sl, draserver.WithClaims(view)))
 	served := make(chan struct{})
 	go func() { defer close(served); _ = srv.Serve(lis) }()

@@ -72,22 +72,32 @@ func (ResourceSliceChangeType) EnumDescriptor() ([]byte, []int) {
 	return file_nodeplug_devicemanager_v1_dra_proto_rawDescGZIP(), []int{0}
 }
 
-// ClaimState is where a ResourceClaim stands on this node.
+// ClaimState is where a ResourceClaim stands on this node. The first that
+// holds, in this order: PREPARED, UNPREPARING, FAILED, then PENDING or
+// ALLOCATED from the claim's status alone. The same history of prepares and
+// releases gives the same state once the work they leave (unprepares,
+// rollbacks) is done.
 type ClaimState int32
 
 const (
 	ClaimState_CLAIM_STATE_UNSPECIFIED ClaimState = 0
-	// Not allocated.
+	// Not allocated, and no pod on this node failed to get it prepared.
 	ClaimState_CLAIM_STATE_PENDING ClaimState = 1
-	// Allocated (by this node or a scheduler), not prepared here.
+	// Allocated (by this node or a scheduler), not prepared here; reason names
+	// the node when the allocation is another node's.
 	ClaimState_CLAIM_STATE_ALLOCATED ClaimState = 2
 	// Prepared by its driver here; pods use it.
 	ClaimState_CLAIM_STATE_PREPARED ClaimState = 3
-	// Its last pod was released; NodeUnprepareResources is owed and retried
-	// until it succeeds.
+	// Its last pod was released, or a failed prepare could not undo its
+	// driver's part yet; NodeUnprepareResources is owed and retried until it
+	// succeeds (reason: its last error).
 	ClaimState_CLAIM_STATE_UNPREPARING ClaimState = 4
-	// The last PrepareResources naming it failed (reason says why) and it is
-	// not prepared.
+	// A PrepareResources of a pod on this node failed for it (reason: the
+	// latest such failure) and it is neither prepared nor being unprepared
+	// here. It stays failed until each such pod's prepare of it succeeds or
+	// the pod is released (ReleasePodClaims), or the claim is deleted. A
+	// claim that prepared with the pod while another of the pod's claims
+	// failed is not failed.
 	ClaimState_CLAIM_STATE_FAILED ClaimState = 5
 )
 
@@ -2064,7 +2074,10 @@ func (x *Claim) GetCreationTime() *timestamppb.Timestamp {
 type ListClaimsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// When set, only claims of this namespace.
-	Namespace     string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Namespace string `protobuf:"bytes,1,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// When set, every claim of the API (of namespace), also those that do
+	// not concern this node; unset, only those that do (see ListClaims).
+	All           bool `protobuf:"varint,2,opt,name=all,proto3" json:"all,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2104,6 +2117,13 @@ func (x *ListClaimsRequest) GetNamespace() string {
 		return x.Namespace
 	}
 	return ""
+}
+
+func (x *ListClaimsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
 }
 
 type ListClaimsResponse struct {
@@ -2603,9 +2623,10 @@ const file_nodeplug_devicemanager_v1_dra_proto_rawDesc = "" +
 	"\x0eallocated_node\x18\n" +
 	" \x01(\tR\rallocatedNode\x12)\n" +
 	"\x10resource_version\x18\v \x01(\tR\x0fresourceVersion\x12?\n" +
-	"\rcreation_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\fcreationTime\"1\n" +
+	"\rcreation_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\fcreationTime\"C\n" +
 	"\x11ListClaimsRequest\x12\x1c\n" +
-	"\tnamespace\x18\x01 \x01(\tR\tnamespace\"o\n" +
+	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x10\n" +
+	"\x03all\x18\x02 \x01(\bR\x03all\"o\n" +
 	"\x12ListClaimsResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x128\n" +

@@ -90,7 +90,12 @@ type DRAServiceClient interface {
 	// ListClaims returns the ResourceClaims of the API joined with what this
 	// node recorded for them: state, devices with their health, pods and CDI
 	// device IDs. Claims this node recorded that are gone from the API are
-	// listed too.
+	// listed too. Unless all is set, only the claims that concern this node
+	// are listed: allocated to it (the allocation's node selector names it,
+	// or this node allocated it), recorded here (prepared or being
+	// unprepared for its pods), or named by a failed PrepareResources of a
+	// pod not released since. On the node-local resource API every claim
+	// concerns this node. Reader role.
 	ListClaims(ctx context.Context, in *ListClaimsRequest, opts ...grpc.CallOption) (*ListClaimsResponse, error)
 	// ListPodClaims returns, for every pod that uses a prepared claim (or
 	// only pod_uid's), what each of its containers gets from its claims:
@@ -273,7 +278,12 @@ type DRAServiceServer interface {
 	// ListClaims returns the ResourceClaims of the API joined with what this
 	// node recorded for them: state, devices with their health, pods and CDI
 	// device IDs. Claims this node recorded that are gone from the API are
-	// listed too.
+	// listed too. Unless all is set, only the claims that concern this node
+	// are listed: allocated to it (the allocation's node selector names it,
+	// or this node allocated it), recorded here (prepared or being
+	// unprepared for its pods), or named by a failed PrepareResources of a
+	// pod not released since. On the node-local resource API every claim
+	// concerns this node. Reader role.
 	ListClaims(context.Context, *ListClaimsRequest) (*ListClaimsResponse, error)
 	// ListPodClaims returns, for every pod that uses a prepared claim (or
 	// only pod_uid's), what each of its containers gets from its claims:
