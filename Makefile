@@ -159,11 +159,12 @@ package: $(NFPM) ## Build the Debian packages (PACKAGE_ARCHES, default amd64 arm
 
 # The version ldflags give kube-apiserver the version its release reports
 # (and emulates), as the release's own build does.
+KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
+  -X k8s.io/component-base/version.gitTreeState=clean \
+  -X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(patsubst v%,%,$(KUBE_VERSION)))) \
+  -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION)))
 $(KUBE_APISERVER):
-	@CGO_ENABLED=0 scripts/tool-build.sh tools/kube-apiserver $@ k8s.io/kubernetes/cmd/kube-apiserver -trimpath -ldflags '-s -w \
-	  -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitTreeState=clean \
-	  -X k8s.io/component-base/version.gitMajor=$(word 1,$(subst ., ,$(patsubst v%,%,$(KUBE_VERSION)))) \
-	  -X k8s.io/component-base/version.gitMinor=$(word 2,$(subst ., ,$(KUBE_VERSION)))'
+	@CGO_ENABLED=0 scripts/tool-build.sh tools/kube-apiserver $@ k8s.io/kubernetes/cmd/kube-apiserver -trimpath -ldflags '$(KUBE_LDFLAGS)'
 
 $(ETCD):
 	@CGO_ENABLED=0 scripts/tool-build.sh tools/etcd $@ go.etcd.io/etcd/server/v3 -trimpath -ldflags '-s -w'
