@@ -1,7 +1,11 @@
 package upstream
 
 import (
+	"errors"
 	"fmt"
+	"maps"
+	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -10,8 +14,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,6 +26,7 @@ import (
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/rpcutil"
 )
 
 // clusterDriver is the DRA driver every node of the cluster tests runs (one
@@ -140,6 +147,7 @@ func wantCode(t *testing.T, what string, err error, code codes.Code, parts ...st
 // one API server.
 func TestCluster(t *testing.T) {
 	cp := startControlPlane(t)
+	checkRelease(t, cp.admin)
 	class := createClass(t, cp.admin)
 	n := startClusterNode(t, cp, "node-a", shortDelay)
 	d := n.startClaimsDriver(clusterDriver, twoGPUs())
@@ -301,10 +309,124 @@ func TestCluster(t *testing.T) {
 		n.waitSameSlices(cp.admin)
 	})
 
+	t.Run("permissions checked at start and refusals named", func(t *testing.T) {
+		defer n.in(t)()
+		testPermissions(t, cp, class, n)
+	})
+
 	t.Run("three nodes on one API server", func(t *testing.T) {
 		defer n.in(t)()
 		testThreeNodes(t, cp, class, n, d, more)
 	})
+}
+
+// permissionsHealth is the dramanager's gRPC health service that says
+// whether its identity holds every rule it needs.
+const permissionsHealth = "nodeplug.dramanager.KubernetesAPIPermissions"
+
+// testPermissions checks the start check and the refusals: node-a, with
+// deploy/rbac's permissions, lacks none; a node whose identity has no role
+// lacks every rule and is refused its first read; a node whose role lacks
+// update on resourceclaims/binding says that one up front, and a prepare
+// names it, with the verb and the identity.
+func testPermissions(t *testing.T, cp *controlPlane, class string, a *draNode) {
+	if missing := a.waitPermissionsChecked(); missing != 0 {
+		t.Fatalf("node-a, with deploy/rbac's role, lacks %d permissions:\n%s", missing, a.draProcess().Logs())
+	}
+	a.wantPermissionsHealth(healthpb.HealthCheckResponse_SERVING)
+
+	nobody := startClusterNodeAs(t, cp, "node-p", shortDelay, "nodeplug:node-p", nil)
+	if missing := nobody.waitPermissionsChecked(); missing == 0 {
+		t.Fatal("a dramanager with no role lacks no permission, says its start check")
+	}
+	nobody.wantPermissionsHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	claim := nobody.createClaim(cp.admin, class, "default", "refused")
+	_, err := nobody.draClient().PrepareResources(ctxT(t), podPrepare("pod-p-1", "default", "refused", claim.Name))
+	wantCode(t, "PrepareResources with no role", err, codes.PermissionDenied, "get", "resourceclaims", `"nodeplug:node-p"`)
+
+	// deploy/rbac's role but for update on resourceclaims/binding, which
+	// status.allocation and status.reservedFor need since Kubernetes 1.36.
+	role, err := cp.admin.RbacV1().ClusterRoles().Get(ctxT(t), "nodeplug-dramanager", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("deploy/rbac's ClusterRole: %v", err)
+	}
+	partial := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "nodeplug-dramanager-without-binding"}}
+	for _, r := range role.Rules {
+		r.Resources = slices.DeleteFunc(slices.Clone(r.Resources), func(res string) bool { return res == "resourceclaims/binding" })
+		if len(r.Resources) > 0 {
+			partial.Rules = append(partial.Rules, r)
+		}
+	}
+	if _, err := cp.admin.RbacV1().ClusterRoles().Create(ctxT(t), partial, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.admin.RbacV1().ClusterRoleBindings().Create(ctxT(t), &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: partial.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: partial.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "nodeplug:without-binding"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	q := startClusterNodeAs(t, cp, "node-q", shortDelay, "nodeplug:node-q", []string{"nodeplug:without-binding"})
+	if missing := q.waitPermissionsChecked(); missing != 1 {
+		t.Fatalf("without update on resourceclaims/binding the start check finds %d missing, want 1:\n%s", missing, q.draProcess().Logs())
+	}
+	lines := q.draProcess().LogLines("lacks a permission")
+	if len(lines) != 1 || lines[0]["verb"] != "update" || lines[0]["resource"] != "resourceclaims/binding" {
+		t.Fatalf("the missing permission logged as %v, want update on resourceclaims/binding", lines)
+	}
+	q.wantPermissionsHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	qd := q.startClaimsDriver(clusterDriver, twoGPUs())
+	q.waitSlices(cp.admin, clusterDriver, twoGPUs())
+	claim = q.createClaim(cp.admin, class, "default", "no-binding")
+	_, err = q.draClient().PrepareResources(ctxT(t), podPrepare("pod-q-1", "default", "no-binding", claim.Name))
+	wantCode(t, "PrepareResources without update on resourceclaims/binding", err, codes.PermissionDenied,
+		"update", "resourceclaims/binding", "nodeplug:node-q")
+	if s := qd.readState(); s.calls("NodePrepareResources", string(claim.UID)) != 0 {
+		t.Fatal("the driver was asked to prepare a claim whose allocation was refused")
+	}
+	got, err := cp.admin.ResourceV1().ResourceClaims("default").Get(ctxT(t), claim.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Status.Allocation != nil || len(got.Status.ReservedFor) != 0 {
+		t.Fatalf("a refused allocation left status %+v", got.Status)
+	}
+}
+
+// waitPermissionsChecked waits for the dramanager's start check and
+// returns how many rules it found missing.
+func (n *draNode) waitPermissionsChecked() int {
+	n.t.Helper()
+	var missing float64
+	testutil.Eventually(n.t, n.node+"'s permissions checked", func() error {
+		lines := n.draProcess().LogLines("permissions checked")
+		if len(lines) == 0 {
+			return errors.New("not yet")
+		}
+		m, ok := lines[len(lines)-1]["missing"].(float64)
+		if !ok {
+			return fmt.Errorf("no missing count in %v", lines[len(lines)-1])
+		}
+		missing = m
+		return nil
+	})
+	return int(missing)
+}
+
+// wantPermissionsHealth checks the dramanager's permissions health service
+// reports want.
+func (n *draNode) wantPermissionsHealth(want healthpb.HealthCheckResponse_ServingStatus) {
+	n.t.Helper()
+	conn, err := rpcutil.DialPeer(n.dmp.Addr("dramanager"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctxT(n.t), &healthpb.HealthCheckRequest{Service: permissionsHealth})
+	if err != nil || resp.GetStatus() != want {
+		n.t.Fatalf("%s's health of %s: %v (%v), want %v", n.node, permissionsHealth, resp.GetStatus(), err, want)
+	}
 }
 
 // testThreeNodes is TestCluster's second half: node-a (already running,
@@ -338,6 +460,32 @@ func testThreeNodes(t *testing.T, cp *controlPlane, class string, a *draNode, ad
 		m.checkAllocated(cp.admin, claim, checkPrepared(t, resp, drivers[i], claim, gpuNames), pod)
 		own[m.node] = claim
 	}
+	// nodeplugctl claims lists this node's claims; --all every one, with
+	// the node each is allocated to.
+	c := nodes[2]
+	for _, all := range []bool{false, true} {
+		resp, err := c.draClient().ListClaims(ctxT(t), &dmv1.ListClaimsRequest{All: all})
+		if err != nil {
+			t.Fatal(err)
+		}
+		byName := map[string]*dmv1.Claim{}
+		for _, cl := range resp.GetClaims() {
+			byName[cl.GetName()] = cl
+		}
+		if byName["own-node-c"] == nil || (byName["own-node-a"] != nil) != all {
+			t.Fatalf("node-c's ListClaims (all: %v) lists %v", all, slices.Sorted(maps.Keys(byName)))
+		}
+		if all && byName["own-node-a"].GetAllocatedNode() != "node-a" {
+			t.Fatalf("node-a's claim listed on node-c as allocated to %q", byName["own-node-a"].GetAllocatedNode())
+		}
+	}
+	if out := string(c.ctl("claims")); !strings.Contains(out, "own-node-c") || strings.Contains(out, "own-node-a") {
+		t.Fatalf("nodeplugctl claims on node-c:\n%s", out)
+	}
+	if out := string(c.ctl("claims", "--all")); !strings.Contains(out, "own-node-a") || !strings.Contains(out, "own-node-b") {
+		t.Fatalf("nodeplugctl claims --all on node-c:\n%s", out)
+	}
+
 	// And prepares only claims allocated to it.
 	_, err := nodes[1].draClient().PrepareResources(ctxT(t), podPrepare("pod-b-intruder", "default", "intruder", own["node-a"].Name))
 	wantCode(t, "node-b's PrepareResources of node-a's claim", err, codes.FailedPrecondition, "node-a", "node-b")
@@ -515,6 +663,27 @@ func (n *draNode) waitSameSlices(cs kubernetes.Interface) {
 		}
 		return nil
 	})
+}
+
+// checkRelease checks the API server is at the k8s.io release this module
+// builds on (k8s.io/api v0.X.Y in its go.mod is Kubernetes v1.X.Y).
+func checkRelease(t *testing.T, cs kubernetes.Interface) {
+	t.Helper()
+	gomod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*k8s\.io/api v0\.(\S+)`).FindSubmatch(gomod)
+	if m == nil {
+		t.Fatal("go.mod requires no k8s.io/api")
+	}
+	v, err := cs.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "v1." + string(m[1]); v.GitVersion != want {
+		t.Fatalf("kube-apiserver %s, but this module builds on k8s.io/api v0.%s (Kubernetes %s)", v.GitVersion, m[1], want)
+	}
 }
 
 // in makes t the test n's helpers fail and log in (a subtest's), until the
