@@ -119,9 +119,10 @@ check-generate: generate ## Fail when the committed generated code is stale.
 	@echo "generated code is current"
 
 .PHONY: docs
-docs: ## Regenerate docs/reference/ (the configuration and nodeplugctl references) from the flag and command tables; make test fails when they are stale.
+docs: ## Regenerate docs/reference/ (the configuration and nodeplugctl references) from the flag and command tables, and the permission table of docs/dra-drivers.md from the dramanager's rules; make test fails when they are stale.
 	NODEPLUG_UPDATE_DOCS=1 go test -count=1 -run '^TestReference$$' ./pkg/app/ ./cmd/nodeplugctl/ \
-	  ./services/watcher/ ./services/reconciler/ ./services/devicemanager/ ./services/dramanager/ ./services/apiserver/
+	  ./services/watcher/ ./services/reconciler/ ./services/devicemanager/ ./services/dramanager/ ./services/apiserver/ \
+	  ./services/dramanager/internal/kubeaccess/
 
 .PHONY: lint
 lint: $(BUF) $(GOLANGCI_LINT) ## gofmt, go vet, golangci-lint (.golangci.yml: import rules, funlen), file lengths (internal/filelen), buf lint, buf format, buf breaking against the previous commit.

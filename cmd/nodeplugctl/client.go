@@ -106,6 +106,11 @@ func (c *cli) rpcError(svc service, op string, err error) error {
 	case codes.Canceled:
 		return fmt.Errorf("%s: canceled", op)
 	case codes.PermissionDenied:
+		if answered && info.GetReason() == errdefs.ReasonKubernetesAPIDenied {
+			// The cluster's API refused the service's identity: its RBAC,
+			// not nodeplug's own roles.
+			return fmt.Errorf("%s: %s (docs/dra-drivers.md#with-a-cluster)", op, msg)
+		}
 		return fmt.Errorf("%s: %s (docs/security.md)", op, msg)
 	case codes.InvalidArgument, codes.NotFound, codes.FailedPrecondition, codes.AlreadyExists, codes.ResourceExhausted:
 		return fmt.Errorf("%s: %s", op, msg)

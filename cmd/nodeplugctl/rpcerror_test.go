@@ -177,3 +177,28 @@ func TestReadsAreNotTraced(t *testing.T) {
 		t.Errorf("a write came with traceparent %q, want none: the service traces it as its own", writes[0])
 	}
 }
+
+// A permission the cluster's API refused the dramanager points at the role
+// deploy/rbac ships; any other PERMISSION_DENIED at nodeplug's own roles.
+func TestAPIRefusalPointsAtTheClusterRole(t *testing.T) {
+	refused := errdefs.WithReason(
+		fmt.Errorf(`reserve ResourceClaim default/c: the Kubernetes API refused update on resourceclaims/binding (resource.k8s.io) to user "nodeplug:node-a": %w`, errdefs.ErrPermissionDenied),
+		errdefs.ReasonKubernetesAPIDenied, map[string]string{errdefs.MetaVerb: "update", errdefs.MetaResource: "resourceclaims/binding"})
+	for _, tc := range []struct {
+		name      string
+		err       error
+		want, not string
+	}{
+		{"the cluster's API", refused, "(docs/dra-drivers.md#with-a-cluster)", "docs/security.md"},
+		{"nodeplug's own roles", fmt.Errorf("operator role required: %w", errdefs.ErrPermissionDenied), "(docs/security.md)", "with-a-cluster"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := serveFailing(t, tc.err)
+			code, _, errOut := runCLI(t, "--dramanager-addr", addr, "prepare", "--pod-uid", "u", "--namespace", "default", "--name", "p",
+				"--claim", "c=c", "--container", "main=c")
+			if code != exitError || !strings.Contains(errOut, tc.want) || strings.Contains(errOut, tc.not) {
+				t.Fatalf("exit %d, want %q and not %q in:\n%s", code, tc.want, tc.not, errOut)
+			}
+		})
+	}
+}

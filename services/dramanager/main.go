@@ -225,7 +225,7 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	checkPermissions(rt, kubeAPI)
 	// On a cluster's API, ListClaims lists this node's claims unless asked
 	// for all; the view takes the releases to forget the pods' failures.
-	view := claimview.New(kubeAPI.Client, node, cm, reg, claimview.SharedAPI(!kubeAPI.Local))
+	view := claimview.New(kubeAPI.Client, node, cm, reg, claimview.SharedAPI(!kubeAPI.Local), claimview.WithIdentity(kubeAPI.Identity))
 	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(view), draserver.WithPods(view)))
 	rt.Log.Info("dramanager ready", "instance_id", instanceID, "checkpoint", journal.Location(), "node", node)
 	return nil

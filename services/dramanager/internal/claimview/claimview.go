@@ -36,6 +36,7 @@ import (
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubeaccess"
 	"github.com/nodeplug/nodeplug/services/internal/keylock"
 )
 
@@ -98,13 +99,15 @@ const uidTimeout = 5 * time.Second
 
 // View joins the API's claims with this node's records.
 type View struct {
-	client  kubernetes.Interface
-	node    string
-	shared  bool
-	records Records
-	health  Health
-	pods    keylock.Mutex // by pod UID: its Prepare and ReleasePod
-	failed  failures
+	client kubernetes.Interface
+	node   string
+	shared bool
+	// identity names the dramanager on the API in refusals (WithIdentity).
+	identity *kubeaccess.Identity
+	records  Records
+	health   Health
+	pods     keylock.Mutex // by pod UID: its Prepare and ReleasePod
+	failed   failures
 }
 
 // Option configures a View.
@@ -115,6 +118,10 @@ type Option func(*View)
 // not concern this node (see ListOptions). The default, the node-local
 // resource API, holds only this node's claims: every claim concerns it.
 func SharedAPI(shared bool) Option { return func(v *View) { v.shared = shared } }
+
+// WithIdentity names the dramanager's identity on the API in the errors of
+// the requests it refuses (kubeaccess.Denied).
+func WithIdentity(id *kubeaccess.Identity) Option { return func(v *View) { v.identity = id } }
 
 // New returns the view of node's claims, read through client. With nil
 // records the view shows the API's claims alone and Prepare and
@@ -240,6 +247,9 @@ func (v *View) List(ctx context.Context, opts ListOptions) ([]Claim, error) {
 	since := v.failed.mark()
 	list, err := v.client.ResourceV1().ResourceClaims(opts.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {
+		if denied := kubeaccess.Denied(err, v.identity); denied != nil {
+			return nil, fmt.Errorf("list ResourceClaims: %w", denied)
+		}
 		return nil, fmt.Errorf("list ResourceClaims: %w: %w", err, errdefs.ErrUnavailable)
 	}
 	records := map[string]claims.Claim{}
