@@ -352,13 +352,12 @@ func (cp *controlPlane) kubeconfig(dir, name string, groups []string) string {
 }
 
 func sanitize(name string) string {
-	out := []byte(name)
-	for i, c := range out {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
-			out[i] = '_'
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '.' {
+			return r
 		}
-	}
-	return string(out)
+		return '_'
+	}, name)
 }
 
 func loadConfig(t *testing.T, path string) *rest.Config {
