@@ -102,12 +102,18 @@ func (p *proc) exited() error {
 	}
 }
 
-// stop ends the process (SIGTERM, then SIGKILL after 20 s) and waits.
+// stopGrace bounds a graceful stop: kube-apiserver stops listening at
+// once on SIGTERM, then may hold its open connections for up to a minute;
+// past this it is killed.
+const stopGrace = 5 * time.Second
+
+// stop sends sig and waits for the exit, killing the process after
+// stopGrace.
 func (p *proc) stop(sig syscall.Signal) {
 	_ = p.cmd.Process.Signal(sig)
 	select {
 	case <-p.done:
-	case <-time.After(20 * time.Second):
+	case <-time.After(stopGrace):
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
@@ -214,6 +220,28 @@ func (cp *controlPlane) startEtcd() {
 	}
 }
 
+// afterRestart bounds the waits for clients to come back after the API
+// server's restart: client-go's reflectors back off up to 30 s between
+// attempts while it is away, and the driver's is one of them.
+const afterRestart = 3 * time.Minute
+
+// eventually polls cond until it returns nil, failing t with its last
+// error after timeout.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // waitFor polls cond until it returns nil or testutil.Deadline passes.
 func waitFor(cond func() error) error {
 	deadline := time.Now().Add(testutil.Deadline)
@@ -309,7 +337,9 @@ func (cp *controlPlane) stopAPI(sig syscall.Signal) { cp.api.stop(sig) }
 // port, waiting until it is ready.
 func (cp *controlPlane) restartAPI(sig syscall.Signal) {
 	cp.t.Helper()
+	start := time.Now()
 	cp.stopAPI(sig)
+	cp.t.Logf("kube-apiserver stopped (%v) in %s", sig, time.Since(start).Round(time.Millisecond))
 	cp.startAPI()
 	cp.waitReady()
 }

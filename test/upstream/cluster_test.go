@@ -214,13 +214,26 @@ func TestCluster(t *testing.T) {
 
 	t.Run("API server restarted mid-watch", func(t *testing.T) {
 		defer n.in(t)()
+		start := time.Now()
 		cp.restartAPI(syscall.SIGTERM)
+		t.Logf("API server restarted in %s", time.Since(start).Round(time.Millisecond))
 		// The driver republishes after the restart; the dramanager's view
 		// (its informers) follows the API again.
 		more = append(twoGPUs(), gpu("gpu-2", "a100", 2, "40Gi"))
 		d.publish(more)
-		n.waitSlices(cp.admin, clusterDriver, more)
+		eventually(t, afterRestart, "the driver's slice with gpu-2", func() error {
+			l, err := n.slices(cp.admin, clusterDriver)
+			if err != nil {
+				return err
+			}
+			if len(l.Items) != 1 {
+				return fmt.Errorf("%d slices", len(l.Items))
+			}
+			return sameDevices(l.Items[0].Spec.Devices, more)
+		})
+		t.Logf("the driver republished after %s", time.Since(start).Round(time.Millisecond))
 		n.waitSameSlices(cp.admin)
+		t.Logf("the dramanager's view was the API's again after %s", time.Since(start).Round(time.Millisecond))
 		claim := n.createClaim(cp.admin, class, "default", "after-restart")
 		resp, err := n.draClient().PrepareResources(ctxT(t), podPrepare("pod-a-4", "default", "after", claim.Name))
 		if err != nil {
@@ -286,13 +299,15 @@ func TestCluster(t *testing.T) {
 		}
 		cont := sync.OnceFunc(func() { _ = dm.Signal(syscall.SIGCONT) })
 		t.Cleanup(cont)
+		start := time.Now()
 		cp.stopAPI(syscall.SIGTERM)
 		cp.startAPI()
 		cp.waitReady()
+		t.Logf("API server restarted in %s", time.Since(start).Round(time.Millisecond))
 		if err := cp.admin.ResourceV1().ResourceSlices().Delete(ctxT(t), before.Items[0].Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete slice %s: %v", before.Items[0].Name, err)
 		}
-		testutil.Eventually(t, "the driver's new slice", func() error {
+		eventually(t, afterRestart, "the driver's new slice", func() error {
 			l, err := n.slices(cp.admin, clusterDriver)
 			if err != nil {
 				return err
@@ -302,11 +317,13 @@ func TestCluster(t *testing.T) {
 			}
 			return nil
 		})
+		t.Logf("the driver published a new slice after %s", time.Since(start).Round(time.Millisecond))
 		if err := cp.compactEtcd(ctxT(t)); err != nil {
 			t.Fatalf("compact etcd: %v", err)
 		}
 		cont()
 		n.waitSameSlices(cp.admin)
+		t.Logf("the dramanager's view was the API's again after %s", time.Since(start).Round(time.Millisecond))
 	})
 
 	t.Run("permissions checked at start and refusals named", func(t *testing.T) {
@@ -392,6 +409,46 @@ func testPermissions(t *testing.T, cp *controlPlane, class string, a *draNode) {
 	if got.Status.Allocation != nil || len(got.Status.ReservedFor) != 0 {
 		t.Fatalf("a refused allocation left status %+v", got.Status)
 	}
+
+	// Granted later, the rule shows in the health without a restart (the
+	// check is made again while one is missing), and the claim prepares.
+	if _, err := cp.admin.RbacV1().ClusterRoleBindings().Create(ctxT(t), &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "nodeplug-dramanager-granted-later"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "nodeplug-dramanager"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "nodeplug:without-binding"}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	q.waitPermissionsHealth(healthpb.HealthCheckResponse_SERVING, 3*time.Minute)
+	resp, err := q.draClient().PrepareResources(ctxT(t), podPrepare("pod-q-1", "default", "no-binding", claim.Name))
+	if err != nil {
+		t.Fatalf("PrepareResources once granted: %v", err)
+	}
+	checkPrepared(t, resp, qd, claim, gpuNames)
+	q.release("pod-q-1", 1)
+	q.waitUnprepared(qd, string(claim.UID))
+}
+
+// waitPermissionsHealth waits up to timeout (the check is made again
+// after 10 s, then 20, 40…) until the permissions health service reports
+// want.
+func (n *draNode) waitPermissionsHealth(want healthpb.HealthCheckResponse_ServingStatus, timeout time.Duration) {
+	n.t.Helper()
+	conn, err := rpcutil.DialPeer(n.dmp.Addr("dramanager"))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	client := healthpb.NewHealthClient(conn)
+	var last error
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		resp, err := client.Check(ctxT(n.t), &healthpb.HealthCheckRequest{Service: permissionsHealth})
+		if err == nil && resp.GetStatus() == want {
+			return
+		}
+		last = fmt.Errorf("%v (%v)", resp.GetStatus(), err)
+	}
+	n.t.Fatalf("%s's health of %s still %v after %s, want %v", n.node, permissionsHealth, last, timeout, want)
 }
 
 // waitPermissionsChecked waits for the dramanager's start check and
@@ -633,12 +690,12 @@ func checkHeld(t *testing.T, cs kubernetes.Interface, nodes []*draNode) {
 	}
 }
 
-// waitSameSlices waits until the dramanager's ListResourceSlices (its
-// informers' view) holds exactly the node's slices the API lists, by name
-// and UID.
+// waitSameSlices waits (afterRestart) until the dramanager's
+// ListResourceSlices (its informers' view) holds exactly the node's slices
+// the API lists, by name and UID.
 func (n *draNode) waitSameSlices(cs kubernetes.Interface) {
 	n.t.Helper()
-	testutil.Eventually(n.t, "the dramanager's slices as the API's", func() error {
+	eventually(n.t, afterRestart, "the dramanager's slices as the API's", func() error {
 		api, err := n.slices(cs, clusterDriver)
 		if err != nil {
 			return err

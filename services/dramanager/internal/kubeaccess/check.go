@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,12 @@ const reviewTimeout = 10 * time.Second
 // checkBackoff spaces the attempts of a check that could not be done; it
 // holds at its cap and never gives up.
 var checkBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.2, Cap: 5 * time.Minute, Steps: 100}
+
+// recheckBackoff spaces the checks made again while a permission is
+// missing: a grant made after the start, or a kube-apiserver that had not
+// loaded the cluster's roles yet when it answered (it refuses everything
+// meanwhile), shows without a restart of the dramanager.
+var recheckBackoff = wait.Backoff{Duration: 10 * time.Second, Factor: 2, Jitter: 0.2, Cap: 5 * time.Minute, Steps: 100}
 
 // Missing asks the API which of rules the client lacks: one
 // SelfSubjectAccessReview (authorization.k8s.io/v1, which every
@@ -67,9 +74,11 @@ type CheckConfig struct {
 	Done func(missing []Rule)
 	// Rules are checked (nil: Required); Backoff spaces the attempts of a
 	// check that could not be done (zero: every second, doubling up to
-	// five minutes).
+	// five minutes); Recheck the checks made again while a rule is missing
+	// (zero: after 10 seconds, doubling up to five minutes).
 	Rules   []Rule
 	Backoff wait.Backoff
+	Recheck wait.Backoff
 }
 
 // Checker is the start check: it learns the dramanager's identity on a
@@ -92,9 +101,12 @@ func NewChecker(a *Access, cfg CheckConfig) *Checker {
 	if cfg.Backoff.Duration == 0 {
 		cfg.Backoff = checkBackoff
 	}
+	if cfg.Recheck.Duration == 0 {
+		cfg.Recheck = recheckBackoff
+	}
 	c := &Checker{a: a, cfg: cfg, log: cfg.Log, gauge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "nodeplug_dramanager_kubernetes_api_permission",
-		Help: "Whether the cluster's API grants the dramanager's identity each permission it needs (1) or not (0), by verb, API group and resource[/subresource], as the start check found (none before it completes, none with the node-local API).",
+		Help: "Whether the cluster's API grants the dramanager's identity each permission it needs (1) or not (0), by verb, API group and resource[/subresource], as the last check found (none before the first completes, none with the node-local API; checked again while one is missing).",
 	}, []string{"verb", "group", "resource"})}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -105,17 +117,50 @@ func NewChecker(a *Access, cfg CheckConfig) *Checker {
 	return c
 }
 
-// Run checks once, in the background of a start: with the node-local
-// API there is nothing to check (nodeplug-apiserver grants the
-// dramanager's own certificate every verb, and serves no reviews) and
-// Done is called with none missing at once; with a cluster's, an attempt
-// that cannot be done is logged (the first time) and tried again with
-// backoff until one completes or ctx ends. It returns nil.
+// Run checks in the background of a start: with the node-local API there
+// is nothing to check (nodeplug-apiserver grants the dramanager's own
+// certificate every verb, and serves no reviews) and Done is called with
+// none missing at once; with a cluster's, an attempt that cannot be done
+// is logged (the first time) and tried again with backoff until one
+// completes. While a rule is missing, the check is made again (Recheck),
+// and an outcome that differs is reported again (logged, in the metrics,
+// Done): Run returns once nothing is missing, or when ctx ends. It returns
+// nil.
 func (c *Checker) Run(ctx context.Context) error {
 	if c.a.Local {
 		c.done(nil)
 		return nil
 	}
+	missing, ok := c.check(ctx)
+	if !ok {
+		return nil
+	}
+	c.report(missing)
+	delay := c.cfg.Recheck.DelayFunc()
+	for len(missing) > 0 {
+		t := time.NewTimer(delay())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		now, err := Missing(ctx, c.a.Client, c.cfg.Rules)
+		if err != nil {
+			c.log.Debug(LogCheckNotDone, "error", err)
+			continue
+		}
+		if !slices.Equal(now, missing) {
+			c.report(now)
+			missing = now
+		}
+	}
+	return nil
+}
+
+// check makes the check, trying again with backoff until an attempt
+// completes (ok) or ctx ends.
+func (c *Checker) check(ctx context.Context) (missing []Rule, ok bool) {
 	var warned, unnamed bool
 	_ = c.cfg.Backoff.DelayFunc().Until(ctx, true, true, func(ctx context.Context) (bool, error) {
 		if err := c.identify(ctx); err != nil && !answered(err) {
@@ -125,15 +170,15 @@ func (c *Checker) Run(ctx context.Context) error {
 			unnamed = true
 			c.log.Warn("the Kubernetes API did not say who the dramanager is: its refusals name an identity not known", "error", err)
 		}
-		missing, err := Missing(ctx, c.a.Client, c.cfg.Rules)
+		m, err := Missing(ctx, c.a.Client, c.cfg.Rules)
 		if err != nil {
 			warned = c.notDone(err, warned)
 			return false, nil
 		}
-		c.report(missing)
+		missing, ok = m, true
 		return true, nil
 	})
-	return nil
+	return missing, ok
 }
 
 // identify learns the identity (until it is known); an error the API

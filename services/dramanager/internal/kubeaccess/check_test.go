@@ -170,25 +170,34 @@ func (r *records) with(msg string) []map[string]string {
 
 var fastBackoff = wait.Backoff{Duration: time.Millisecond, Factor: 2, Cap: 4 * time.Millisecond, Steps: 3}
 
-// runCheck runs a's check to completion and returns the rules it found
-// missing.
+// runCheck runs a's check until its first outcome and returns the rules
+// it found missing; the checks made again while one is missing end with
+// it.
 func runCheck(t *testing.T, a *Access, log *records, reg prometheus.Registerer) []Rule {
 	t.Helper()
 	done := make(chan []Rule, 1)
 	c := NewChecker(a, CheckConfig{Log: slog.New(log), Registerer: reg, Backoff: fastBackoff,
-		Done: func(missing []Rule) { done <- missing }})
+		Done: func(missing []Rule) {
+			select {
+			case done <- missing:
+			default:
+			}
+		}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.Run(ctx); err != nil {
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(ctx) }()
+	var missing []Rule
+	select {
+	case missing = <-done:
+	case err := <-ran:
+		cancel()
+		t.Fatalf("Run returned (%v) before the check completed", err)
+	}
+	cancel()
+	if err := <-ran; err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case missing := <-done:
-		return missing
-	default:
-		t.Fatal("Run returned before the check completed")
-		return nil
-	}
+	return missing
 }
 
 // TestCheckFindsWhatIsMissing: against the manifest's rules the check
@@ -289,6 +298,52 @@ func TestCheckRetriesUntilDone(t *testing.T) {
 	}
 	if c := log.with(LogPermissionsChecked); len(c) != 1 || c[0]["missing"] != "0" {
 		t.Errorf("%q logged %v, want once with missing=0", LogPermissionsChecked, c)
+	}
+}
+
+// TestCheckSeesAGrantLater: while a rule is missing the check is made
+// again, so a grant made after the start (or roles an API server had not
+// loaded yet when it first answered) shows without a restart: logged,
+// in the metrics and through Done; Run then returns.
+func TestCheckSeesAGrantLater(t *testing.T) {
+	all := grants(t, readManifest(t, Manifest).role.Rules)
+	binding := Rule{Verb: "update", Group: resourceGroup, Resource: "resourceclaims", Subresource: "binding"}
+	s := startStandIn(t, slices.DeleteFunc(slices.Clone(all), func(g string) bool { return g == binding.String() }))
+	log, reg := &records{}, prometheus.NewRegistry()
+	outcomes := make(chan []Rule, 4)
+	c := NewChecker(s.open(t), CheckConfig{Log: slog.New(log), Registerer: reg, Backoff: fastBackoff, Recheck: fastBackoff,
+		Done: func(missing []Rule) { outcomes <- missing }})
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Deadline)
+	defer cancel()
+	ran := make(chan error, 1)
+	go func() { ran <- c.Run(ctx) }()
+	if first := <-outcomes; len(first) != 1 || first[0].String() != binding.String() {
+		t.Fatalf("first outcome %v, want %s missing", first, binding)
+	}
+	s.mu.Lock()
+	s.granted = all
+	s.mu.Unlock()
+	select {
+	case second := <-outcomes:
+		if len(second) != 0 {
+			t.Fatalf("after the grant: %v missing, want none", second)
+		}
+	case <-ctx.Done():
+		t.Fatal("the grant was never seen")
+	}
+	if err := <-ran; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if c := log.with(LogPermissionsChecked); len(c) != 2 || c[0]["missing"] != "1" || c[1]["missing"] != "0" {
+		t.Errorf("%q logged %v, want missing=1 then missing=0", LogPermissionsChecked, c)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := testutil.FindMetric(families, "nodeplug_dramanager_kubernetes_api_permission", map[string]string{"verb": "update", "group": resourceGroup, "resource": binding.Path()})
+	if v, ok := testutil.MetricValue(m); !ok || v != 1 {
+		t.Errorf("the granted rule's gauge: %v (found %v), want 1", v, ok)
 	}
 }
 
