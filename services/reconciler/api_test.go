@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 
@@ -298,10 +299,21 @@ func TestMetrics(t *testing.T) {
 	e.w.Created(t, bad.Path())
 	e.waitFailed(bad.Path(), 1)
 
-	families, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// An attempt is counted once it has ended, just after the plugin's
+	// state says so: the table is waited for, then checked.
+	var families []*dto.MetricFamily
+	testutil.Eventually(t, "both attempts counted", func() error {
+		var err error
+		if families, err = reg.Gather(); err != nil {
+			return err
+		}
+		for _, l := range []map[string]string{{"type": "DRAPlugin", "result": "success"}, {"type": "other", "result": "failure"}} {
+			if got, _ := gauge(families, "nodeplug_plugin_registrations_total", l); got < 1 {
+				return fmt.Errorf("nodeplug_plugin_registrations_total%v = %v", l, got)
+			}
+		}
+		return nil
+	})
 	for _, tc := range []struct {
 		name   string
 		labels map[string]string
