@@ -39,14 +39,22 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 // last error when Deadline passes.
 func Eventually(t testing.TB, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(Deadline)
+	EventuallyWithin(t, Deadline, what, cond)
+}
+
+// EventuallyWithin is Eventually with its own deadline, for a wait that
+// follows something slower than Deadline allows for (a client backing off
+// while its server restarts).
+func EventuallyWithin(t testing.TB, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
 	for {
 		err := cond()
 		if err == nil {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", Deadline, what, err)
+			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
 		}
 		time.Sleep(poll)
 	}

@@ -225,23 +225,6 @@ func (cp *controlPlane) startEtcd() {
 // attempts while it is away, and the driver's is one of them.
 const afterRestart = 3 * time.Minute
 
-// eventually polls cond until it returns nil, failing t with its last
-// error after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // waitFor polls cond until it returns nil or testutil.Deadline passes.
 func waitFor(cond func() error) error {
 	deadline := time.Now().Add(testutil.Deadline)

@@ -221,7 +221,7 @@ func TestCluster(t *testing.T) {
 		// (its informers) follows the API again.
 		more = append(twoGPUs(), gpu("gpu-2", "a100", 2, "40Gi"))
 		d.publish(more)
-		eventually(t, afterRestart, "the driver's slice with gpu-2", func() error {
+		testutil.EventuallyWithin(t, afterRestart, "the driver's slice with gpu-2", func() error {
 			l, err := n.slices(cp.admin, clusterDriver)
 			if err != nil {
 				return err
@@ -307,7 +307,7 @@ func TestCluster(t *testing.T) {
 		if err := cp.admin.ResourceV1().ResourceSlices().Delete(ctxT(t), before.Items[0].Name, metav1.DeleteOptions{}); err != nil {
 			t.Fatalf("delete slice %s: %v", before.Items[0].Name, err)
 		}
-		eventually(t, afterRestart, "the driver's new slice", func() error {
+		testutil.EventuallyWithin(t, afterRestart, "the driver's new slice", func() error {
 			l, err := n.slices(cp.admin, clusterDriver)
 			if err != nil {
 				return err
@@ -350,13 +350,13 @@ func testPermissions(t *testing.T, cp *controlPlane, class string, a *draNode) {
 	if missing := a.waitPermissionsChecked(); missing != 0 {
 		t.Fatalf("node-a, with deploy/rbac's role, lacks %d permissions:\n%s", missing, a.draProcess().Logs())
 	}
-	a.wantPermissionsHealth(healthpb.HealthCheckResponse_SERVING)
+	a.waitPermissionsHealth(healthpb.HealthCheckResponse_SERVING, testutil.Deadline)
 
 	nobody := startClusterNodeAs(t, cp, "node-p", shortDelay, "nodeplug:node-p", nil)
 	if missing := nobody.waitPermissionsChecked(); missing == 0 {
 		t.Fatal("a dramanager with no role lacks no permission, says its start check")
 	}
-	nobody.wantPermissionsHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	nobody.waitPermissionsHealth(healthpb.HealthCheckResponse_NOT_SERVING, testutil.Deadline)
 	claim := nobody.createClaim(cp.admin, class, "default", "refused")
 	_, err := nobody.draClient().PrepareResources(ctxT(t), podPrepare("pod-p-1", "default", "refused", claim.Name))
 	wantCode(t, "PrepareResources with no role", err, codes.PermissionDenied, "get", "resourceclaims", `"nodeplug:node-p"`)
@@ -392,7 +392,7 @@ func testPermissions(t *testing.T, cp *controlPlane, class string, a *draNode) {
 	if len(lines) != 1 || lines[0]["verb"] != "update" || lines[0]["resource"] != "resourceclaims/binding" {
 		t.Fatalf("the missing permission logged as %v, want update on resourceclaims/binding", lines)
 	}
-	q.wantPermissionsHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	q.waitPermissionsHealth(healthpb.HealthCheckResponse_NOT_SERVING, testutil.Deadline)
 	qd := q.startClaimsDriver(clusterDriver, twoGPUs())
 	q.waitSlices(cp.admin, clusterDriver, twoGPUs())
 	claim = q.createClaim(cp.admin, class, "default", "no-binding")
@@ -429,9 +429,9 @@ func testPermissions(t *testing.T, cp *controlPlane, class string, a *draNode) {
 	q.waitUnprepared(qd, string(claim.UID))
 }
 
-// waitPermissionsHealth waits up to timeout (the check is made again
-// after 10 s, then 20, 40…) until the permissions health service reports
-// want.
+// waitPermissionsHealth waits up to timeout until the permissions health
+// service reports want: the check logs its outcome just before it sets
+// the health, and a re-check comes after 10 s, then 20, 40…
 func (n *draNode) waitPermissionsHealth(want healthpb.HealthCheckResponse_ServingStatus, timeout time.Duration) {
 	n.t.Helper()
 	conn, err := rpcutil.DialPeer(n.dmp.Addr("dramanager"))
@@ -440,15 +440,13 @@ func (n *draNode) waitPermissionsHealth(want healthpb.HealthCheckResponse_Servin
 	}
 	defer func() { _ = conn.Close() }()
 	client := healthpb.NewHealthClient(conn)
-	var last error
-	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	testutil.EventuallyWithin(n.t, timeout, fmt.Sprintf("%s's health of %s %v", n.node, permissionsHealth, want), func() error {
 		resp, err := client.Check(ctxT(n.t), &healthpb.HealthCheckRequest{Service: permissionsHealth})
-		if err == nil && resp.GetStatus() == want {
-			return
+		if err != nil || resp.GetStatus() != want {
+			return fmt.Errorf("%v (%v)", resp.GetStatus(), err)
 		}
-		last = fmt.Errorf("%v (%v)", resp.GetStatus(), err)
-	}
-	n.t.Fatalf("%s's health of %s still %v after %s, want %v", n.node, permissionsHealth, last, timeout, want)
+		return nil
+	})
 }
 
 // waitPermissionsChecked waits for the dramanager's start check and
@@ -469,21 +467,6 @@ func (n *draNode) waitPermissionsChecked() int {
 		return nil
 	})
 	return int(missing)
-}
-
-// wantPermissionsHealth checks the dramanager's permissions health service
-// reports want.
-func (n *draNode) wantPermissionsHealth(want healthpb.HealthCheckResponse_ServingStatus) {
-	n.t.Helper()
-	conn, err := rpcutil.DialPeer(n.dmp.Addr("dramanager"))
-	if err != nil {
-		n.t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
-	resp, err := healthpb.NewHealthClient(conn).Check(ctxT(n.t), &healthpb.HealthCheckRequest{Service: permissionsHealth})
-	if err != nil || resp.GetStatus() != want {
-		n.t.Fatalf("%s's health of %s: %v (%v), want %v", n.node, permissionsHealth, resp.GetStatus(), err, want)
-	}
 }
 
 // testThreeNodes is TestCluster's second half: node-a (already running,
@@ -695,7 +678,7 @@ func checkHeld(t *testing.T, cs kubernetes.Interface, nodes []*draNode) {
 // the API lists, by name and UID.
 func (n *draNode) waitSameSlices(cs kubernetes.Interface) {
 	n.t.Helper()
-	eventually(n.t, afterRestart, "the dramanager's slices as the API's", func() error {
+	testutil.EventuallyWithin(n.t, afterRestart, "the dramanager's slices as the API's", func() error {
 		api, err := n.slices(cs, clusterDriver)
 		if err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeplug/nodeplug/services/apiserver/internal/localapi"
 )
@@ -63,6 +64,22 @@ func Start(t testing.TB, root, node string) *Server {
 // Stop ends the server and closes its store; a second Stop does nothing.
 // It must be called from the test's goroutine.
 func (s *Server) Stop() { s.stop() }
+
+// ClientFor returns a client with the identity of a kubeconfig the server
+// wrote (layout.KubeconfigFile: the drivers'; layout.IdentityKubeconfigFile:
+// another role's).
+func (s *Server) ClientFor(t testing.TB, kubeconfig string) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
+}
 
 // KubeconfigFile is the kubeconfig written for the devicemanager (the
 // internal identity); layout.KubeconfigFile is the drivers'.

@@ -8,8 +8,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
@@ -43,14 +41,7 @@ func TestRefusalIsPermissionDenied(t *testing.T) {
 			if tc.identity != "" {
 				path = layout.IdentityKubeconfigFile(root, tc.identity)
 			}
-			cfg, err := clientcmd.BuildConfigFromFlags("", path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			client, err := kubernetes.NewForConfig(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			client := api.ClientFor(t, path)
 			al, err := New(client, testNode, nil)
 			if err != nil {
 				t.Fatal(err)

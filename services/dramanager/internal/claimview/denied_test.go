@@ -7,8 +7,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
@@ -23,17 +21,9 @@ import (
 // again will not help.
 func TestRefusedListIsPermissionDenied(t *testing.T) {
 	root := testutil.TempDir(t)
-	apiservertest.Start(t, root, "node-1")
-	cfg, err := clientcmd.BuildConfigFromFlags("", layout.KubeconfigFile(root))
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := New(client, "node-1", nil, nil, WithIdentity(kubeaccess.KnownIdentity("nodeplug-driver")))
-	_, err = v.List(context.Background(), ListOptions{})
+	api := apiservertest.Start(t, root, "node-1")
+	v := New(api.ClientFor(t, layout.KubeconfigFile(root)), "node-1", nil, nil, WithIdentity(kubeaccess.KnownIdentity("nodeplug-driver")))
+	_, err := v.List(context.Background(), ListOptions{})
 	var pe *kubeaccess.PermissionError
 	if !errors.Is(err, errdefs.ErrPermissionDenied) || errors.Is(err, errdefs.ErrUnavailable) || !errors.As(err, &pe) {
 		t.Fatalf("List as the driver: %v, want PERMISSION_DENIED alone", err)
