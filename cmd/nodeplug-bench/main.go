@@ -99,7 +99,7 @@ func parseFlags() *options {
 	flag.IntVar(&o.floorRounds, "floor-rounds", 0, "rounds of nodeplug, the floor and the contract floor per kind and N in the floor phase, their median reported (default 3; -short: 1); at N ≤ 100 one run's ratio varies widely on 2 cores, and more rounds steady it")
 	flag.DurationVar(&o.journalLoop, "journal-loop", 0, "how long the durability phase's Allocate/Release loop follows the journal's size (default: 1m; -short: 1s)")
 	flag.IntVar(&o.harnessGC, "harness-gc-percent", bench.DefaultHarnessGCPercent, "the bench process's own GC percent during the allocation and durability phases, whose callers and in-process plugins it hosts (0: Go's default)")
-	flag.StringVar(&o.pprofDir, "pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory")
+	flag.StringVar(&o.pprofDir, "pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory, and one of each contract floor process over its life")
 	flag.IntVar(&o.pprofSecs, "pprof-seconds", 20, "how long the -pprof profiles run")
 	flag.StringVar(&o.baseline, "baseline", bench.DefaultBaselineFile, "compare the run's ratios with this baseline file and report those more than 25% worse (empty: don't; the default is skipped when absent)")
 	flag.StringVar(&o.writeBaseline, "write-baseline", "", "write the run's ratios to this file as a new baseline, with the date and the machine")

@@ -247,7 +247,9 @@ type runner struct {
 	rc    rcv1.ReconcilerServiceClient
 	res   *follower[*dmv1.Resource]
 	plugs *follower[*rcv1.Plugin]
-	seq   atomic.Int64
+	// unfollow ends the Watch streams res and plugs follow.
+	unfollow context.CancelFunc
+	seq      atomic.Int64
 }
 
 func (r *runner) logf(format string, args ...any) {
@@ -345,10 +347,16 @@ func (r *runner) dial(client *app.TLS, addr func(string) string, undo *cleanups)
 
 // follow checks the APIs answer, then follows the devicemanager's
 // resources and the reconciler's plugins until both Watch streams have
-// synced; undo ends the streams.
+// synced; undo ends the streams (unfollow too, and follow again resumes
+// them).
 func (r *runner) follow(ctx context.Context, undo *cleanups) error {
 	fctx, cancel := context.WithCancel(ctx)
-	undo.add(cancel)
+	if r.unfollow == nil {
+		// Whatever streams follow at the end (the floor phase ends and
+		// resumes them), undo ends them.
+		undo.add(func() { r.unfollow() })
+	}
+	r.unfollow = cancel
 	// A refused handshake or a missing role would otherwise only show as
 	// Watch streams that never sync (they resubscribe quietly).
 	if err := r.reachable(ctx); err != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,6 +53,10 @@ import (
 // command line's other arguments are the role's.
 const ContractFloorFlag = "contract-floor"
 
+// ContractPprofEnv names the file a contract floor process writes its CPU
+// profile to, from its start to its end; the bench sets it with -pprof.
+const ContractPprofEnv = "NODEPLUG_BENCH_CONTRACT_PPROF"
+
 // ContractFloor runs one role of the contract floor until ctx ends.
 // watcher: the directory, its socket. devicemanager: its socket, the
 // journal file. reconciler: the watcher's socket, the devicemanager's
@@ -59,6 +64,19 @@ const ContractFloorFlag = "contract-floor"
 // and "registered <path>" once a plugin's Notify is answered, and returns
 // at the first registration that fails.
 func ContractFloor(ctx context.Context, role string, args []string, stdout io.Writer) error {
+	if path := os.Getenv(ContractPprofEnv); path != "" {
+		// A profile of the whole life of this process, beside the
+		// services' (-pprof): what the contracts alone cost, to compare.
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if len(args) != 2 {
 		return fmt.Errorf("contract floor %s: want 2 arguments, got %d", role, len(args))
 	}
@@ -388,7 +406,7 @@ type contractFloor struct {
 
 // startContractFloor starts the contract floor on dir, with its sockets
 // and journal in work, and returns once it is ready for plugins.
-func startContractFloor(ctx context.Context, dir, work string) (*contractFloor, error) {
+func startContractFloor(ctx context.Context, dir, work, pprofDir string) (*contractFloor, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -398,6 +416,9 @@ func startContractFloor(ctx context.Context, dir, work string) (*contractFloor, 
 	var once sync.Once
 	start := func(role string, args ...string) (*exec.Cmd, error) {
 		cmd := exec.Command(self, append([]string{"-" + ContractFloorFlag, role}, args...)...)
+		if pprofDir != "" {
+			cmd.Env = append(os.Environ(), ContractPprofEnv+"="+filepath.Join(pprofDir, "contract-"+role+".cpu.pprof"))
+		}
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
 		out, err := cmd.StdoutPipe()
@@ -518,7 +539,7 @@ func (r *runner) warmContractFloor(ctx context.Context) (*warmContract, error) {
 		}
 	}
 	var err error
-	if w.cf, err = startContractFloor(ctx, w.dir, w.work); err != nil {
+	if w.cf, err = startContractFloor(ctx, w.dir, w.work, r.cfg.PprofDir); err != nil {
 		_ = w.Close()
 		return nil, err
 	}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
+
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -286,6 +288,19 @@ var floorTargets = map[string]float64{KindDevicePlugin: 1.5, KindDRA: 1.2}
 // kind of fleet, and the median ratios.
 func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 	rounds := max(r.cfg.FloorRounds, 1)
+	// The floor and the kubelet have no one watching them register, so
+	// nodeplug has none either while this phase runs: the bench's Watch
+	// streams would cost the services a message per change, and the
+	// bench, which hosts the plugins, the reading of it. The rounds wait
+	// for deregistrations by listing; the streams resume after.
+	if r.unfollow != nil {
+		r.unfollow()
+		defer func() {
+			if err := r.follow(ctx, nil); err != nil {
+				r.logf("the Watch streams did not resume after the floor phase: %v", err)
+			}
+		}()
+	}
 	warm, err := r.warmContractFloor(ctx)
 	if err != nil {
 		return nil, err
@@ -460,19 +475,42 @@ func (r *runner) round(ctx context.Context, kind string, n int, dir string, sett
 			return figs, err
 		}
 	}
-	var gone []<-chan time.Time
-	if nodeplug {
-		for _, fp := range fleet {
-			gone = append(gone, r.plugs.wait(fp.final, nil))
-		}
-	}
 	for _, fp := range fleet {
 		_ = os.Remove(fp.final)
 	}
-	for i, g := range gone {
-		if _, err := waitTime(ctx, g, fleet[i].final+" deregistered"); err != nil {
-			return figs, err
+	if nodeplug {
+		paths := make(map[string]bool, len(fleet))
+		for _, fp := range fleet {
+			paths[fp.final] = true
 		}
+		return figs, r.awaitForgotten(ctx, paths)
 	}
 	return figs, nil
+}
+
+// awaitForgotten waits until the reconciler lists none of the plugins at
+// paths, asking again every 20 ms, for at most a minute.
+func (r *runner) awaitForgotten(ctx context.Context, paths map[string]bool) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		resp, err := r.rc.ListPlugins(ctx, &rcv1.ListPluginsRequest{})
+		if err != nil {
+			return fmt.Errorf("waiting for %d plugins to be deregistered: %w", len(paths), err)
+		}
+		left := 0
+		for _, p := range resp.GetPlugins() {
+			if paths[p.GetSocketPath()] {
+				left++
+			}
+		}
+		if left == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d plugins still listed by the reconciler: %w", left, len(paths), ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

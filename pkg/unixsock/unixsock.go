@@ -144,6 +144,16 @@ func (c *Confiner) Resolve(path string) (string, error) {
 	if !c.Within(clean) {
 		return "", fmt.Errorf("endpoint %q is outside the allowed directories %v: %w", path, c.dirs, errdefs.ErrInvalidArgument)
 	}
+	// A path with no symlink in any component resolves to itself: one
+	// open that follows none settles it (as Connect's does), where
+	// EvalSymlinks would look at each component in turn.
+	if fd, err := openNoFollow(clean); err == nil {
+		_, mode, err := statx(fd, "", unix.AT_EMPTY_PATH)
+		_ = unix.Close(fd)
+		if err == nil && mode&fs.ModeSymlink == 0 {
+			return clean, nil
+		}
+	}
 	resolved, err := filepath.EvalSymlinks(clean)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {

@@ -57,7 +57,13 @@ func TestGenerationSurvivesChmodChangesOnRecreate(t *testing.T) {
 	}
 }
 
-func TestConfinerResolve(t *testing.T) {
+// TestConfinerResolve checks what Resolve accepts, and that what it
+// returns is the path with every symlink followed, whether it takes the
+// one-open way (no symlink on the path) or resolves component by
+// component (a symlinked file or directory on the way).
+func TestConfinerResolve(t *testing.T) { bothOpens(t, testConfinerResolve) }
+
+func testConfinerResolve(t *testing.T) {
 	allowed := tempDir(t)
 	outside := tempDir(t)
 	in := filepath.Join(allowed, "in.sock")
@@ -77,6 +83,20 @@ func TestConfinerResolve(t *testing.T) {
 	if err := os.Symlink(in, linkIn); err != nil {
 		t.Fatal(err)
 	}
+	sub := filepath.Join(allowed, "sub")
+	if err := os.Mkdir(sub, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	deep := filepath.Join(sub, "deep.sock")
+	l, err := net.Listen("unix", deep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dirLink := filepath.Join(allowed, "dirlink")
+	if err := os.Symlink(sub, dirLink); err != nil {
+		t.Fatal(err)
+	}
 	c, err := NewConfiner([]string{allowed})
 	if err != nil {
 		t.Fatal(err)
@@ -87,15 +107,27 @@ func TestConfinerResolve(t *testing.T) {
 	}{
 		{in, true},
 		{linkIn, true},
+		{deep, true},
+		{filepath.Join(dirLink, "deep.sock"), true},
+		{filepath.Join(allowed, ".", "sub", "deep.sock"), true},
 		{out, false},
 		{linkOut, false},
 		{filepath.Join(allowed, "..", filepath.Base(outside), "out.sock"), false},
 		{"relative.sock", false},
 		{filepath.Join(allowed, "missing.sock"), false},
 	} {
-		_, err := c.Resolve(tc.path)
+		got, err := c.Resolve(tc.path)
 		if tc.ok && err != nil {
 			t.Errorf("Resolve(%s): %v", tc.path, err)
+		}
+		if tc.ok && err == nil {
+			want, err := filepath.EvalSymlinks(tc.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != want {
+				t.Errorf("Resolve(%s) = %s, want %s", tc.path, got, want)
+			}
 		}
 		if !tc.ok && !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("Resolve(%s) = %v, want ErrInvalidArgument", tc.path, err)
