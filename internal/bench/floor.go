@@ -286,7 +286,7 @@ var floorTargets = map[string]float64{KindDevicePlugin: 1.5, KindDRA: 1.2}
 // floor measures, for each kind and each N of cfg.RegistrationNs,
 // cfg.FloorRounds rounds of nodeplug and of the floor registrar on the same
 // kind of fleet, and the median ratios.
-func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
+func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 	rounds := max(r.cfg.FloorRounds, 1)
 	// The floor and the kubelet have no one watching them register, so
 	// nodeplug has none either while this phase runs: the bench's Watch
@@ -296,8 +296,8 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 	if r.unfollow != nil {
 		r.unfollow()
 		defer func() {
-			if err := r.follow(ctx, nil); err != nil {
-				r.logf("the Watch streams did not resume after the floor phase: %v", err)
+			if ferr := r.follow(ctx, nil); ferr != nil && err == nil {
+				err = fmt.Errorf("after the floor phase: %w", ferr)
 			}
 		}()
 	}
@@ -311,7 +311,6 @@ func (r *runner) floor(ctx context.Context) ([]FloorResult, error) {
 		return nil, err
 	}
 	defer func() { _ = kubelet.Close() }()
-	var out []FloorResult
 	for _, kind := range r.cfg.floorKinds() {
 		for _, n := range r.cfg.RegistrationNs {
 			res := FloorResult{Kind: kind, N: n}
