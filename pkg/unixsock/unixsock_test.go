@@ -109,7 +109,7 @@ func testConfinerResolve(t *testing.T) {
 		{linkIn, true},
 		{deep, true},
 		{filepath.Join(dirLink, "deep.sock"), true},
-		{filepath.Join(allowed, ".", "sub", "deep.sock"), true},
+		{allowed + "/./sub//deep.sock", true}, // not clean: Resolve cleans it
 		{out, false},
 		{linkOut, false},
 		{filepath.Join(allowed, "..", filepath.Base(outside), "out.sock"), false},
