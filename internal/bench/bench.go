@@ -247,7 +247,8 @@ type runner struct {
 	rc    rcv1.ReconcilerServiceClient
 	res   *follower[*dmv1.Resource]
 	plugs *follower[*rcv1.Plugin]
-	// unfollow ends the Watch streams res and plugs follow.
+	// unfollow ends the Watch streams res and plugs follow; it does
+	// nothing before follow.
 	unfollow context.CancelFunc
 	seq      atomic.Int64
 }
@@ -315,11 +316,14 @@ func start(ctx context.Context, cfg Config, undo *cleanups) (*runner, error) {
 	if err := st.StartAll(ctx); err != nil {
 		return nil, err
 	}
-	r := &runner{cfg: cfg, root: root, st: st}
+	r := &runner{cfg: cfg, root: root, st: st, unfollow: func() {}}
 	if err := r.dial(client, addr, undo); err != nil {
 		return nil, err
 	}
-	if err := r.follow(ctx, undo); err != nil {
+	// The streams followed at the end (the floor phase ends them and
+	// follows anew) are ended with the rest.
+	undo.add(func() { r.unfollow() })
+	if err := r.follow(ctx); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -347,15 +351,9 @@ func (r *runner) dial(client *app.TLS, addr func(string) string, undo *cleanups)
 
 // follow checks the APIs answer, then follows the devicemanager's
 // resources and the reconciler's plugins until both Watch streams have
-// synced; undo ends the streams (unfollow too, and follow again resumes
-// them).
-func (r *runner) follow(ctx context.Context, undo *cleanups) error {
+// synced; unfollow ends the streams, and follow again opens new ones.
+func (r *runner) follow(ctx context.Context) error {
 	fctx, cancel := context.WithCancel(ctx)
-	if r.unfollow == nil {
-		// Whatever streams follow at the end (the floor phase ends and
-		// resumes them), undo ends them.
-		undo.add(func() { r.unfollow() })
-	}
 	r.unfollow = cancel
 	// A refused handshake or a missing role would otherwise only show as
 	// Watch streams that never sync (they resubscribe quietly).

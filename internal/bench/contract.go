@@ -112,7 +112,12 @@ func serveUntil(ctx context.Context, socket string, register func(*grpc.Server))
 		<-ctx.Done()
 		s.Stop()
 	}()
-	return s.Serve(l)
+	// A stop that comes before Serve starts makes it return
+	// ErrServerStopped: the same end as a stop after.
+	if err := s.Serve(l); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
 }
 
 // contractWatcher streams the sockets created in dir, and their removal.

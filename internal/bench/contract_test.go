@@ -6,9 +6,12 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
@@ -42,19 +45,51 @@ func TestContractFloorProfile(t *testing.T) {
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatalf("contract floor watcher: %v", err)
 	}
-	// A CPU profile is a gzipped protobuf; what pprof reads of it is
-	// the profiler's, not this test's to check.
-	f, err := os.Open(prof)
+	checkProfile(t, prof)
+}
+
+// TestFloorProfiles runs the floor phase with -pprof, as one would to
+// compare the services with the contract floor: each of the contract
+// floor's processes and each service leaves a CPU profile.
+func TestFloorProfiles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the services")
+	}
+	bin := binaries(t)
+	dir := testutil.TempDir(t)
+	profiles := filepath.Join(dir, "pprof")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "nodeplug-bench"), "-phases", "floor", "-kinds", kindSlug(KindDRA),
+		"-registration-n", "1", "-floor-rounds", "1", "-kubelet-harness", "off", "-json", "", "-baseline", "",
+		"-root-dir", filepath.Join(dir, "root"), "-pprof", profiles, "-pprof-seconds", "1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nodeplug-bench -phases floor -pprof: %v\n%s", err, out)
+	}
+	for _, role := range []string{"watcher", "reconciler", "devicemanager"} {
+		checkProfile(t, filepath.Join(profiles, "contract-"+role+".cpu.pprof"))
+	}
+	for _, s := range stack.Services {
+		checkProfile(t, filepath.Join(profiles, s+".cpu.pprof"))
+	}
+}
+
+// checkProfile fails t unless path holds a CPU profile as pprof writes
+// one: a gzipped protobuf (what pprof reads of it is the profiler's, not
+// these tests', to check).
+func checkProfile(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatalf("no profile written: %v", err)
 	}
 	defer f.Close()
 	zr, err := gzip.NewReader(f)
 	if err != nil {
-		t.Fatalf("the profile is not gzipped: %v", err)
+		t.Fatalf("%s is not gzipped: %v", path, err)
 	}
 	data, err := io.ReadAll(zr)
 	if err != nil || len(data) == 0 {
-		t.Fatalf("the profile is empty or damaged: %d bytes, %v", len(data), err)
+		t.Fatalf("%s is empty or damaged: %d bytes, %v", path, len(data), err)
 	}
 }

@@ -11,8 +11,6 @@ import (
 	"sync"
 	"time"
 
-	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
-
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -20,6 +18,7 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
 	"github.com/nodeplug/nodeplug/internal/sampleplugin"
+	rcv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/reconciler/v1"
 	"github.com/nodeplug/nodeplug/pkg/layout"
 	"github.com/nodeplug/nodeplug/pkg/testplugin"
 )
@@ -293,14 +292,12 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 	// streams would cost the services a message per change, and the
 	// bench, which hosts the plugins, the reading of it. The rounds wait
 	// for deregistrations by listing; the streams resume after.
-	if r.unfollow != nil {
-		r.unfollow()
-		defer func() {
-			if ferr := r.follow(ctx, nil); ferr != nil && err == nil {
-				err = fmt.Errorf("after the floor phase: %w", ferr)
-			}
-		}()
-	}
+	r.unfollow()
+	defer func() {
+		if ferr := r.follow(ctx); ferr != nil && err == nil {
+			err = fmt.Errorf("after the floor phase: %w", ferr)
+		}
+	}()
 	warm, err := r.warmContractFloor(ctx)
 	if err != nil {
 		return nil, err

@@ -7,8 +7,6 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -162,22 +160,20 @@ func (c *Confiner) open(path string) (int, string, Identity, error) {
 		fd, resolved, id, _, err := identified(fd, path)
 		return fd, resolved, id, err
 	}
+	clean, err := c.checkName(path)
+	if err != nil {
+		return -1, "", Identity{}, err
+	}
 	// A path with no symlink in it is inside by its name: one open that
 	// follows no symlink settles it, with no resolution first.
-	if clean := filepath.Clean(path); filepath.IsAbs(path) && !slices.Contains(strings.Split(path, "/"), "..") && c.Within(clean) {
-		if fd, err := openNoFollow(clean); err == nil {
-			fd, resolved, id, mode, err := identified(fd, clean)
-			if err != nil || mode&fs.ModeSymlink == 0 {
-				return fd, resolved, id, err
-			}
-			_ = unix.Close(fd) // a symlink: resolved below
-		}
+	if fd, id, plain, err := openPlain(clean); plain {
+		return fd, clean, id, err
 	}
 	// A symlink on the way, or nothing there: resolve, then open the
 	// resolved path the same way.
 	var changed error
 	for range 2 {
-		resolved, err := c.Resolve(path)
+		resolved, err := c.evalInside(path, clean)
 		if err != nil {
 			return -1, "", Identity{}, err
 		}
@@ -201,6 +197,28 @@ func (c *Confiner) open(path string) (int, string, Identity, error) {
 		changed = err
 	}
 	return -1, "", Identity{}, fmt.Errorf("endpoint %s keeps changing while it is checked: %w: %w", bounds.Quote(path), changed, errdefs.ErrInvalidArgument)
+}
+
+// openPlain opens clean, a checked name (checkName), when no component of
+// it is a symlink, following none: the file held is the one at that name,
+// and the name is its resolution. plain is false, with nothing open and no
+// error, when a symlink is on the way or nothing is there; the caller then
+// resolves the path. An error (with plain) is the identity's that could
+// not be read.
+func openPlain(clean string) (fd int, id Identity, plain bool, err error) {
+	fd, err = openNoFollow(clean)
+	if err != nil {
+		return -1, Identity{}, false, nil
+	}
+	fd, _, id, mode, err := identified(fd, clean)
+	if err != nil {
+		return -1, Identity{}, true, err
+	}
+	if mode&fs.ModeSymlink != 0 {
+		_ = unix.Close(fd)
+		return -1, Identity{}, false, nil
+	}
+	return fd, id, true, nil
 }
 
 // testHookResolved, when set (by tests only), runs between the check of a

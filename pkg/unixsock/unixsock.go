@@ -132,6 +132,24 @@ func (c *Confiner) Within(p string) bool {
 // (following symlinks) inside an allowed directory. It returns the resolved
 // path. Errors wrap errdefs.ErrInvalidArgument.
 func (c *Confiner) Resolve(path string) (string, error) {
+	clean, err := c.checkName(path)
+	if err != nil {
+		return "", err
+	}
+	// A path with no symlink in any component resolves to itself: one
+	// open that follows none settles it, where EvalSymlinks would look at
+	// each component in turn.
+	if fd, _, plain, err := openPlain(clean); plain && err == nil {
+		_ = unix.Close(fd)
+		return clean, nil
+	}
+	return c.evalInside(path, clean)
+}
+
+// checkName is what Resolve checks of path by its name alone: absolute, no
+// ".." component, inside an allowed directory once cleaned. It returns the
+// clean path.
+func (c *Confiner) checkName(path string) (string, error) {
 	if !filepath.IsAbs(path) {
 		return "", fmt.Errorf("endpoint %q is not an absolute path: %w", path, errdefs.ErrInvalidArgument)
 	}
@@ -144,16 +162,12 @@ func (c *Confiner) Resolve(path string) (string, error) {
 	if !c.Within(clean) {
 		return "", fmt.Errorf("endpoint %q is outside the allowed directories %v: %w", path, c.dirs, errdefs.ErrInvalidArgument)
 	}
-	// A path with no symlink in any component resolves to itself: one
-	// open that follows none settles it (as Connect's does), where
-	// EvalSymlinks would look at each component in turn.
-	if fd, err := openNoFollow(clean); err == nil {
-		_, mode, err := statx(fd, "", unix.AT_EMPTY_PATH)
-		_ = unix.Close(fd)
-		if err == nil && mode&fs.ModeSymlink == 0 {
-			return clean, nil
-		}
-	}
+	return clean, nil
+}
+
+// evalInside resolves clean, path's checked name, symlinks followed, and
+// checks the result is inside an allowed directory.
+func (c *Confiner) evalInside(path, clean string) (string, error) {
 	resolved, err := filepath.EvalSymlinks(clean)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
