@@ -113,6 +113,7 @@ func TestClaimsAndStatus(t *testing.T) {
 	root := testutil.TempDir(t)
 	startAPI(t, root, "")
 	ctx := context.Background()
+	createNamespace(t, clientFor(t, root, Operator), "ns")
 	op := clientFor(t, root, Operator).ResourceV1().ResourceClaims("ns")
 	drv := clientFor(t, root, Driver).ResourceV1().ResourceClaims("ns")
 	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{GenerateName: "c-"},

@@ -86,6 +86,7 @@ func TestRestartLosesNothing(t *testing.T) {
 			Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpu.example.com"},
 		}}}},
 	}
+	createNamespace(t, clientFor(t, root, Operator), "ns")
 	if _, err := clientFor(t, root, Operator).ResourceV1().ResourceClaims("ns").Create(ctx, claim, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

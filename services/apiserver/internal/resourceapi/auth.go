@@ -19,7 +19,9 @@ const (
 	RoleDriver = "nodeplug:driver"
 	// RoleReader: get, list and watch of every kind.
 	RoleReader = "nodeplug:reader"
-	// RoleOperator: reader, and claims and DeviceClasses written.
+	// RoleOperator: reader, and every kind but ResourceSlices written:
+	// Namespaces, Pods, Events, ResourceClaims, ResourceClaimTemplates,
+	// DeviceClasses and DeviceTaintRules.
 	RoleOperator = "nodeplug:operator"
 	// RoleInternal: everything; the devicemanager's own certificate.
 	RoleInternal = "nodeplug:internal"
@@ -55,7 +57,7 @@ func allowed(u user, verb string, k *kind, subresource string) bool {
 	if read && (u.has(RoleReader) || u.has(RoleOperator)) {
 		return true
 	}
-	if u.has(RoleOperator) && (k == kindClaim || k == kindClass) {
+	if u.has(RoleOperator) && k != kindSlice && k.writable {
 		return true
 	}
 	if !u.has(RoleDriver) {

@@ -61,6 +61,9 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request, req request) err
 		return err
 	}
 	k := req.kind
+	if k == kindNamespace {
+		return s.deleteNamespace(w, req, opts)
+	}
 	out, err := s.store.mutate(k, key(req.namespace, req.name), func(old runtime.Object) (runtime.Object, error) {
 		if old == nil {
 			return nil, apierrors.NewNotFound(k.groupResource(), req.name)

@@ -39,7 +39,7 @@ func (s *Server) serveDiscovery(w http.ResponseWriter, r *http.Request) {
 			ServerAddressByClientCIDRs: []metav1.ServerAddressByClientCIDR{{ClientCIDR: "0.0.0.0/0", ServerAddress: r.Host}},
 		}
 	case "api/v1":
-		obj = resourceList("v1", kindNode)
+		obj = resourceList("v1", coreKinds...)
 	case "apis":
 		obj = &metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}, Groups: []metav1.APIGroup{resourceGroup()}}
 	case "apis/resource.k8s.io":
@@ -47,7 +47,7 @@ func (s *Server) serveDiscovery(w http.ResponseWriter, r *http.Request) {
 		g.TypeMeta = metav1.TypeMeta{Kind: "APIGroup", APIVersion: "v1"}
 		obj = &g
 	case "apis/resource.k8s.io/v1":
-		obj = resourceList(kindSlice.gvk.GroupVersion().String(), kindSlice, kindClaim, kindClass)
+		obj = resourceList(kindSlice.gvk.GroupVersion().String(), resourceKinds...)
 	}
 	s.writeObject(w, http.StatusOK, obj)
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -152,6 +154,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, req request) err
 			return err
 		}
 		out, err := s.store.mutate(req.kind, key(m.GetNamespace(), m.GetName()), func(old runtime.Object) (runtime.Object, error) {
+			if err := s.store.namespaceAdmitsLocked(req.kind, m.GetNamespace()); err != nil {
+				return nil, err
+			}
 			if old != nil {
 				return nil, apierrors.NewAlreadyExists(req.kind.groupResource(), m.GetName())
 			}
@@ -162,6 +167,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, req request) err
 		}
 		if err != nil {
 			return err
+		}
+		if req.kind == kindEvent && s.store.count(kindEvent) > s.store.Limits().MaxEvents {
+			s.expireEvents(time.Now())
 		}
 		s.writeObject(w, http.StatusCreated, out)
 		return nil
@@ -209,8 +217,15 @@ func prepareCreate(obj runtime.Object) {
 	m.SetDeletionTimestamp(nil)
 	m.SetDeletionGracePeriodSeconds(nil)
 	m.SetManagedFields(nil)
-	if c, ok := obj.(*resourcev1.ResourceClaim); ok {
-		c.Status = resourcev1.ResourceClaimStatus{}
+	switch o := obj.(type) {
+	case *resourcev1.ResourceClaim:
+		o.Status = resourcev1.ResourceClaimStatus{}
+	case *resourcev1.DeviceTaintRule:
+		o.Status = resourcev1.DeviceTaintRuleStatus{}
+	case *corev1.Pod:
+		o.Status = corev1.PodStatus{Phase: corev1.PodPending}
+	case *corev1.Namespace:
+		o.Status = corev1.NamespaceStatus{Phase: corev1.NamespaceActive}
 	}
 	applyDefaults(obj)
 }
@@ -290,18 +305,16 @@ func (s *Server) replace(w http.ResponseWriter, req request, next func(old runti
 // status: a status write takes only the status, a main write keeps the
 // stored status. The generation grows when the spec changes.
 func prepareUpdate(subresource string, obj, old runtime.Object) runtime.Object {
-	if oc, ok := old.(*resourcev1.ResourceClaim); ok {
-		nc := obj.(*resourcev1.ResourceClaim)
-		if subresource == "status" {
-			out := oc.DeepCopy()
-			out.Status = nc.Status
-			out.ResourceVersion = nc.ResourceVersion
-			return out
-		}
-		nc.Status = oc.Status
-	}
 	om, _ := meta.Accessor(old)
 	nm, _ := meta.Accessor(obj)
+	if subresource == "status" {
+		out := old.DeepCopyObject()
+		copyStatus(out, obj)
+		m, _ := meta.Accessor(out)
+		m.SetResourceVersion(nm.GetResourceVersion())
+		return out
+	}
+	copyStatus(obj, old)
 	nm.SetUID(om.GetUID())
 	nm.SetCreationTimestamp(om.GetCreationTimestamp())
 	nm.SetNamespace(om.GetNamespace())
@@ -325,8 +338,32 @@ func specOf(obj runtime.Object) any {
 		return o.Spec
 	case *resourcev1.DeviceClass:
 		return o.Spec
+	case *resourcev1.ResourceClaimTemplate:
+		return o.Spec
+	case *resourcev1.DeviceTaintRule:
+		return o.Spec
+	case *corev1.Pod:
+		return o.Spec
+	case *corev1.Namespace:
+		return o.Spec
 	}
 	return nil
+}
+
+// copyStatus sets dst's status to src's, for the kinds with a status
+// subresource (dst and src of the same kind): a status write changes only
+// the status, a write of the object keeps the stored one.
+func copyStatus(dst, src runtime.Object) {
+	switch d := dst.(type) {
+	case *resourcev1.ResourceClaim:
+		d.Status = *src.(*resourcev1.ResourceClaim).Status.DeepCopy()
+	case *resourcev1.DeviceTaintRule:
+		d.Status = *src.(*resourcev1.DeviceTaintRule).Status.DeepCopy()
+	case *corev1.Pod:
+		d.Status = *src.(*corev1.Pod).Status.DeepCopy()
+	case *corev1.Namespace:
+		d.Status = *src.(*corev1.Namespace).Status.DeepCopy()
+	}
 }
 
 // unchanged compares two versions of an object, ignoring the

@@ -60,6 +60,10 @@ type Limits struct {
 	// more is 429 TooManyRequests.
 	MaxWatches          int
 	MaxWatchesPerCaller int
+	// EventTTL is how long an Event is kept after it last occurred;
+	// MaxEvents how many are kept at most, the oldest going first.
+	EventTTL  time.Duration
+	MaxEvents int
 }
 
 // WithDefaults returns l with its zero fields set to the defaults.
@@ -83,6 +87,10 @@ func (l Limits) WithDefaults() Limits {
 	set64(&l.WatchBufferBytes, DefaultWatchBufferBytes)
 	set(&l.MaxWatches, DefaultMaxWatches)
 	set(&l.MaxWatchesPerCaller, DefaultMaxWatchesPerCaller)
+	if l.EventTTL <= 0 {
+		l.EventTTL = DefaultEventTTL
+	}
+	set(&l.MaxEvents, DefaultMaxEvents)
 	return l
 }
 

@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
-// scheme holds the only types the API serves: core v1 (Node), resource.k8s.io
-// v1 and the meta types (Status, WatchEvent, discovery lists). Objects are
+// scheme holds the only types the API serves: core v1 (Node, Namespace,
+// Pod, Event), resource.k8s.io v1 and the meta types (Status, WatchEvent, discovery lists). Objects are
 // encoded and decoded by its codecs only.
 var (
 	scheme = runtime.NewScheme()
@@ -56,6 +56,17 @@ type kind struct {
 	validate func(obj, old runtime.Object) field.ErrorList
 	// writable is false for the Node, which only the API itself creates.
 	writable bool
+	// maxBytes bounds an object of this kind as stored, below
+	// MaxObjectBytes (0: MaxObjectBytes).
+	maxBytes int
+}
+
+// objectLimit is the most an object of k may weigh, encoded.
+func (k *kind) objectLimit() int {
+	if k.maxBytes > 0 {
+		return k.maxBytes
+	}
+	return MaxObjectBytes
 }
 
 var (
@@ -111,7 +122,61 @@ var (
 			return fields.Set{"metadata.name": o.(*corev1.Node).Name}
 		},
 	}
-	allKinds = []*kind{kindSlice, kindClaim, kindClass, kindNode}
+	kindClaimTemplate = &kind{
+		gvk: resourcev1.SchemeGroupVersion.WithKind("ResourceClaimTemplate"), resource: "resourceclaimtemplates", singular: "resourceclaimtemplate",
+		namespaced: true, verbs: verbsRW, writable: true,
+		newObj:  func() runtime.Object { return &resourcev1.ResourceClaimTemplate{} },
+		newList: func() runtime.Object { return &resourcev1.ResourceClaimTemplateList{} },
+		fields: func(o runtime.Object) fields.Set {
+			t := o.(*resourcev1.ResourceClaimTemplate)
+			return fields.Set{"metadata.name": t.Name, "metadata.namespace": t.Namespace}
+		},
+		validate: validateClaimTemplate,
+	}
+	kindTaintRule = &kind{
+		gvk: resourcev1.SchemeGroupVersion.WithKind("DeviceTaintRule"), resource: "devicetaintrules", singular: "devicetaintrule",
+		hasStatus: true, verbs: verbsRW, writable: true,
+		newObj:  func() runtime.Object { return &resourcev1.DeviceTaintRule{} },
+		newList: func() runtime.Object { return &resourcev1.DeviceTaintRuleList{} },
+		fields: func(o runtime.Object) fields.Set {
+			return fields.Set{"metadata.name": o.(*resourcev1.DeviceTaintRule).Name}
+		},
+		validate: validateTaintRule,
+	}
+	kindNamespace = &kind{
+		gvk: corev1.SchemeGroupVersion.WithKind("Namespace"), resource: "namespaces", singular: "namespace",
+		shortNames: []string{"ns"}, hasStatus: true, writable: true,
+		verbs:   []string{"create", "delete", "get", "list", "patch", "update", "watch"},
+		newObj:  func() runtime.Object { return &corev1.Namespace{} },
+		newList: func() runtime.Object { return &corev1.NamespaceList{} },
+		fields: func(o runtime.Object) fields.Set {
+			n := o.(*corev1.Namespace)
+			return fields.Set{"metadata.name": n.Name, "status.phase": string(n.Status.Phase)}
+		},
+		validate: validateNamespace,
+	}
+	kindPod = &kind{
+		gvk: corev1.SchemeGroupVersion.WithKind("Pod"), resource: "pods", singular: "pod",
+		namespaced: true, hasStatus: true, shortNames: []string{"po"}, verbs: verbsRW, writable: true,
+		newObj:   func() runtime.Object { return &corev1.Pod{} },
+		newList:  func() runtime.Object { return &corev1.PodList{} },
+		fields:   podFields,
+		validate: validatePod,
+	}
+	kindEvent = &kind{
+		gvk: corev1.SchemeGroupVersion.WithKind("Event"), resource: "events", singular: "event",
+		namespaced: true, shortNames: []string{"ev"}, verbs: verbsRW, writable: true,
+		newObj:   func() runtime.Object { return &corev1.Event{} },
+		newList:  func() runtime.Object { return &corev1.EventList{} },
+		fields:   eventFields,
+		validate: validateEvent,
+		maxBytes: MaxEventBytes,
+	}
+	allKinds = []*kind{kindSlice, kindClaim, kindClass, kindClaimTemplate, kindTaintRule, kindNode, kindNamespace, kindPod, kindEvent}
+	// coreKinds and resourceKinds are the kinds of /api/v1 and of
+	// /apis/resource.k8s.io/v1, in discovery's order.
+	coreKinds     = []*kind{kindNamespace, kindNode, kindPod, kindEvent}
+	resourceKinds = []*kind{kindSlice, kindClaim, kindClass, kindClaimTemplate, kindTaintRule}
 )
 
 func nodeNameOf(s *resourcev1.ResourceSlice) string {

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -68,6 +69,9 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, store: cfg.Store, log: cfg.Log, node: cfg.NodeName,
 		metrics: newMetrics(cfg.Registerer, cfg.Store), watches: newWatchSlots(cfg.Store.Limits())}
+	if err := s.ensureNamespaces(); err != nil {
+		return nil, err
+	}
 	if err := s.ensureNode(); err != nil {
 		return nil, err
 	}
@@ -229,7 +233,7 @@ func (s *Server) serveResource(w http.ResponseWriter, r *http.Request, req reque
 	if !allowed(req.user, req.verb, req.kind, req.subresource) {
 		return forbidden(req.user, req.verb, req.kind, req.name, "not allowed for its role")
 	}
-	if !req.kind.writable && !isRead(req.verb) {
+	if (!req.kind.writable && !isRead(req.verb)) || !slices.Contains(req.kind.verbs, req.verb) {
 		return apierrors.NewMethodNotSupported(req.kind.groupResource(), req.verb)
 	}
 	switch req.verb {
@@ -385,6 +389,7 @@ func (s *Server) expire(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		s.expireEvents(time.Now())
 		if dropped := s.store.Expire(time.Now()); dropped >= giveBackAfter {
 			before, after := memory.Release()
 			s.log.Info("resource API watch history expired; memory returned to the OS", "dropped_bytes", dropped,

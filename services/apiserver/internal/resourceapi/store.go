@@ -133,6 +133,13 @@ func (s *Store) ResourceVersion() uint64 {
 	return s.rv
 }
 
+// count is how many objects of k are stored.
+func (s *Store) count(k *kind) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.objs[k])
+}
+
 // get returns the stored object (not to be modified) or nil.
 func (s *Store) get(k *kind, key string) runtime.Object {
 	s.mu.RLock()
@@ -207,9 +214,9 @@ func (s *Store) mutateLocked(k *kind, key string, fn func(old runtime.Object) (r
 	if err != nil {
 		return nil, nil, err
 	}
-	if ev.typ != watch.Deleted && len(data) > MaxObjectBytes {
+	if limit := k.objectLimit(); ev.typ != watch.Deleted && len(data) > limit {
 		return nil, nil, apierrors.NewRequestEntityTooLargeError(fmt.Sprintf(
-			"the %s %s is %d bytes encoded; the node-local API stores objects of at most %d bytes (1.5 MiB)", k.gvk.Kind, key, len(data), MaxObjectBytes))
+			"the %s %s is %d bytes encoded; the node-local API stores %ss of at most %d bytes", k.gvk.Kind, key, len(data), k.gvk.Kind, limit))
 	}
 	if err := s.commit(k, key, rv, data, ev.typ == watch.Deleted); err != nil {
 		return nil, nil, err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -195,18 +196,31 @@ func validateAttribute(a resourcev1.DeviceAttribute, p *field.Path) field.ErrorL
 	return nil
 }
 
-// validateClaim: requests named by unique DNS labels, each with exactly
-// one of exactly / firstAvailable, a device class and a sound count. The
-// spec may not change after creation.
+// validateClaim: a sound claim spec (validateClaimSpec), which may not
+// change after creation, and a bounded reservedFor.
 func validateClaim(obj, old runtime.Object) field.ErrorList {
 	c := obj.(*resourcev1.ResourceClaim)
-	p := field.NewPath("spec", "devices", "requests")
+	errs := validateClaimSpec(&c.Spec, field.NewPath("spec"))
+	if o, ok := old.(*resourcev1.ResourceClaim); ok && !apiequality.Semantic.DeepEqual(o.Spec, c.Spec) {
+		errs = append(errs, field.Invalid(field.NewPath("spec"), "", "field is immutable"))
+	}
+	if n := len(c.Status.ReservedFor); n > resourcev1.ResourceClaimReservedForMaxSize {
+		errs = append(errs, field.TooMany(field.NewPath("status", "reservedFor"), n, resourcev1.ResourceClaimReservedForMaxSize))
+	}
+	return errs
+}
+
+// validateClaimSpec: requests named by unique DNS labels, each with
+// exactly one of exactly / firstAvailable, a device class and a sound
+// count.
+func validateClaimSpec(spec *resourcev1.ResourceClaimSpec, at *field.Path) field.ErrorList {
+	p := at.Child("devices", "requests")
 	var errs field.ErrorList
-	if n := len(c.Spec.Devices.Requests); n > resourcev1.DeviceRequestsMaxSize {
+	if n := len(spec.Devices.Requests); n > resourcev1.DeviceRequestsMaxSize {
 		errs = append(errs, field.TooMany(p, n, resourcev1.DeviceRequestsMaxSize))
 	}
 	seen := map[string]bool{}
-	for i, r := range c.Spec.Devices.Requests {
+	for i, r := range spec.Devices.Requests {
 		rp := p.Index(i)
 		errs = append(errs, validateRequestName(r.Name, seen, rp.Child("name"))...)
 		switch {
@@ -226,12 +240,6 @@ func validateClaim(obj, old runtime.Object) field.ErrorList {
 				errs = append(errs, validateCount(sr.DeviceClassName, sr.AllocationMode, sr.Count, sp)...)
 			}
 		}
-	}
-	if o, ok := old.(*resourcev1.ResourceClaim); ok && !apiequality.Semantic.DeepEqual(o.Spec, c.Spec) {
-		errs = append(errs, field.Invalid(field.NewPath("spec"), "", "field is immutable"))
-	}
-	if n := len(c.Status.ReservedFor); n > resourcev1.ResourceClaimReservedForMaxSize {
-		errs = append(errs, field.TooMany(field.NewPath("status", "reservedFor"), n, resourcev1.ResourceClaimReservedForMaxSize))
 	}
 	return errs
 }
@@ -294,12 +302,24 @@ func validateClass(obj, _ runtime.Object) field.ErrorList {
 }
 
 // applyDefaults sets what the API server defaults: a request's
-// allocation mode (ExactCount) and count (1).
+// allocation mode (ExactCount) and count (1), in a claim and a claim
+// template; a Pod's fields (defaultPod); a Namespace's finalizer.
 func applyDefaults(obj runtime.Object) {
-	c, ok := obj.(*resourcev1.ResourceClaim)
-	if !ok {
-		return
+	switch o := obj.(type) {
+	case *resourcev1.ResourceClaim:
+		defaultClaimSpec(&o.Spec)
+	case *resourcev1.ResourceClaimTemplate:
+		defaultClaimSpec(&o.Spec.Spec)
+	case *corev1.Pod:
+		defaultPod(o)
+	case *corev1.Namespace:
+		if len(o.Spec.Finalizers) == 0 {
+			o.Spec.Finalizers = []corev1.FinalizerName{corev1.FinalizerKubernetes}
+		}
 	}
+}
+
+func defaultClaimSpec(spec *resourcev1.ResourceClaimSpec) {
 	def := func(mode *resourcev1.DeviceAllocationMode, count *int64) {
 		if *mode == "" {
 			*mode = resourcev1.DeviceAllocationModeExactCount
@@ -308,8 +328,8 @@ func applyDefaults(obj runtime.Object) {
 			*count = 1
 		}
 	}
-	for i := range c.Spec.Devices.Requests {
-		r := &c.Spec.Devices.Requests[i]
+	for i := range spec.Devices.Requests {
+		r := &spec.Devices.Requests[i]
 		if r.Exactly != nil {
 			def(&r.Exactly.AllocationMode, &r.Exactly.Count)
 		}
