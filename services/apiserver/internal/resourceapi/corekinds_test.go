@@ -384,3 +384,33 @@ func TestEventsAreBounded(t *testing.T) {
 		t.Fatalf("event about another namespace's object: %v, want 422", err)
 	}
 }
+
+// TestAdminAccessNeedsTheNamespaceLabel: a claim or template asking for
+// admin access is created only in a namespace labelled for it.
+func TestAdminAccessNeedsTheNamespaceLabel(t *testing.T) {
+	a := startAPI(t, Limits{})
+	op := a.client("op", RoleOperator)
+	ctx := context.Background()
+	createNS(t, op, "admins", map[string]string{resourcev1.DRAAdminNamespaceLabelKey: "true"})
+	admin := func(ns string) *resourcev1.ResourceClaimTemplate {
+		tpl := testTemplate(ns, "admin")
+		tpl.Spec.Spec.Devices.Requests[0].Exactly.AdminAccess = ptr.To(true)
+		return tpl
+	}
+	_, err := op.ResourceV1().ResourceClaimTemplates("default").Create(ctx, admin("default"), metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.spec.devices.requests[0].exactly.adminAccess") ||
+		!strings.Contains(err.Error(), resourcev1.DRAAdminNamespaceLabelKey) {
+		t.Fatalf("admin template in an unlabelled namespace: %v, want 422", err)
+	}
+	if _, err := op.ResourceV1().ResourceClaimTemplates("admins").Create(ctx, admin("admins"), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("admin template in a labelled namespace: %v", err)
+	}
+	claim := &resourcev1.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default"}, Spec: admin("default").Spec.Spec}
+	if _, err := op.ResourceV1().ResourceClaims("default").Create(ctx, claim, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
+		t.Fatalf("admin claim in an unlabelled namespace: %v, want 422", err)
+	}
+	claim.Namespace = "admins"
+	if _, err := op.ResourceV1().ResourceClaims("admins").Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("admin claim in a labelled namespace: %v", err)
+	}
+}

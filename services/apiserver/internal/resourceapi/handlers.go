@@ -157,6 +157,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, req request) err
 			if err := s.store.namespaceAdmitsLocked(req.kind, m.GetNamespace()); err != nil {
 				return nil, err
 			}
+			if err := s.store.adminAccessAdmitsLocked(req.kind, obj); err != nil {
+				return nil, err
+			}
 			if old != nil {
 				return nil, apierrors.NewAlreadyExists(req.kind.groupResource(), m.GetName())
 			}

@@ -6,11 +6,14 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 
 	"github.com/google/uuid"
 )
@@ -136,4 +139,37 @@ func (s *Server) finishNamespace(name string) error {
 		return nil, nil
 	})
 	return err
+}
+
+// adminAccessAdmitsLocked is kube-apiserver's check of a claim or claim
+// template asking for admin access to devices: its namespace must carry
+// the label resource.kubernetes.io/admin-access=true (422 otherwise,
+// naming each request). The caller holds s.mu.
+func (s *Store) adminAccessAdmitsLocked(k *kind, obj runtime.Object) error {
+	var spec *resourcev1.ResourceClaimSpec
+	var at *field.Path
+	switch o := obj.(type) {
+	case *resourcev1.ResourceClaim:
+		spec, at = &o.Spec, field.NewPath("spec")
+	case *resourcev1.ResourceClaimTemplate:
+		spec, at = &o.Spec.Spec, field.NewPath("spec", "spec")
+	default:
+		return nil
+	}
+	m, _ := meta.Accessor(obj)
+	if o, ok := s.objs[kindNamespace][m.GetNamespace()]; ok && o.(*corev1.Namespace).Labels[resourcev1.DRAAdminNamespaceLabelKey] == "true" {
+		return nil
+	}
+	const why = "admin access to devices requires the `" + resourcev1.DRAAdminNamespaceLabelKey + ": true` label on the containing namespace"
+	var errs field.ErrorList
+	for i, r := range spec.Devices.Requests {
+		rp := at.Child("devices", "requests").Index(i)
+		if r.Exactly != nil && ptr.Deref(r.Exactly.AdminAccess, false) {
+			errs = append(errs, field.Forbidden(rp.Child("exactly", "adminAccess"), why))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return apierrors.NewInvalid(k.gvk.GroupKind(), m.GetName(), errs)
 }
