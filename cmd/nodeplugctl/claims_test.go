@@ -5,14 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
-	resourcev1 "k8s.io/api/resource/v1"
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 )
@@ -95,80 +92,6 @@ func TestParsePrepare(t *testing.T) {
 	}
 }
 
-func TestDecodeObjects(t *testing.T) {
-	objs, err := decodeObjects([]byte(`apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata:
-  name: gpu
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "gpu.example.com"
----
-# a comment only
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: gpu-claim
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu
-        count: 2
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(objs) != 2 {
-		t.Fatalf("%d objects, want 2", len(objs))
-	}
-	dc, ok := objs[0].(*resourcev1.DeviceClass)
-	if !ok || dc.Name != "gpu" || dc.Spec.Selectors[0].CEL.Expression != `device.driver == "gpu.example.com"` {
-		t.Errorf("first object = %#v", objs[0])
-	}
-	rc, ok := objs[1].(*resourcev1.ResourceClaim)
-	if !ok || rc.Name != "gpu-claim" || rc.Spec.Devices.Requests[0].Exactly.Count != 2 {
-		t.Errorf("second object = %#v", objs[1])
-	}
-	for doc, want := range map[string]string{
-		"apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n":                                            "document 1: kind Pod of v1: only DeviceClass and ResourceClaim",
-		"apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: a\nspec:\n  bogus: 1\n": `document 1: strict decoding error: unknown field "spec.bogus"`,
-		"apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: a\n---\nkind: [\n":      "document 2",
-		"kind: DeviceClass\nmetadata:\n  name: a\n":                                                    "document 1: Object 'apiVersion' is missing",
-	} {
-		if _, err := decodeObjects([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("decodeObjects(%q) = %v, want an error with %q", doc, err, want)
-		}
-	}
-}
-
-func TestApplyRefusesBadFilesBeforeDialling(t *testing.T) {
-	dir := t.TempDir()
-	bad := filepath.Join(dir, "bad.yaml")
-	if err := os.WriteFile(bad, []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// The kubeconfig does not exist: the file's error comes first.
-	code, _, errOut := runCLI(t, "--root-dir", dir, "apply", "-f", bad)
-	if code != exitError || !strings.Contains(errOut, "kind ConfigMap of v1") || !strings.Contains(errOut, "nothing was applied") {
-		t.Errorf("apply of a ConfigMap: exit %d: %s", code, errOut)
-	}
-	good := filepath.Join(dir, "good.yaml")
-	if err := os.WriteFile(good, []byte("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata:\n  name: x\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	code, _, errOut = runCLI(t, "--root-dir", dir, "apply", "-f", good)
-	if code != exitError || !strings.Contains(errOut, filepath.Join(dir, "nodeplug", "kubeconfig-operator")) {
-		t.Errorf("apply without the node-local API's kubeconfig: exit %d: %s", code, errOut)
-	}
-	if code, _, errOut = runCLI(t, "apply"); code != exitUsage || !strings.Contains(errOut, "-f FILE is required") {
-		t.Errorf("apply without -f: exit %d: %s", code, errOut)
-	}
-}
-
 // fakeClaims serves PrepareResources and ListClaims, recording the
 // requests.
 type fakeClaims struct {
@@ -237,26 +160,5 @@ side       -                         -
 	}
 	if req := <-f.listed; req.GetNamespace() != "" || !req.GetAll() {
 		t.Errorf("claims --all sent %v, want all", req)
-	}
-}
-
-func TestCoversComparesTheFieldsSet(t *testing.T) {
-	written := resourcev1.ResourceClaimSpec{Devices: resourcev1.DeviceClaim{Requests: []resourcev1.DeviceRequest{
-		{Name: "gpu", Exactly: &resourcev1.ExactDeviceRequest{DeviceClassName: "gpu"}}}}}
-	defaulted := *written.DeepCopy()
-	defaulted.Devices.Requests[0].Exactly.AllocationMode = resourcev1.DeviceAllocationModeExactCount
-	defaulted.Devices.Requests[0].Exactly.Count = 1
-	if !covers(defaulted, written) {
-		t.Error("a defaulted spec does not cover the spec as written")
-	}
-	changed := *defaulted.DeepCopy()
-	changed.Devices.Requests[0].Exactly.DeviceClassName = "other"
-	if covers(changed, written) {
-		t.Error("a spec with another class covers the spec as written")
-	}
-	more := *written.DeepCopy()
-	more.Devices.Requests = append(more.Devices.Requests, resourcev1.DeviceRequest{Name: "nic"})
-	if covers(defaulted, more) {
-		t.Error("a spec with one request covers one with two")
 	}
 }

@@ -118,6 +118,11 @@ func complete(ctx context.Context, words []string, stdout io.Writer) int {
 			out = append(out, cmd.name)
 		}
 	}
+	if len(rest) > 0 && rest[0] == "delete" && !hasArgs(flags, words) {
+		for _, k := range objectKinds {
+			out = append(out, k.singular)
+		}
+	}
 	fmt.Fprintln(stdout, strings.Join(out, "\n"))
 	return exitOK
 }
@@ -135,6 +140,31 @@ func valueNext(flags []usageFlag, words []string) bool {
 	for _, f := range flags {
 		if f.name == last {
 			return f.value
+		}
+	}
+	return false
+}
+
+// hasArgs reports whether words (a command's, flags among them) have an
+// argument, or -f (delete's file, which names the objects).
+func hasArgs(flags []usageFlag, words []string) bool {
+	for i := 0; i < len(words); i++ {
+		w := words[i]
+		if w == "--" {
+			return i+1 < len(words)
+		}
+		name := strings.TrimLeft(w, "-")
+		if name == w {
+			return true
+		}
+		name, _, hasValue := strings.Cut(name, "=")
+		if name == "f" || name == "filename" {
+			return true
+		}
+		for _, f := range flags {
+			if f.name == name && f.value && !hasValue {
+				i++ // its value
+			}
 		}
 	}
 	return false

@@ -53,6 +53,17 @@ func TestComplete(t *testing.T) {
 	if got := completions(t, "release", "--pod"); len(got) != 0 {
 		t.Errorf("after release --pod: %v, want none", got)
 	}
+	del := completions(t, "delete", "-n", "demo")
+	for _, want := range []string{"--ignore-not-found", "--filename", "pod", "namespace", "resourceclaim", "devicetaintrule"} {
+		if !slices.Contains(del, want) {
+			t.Errorf("delete's completions lack %s: %v", want, del)
+		}
+	}
+	for _, words := range [][]string{{"delete", "pod"}, {"delete", "-f", "x.yaml"}, {"delete", "--", "pod"}, {"apply"}} {
+		if got := completions(t, words...); slices.Contains(got, "pod") {
+			t.Errorf("after %q: %v, want no kind", words, got)
+		}
+	}
 	if got := completions(t, "no-such-command"); len(got) != 0 {
 		t.Errorf("after an unknown command: %v, want none", got)
 	}

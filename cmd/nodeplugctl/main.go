@@ -1,7 +1,8 @@
 // Command nodeplugctl is the command line for people over nodeplug's three
 // gRPC services: it lists plugins, drivers, resources and allocations,
 // allocates and releases devices, starts containers with them (the CDI
-// devices and a runtime's arguments), follows live changes, draws a
+// devices and a runtime's arguments), follows live changes, applies and
+// deletes objects of the node-local Kubernetes API (apply, delete), draws a
 // registration's or an allocation's trace (from nodeplug-console or
 // Jaeger), and checks a plugin against the kubelet's contract (conform).
 package main
@@ -33,7 +34,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	code := runIO(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -87,6 +88,7 @@ func (g *globals) define(fs *flag.FlagSet, def globals) {
 // cli runs one command. Its fields are what tests replace.
 type cli struct {
 	g      globals
+	stdin  io.Reader // what -f - reads
 	stdout io.Writer
 	stderr io.Writer
 	http   *http.Client
@@ -113,7 +115,8 @@ func init() {
 		{"drivers", "[-o table|json]", "registered CSI and DRA drivers, and each DRA driver instance's connection in the dramanager", cmdDrivers},
 		{"slices", "[--driver NAME] [-o table|json]", "this node's DRA ResourceSlices: driver, pool, devices with attributes and capacity", cmdSlices},
 		{"claims", "[--namespace NS] [--all] [-o table|json]", "DRA ResourceClaims that concern this node (--all: every one) and this node's view of them: state, devices with health, pods, CDI IDs", cmdClaims},
-		{"apply", applyArgs, "create or update DeviceClasses and ResourceClaims from a YAML file, through the node-local resource API (operator)", cmdApply},
+		{"apply", applyArgs, "create or update the objects of a YAML file (Namespaces, Pods, Events, ResourceClaims and their templates, DeviceClasses, DeviceTaintRules), through the node-local resource API (operator)", cmdApply},
+		{"delete", deleteArgs, "delete the objects of a YAML file, or objects by kind and name (pod NS/NAME), through the node-local resource API (operator)", cmdDelete},
 		{"prepare", prepareArgs, "prepare a pod's DRA claims: allocate, NodePrepareResources, the CDI device IDs per container", cmdPrepare},
 		{"resources", "[-o table|json]", "device plugin resources: capacity, allocatable, free, endpoints", cmdResources},
 		{"allocations", "[--pod UID] [-o table|json]", "what is allocated to whom, with trace IDs", cmdAllocations},
@@ -133,7 +136,7 @@ func init() {
 // tracedCommands are the commands whose calls change something: each
 // call starts a trace of its own in the service, as the services trace
 // every call that comes without a trace context. The others only read.
-var tracedCommands = map[string]bool{"allocate": true, "release": true, "start": true, "prepare": true, "apply": true}
+var tracedCommands = map[string]bool{"allocate": true, "release": true, "start": true, "prepare": true, "apply": true, "delete": true}
 
 // traceCalls sets how the calls of the command about to run are traced.
 // A read's calls carry a trace context that says "not sampled", as the
@@ -157,8 +160,13 @@ func (e usageError) Error() string { return e.msg }
 
 func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
 
+// run runs nodeplugctl with no standard input (-f - reads none).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	c := &cli{stdout: stdout, stderr: stderr, http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
+	return runIO(ctx, args, nil, stdout, stderr)
+}
+
+func runIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
 	defer c.close()
 	var showVersion bool
 	fs := c.globalFlags(&showVersion)

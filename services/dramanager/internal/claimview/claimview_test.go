@@ -363,6 +363,12 @@ func TestSameHistorySameState(t *testing.T) {
 		},
 		want: map[string]seen{"a": pending},
 	}}
+	for i := range histories {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("h%d", i)}}
+		if _, err := e.api.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i, h := range histories {
 		t.Run(h.name, func(t *testing.T) {
 			t.Parallel()

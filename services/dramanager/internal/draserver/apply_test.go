@@ -67,7 +67,7 @@ func TestNodeplugctlApplyThroughTheNodeLocalAPI(t *testing.T) {
 		return string(out), err
 	}
 	out, err := apply("a")
-	want := "deviceclass.resource.k8s.io/gpu created\nresourceclaim.resource.k8s.io/gpu-claim in namespace default created\n"
+	want := "deviceclass.resource.k8s.io/gpu created\nresourceclaim.resource.k8s.io/gpu-claim created\n"
 	if err != nil || out != want {
 		t.Fatalf("first apply: %v\n%s\nwant:\n%s", err, out, want)
 	}
@@ -80,11 +80,11 @@ func TestNodeplugctlApplyThroughTheNodeLocalAPI(t *testing.T) {
 		t.Fatalf("the claim in the API: %+v, %v", c, err)
 	}
 	out, err = apply("a")
-	if want := "deviceclass.resource.k8s.io/gpu unchanged\nresourceclaim.resource.k8s.io/gpu-claim in namespace default unchanged\n"; err != nil || out != want {
+	if want := "deviceclass.resource.k8s.io/gpu unchanged\nresourceclaim.resource.k8s.io/gpu-claim unchanged\n"; err != nil || out != want {
 		t.Errorf("second apply: %v\n%s\nwant:\n%s", err, out, want)
 	}
 	out, err = apply("b")
-	if want := "deviceclass.resource.k8s.io/gpu unchanged\nresourceclaim.resource.k8s.io/gpu-claim in namespace default configured\n"; err != nil || out != want {
+	if want := "deviceclass.resource.k8s.io/gpu unchanged\nresourceclaim.resource.k8s.io/gpu-claim configured\n"; err != nil || out != want {
 		t.Errorf("apply of a changed label: %v\n%s\nwant:\n%s", err, out, want)
 	}
 	if c, err := api.Client.ResourceV1().ResourceClaims("default").Get(ctx, "gpu-claim", metav1.GetOptions{}); err != nil || c.Labels["team"] != "b" {
