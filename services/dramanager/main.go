@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,6 +33,7 @@ import (
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/drivers"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubeaccess"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubecache"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/podworker"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/slicewatch"
 	"github.com/nodeplug/nodeplug/services/internal/store"
 )
@@ -227,6 +229,18 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	// for all; the view takes the releases to forget the pods' failures.
 	view := claimview.New(kubeAPI.Client, node, cm, reg, claimview.SharedAPI(!kubeAPI.Local), claimview.WithIdentity(kubeAPI.Identity))
 	dmv1.RegisterDRAServiceServer(rt.Server, draserver.NewService(instanceID, reg, slices, draserver.WithClaims(view), draserver.WithPods(view)))
+	if kubeAPI.Local {
+		// With the node-local API, nodeplug is the control plane of its
+		// one node: the Pods there are run as a cluster would run them.
+		pw, err := podworker.New(podworker.Config{
+			Client: kubeAPI.Client, Node: node, Claims: view, Log: rt.Log,
+			StateFile: filepath.Join(layout.DRAManagerDir(rt.Config.RootDir), "pods.json"),
+		})
+		if err != nil {
+			return err
+		}
+		rt.Go(pw.Run)
+	}
 	rt.Log.Info("dramanager ready", "instance_id", instanceID, "checkpoint", journal.Location(), "node", node)
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	podresourcesv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
@@ -679,4 +680,110 @@ spec:
 	n.waitUnprepared(d, string(claim.UID))
 	n.waitReleasedInAPI(cs, claim)
 	t.Logf("$ nodeplugctl claims\n%s", n.ctl("claims"))
+}
+
+// TestDRAPodFromManifest: a driver's manifest, as its users write it — a
+// Namespace, a DeviceClass, a ResourceClaimTemplate and a Pod whose
+// containers use the template's claim — applied with nodeplugctl to the
+// node-local API: nodeplug makes the pod's claim from the template, has it
+// allocated and prepared by the (unmodified, kubeletplugin-based) driver,
+// binds the pod and records it in the pod's status and events;
+// `nodeplugctl delete pod` unprepares the claim and deletes it.
+func TestDRAPodFromManifest(t *testing.T) {
+	const driverName = "gpu.example.com"
+	n, d, cs, _ := claimsNode(t, driverName)
+	manifest := filepath.Join(n.root, "pod.yaml")
+	if err := os.WriteFile(manifest, []byte(`apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer
+  namespace: ml
+spec:
+  containers:
+  - name: main
+    image: registry.example.com/trainer:1.0
+    resources:
+      claims:
+      - name: gpu
+  resourceClaims:
+  - name: gpu
+    resourceClaimTemplateName: one-gpu
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: one-gpu
+  namespace: ml
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.example.com
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: gpu.example.com
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "gpu.example.com"
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: ml
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := string(n.ctl("apply", "-f", manifest))
+	t.Logf("$ nodeplugctl apply -f pod.yaml\n%s", out)
+	for _, line := range []string{"namespace/ml created", "deviceclass.resource.k8s.io/gpu.example.com created",
+		"resourceclaimtemplate.resource.k8s.io/one-gpu created", "pod/trainer created"} {
+		if !strings.Contains(out, line+"\n") {
+			t.Fatalf("nodeplugctl apply printed no %q", line)
+		}
+	}
+	var claim *resourcev1.ResourceClaim
+	testutil.Eventually(t, "pod trainer bound with its claim prepared", func() error {
+		pod, err := cs.CoreV1().Pods("ml").Get(ctxT(t), "trainer", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if pod.Spec.NodeName == "" || len(pod.Status.ResourceClaimStatuses) != 1 {
+			return fmt.Errorf("node %q, claim statuses %v, conditions %v", pod.Spec.NodeName, pod.Status.ResourceClaimStatuses, pod.Status.Conditions)
+		}
+		claim, err = cs.ResourceV1().ResourceClaims("ml").Get(ctxT(t), *pod.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !d.readState().prepared(string(claim.UID)) {
+			return fmt.Errorf("the driver has not prepared claim %s", claim.Name)
+		}
+		if len(claim.Status.ReservedFor) != 1 || claim.Status.ReservedFor[0].UID != pod.UID {
+			return fmt.Errorf("claim reserved for %v", claim.Status.ReservedFor)
+		}
+		return nil
+	})
+	events, err := cs.CoreV1().Events("ml").List(ctxT(t), metav1.ListOptions{FieldSelector: "involvedObject.name=trainer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[string]bool{}
+	for _, e := range events.Items {
+		reasons[e.Reason] = true
+	}
+	if !reasons["Scheduled"] || !reasons["PreparedDynamicResources"] {
+		t.Fatalf("the pod's events are %v, want Scheduled and PreparedDynamicResources", reasons)
+	}
+	t.Logf("$ nodeplugctl delete pod ml/trainer\n%s", n.ctl("delete", "pod", "ml/trainer"))
+	n.waitUnprepared(d, string(claim.UID))
+	testutil.Eventually(t, "the claim made for the pod deleted", func() error {
+		if _, err := cs.ResourceV1().ResourceClaims("ml").Get(ctxT(t), claim.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("claim %s: %v", claim.Name, err)
+		}
+		return nil
+	})
 }

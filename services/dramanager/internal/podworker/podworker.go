@@ -1,0 +1,565 @@
+// Package podworker does for the Pods of the node-local resource API what
+// a cluster's control plane and the kubelet do for a pod's devices on one
+// node. For each Pod it:
+//
+//   - makes the pod's ResourceClaims from their ResourceClaimTemplates as
+//     the resourceclaim controller makes them (a generated name, the pod as
+//     controlling owner, the pod-claim-name annotation) and records them in
+//     the pod's status.resourceClaimStatuses;
+//   - has the pod's claims allocated, reserved for it and prepared by their
+//     drivers (the claims manager, through the view), retrying with backoff;
+//   - binds the pod to the node (spec.nodeName) once its devices are
+//     prepared, and writes its conditions and its containers' states;
+//   - records an Event for each step and each refusal, with the reason;
+//   - when the pod is deleted or has ended, releases its claims (they are
+//     unprepared once no pod uses them) and deletes the claims made for it.
+//
+// The pods it prepared are recorded in a file before their claims are
+// prepared, so a pod deleted while the dramanager was down is released at
+// its next start.
+package podworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
+)
+
+// PodClaimNameAnnotation names, on a claim made from a template, the pod
+// claim it was made for (the resourceclaim controller's annotation).
+const PodClaimNameAnnotation = "resource.kubernetes.io/pod-claim-name"
+
+// Component is the source of the Events the worker records.
+const Component = "nodeplug-dramanager"
+
+// Event reasons, the kubelet's and the scheduler's where they have one.
+const (
+	ReasonScheduled            = "Scheduled"
+	ReasonFailedScheduling     = "FailedScheduling"
+	ReasonFailedClaimCreation  = "FailedResourceClaimCreation"
+	ReasonFailedPrepare        = "FailedPrepareDynamicResources"
+	ReasonPrepared             = "PreparedDynamicResources"
+	ReasonUnsupportedField     = "UnsupportedField"
+	ReasonFailedRelease        = "FailedReleaseDynamicResources"
+	ReasonNoContainerRuntime   = "NoContainerRuntime"
+	noRuntimeMessage           = "its devices are prepared; nodeplug runs no container runtime for it: `nodeplugctl start` prints what a runtime would be given"
+	defaultRetryInitial        = time.Second
+	defaultRetryMax            = 2 * time.Minute
+	defaultWorkers             = 4
+	eventCorrelatorBurstPerPod = 25
+)
+
+// Claims is what the worker asks of the claims side: the view of the
+// claims manager (claimview.View).
+type Claims interface {
+	// Prepare allocates, reserves and prepares the pod's claims and
+	// returns what each container gets.
+	Prepare(ctx context.Context, req claims.PrepareRequest) ([]claims.ContainerResult, error)
+	// ReleasePod releases every claim the pod holds.
+	ReleasePod(ctx context.Context, podUID string) (int, error)
+}
+
+// Config configures a Worker.
+type Config struct {
+	Client kubernetes.Interface
+	// Node is this node: the worker takes the pods bound to it and those
+	// bound to none.
+	Node   string
+	Claims Claims
+	// StateFile records the pods whose claims the worker prepared.
+	StateFile string
+	Log       *slog.Logger
+	// RetryInitial and RetryMax bound the backoff of a pod that failed
+	// (1 s and 2 min by default).
+	RetryInitial, RetryMax time.Duration
+	// Workers is how many pods are worked on at once (4 by default).
+	Workers int
+}
+
+// Worker runs the pods of one node.
+type Worker struct {
+	cfg      Config
+	log      *slog.Logger
+	state    *state
+	pods     cache.SharedIndexInformer
+	factory  informers.SharedInformerFactory
+	queue    workqueue.TypedRateLimitingInterface[string]
+	events   record.EventBroadcaster
+	recorder record.EventRecorder
+
+	mu sync.Mutex
+	// done are the pods (by UID) whose devices are prepared and whose
+	// status says so (a pod's claims cannot change once it is created);
+	// warned those told of unsupported fields.
+	done   map[types.UID]bool
+	warned map[types.UID]bool
+}
+
+// New makes a worker; Run runs it.
+func New(cfg Config) (*Worker, error) {
+	if cfg.Client == nil || cfg.Node == "" || cfg.Claims == nil || cfg.StateFile == "" {
+		return nil, fmt.Errorf("pod worker: a client, a node, the claims and a state file are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.RetryInitial <= 0 {
+		cfg.RetryInitial = defaultRetryInitial
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = defaultRetryMax
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = defaultWorkers
+	}
+	st, err := loadState(cfg.StateFile)
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{cfg: cfg, log: cfg.Log.With("component", "podworker"), state: st,
+		done: map[types.UID]bool{}, warned: map[types.UID]bool{}}
+	w.factory = informers.NewSharedInformerFactory(cfg.Client, 0)
+	w.pods = w.factory.Core().V1().Pods().Informer()
+	w.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](cfg.RetryInitial, cfg.RetryMax),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "pods"})
+	enqueue := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			w.queue.Add(key)
+		}
+	}
+	if _, err := w.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue,
+	}); err != nil {
+		return nil, err
+	}
+	w.events = record.NewBroadcasterWithCorrelatorOptions(record.CorrelatorOptions{BurstSize: eventCorrelatorBurstPerPod})
+	w.recorder = w.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: Component, Host: cfg.Node})
+	return w, nil
+}
+
+// Run works until ctx ends. Pods recorded as prepared that no longer
+// exist are released first.
+func (w *Worker) Run(ctx context.Context) error {
+	w.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: w.cfg.Client.CoreV1().Events("")})
+	defer w.events.Shutdown()
+	defer w.queue.ShutDown()
+	w.factory.Start(ctx.Done())
+	defer w.factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), w.pods.HasSynced) {
+		return nil
+	}
+	for uid, ref := range w.state.all() {
+		if !w.exists(uid) {
+			w.queue.Add(ref.key())
+		}
+	}
+	var wg sync.WaitGroup
+	for range w.cfg.Workers {
+		wg.Go(func() {
+			for w.next(ctx) {
+			}
+		})
+	}
+	<-ctx.Done()
+	w.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (w *Worker) next(ctx context.Context) bool {
+	key, quit := w.queue.Get()
+	if quit {
+		return false
+	}
+	defer w.queue.Done(key)
+	if err := w.sync(ctx, key); err != nil {
+		if ctx.Err() == nil {
+			w.log.Info("pod not done; retrying", "pod", key, "error", err)
+		}
+		w.queue.AddRateLimited(key)
+		return true
+	}
+	w.queue.Forget(key)
+	return true
+}
+
+// exists says whether the informer holds a pod of that UID.
+func (w *Worker) exists(uid types.UID) bool {
+	for _, o := range w.pods.GetStore().List() {
+		if o.(*corev1.Pod).UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
+// sync brings one pod (namespace/name) to where it should be: released
+// when gone or ended, prepared otherwise. Pods of that name recorded
+// under another UID (deleted and created again) are released.
+func (w *Worker) sync(ctx context.Context, key string) error {
+	obj, exists, err := w.pods.GetStore().GetByKey(key)
+	if err != nil {
+		return err
+	}
+	var pod *corev1.Pod
+	if exists {
+		pod = obj.(*corev1.Pod)
+	}
+	for uid, ref := range w.state.all() {
+		if ref.key() == key && (pod == nil || pod.UID != uid) {
+			if err := w.release(ctx, uid, ref, nil); err != nil {
+				return err
+			}
+		}
+	}
+	switch {
+	case pod == nil:
+		return nil
+	case pod.Spec.NodeName != "" && pod.Spec.NodeName != w.cfg.Node:
+		return nil
+	case pod.DeletionTimestamp != nil, pod.Status.Phase == corev1.PodSucceeded, pod.Status.Phase == corev1.PodFailed:
+		if _, ok := w.state.get(pod.UID); ok {
+			return w.release(ctx, pod.UID, podRef{Namespace: pod.Namespace, Name: pod.Name}, pod)
+		}
+		return nil
+	}
+	return w.run(ctx, pod)
+}
+
+// run prepares the pod's devices, binds it and writes its status.
+func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
+	w.mu.Lock()
+	done := w.done[pod.UID]
+	w.mu.Unlock()
+	if done {
+		return nil
+	}
+	w.warnUnsupported(pod)
+	podClaims, err := w.podClaims(ctx, pod)
+	if err != nil {
+		return err
+	}
+	req := claims.PrepareRequest{Pod: claims.PodRef{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, PodClaims: podClaims}
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, c := range cs {
+			cc := claims.ContainerClaims{Container: c.Name}
+			for _, rc := range c.Resources.Claims {
+				cc.Claims = append(cc.Claims, claims.ContainerClaim{Name: rc.Name, Request: rc.Request})
+			}
+			req.Containers = append(req.Containers, cc)
+		}
+	}
+	if err := w.state.add(pod.UID, podRef{Namespace: pod.Namespace, Name: pod.Name}); err != nil {
+		return err
+	}
+	var results []claims.ContainerResult
+	if len(podClaims) > 0 {
+		results, err = w.cfg.Claims.Prepare(ctx, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedPrepare, err.Error())
+			if errors.Is(err, errdefs.ErrFailedPrecondition) {
+				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedScheduling, err.Error())
+				if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, err.Error()); serr != nil {
+					w.log.Warn("pod status not written", "pod", pod.Namespace+"/"+pod.Name, "error", serr)
+				}
+			}
+			return err
+		}
+	}
+	if pod.Spec.NodeName == "" {
+		if err := w.bind(ctx, pod); err != nil {
+			return err
+		}
+		w.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonScheduled, "Successfully assigned %s/%s to %s", pod.Namespace, pod.Name, w.cfg.Node)
+	}
+	if len(podClaims) > 0 {
+		w.recorder.Event(pod, corev1.EventTypeNormal, ReasonPrepared, preparedMessage(results))
+	}
+	if err := w.setScheduled(ctx, pod, corev1.ConditionTrue, "", ""); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.done[pod.UID] = true
+	w.mu.Unlock()
+	return nil
+}
+
+// preparedMessage names the CDI devices each container gets.
+func preparedMessage(results []claims.ContainerResult) string {
+	var parts []string
+	for _, r := range results {
+		if len(r.CDIDeviceIDs) > 0 {
+			parts = append(parts, fmt.Sprintf("%s: %s", r.Container, strings.Join(r.CDIDeviceIDs, ", ")))
+		}
+	}
+	if len(parts) == 0 {
+		return "the pod's claims are prepared"
+	}
+	return "the pod's claims are prepared; CDI devices " + strings.Join(parts, "; ")
+}
+
+// bind sets the pod's spec.nodeName to this node, as the scheduler's
+// binding does.
+func (w *Worker) bind(ctx context.Context, pod *corev1.Pod) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := w.cfg.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if cur.UID != pod.UID {
+			return fmt.Errorf("pod %s/%s was replaced: %w", pod.Namespace, pod.Name, errdefs.ErrFailedPrecondition)
+		}
+		if cur.Spec.NodeName != "" {
+			return nil
+		}
+		cur.Spec.NodeName = w.cfg.Node
+		_, err = w.cfg.Client.CoreV1().Pods(pod.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// setScheduled writes the pod's PodScheduled condition and, once it is
+// scheduled, its containers' states: waiting, as no runtime runs them.
+func (w *Worker) setScheduled(ctx context.Context, pod *corev1.Pod, status corev1.ConditionStatus, reason, message string) error {
+	return w.updateStatus(ctx, pod, func(st *corev1.PodStatus) {
+		now := metav1.Now()
+		cond := corev1.PodCondition{Type: corev1.PodScheduled, Status: status, Reason: reason, Message: message, LastTransitionTime: now}
+		setCondition(st, cond)
+		if status != corev1.ConditionTrue {
+			return
+		}
+		st.ContainerStatuses = waiting(pod.Spec.Containers, st.ContainerStatuses)
+		st.InitContainerStatuses = waiting(pod.Spec.InitContainers, st.InitContainerStatuses)
+	})
+}
+
+func setCondition(st *corev1.PodStatus, cond corev1.PodCondition) {
+	for i, c := range st.Conditions {
+		if c.Type == cond.Type {
+			if c.Status == cond.Status {
+				cond.LastTransitionTime = c.LastTransitionTime
+			}
+			st.Conditions[i] = cond
+			return
+		}
+	}
+	st.Conditions = append(st.Conditions, cond)
+}
+
+// waiting is the status of containers no runtime runs: waiting, with the
+// reason; a container with a status of its own keeps it.
+func waiting(cs []corev1.Container, have []corev1.ContainerStatus) []corev1.ContainerStatus {
+	out := make([]corev1.ContainerStatus, 0, len(cs))
+	for _, c := range cs {
+		st := corev1.ContainerStatus{Name: c.Name, Image: c.Image,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonNoContainerRuntime, Message: noRuntimeMessage}}}
+		for _, h := range have {
+			if h.Name == c.Name && h.State.Waiting == nil {
+				st = h
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// updateStatus applies change to the pod's stored status and writes it
+// when it changed.
+func (w *Worker) updateStatus(ctx context.Context, pod *corev1.Pod, change func(*corev1.PodStatus)) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := w.cfg.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if cur.UID != pod.UID {
+			return fmt.Errorf("pod %s/%s was replaced: %w", pod.Namespace, pod.Name, errdefs.ErrFailedPrecondition)
+		}
+		next := cur.DeepCopy()
+		change(&next.Status)
+		if statusEqual(cur.Status, next.Status) {
+			return nil
+		}
+		_, err = w.cfg.Client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, next, metav1.UpdateOptions{})
+		return err
+	})
+}
+
+// statusEqual compares two statuses ignoring the conditions' times.
+func statusEqual(a, b corev1.PodStatus) bool {
+	strip := func(s corev1.PodStatus) corev1.PodStatus {
+		s = *s.DeepCopy()
+		for i := range s.Conditions {
+			s.Conditions[i].LastTransitionTime = metav1.Time{}
+		}
+		return s
+	}
+	return fmt.Sprintf("%+v", strip(a)) == fmt.Sprintf("%+v", strip(b))
+}
+
+// podClaims resolves the pod's resourceClaims to ResourceClaims: a named
+// one as it is, a template's made for the pod when it has none yet (as
+// the resourceclaim controller makes it), and records the template
+// claims' names in the pod's status.resourceClaimStatuses.
+func (w *Worker) podClaims(ctx context.Context, pod *corev1.Pod) ([]claims.PodClaim, error) {
+	var out []claims.PodClaim
+	statuses := map[string]string{}
+	for _, s := range pod.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			statuses[s.Name] = *s.ResourceClaimName
+		}
+	}
+	var made []corev1.PodResourceClaimStatus
+	for _, pc := range pod.Spec.ResourceClaims {
+		switch {
+		case pc.ResourceClaimName != nil:
+			out = append(out, claims.PodClaim{Name: pc.Name, ResourceClaimName: *pc.ResourceClaimName})
+			continue
+		case pc.ResourceClaimTemplateName == nil:
+			continue
+		}
+		name := statuses[pc.Name]
+		if name == "" {
+			var err error
+			if name, err = w.claimFromTemplate(ctx, pod, pc); err != nil {
+				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedClaimCreation, err.Error())
+				return nil, err
+			}
+		}
+		made = append(made, corev1.PodResourceClaimStatus{Name: pc.Name, ResourceClaimName: &name})
+		out = append(out, claims.PodClaim{Name: pc.Name, ResourceClaimName: name})
+	}
+	if len(made) > 0 {
+		if err := w.updateStatus(ctx, pod, func(st *corev1.PodStatus) { st.ResourceClaimStatuses = made }); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// claimFromTemplate returns the claim made for pod claim pc: the one
+// already made (found by owner and annotation: a crash may have come
+// between its creation and the pod's status) or a new one.
+func (w *Worker) claimFromTemplate(ctx context.Context, pod *corev1.Pod, pc corev1.PodResourceClaim) (string, error) {
+	api := w.cfg.Client.ResourceV1().ResourceClaims(pod.Namespace)
+	list, err := api.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "", fmt.Errorf("listing the claims of namespace %s: %w", pod.Namespace, err)
+	}
+	for _, c := range list.Items {
+		if c.Annotations[PodClaimNameAnnotation] == pc.Name && ownedBy(&c, pod.UID) {
+			return c.Name, nil
+		}
+	}
+	tpl, err := w.cfg.Client.ResourceV1().ResourceClaimTemplates(pod.Namespace).Get(ctx, *pc.ResourceClaimTemplateName, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("pod claim %s: ResourceClaimTemplate %s/%s: %w", pc.Name, pod.Namespace, *pc.ResourceClaimTemplateName, err)
+	}
+	annotations := map[string]string{PodClaimNameAnnotation: pc.Name}
+	for k, v := range tpl.Spec.Annotations {
+		annotations[k] = v
+	}
+	claim := &resourcev1.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: generateName(pod.Name, pc.Name),
+			Namespace:    pod.Namespace,
+			Labels:       tpl.Spec.Labels,
+			Annotations:  annotations,
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
+				Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true),
+			}},
+		},
+		Spec: tpl.Spec.Spec,
+	}
+	made, err := api.Create(ctx, claim, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("pod claim %s: creating its claim from ResourceClaimTemplate %s: %w", pc.Name, tpl.Name, err)
+	}
+	w.log.Info("claim made from a template", "pod", pod.Namespace+"/"+pod.Name, "pod_claim", pc.Name, "claim", made.Name, "template", tpl.Name)
+	return made.Name, nil
+}
+
+// generateName is the resourceclaim controller's: <pod>-<pod claim>-,
+// each half cut so that the name with its random suffix stays short.
+func generateName(pod, claim string) string {
+	const maxBaseLen = 57
+	if len(pod)+len(claim) > maxBaseLen {
+		if len(pod) > maxBaseLen/2 {
+			pod = pod[:maxBaseLen/2]
+		}
+		if len(claim) > maxBaseLen/2 {
+			claim = claim[:maxBaseLen/2]
+		}
+	}
+	return pod + "-" + claim + "-"
+}
+
+func ownedBy(c *resourcev1.ResourceClaim, uid types.UID) bool {
+	for _, o := range c.OwnerReferences {
+		if o.UID == uid && o.Controller != nil && *o.Controller {
+			return true
+		}
+	}
+	return false
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+// release releases the pod's claims, deletes the claims made for it and
+// forgets it. pod is the pod when it still exists (ended), for events.
+func (w *Worker) release(ctx context.Context, uid types.UID, ref podRef, pod *corev1.Pod) error {
+	if _, err := w.cfg.Claims.ReleasePod(ctx, string(uid)); err != nil {
+		if pod != nil {
+			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedRelease, err.Error())
+		}
+		return fmt.Errorf("releasing the claims of pod %s (%s): %w", ref.key(), uid, err)
+	}
+	api := w.cfg.Client.ResourceV1().ResourceClaims(ref.Namespace)
+	list, err := api.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("listing the claims of namespace %s: %w", ref.Namespace, err)
+	}
+	for _, c := range list.Items {
+		if !ownedBy(&c, uid) {
+			continue
+		}
+		err := api.Delete(ctx, c.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &c.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return fmt.Errorf("deleting claim %s/%s made for pod %s: %w", c.Namespace, c.Name, ref.key(), err)
+		}
+	}
+	if err := w.state.remove(uid); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	delete(w.done, uid)
+	delete(w.warned, uid)
+	w.mu.Unlock()
+	w.log.Info("pod released", "pod", ref.key(), "uid", uid)
+	return nil
+}
