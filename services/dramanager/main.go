@@ -179,7 +179,13 @@ func checkPermissions(rt *app.Runtime, kubeAPI *kubeaccess.Access) {
 // by claimalloc, the drivers' calls by the registry, its records in
 // journal); ListClaims joins its records with the API's claims (claimview).
 func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal) error {
-	kc, err := kubecache.New(kubeAPI.Client, kubeAPI.NodeName)
+	// With the node-local API, no scheduler applies the DeviceTaintRules:
+	// the allocator does.
+	var cacheOpts []kubecache.Option
+	if kubeAPI.Local {
+		cacheOpts = append(cacheOpts, kubecache.WithTaintRules())
+	}
+	kc, err := kubecache.New(kubeAPI.Client, kubeAPI.NodeName, cacheOpts...)
 	if err != nil {
 		return err
 	}
@@ -199,6 +205,9 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 		return err
 	}
 	alloc.SetIdentity(kubeAPI.Identity)
+	if kubeAPI.Local {
+		alloc.FollowTaintRules()
+	}
 	// The allocator's decisions read the node, its slices, the
 	// DeviceClasses and the devices in use from kc's memory.
 	alloc.Follow(kc)

@@ -93,6 +93,8 @@ type Allocator struct {
 
 	// kc, when set (Follow), are the informers Run reads.
 	kc *kubecache.Cache
+	// taintRules: decisions apply the API's DeviceTaintRules.
+	taintRules bool
 	// cached is set while Run's informers are synced.
 	cached  atomic.Pointer[caches]
 	running atomic.Bool

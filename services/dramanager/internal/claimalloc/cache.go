@@ -45,7 +45,11 @@ func (a *Allocator) Run(ctx context.Context) error {
 	kc := a.kc
 	if kc == nil {
 		var err error
-		if kc, err = kubecache.New(a.client, a.node); err != nil {
+		var opts []kubecache.Option
+		if a.taintRules {
+			opts = append(opts, kubecache.WithTaintRules())
+		}
+		if kc, err = kubecache.New(a.client, a.node, opts...); err != nil {
 			return fmt.Errorf("claim allocation: %w", err)
 		}
 		ctx, cancel := context.WithCancel(ctx)
@@ -120,7 +124,11 @@ func (a *Allocator) cachedInputs(ctx context.Context, c *caches) (*inputs, error
 			classes[dc.Name] = dc
 		}
 	}
-	return &inputs{node: node, slices: out, classes: classes}, nil
+	rules, err := a.listTaintRules(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &inputs{node: node, slices: applyTaintRules(out, rules), classes: classes}, nil
 }
 
 // nodeObj is this node's Node: the informer's while Run runs and its store

@@ -12,7 +12,6 @@ import (
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/pkg/layout"
-	"github.com/nodeplug/nodeplug/services/apiserver/apiservertest"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubeaccess"
 )
 
@@ -23,7 +22,7 @@ import (
 // update claims) or of a read (the drivers' role may not list claims).
 func TestRefusalIsPermissionDenied(t *testing.T) {
 	root := testutil.TempDir(t)
-	api := apiservertest.Start(t, root, testNode)
+	api := startAPI(t, root)
 	e := &env{t: t, client: api.Client}
 	e.slice(gpu, testNode, "a", "gpu-0")
 	e.class(gpu, gpu)

@@ -96,8 +96,8 @@ func TestExplainSharedCapacity(t *testing.T) {
 }
 
 // An admin-access request that finds too few devices says that admin
-// access takes devices in use as free; the node-local API serves no
-// namespaces, so no label rule applies there.
+// access takes devices in use as free (its namespace carries the label
+// admin access requires).
 func TestExplainAdminAccess(t *testing.T) {
 	e := newEnv(t)
 	e.slice(gpu, testNode, "a", "gpu-0")

@@ -38,7 +38,7 @@ func newEnv(t *testing.T) *env { return newEnvWith(t, true) }
 // set, else lists from the API for each decision.
 func newEnvWith(t *testing.T, follow bool) *env {
 	t.Helper()
-	a := apiservertest.Start(t, testutil.TempDir(t), testNode)
+	a := startAPI(t, testutil.TempDir(t))
 	stop := a.Stop
 	al, err := New(a.Client, a.NodeName, nil)
 	if err != nil {
@@ -48,6 +48,19 @@ func newEnvWith(t *testing.T, follow bool) *env {
 		runAllocator(t, al)
 	}
 	return &env{t: t, client: a.Client, alloc: al, stop: stop}
+}
+
+// startAPI serves the node-local API of root with the namespace the
+// tests' claims are in, labelled for admin access to devices.
+func startAPI(t *testing.T, root string) *apiservertest.Server {
+	t.Helper()
+	a := apiservertest.Start(t, root, testNode)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns",
+		Labels: map[string]string{resourcev1.DRAAdminNamespaceLabelKey: "true"}}}
+	if _, err := a.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
 
 // runAllocator runs al's informers until the test ends (before the API

@@ -49,7 +49,11 @@ func (a *Allocator) readInputs(ctx context.Context) (*inputs, error) {
 		return nil, a.apiError("listing ResourceClaims", err)
 	}
 	a.track.reconcile(claimList.Items, claimList.ResourceVersion)
-	return &inputs{node: node, slices: slices, classes: classes}, nil
+	rules, err := a.listTaintRules(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &inputs{node: node, slices: applyTaintRules(slices, rules), classes: classes}, nil
 }
 
 // listSlices lists this node's slices (spec.nodeName) and those not bound

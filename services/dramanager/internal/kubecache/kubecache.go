@@ -39,6 +39,8 @@ type Cache struct {
 	Classes cache.SharedIndexInformer
 	// Claims are the ResourceClaims, stripped by StripClaim.
 	Claims cache.SharedIndexInformer
+	// TaintRules follows the DeviceTaintRules (nil unless WithTaintRules).
+	TaintRules cache.SharedIndexInformer
 
 	synced chan struct{}
 	// failed holds, per informer, its last failed list or watch.
@@ -57,7 +59,7 @@ type lastError struct {
 // than from client-go's informer factory: the factory's package pulls in
 // the informers and listers of every API group (some 120 packages the
 // dramanager would compile and link for the five it reads).
-func New(client kubernetes.Interface, node string) (*Cache, error) {
+func New(client kubernetes.Interface, node string, opts ...Option) (*Cache, error) {
 	nodeName := fields.OneTermEqualSelector("metadata.name", node).String()
 	mine := fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, node).String()
 	other := fields.OneTermEqualSelector(resourcev1.ResourceSliceSelectorNodeName, "").String()
@@ -93,6 +95,9 @@ func New(client kubernetes.Interface, node string) (*Cache, error) {
 			}),
 		synced: make(chan struct{}),
 	}
+	for _, o := range opts {
+		o(c, client)
+	}
 	if err := c.Claims.SetTransform(StripClaim); err != nil {
 		return nil, fmt.Errorf("the ResourceClaim informer: %w", err)
 	}
@@ -114,7 +119,25 @@ func New(client kubernetes.Interface, node string) (*Cache, error) {
 }
 
 func (c *Cache) all() []cache.SharedIndexInformer {
-	return []cache.SharedIndexInformer{c.Node, c.NodeSlices, c.OtherSlices, c.Classes, c.Claims}
+	all := []cache.SharedIndexInformer{c.Node, c.NodeSlices, c.OtherSlices, c.Classes, c.Claims}
+	if c.TaintRules != nil {
+		all = append(all, c.TaintRules)
+	}
+	return all
+}
+
+// Option adds to what a Cache follows.
+type Option func(*Cache, kubernetes.Interface)
+
+// WithTaintRules follows the DeviceTaintRules too (TaintRules): with the
+// node-local API, where the dramanager applies them.
+func WithTaintRules() Option {
+	return func(c *Cache, client kubernetes.Interface) {
+		rules := client.ResourceV1().DeviceTaintRules()
+		c.TaintRules = informer(client, &resourcev1.DeviceTaintRule{}, "",
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) { return rules.List(ctx, o) },
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) { return rules.Watch(ctx, o) })
+	}
 }
 
 // LastError returns the last failed list or watch of inf (one of c's
@@ -161,8 +184,11 @@ func (c *Cache) Run(ctx context.Context) error {
 		go func() { defer wg.Done(); inf.RunWithContext(ctx) }()
 	}
 	defer wg.Wait()
-	if cache.WaitForCacheSync(ctx.Done(), c.Node.HasSynced, c.NodeSlices.HasSynced, c.OtherSlices.HasSynced,
-		c.Classes.HasSynced, c.Claims.HasSynced) {
+	var synced []cache.InformerSynced
+	for _, inf := range c.all() {
+		synced = append(synced, inf.HasSynced)
+	}
+	if cache.WaitForCacheSync(ctx.Done(), synced...) {
 		close(c.synced)
 	}
 	<-ctx.Done()
