@@ -52,6 +52,10 @@ type Config struct {
 	// ClaimWorkers clients prepare and release DRA claims while the
 	// devicemanager is killed ClaimKills times (claims.go).
 	ClaimWorkers, ClaimKills int
+	// PodWorkers clients create and delete Pods whose claim is made from
+	// a ResourceClaimTemplate while the dramanager and nodeplug-apiserver
+	// are killed PodKills times (pods.go).
+	PodWorkers, PodKills int
 	// Intents kills the devicemanager at each step of a prepare and of a
 	// release of a claim (intents.go).
 	Intents bool
@@ -67,7 +71,7 @@ type Config struct {
 // Default is the full run.
 func Default() Config {
 	return Config{Plugins: 50, Devices: 8, Clients: 4, Kills: 66, Interval: 2 * time.Second,
-		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, ClaimWorkers: 4, ClaimKills: 20, Intents: true, Journal: true, Converge: 2 * time.Minute}
+		Bursts: 30, Faults: true, CompactionKills: 10, CompactBytes: 16 << 10, DRADrivers: 4, DRAKills: 20, ClaimWorkers: 4, ClaimKills: 20, PodWorkers: 3, PodKills: 12, Intents: true, Journal: true, Converge: 2 * time.Minute}
 }
 
 // Short is the quick run `make test` uses: a few kills, each fault kind.
@@ -75,7 +79,7 @@ func Default() Config {
 // TestChaosClaims); `make chaos` runs it.
 func Short() Config {
 	return Config{Plugins: 10, Devices: 8, Clients: 4, Kills: 6, Interval: 300 * time.Millisecond,
-		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, ClaimWorkers: 2, ClaimKills: 3, Journal: true, Converge: 2 * time.Minute}
+		Bursts: 3, Faults: true, CompactionKills: 3, CompactBytes: 16 << 10, DRADrivers: 2, DRAKills: 3, ClaimWorkers: 2, ClaimKills: 3, PodWorkers: 2, PodKills: 3, Journal: true, Converge: 2 * time.Minute}
 }
 
 // Results holds the figures of a run.
@@ -117,6 +121,7 @@ type Results struct {
 	Faults      []FaultResult     `json:"faults"`
 	DRA         DRAResults        `json:"dra"`
 	Claims      ClaimsResults     `json:"dra_claims"`
+	Pods        PodsResults       `json:"pods"`
 	Intents     IntentsResults    `json:"dra_intents"`
 	Journal     JournalResults    `json:"journal"`
 	Violations  []Violation       `json:"violations"`
@@ -229,6 +234,9 @@ func Run(ctx context.Context, cfg Config) (res *Results, err error) {
 		return h.finish(start), err
 	}
 	if err := h.claimsPhase(ctx); err != nil {
+		return h.finish(start), err
+	}
+	if err := h.podsPhase(ctx); err != nil {
 		return h.finish(start), err
 	}
 	if err := h.intentsPhase(ctx); err != nil {

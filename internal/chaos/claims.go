@@ -71,7 +71,9 @@ type ClaimsResults struct {
 // claimsState is the ledger of the claims phase: what the clients were
 // told, and what the driver was asked.
 type claimsState struct {
-	h        *harness
+	h *harness
+	// driver is the phase's DRA driver.
+	driver   string
 	operator kubernetes.Interface
 	dra      dmv1.DRAServiceClient
 
@@ -114,11 +116,11 @@ func (p claimsPlugin) PrepareResourceClaims(_ context.Context, claims []*resourc
 		var names []string
 		if c.Status.Allocation != nil {
 			for _, r := range c.Status.Allocation.Devices.Results {
-				if r.Driver != claimsDriverName {
+				if r.Driver != s.driver {
 					continue
 				}
 				devs = append(devs, kubeletplugin.Device{PoolName: r.Pool, DeviceName: r.Device, Requests: []string{r.Request},
-					CDIDeviceIDs: []string{claimsDriverName + "/dev=" + uid}})
+					CDIDeviceIDs: []string{s.driver + "/dev=" + uid}})
 				names = append(names, r.Pool+"/"+r.Device)
 			}
 		}
@@ -189,7 +191,7 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 		return nil
 	}
 	h.logf("claims: %d clients preparing and releasing, %d dramanager kills", h.cfg.ClaimWorkers, h.cfg.ClaimKills)
-	s := &claimsState{h: h, acked: map[string]bool{}, inUse: map[string]int{}, released: map[string]string{}, prepared: map[string][]string{}, names: map[string]string{}}
+	s := &claimsState{h: h, driver: claimsDriverName, acked: map[string]bool{}, inUse: map[string]int{}, released: map[string]string{}, prepared: map[string][]string{}, names: map[string]string{}}
 	s.res.Workers = h.cfg.ClaimWorkers
 	defer func() {
 		s.mu.Lock()

@@ -43,6 +43,10 @@ func Print(w io.Writer, r *Results) {
 		fmt.Fprintf(tw, "DRA claims\t%d clients, %d devicemanager kills: %d prepares and %d releases acknowledged (%d shared claims), %d calls retried; the driver prepared %d, unprepared %d; %d checks\n",
 			c.Workers, c.Kills, c.Prepares, c.Releases, c.Shared, c.Retried, c.DriverPrepares, c.DriverUnprepares, c.Checks)
 	}
+	if c := r.Pods; c.Workers > 0 {
+		fmt.Fprintf(tw, "pods\t%d clients, %d kills (dramanager and apiserver in turn): %d pods run from a template's claim, %d deleted with nothing left, %d calls retried; the driver prepared %d, unprepared %d\n",
+			c.Workers, c.Kills, c.Run, c.Deleted, c.Retried, c.DriverPrepares, c.DriverUnprepares)
+	}
 	if len(r.Intents.Steps) > 0 {
 		steps := make([]string, 0, len(r.Intents.Steps))
 		for _, st := range r.Intents.Steps {
@@ -51,7 +55,7 @@ func Print(w io.Writer, r *Results) {
 		fmt.Fprintf(tw, "DRA intents (l)\tkilled at %d steps of a prepare and a release: %s\n", len(steps), strings.Join(steps, ", "))
 	}
 	printJournal(tw, r.Journal)
-	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward, invClaimTwice, invClaimLeft, invDeviceTwice, invClaimEarlyOff, invSpecs, invStranded} {
+	for _, inv := range []string{"a", "b", "c", "d", invSliceLost, invRVBackward, invClaimTwice, invClaimLeft, invDeviceTwice, invClaimEarlyOff, invSpecs, invStranded, invPodRun, invPodLeft} {
 		fmt.Fprintf(tw, "violations (%s)\t%d\n", inv, r.ViolationsN[inv])
 	}
 	tw.Flush()
