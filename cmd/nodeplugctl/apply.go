@@ -23,6 +23,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -395,19 +396,29 @@ func applyObject(ctx context.Context, dc dynamic.Interface, o *object) (string, 
 // kubeconfig given, else the operator's under the root dir; and the API's
 // address.
 func (c *cli) operatorClient(kubeconfig string) (dynamic.Interface, string, error) {
-	if kubeconfig == "" {
-		kubeconfig = layout.IdentityKubeconfigFile(c.g.rootDir, "operator")
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	cfg, kubeconfig, err := c.apiConfig(kubeconfig)
 	if err != nil {
-		return nil, "", fmt.Errorf("kubeconfig %s: %w (is the devicemanager's node-local resource API set up under --root-dir %s?)", kubeconfig, err, c.g.rootDir)
+		return nil, "", err
 	}
-	cfg.Timeout = c.g.timeout
 	dc, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
 	}
 	return dc, cfg.Host, nil
+}
+
+// apiConfig reads the kubeconfig given, else the operator's under the root
+// dir, with --timeout on each request; it returns the kubeconfig read.
+func (c *cli) apiConfig(kubeconfig string) (*rest.Config, string, error) {
+	if kubeconfig == "" {
+		kubeconfig = layout.IdentityKubeconfigFile(c.g.rootDir, "operator")
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, kubeconfig, fmt.Errorf("kubeconfig %s: %w (is the devicemanager's node-local resource API set up under --root-dir %s?)", kubeconfig, err, c.g.rootDir)
+	}
+	cfg.Timeout = c.g.timeout
+	return cfg, kubeconfig, nil
 }
 
 const kubeconfigUsage = "the API's kubeconfig (default <root-dir>/nodeplug/kubeconfig-operator, the node-local API's operator)"

@@ -123,6 +123,9 @@ func complete(ctx context.Context, words []string, stdout io.Writer) int {
 			out = append(out, k.singular)
 		}
 	}
+	if len(rest) > 0 && rest[0] == "describe" && !hasArgs(flags, words) {
+		out = append(out, "pod")
+	}
 	fmt.Fprintln(stdout, strings.Join(out, "\n"))
 	return exitOK
 }

@@ -2,7 +2,8 @@
 // gRPC services: it lists plugins, drivers, resources and allocations,
 // allocates and releases devices, starts containers with them (the CDI
 // devices and a runtime's arguments), follows live changes, applies and
-// deletes objects of the node-local Kubernetes API (apply, delete), draws a
+// deletes objects of the node-local Kubernetes API (apply, delete), shows
+// its pods and their events (pods, events, describe pod), draws a
 // registration's or an allocation's trace (from nodeplug-console or
 // Jaeger), and checks a plugin against the kubelet's contract (conform).
 package main
@@ -117,6 +118,9 @@ func init() {
 		{"claims", "[--namespace NS] [--all] [-o table|json]", "DRA ResourceClaims that concern this node (--all: every one) and this node's view of them: state, devices with health, pods, CDI IDs", cmdClaims},
 		{"apply", applyArgs, "create or update the objects of a YAML file (Namespaces, Pods, Events, ResourceClaims and their templates, DeviceClasses, DeviceTaintRules), through the node-local resource API (operator)", cmdApply},
 		{"delete", deleteArgs, "delete the objects of a YAML file, or objects by kind and name (pod NS/NAME), through the node-local resource API (operator)", cmdDelete},
+		{"pods", podsArgs, "the node-local API's pods (every namespace's, or -n's): phase, containers, claims and their devices, age, latest event", cmdPods},
+		{"events", eventsArgs, "the node-local API's events, oldest first (--for NS/NAME: one pod's)", cmdEvents},
+		{"describe", describeArgs, "a pod in detail, as kubectl describe pod: node, status, conditions, containers, its claims with their devices, its events", cmdDescribe},
 		{"prepare", prepareArgs, "prepare a pod's DRA claims: allocate, NodePrepareResources, the CDI device IDs per container", cmdPrepare},
 		{"resources", "[-o table|json]", "device plugin resources: capacity, allocatable, free, endpoints", cmdResources},
 		{"allocations", "[--pod UID] [-o table|json]", "what is allocated to whom, with trace IDs", cmdAllocations},

@@ -1,0 +1,703 @@
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	sigsyaml "sigs.k8s.io/yaml"
+)
+
+// The commands that read the pods of the node-local API, what the
+// dramanager's pod worker made of them (their claims, devices, status)
+// and their events: pods, events and describe pod.
+
+const (
+	podsArgs     = "[-n NS | -A] [-o table|json|yaml] [--kubeconfig PATH]"
+	eventsArgs   = "[--for [NS/]NAME] [-n NS] [-o table|json|yaml] [--kubeconfig PATH]"
+	describeArgs = "pod NS/NAME | pod NAME [-n NS] [-o text|json|yaml] [--kubeconfig PATH]"
+)
+
+const readKubeconfigUsage = "the API's kubeconfig (default <root-dir>/nodeplug/kubeconfig-operator; reading needs only the reader's, <root-dir>/nodeplug/kubeconfig-reader)"
+
+// readClient is a client of the node-local API with the kubeconfig given,
+// else the operator's under the root dir; and the API's address.
+func (c *cli) readClient(kubeconfig string) (kubernetes.Interface, string, error) {
+	cfg, kubeconfig, err := c.apiConfig(kubeconfig)
+	if err != nil {
+		return nil, "", err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
+	}
+	return cs, cfg.Host, nil
+}
+
+// namespaceGiven says whether -n or --namespace is on the command line.
+func namespaceGiven(fs *flag.FlagSet) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "namespace" || f.Name == "n" })
+	return given
+}
+
+func cmdPods(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("pods", podsArgs)
+	out := c.outputFlag(fs, "table", "json", "yaml")
+	kubeconfig := fs.String("kubeconfig", "", readKubeconfigUsage)
+	namespace := fs.String("namespace", "", "only this namespace's pods (default: every namespace's)")
+	fs.StringVar(namespace, "n", "", "same as --namespace")
+	all := fs.Bool("all-namespaces", false, "every namespace's pods (the default)")
+	fs.BoolVar(all, "A", false, "same as --all-namespaces")
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	if err := checkOutput(*out, "table", "json", "yaml"); err != nil {
+		return err
+	}
+	if *all && namespaceGiven(fs) {
+		return usagef("-n %s and -A: give one (with neither, every namespace's pods are listed)", *namespace)
+	}
+	cs, host, err := c.readClient(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	ns := *namespace
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list pods%s at %s: %w", inNamespaceOf(ns), host, err)
+	}
+	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	if *out != "table" {
+		pods.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "PodList"}
+		return writeObject(c.stdout, *out, pods)
+	}
+	if len(pods.Items) == 0 {
+		_, err := fmt.Fprintf(c.stdout, "no pods%s\n", inNamespaceOf(ns))
+		return err
+	}
+	claims, err := cs.ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list the pods' ResourceClaims%s at %s: %w", inNamespaceOf(ns), host, err)
+	}
+	events, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"})
+	if err != nil {
+		return fmt.Errorf("list the pods' events%s at %s: %w", inNamespaceOf(ns), host, err)
+	}
+	return renderPods(c.stdout, now(), pods.Items, claims.Items, events.Items)
+}
+
+func inNamespaceOf(ns string) string {
+	if ns == "" {
+		return ""
+	}
+	return " in namespace " + ns
+}
+
+// renderPods prints one row per pod: its phase, its containers (ready of
+// all, and why they are not running), its claims (pod claim=ResourceClaim),
+// the devices allocated to them (driver/pool/device), its age and the
+// reason of its latest event.
+func renderPods(w io.Writer, now time.Time, pods []corev1.Pod, claims []resourcev1.ResourceClaim, events []corev1.Event) error {
+	byName := map[string]*resourcev1.ResourceClaim{}
+	for i := range claims {
+		byName[claims[i].Namespace+"/"+claims[i].Name] = &claims[i]
+	}
+	podsByName := map[string]*corev1.Pod{}
+	for i := range pods {
+		podsByName[pods[i].Namespace+"/"+pods[i].Name] = &pods[i]
+	}
+	latest := map[*corev1.Pod]*corev1.Event{}
+	for i := range events {
+		e := &events[i]
+		p := podsByName[e.InvolvedObject.Namespace+"/"+e.InvolvedObject.Name]
+		if p == nil || !eventOf(e, p) {
+			continue
+		}
+		if prev := latest[p]; prev == nil || compareEvents(prev, e) < 0 {
+			latest[p] = e
+		}
+	}
+	return writeTable(w, func(tw io.Writer) {
+		fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tREADY\tCLAIMS\tDEVICES\tAGE\tLAST EVENT")
+		for i := range pods {
+			p := &pods[i]
+			var refs, devices []string
+			for _, r := range podClaimRefs(p) {
+				refs = append(refs, r.name+"="+dash(r.claim))
+				if cl := byName[p.Namespace+"/"+r.claim]; cl != nil && r.claim != "" {
+					devices = append(devices, claimDevices(cl)...)
+				}
+			}
+			last := ""
+			if e := latest[p]; e != nil {
+				last = e.Reason
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Namespace, p.Name, dash(string(p.Status.Phase)), containerSummary(p),
+				joinOrDash(refs), joinOrDash(devices), since(now, p.CreationTimestamp.Time), last)
+		}
+	})
+}
+
+// eventOf says whether e is about pod p: an event naming a UID names the
+// pod of that UID (not an earlier pod of the same name).
+func eventOf(e *corev1.Event, p *corev1.Pod) bool {
+	return e.InvolvedObject.UID == "" || e.InvolvedObject.UID == p.UID
+}
+
+// containerSummary is how many of the pod's containers are ready, of
+// all, then what their states say: each reason a container waits or
+// ended with (an init container's after "Init:"), or Running.
+func containerSummary(p *corev1.Pod) string {
+	ready := 0
+	var states []string
+	add := func(s string) {
+		if !slices.Contains(states, s) {
+			states = append(states, s)
+		}
+	}
+	for _, s := range p.Status.InitContainerStatuses {
+		if w := s.State.Waiting; w != nil {
+			add("Init:" + cmp.Or(w.Reason, "Waiting"))
+		}
+	}
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Ready {
+			ready++
+		}
+		switch {
+		case s.State.Waiting != nil:
+			add(cmp.Or(s.State.Waiting.Reason, "Waiting"))
+		case s.State.Terminated != nil:
+			add(cmp.Or(s.State.Terminated.Reason, "Terminated"))
+		case s.State.Running != nil:
+			add("Running")
+		}
+	}
+	out := fmt.Sprintf("%d/%d", ready, len(p.Spec.Containers))
+	if len(states) > 0 {
+		out += " " + strings.Join(states, ",")
+	}
+	return out
+}
+
+// podClaimRef is one of a pod's claims: its name in the pod, the
+// ResourceClaim ("" while the one of a template is not made yet) and the
+// template it is made from.
+type podClaimRef struct {
+	name, claim, template string
+}
+
+// podClaimRefs resolves the pod's claims: a claim named as it is, a
+// template's by the pod's status.resourceClaimStatuses.
+func podClaimRefs(p *corev1.Pod) []podClaimRef {
+	made := map[string]string{}
+	for _, s := range p.Status.ResourceClaimStatuses {
+		if s.ResourceClaimName != nil {
+			made[s.Name] = *s.ResourceClaimName
+		}
+	}
+	var out []podClaimRef
+	for _, pc := range p.Spec.ResourceClaims {
+		r := podClaimRef{name: pc.Name}
+		switch {
+		case pc.ResourceClaimName != nil:
+			r.claim = *pc.ResourceClaimName
+		case pc.ResourceClaimTemplateName != nil:
+			r.claim, r.template = made[pc.Name], *pc.ResourceClaimTemplateName
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// claimDevices are the devices allocated to a claim, as driver/pool/device.
+func claimDevices(cl *resourcev1.ResourceClaim) []string {
+	if cl.Status.Allocation == nil {
+		return nil
+	}
+	var out []string
+	for _, r := range cl.Status.Allocation.Devices.Results {
+		out = append(out, r.Driver+"/"+r.Pool+"/"+r.Device)
+	}
+	return out
+}
+
+// since renders the time from t to now as kubectl's AGE does: 5s, 3m, 2h,
+// 4d, 2y (whole units, rounded down); "-" for an unset time, "0s" for one
+// after now (another clock's).
+func since(now, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", max(0, int(d/time.Second)))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d/time.Minute))
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh", int(d/time.Hour))
+	case d < 365*24*time.Hour:
+		return fmt.Sprintf("%dd", int(d/(24*time.Hour)))
+	default:
+		return fmt.Sprintf("%dy", int(d/(365*24*time.Hour)))
+	}
+}
+
+// eventLast is when an event last occurred: the latest of its
+// lastTimestamp, eventTime and series' last observation; else its
+// firstTimestamp; else its creation.
+func eventLast(e *corev1.Event) time.Time {
+	var t time.Time
+	for _, u := range []time.Time{e.LastTimestamp.Time, e.EventTime.Time} {
+		if u.After(t) {
+			t = u
+		}
+	}
+	if e.Series != nil && e.Series.LastObservedTime.After(t) {
+		t = e.Series.LastObservedTime.Time
+	}
+	if t.IsZero() {
+		t = e.FirstTimestamp.Time
+	}
+	if t.IsZero() {
+		t = e.CreationTimestamp.Time
+	}
+	return t
+}
+
+// eventFirst is when an event first occurred.
+func eventFirst(e *corev1.Event) time.Time {
+	switch {
+	case !e.FirstTimestamp.IsZero():
+		return e.FirstTimestamp.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	}
+	return eventLast(e)
+}
+
+// eventCount is how many times an event occurred.
+func eventCount(e *corev1.Event) int32 {
+	n := e.Count
+	if e.Series != nil && e.Series.Count > n {
+		n = e.Series.Count
+	}
+	return max(n, 1)
+}
+
+// compareEvents orders events by when they last occurred, then by their
+// creation and name.
+func compareEvents(a, b *corev1.Event) int {
+	return cmp.Or(eventLast(a).Compare(eventLast(b)), a.CreationTimestamp.Compare(b.CreationTimestamp.Time),
+		strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+}
+
+func sortEvents(events []corev1.Event) {
+	slices.SortStableFunc(events, func(a, b corev1.Event) int { return compareEvents(&a, &b) })
+}
+
+// podEventsSelector is the field selector of a pod's events.
+func podEventsSelector(namespace, name string) string {
+	return "involvedObject.kind=Pod,involvedObject.namespace=" + fields.EscapeValue(namespace) +
+		",involvedObject.name=" + fields.EscapeValue(name)
+}
+
+// splitPodRef reads NS/NAME, or NAME in namespace; a namespace given both
+// ways (explicit: -n on the command line) must be the same.
+func splitPodRef(ref, namespace string, explicit bool) (string, string, error) {
+	ns, name, hasNS := strings.Cut(ref, "/")
+	if !hasNS {
+		ns, name = namespace, ref
+	}
+	switch {
+	case name == "" || strings.Contains(name, "/") || (hasNS && ns == ""):
+		return "", "", usagef("%q: want NAME or NAMESPACE/NAME", ref)
+	case hasNS && explicit && ns != namespace:
+		return "", "", usagef("pod %s is in namespace %s, not --namespace %s", ref, ns, namespace)
+	}
+	return ns, name, nil
+}
+
+func cmdEvents(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("events", eventsArgs)
+	out := c.outputFlag(fs, "table", "json", "yaml")
+	kubeconfig := fs.String("kubeconfig", "", readKubeconfigUsage)
+	namespace := fs.String("namespace", "", "only this namespace's events (default: every namespace's); with --for NAME, the pod's namespace (there, default: the namespace default)")
+	fs.StringVar(namespace, "n", "", "same as --namespace")
+	forPod := fs.String("for", "", "only the events of this pod: NS/NAME, or NAME in --namespace")
+	if err := noArgs(fs, args); err != nil {
+		return err
+	}
+	if err := checkOutput(*out, "table", "json", "yaml"); err != nil {
+		return err
+	}
+	ns := *namespace
+	var opts metav1.ListOptions
+	what := "events" + inNamespaceOf(ns)
+	if *forPod != "" {
+		pns, name, err := splitPodRef(*forPod, cmp.Or(ns, metav1.NamespaceDefault), namespaceGiven(fs))
+		if err != nil {
+			return err
+		}
+		ns, opts.FieldSelector = pns, podEventsSelector(pns, name)
+		what = "events of pod " + pns + "/" + name
+	}
+	cs, host, err := c.readClient(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	events, err := cs.CoreV1().Events(ns).List(ctx, opts)
+	if err != nil {
+		return fmt.Errorf("list %s at %s: %w", what, host, err)
+	}
+	sortEvents(events.Items)
+	if *out != "table" {
+		events.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "EventList"}
+		return writeObject(c.stdout, *out, events)
+	}
+	if len(events.Items) == 0 {
+		_, err := fmt.Fprintf(c.stdout, "no %s\n", what)
+		return err
+	}
+	return writeTable(c.stdout, func(tw io.Writer) { eventRows(tw, "", now(), events.Items, ns == "") })
+}
+
+// eventRows prints events, each line after prefix, as kubectl events
+// does: LAST SEEN (with how many times since when, for one that
+// occurred more than once), TYPE, REASON, OBJECT, MESSAGE; after a
+// NAMESPACE with withNamespace.
+func eventRows(tw io.Writer, prefix string, now time.Time, events []corev1.Event, withNamespace bool) {
+	nsCol := ""
+	if withNamespace {
+		nsCol = "NAMESPACE\t"
+	}
+	fmt.Fprintf(tw, "%s%sLAST SEEN\tTYPE\tREASON\tOBJECT\tMESSAGE\n", prefix, nsCol)
+	for i := range events {
+		e := &events[i]
+		seen := since(now, eventLast(e))
+		if n := eventCount(e); n > 1 {
+			seen += fmt.Sprintf(" (x%d over %s)", n, since(now, eventFirst(e)))
+		}
+		if withNamespace {
+			nsCol = e.Namespace + "\t"
+		}
+		obj := e.InvolvedObject.Name
+		if k := e.InvolvedObject.Kind; k != "" {
+			obj = strings.ToLower(k) + "/" + obj
+		}
+		fmt.Fprintf(tw, "%s%s%s\t%s\t%s\t%s\t%s\n", prefix, nsCol, seen, dash(e.Type), dash(e.Reason), obj, oneLine(e.Message))
+	}
+}
+
+// oneLine is s on one line of a table.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// writeTable prints what table writes, its columns aligned, without the
+// spaces an empty last column leaves at the end of a line.
+func writeTable(w io.Writer, table func(tw io.Writer)) error {
+	var b bytes.Buffer
+	tw := newTable(&b)
+	table(tw)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var out strings.Builder
+	for line := range strings.Lines(b.String()) {
+		out.WriteString(strings.TrimRight(line, " \n"))
+		out.WriteByte('\n')
+	}
+	_, err := io.WriteString(w, out.String())
+	return err
+}
+
+// writeObject prints a Kubernetes object as JSON (indented as kubectl
+// indents it) or YAML.
+func writeObject(w io.Writer, format string, obj any) error {
+	var b []byte
+	var err error
+	if format == "yaml" {
+		b, err = sigsyaml.Marshal(obj)
+	} else {
+		b, err = json.MarshalIndent(obj, "", "    ")
+		b = append(b, '\n')
+	}
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// parseDescribe reads what describe names: pod NS/NAME, pod NAME or
+// pod/NAME (in namespace, explicit when given with -n).
+func parseDescribe(pos []string, namespace string, explicit bool) (string, string, error) {
+	var kind, ref string
+	switch {
+	case len(pos) == 1 && strings.Contains(pos[0], "/"):
+		kind, ref, _ = strings.Cut(pos[0], "/")
+		if strings.Contains(ref, "/") {
+			return "", "", usagef("%q: want pod/NAME (with --namespace for the namespace) or pod NS/NAME", pos[0])
+		}
+	case len(pos) == 2:
+		kind, ref = pos[0], pos[1]
+	case len(pos) == 0:
+		return "", "", usagef("name the pod: describe pod NS/NAME")
+	case len(pos) == 1:
+		return "", "", usagef("name the %s: describe %s NS/NAME", pos[0], pos[0])
+	default:
+		return "", "", usagef("describe one pod at a time: unexpected arguments %q", pos[2:])
+	}
+	if k := kindNamed(kind); k == nil || k.gvk.Kind != "Pod" {
+		return "", "", usagef("describe takes pods (pod, pods, po), not %q", kind)
+	}
+	return splitPodRef(ref, namespace, explicit)
+}
+
+func cmdDescribe(ctx context.Context, c *cli, args []string) error {
+	fs := c.flags("describe", describeArgs)
+	out := c.outputFlag(fs, "text", "json", "yaml")
+	kubeconfig := fs.String("kubeconfig", "", readKubeconfigUsage)
+	namespace := fs.String("namespace", metav1.NamespaceDefault, "the pod's namespace when NAME names none")
+	fs.StringVar(namespace, "n", metav1.NamespaceDefault, "same as --namespace")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if err := checkOutput(*out, "text", "json", "yaml"); err != nil {
+		return err
+	}
+	ns, name, err := parseDescribe(pos, *namespace, namespaceGiven(fs))
+	if err != nil {
+		return err
+	}
+	cs, host, err := c.readClient(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("pod %s/%s not found (nodeplugctl pods lists the pods)", ns, name)
+	case err != nil:
+		return fmt.Errorf("get pod %s/%s at %s: %w", ns, name, host, err)
+	}
+	if *out != "text" {
+		pod.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
+		return writeObject(c.stdout, *out, pod)
+	}
+	claims := map[string]*resourcev1.ResourceClaim{}
+	for _, r := range podClaimRefs(pod) {
+		if r.claim == "" || claims[r.claim] != nil {
+			continue
+		}
+		cl, err := cs.ResourceV1().ResourceClaims(ns).Get(ctx, r.claim, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			return fmt.Errorf("get ResourceClaim %s/%s of pod %s/%s at %s: %w", ns, r.claim, ns, name, host, err)
+		}
+		claims[r.claim] = cl
+	}
+	events, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: podEventsSelector(ns, name)})
+	if err != nil {
+		return fmt.Errorf("list the events of pod %s/%s at %s: %w", ns, name, host, err)
+	}
+	mine := slices.DeleteFunc(events.Items, func(e corev1.Event) bool { return !eventOf(&e, pod) })
+	sortEvents(mine)
+	return renderPodDescription(c.stdout, now(), pod, claims, mine)
+}
+
+const (
+	none       = "<none>"
+	timeLayout = "Mon, 02 Jan 2006 15:04:05 -0700" // as kubectl describe writes times
+)
+
+func orNone(s string) string {
+	if s == "" {
+		return none
+	}
+	return s
+}
+
+// renderPodDescription prints a pod as kubectl describe pod does: what it
+// is and where it runs, its conditions, its containers with their states
+// and claims, its claims with their allocations, then its events.
+func renderPodDescription(w io.Writer, now time.Time, p *corev1.Pod, claims map[string]*resourcev1.ResourceClaim, events []corev1.Event) error {
+	refs := podClaimRefs(p)
+	return writeTable(w, func(tw io.Writer) {
+		fmt.Fprintf(tw, "Name:\t%s\n", p.Name)
+		fmt.Fprintf(tw, "Namespace:\t%s\n", p.Namespace)
+		fmt.Fprintf(tw, "Node:\t%s\n", orNone(p.Spec.NodeName))
+		if t := p.Status.StartTime; t != nil {
+			fmt.Fprintf(tw, "Start Time:\t%s\n", t.Local().Format(timeLayout))
+		}
+		labels := sortedKeys(p.Labels)
+		if len(labels) == 0 {
+			fmt.Fprintf(tw, "Labels:\t%s\n", none)
+		}
+		for i, k := range labels {
+			head := ""
+			if i == 0 {
+				head = "Labels:"
+			}
+			fmt.Fprintf(tw, "%s\t%s=%s\n", head, k, p.Labels[k])
+		}
+		fmt.Fprintf(tw, "Status:\t%s\n", orNone(string(p.Status.Phase)))
+		if p.Status.Reason != "" {
+			fmt.Fprintf(tw, "Reason:\t%s\n", p.Status.Reason)
+		}
+		if p.Status.Message != "" {
+			fmt.Fprintf(tw, "Message:\t%s\n", oneLine(p.Status.Message))
+		}
+		if len(p.Status.Conditions) == 0 {
+			fmt.Fprintf(tw, "Conditions:\t%s\n", none)
+		} else {
+			fmt.Fprintln(tw, "Conditions:")
+			fmt.Fprintln(tw, "  Type\tStatus\tReason\tMessage")
+			for _, c := range p.Status.Conditions {
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", c.Type, c.Status, c.Reason, oneLine(c.Message))
+			}
+		}
+		if len(p.Spec.InitContainers) > 0 {
+			fmt.Fprintln(tw, "Init Containers:")
+			describeContainers(tw, p.Spec.InitContainers, p.Status.InitContainerStatuses, refs)
+		}
+		fmt.Fprintln(tw, "Containers:")
+		describeContainers(tw, p.Spec.Containers, p.Status.ContainerStatuses, refs)
+		if len(refs) == 0 {
+			fmt.Fprintf(tw, "Resource Claims:\t%s\n", none)
+		} else {
+			fmt.Fprintln(tw, "Resource Claims:")
+		}
+		for _, r := range refs {
+			describeClaim(tw, r, claims[r.claim])
+		}
+		if len(events) == 0 {
+			fmt.Fprintf(tw, "Events:\t%s\n", none)
+			return
+		}
+		fmt.Fprintln(tw, "Events:")
+		eventRows(tw, "  ", now, events, false)
+	})
+}
+
+// describeContainers prints each container: its image, its state (from
+// statuses), whether it is ready and the claims it uses (pod claim, with
+// the request, and the ResourceClaim).
+func describeContainers(tw io.Writer, cs []corev1.Container, statuses []corev1.ContainerStatus, refs []podClaimRef) {
+	for _, c := range cs {
+		fmt.Fprintf(tw, "  %s:\n", c.Name)
+		fmt.Fprintf(tw, "    Image:\t%s\n", c.Image)
+		i := slices.IndexFunc(statuses, func(s corev1.ContainerStatus) bool { return s.Name == c.Name })
+		if i < 0 {
+			fmt.Fprintf(tw, "    State:\t%s\n", none)
+		} else {
+			st := statuses[i]
+			switch s := st.State; {
+			case s.Waiting != nil:
+				fmt.Fprintln(tw, "    State:\tWaiting")
+				describeReason(tw, s.Waiting.Reason, s.Waiting.Message)
+			case s.Running != nil:
+				fmt.Fprintln(tw, "    State:\tRunning")
+				fmt.Fprintf(tw, "      Started:\t%s\n", s.Running.StartedAt.Local().Format(timeLayout))
+			case s.Terminated != nil:
+				fmt.Fprintln(tw, "    State:\tTerminated")
+				describeReason(tw, s.Terminated.Reason, s.Terminated.Message)
+				fmt.Fprintf(tw, "      Exit Code:\t%d\n", s.Terminated.ExitCode)
+			default:
+				fmt.Fprintf(tw, "    State:\t%s\n", none)
+			}
+			ready := "False"
+			if st.Ready {
+				ready = "True"
+			}
+			fmt.Fprintf(tw, "    Ready:\t%s\n", ready)
+		}
+		var used []string
+		for _, rc := range c.Resources.Claims {
+			u := rc.Name
+			if rc.Request != "" {
+				u += "/" + rc.Request
+			}
+			if j := slices.IndexFunc(refs, func(r podClaimRef) bool { return r.name == rc.Name }); j >= 0 && refs[j].claim != "" {
+				u += " (" + refs[j].claim + ")"
+			}
+			used = append(used, u)
+		}
+		fmt.Fprintf(tw, "    Claims:\t%s\n", orNone(strings.Join(used, ", ")))
+	}
+}
+
+func describeReason(tw io.Writer, reason, message string) {
+	if reason != "" {
+		fmt.Fprintf(tw, "      Reason:\t%s\n", reason)
+	}
+	if message != "" {
+		fmt.Fprintf(tw, "      Message:\t%s\n", oneLine(message))
+	}
+}
+
+// describeClaim prints one pod claim: its ResourceClaim (and template),
+// whether it is allocated, its devices and whom it is reserved for; cl is
+// nil for a claim the API does not have.
+func describeClaim(tw io.Writer, r podClaimRef, cl *resourcev1.ResourceClaim) {
+	fmt.Fprintf(tw, "  %s:\n", r.name)
+	claim := r.claim
+	switch {
+	case claim == "":
+		claim = "<not made yet>"
+	case cl == nil:
+		claim += " (not found)"
+	}
+	if r.template != "" {
+		claim += " (from template " + r.template + ")"
+	}
+	fmt.Fprintf(tw, "    Claim:\t%s\n", claim)
+	allocated := "no"
+	if cl != nil && cl.Status.Allocation != nil {
+		allocated = "yes"
+	}
+	fmt.Fprintf(tw, "    Allocated:\t%s\n", allocated)
+	if cl == nil {
+		return
+	}
+	fmt.Fprintf(tw, "    Devices:\t%s\n", orNone(strings.Join(claimDevices(cl), ", ")))
+	var reserved []string
+	for _, c := range cl.Status.ReservedFor {
+		reserved = append(reserved, consumerName(c))
+	}
+	fmt.Fprintf(tw, "    Reserved For:\t%s\n", orNone(strings.Join(reserved, ", ")))
+}
+
+// consumerName names what a claim is reserved for as kubectl names
+// objects: pod/NAME, else RESOURCE[.GROUP]/NAME.
+func consumerName(c resourcev1.ResourceClaimConsumerReference) string {
+	if c.APIGroup == "" && c.Resource == "pods" {
+		return "pod/" + c.Name
+	}
+	res := c.Resource
+	if c.APIGroup != "" {
+		res += "." + c.APIGroup
+	}
+	return res + "/" + c.Name
+}
