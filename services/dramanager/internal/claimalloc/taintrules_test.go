@@ -42,7 +42,12 @@ func TestDeviceTaintRules(t *testing.T) {
 				kctx, cancel := context.WithCancel(ctx)
 				done := make(chan error, 1)
 				go func() { done <- kc.Run(kctx) }()
-				t.Cleanup(func() { cancel(); <-done })
+				t.Cleanup(func() {
+					cancel()
+					if err := <-done; err != nil {
+						t.Errorf("kubecache: %v", err)
+					}
+				})
 				al.Follow(kc)
 				runAllocator(t, al)
 			}
