@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -281,10 +282,11 @@ func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
 			if ctx.Err() != nil {
 				return err
 			}
-			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedPrepare, err.Error())
+			msg := message(err.Error())
+			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedPrepare, msg)
 			if errors.Is(err, errdefs.ErrFailedPrecondition) {
-				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedScheduling, err.Error())
-				if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, err.Error()); serr != nil {
+				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedScheduling, msg)
+				if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, msg); serr != nil {
 					w.log.Warn("pod status not written", "pod", pod.Namespace+"/"+pod.Name, "error", serr)
 				}
 			}
@@ -309,6 +311,25 @@ func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
+// maxMessage bounds an event's or a condition's message: an allocator's
+// reason on a large node can be long, and the API keeps events of at most
+// 16 KiB.
+const maxMessage = 4096
+
+// message is s, valid UTF-8, cut to maxMessage bytes (on a rune boundary)
+// with the length it had.
+func message(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	if len(s) <= maxMessage {
+		return s
+	}
+	cut := maxMessage
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes in all)", s[:cut], len(s))
+}
+
 // preparedMessage names the CDI devices each container gets.
 func preparedMessage(results []claims.ContainerResult) string {
 	var parts []string
@@ -320,7 +341,7 @@ func preparedMessage(results []claims.ContainerResult) string {
 	if len(parts) == 0 {
 		return "the pod's claims are prepared"
 	}
-	return "the pod's claims are prepared; CDI devices " + strings.Join(parts, "; ")
+	return message("the pod's claims are prepared; CDI devices " + strings.Join(parts, "; "))
 }
 
 // bind sets the pod's spec.nodeName to this node, as the scheduler's
@@ -446,7 +467,7 @@ func (w *Worker) podClaims(ctx context.Context, pod *corev1.Pod) ([]claims.PodCl
 		if name == "" {
 			var err error
 			if name, err = w.claimFromTemplate(ctx, pod, pc); err != nil {
-				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedClaimCreation, err.Error())
+				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedClaimCreation, message(err.Error()))
 				return nil, err
 			}
 		}
@@ -535,7 +556,7 @@ func ptrTo[T any](v T) *T { return &v }
 func (w *Worker) release(ctx context.Context, uid types.UID, ref podRef, pod *corev1.Pod) error {
 	if _, err := w.cfg.Claims.ReleasePod(ctx, string(uid)); err != nil {
 		if pod != nil {
-			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedRelease, err.Error())
+			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedRelease, message(err.Error()))
 		}
 		return fmt.Errorf("releasing the claims of pod %s (%s): %w", ref.key(), uid, err)
 	}

@@ -69,6 +69,6 @@ func (w *Worker) warnUnsupported(pod *corev1.Pod) {
 		return
 	}
 	if fields := unsupported(pod); len(fields) > 0 {
-		w.recorder.Event(pod, corev1.EventTypeWarning, ReasonUnsupportedField, "not done by nodeplug: "+strings.Join(fields, "; "))
+		w.recorder.Event(pod, corev1.EventTypeWarning, ReasonUnsupportedField, message("not done by nodeplug: "+strings.Join(fields, "; ")))
 	}
 }
