@@ -257,7 +257,12 @@ func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
 	if done {
 		return nil
 	}
-	w.warnUnsupported(pod)
+	// A pod already bound and scheduled was run before a restart: its
+	// prepare is the saved answer, and its events were recorded then.
+	ranBefore := pod.Spec.NodeName != "" && scheduledTrue(pod)
+	if !ranBefore {
+		w.warnUnsupported(pod)
+	}
 	podClaims, err := w.podClaims(ctx, pod)
 	if err != nil {
 		return err
@@ -299,7 +304,7 @@ func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
 		}
 		w.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonScheduled, "Successfully assigned %s/%s to %s", pod.Namespace, pod.Name, w.cfg.Node)
 	}
-	if len(podClaims) > 0 {
+	if len(podClaims) > 0 && !ranBefore {
 		w.recorder.Event(pod, corev1.EventTypeNormal, ReasonPrepared, preparedMessage(results))
 	}
 	if err := w.setScheduled(ctx, pod, corev1.ConditionTrue, "", ""); err != nil {
@@ -377,6 +382,16 @@ func (w *Worker) setScheduled(ctx context.Context, pod *corev1.Pod, status corev
 		st.ContainerStatuses = waiting(pod.Spec.Containers, st.ContainerStatuses)
 		st.InitContainerStatuses = waiting(pod.Spec.InitContainers, st.InitContainerStatuses)
 	})
+}
+
+// scheduledTrue says whether the pod's PodScheduled condition is True.
+func scheduledTrue(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func setCondition(st *corev1.PodStatus, cond corev1.PodCondition) {
