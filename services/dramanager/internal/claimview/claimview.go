@@ -208,6 +208,20 @@ func (v *View) ReleasePod(ctx context.Context, podUID string) (int, error) {
 	return n, err
 }
 
+// Holds says whether the claims manager records the claim of that UID,
+// prepared or still being unprepared.
+func (v *View) Holds(claimUID string) bool {
+	if v.records == nil {
+		return false
+	}
+	for _, c := range v.records.List() {
+		if c.Ref.UID == claimUID {
+			return true
+		}
+	}
+	return false
+}
+
 // Pods returns what the claims manager's Pods does (nil without one).
 func (v *View) Pods(podUID string) []claims.PodClaims {
 	if v.records == nil {

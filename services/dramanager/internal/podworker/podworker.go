@@ -79,7 +79,19 @@ type Claims interface {
 	Prepare(ctx context.Context, req claims.PrepareRequest) ([]claims.ContainerResult, error)
 	// ReleasePod releases every claim the pod holds.
 	ReleasePod(ctx context.Context, podUID string) (int, error)
+	// Holds says whether a claim is still recorded, prepared or being
+	// unprepared by its driver.
+	Holds(claimUID string) bool
 }
+
+// errUnpreparing is sync's answer while a released pod's claim is still
+// being unprepared: the pod is looked at again after unpreparedPoll,
+// without counting as a failure.
+var errUnpreparing = errors.New("a claim made for the pod is still being unprepared")
+
+// unpreparedPoll is how often a released pod's claims are looked at until
+// their drivers unprepared them.
+const unpreparedPoll = 100 * time.Millisecond
 
 // Config configures a Worker.
 type Config struct {
@@ -195,7 +207,13 @@ func (w *Worker) next(ctx context.Context) bool {
 		return false
 	}
 	defer w.queue.Done(key)
-	if err := w.sync(ctx, key); err != nil {
+	err := w.sync(ctx, key)
+	if errors.Is(err, errUnpreparing) {
+		w.queue.Forget(key)
+		w.queue.AddAfter(key, unpreparedPoll)
+		return true
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Info("pod not done; retrying", "pod", key, "error", err)
 		}
@@ -583,6 +601,12 @@ func (w *Worker) release(ctx context.Context, uid types.UID, ref podRef, pod *co
 	for _, c := range list.Items {
 		if !ownedBy(&c, uid) {
 			continue
+		}
+		// A claim made for the pod is deleted once its driver unprepared
+		// it: deleted before, its devices would look free to the
+		// allocator while the driver still holds them prepared.
+		if w.cfg.Claims.Holds(string(c.UID)) {
+			return fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, errUnpreparing)
 		}
 		err := api.Delete(ctx, c.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &c.UID}})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {

@@ -295,6 +295,11 @@ func TestPodFromTemplates(t *testing.T) {
 		if _, err := e.claim("demo", own); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("claim made for the pod: %v", err)
 		}
+		// Deleted only once unprepared: before, its device would look
+		// free while the driver still holds it prepared.
+		if _, unprepared := e.plugin.Calls(ownClaim.UID); unprepared == 0 {
+			t.Fatalf("claim %s deleted before its driver unprepared it", own)
+		}
 		c, err := e.claim("demo", "shared")
 		if err != nil {
 			return err
