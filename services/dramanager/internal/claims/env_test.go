@@ -148,6 +148,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	root := testutil.TempDir(t)
 	e := &env{t: t, api: dratest.StartAPI(t, root), dir: filepath.Join(root, "dra-manager")}
+	e.api.Namespace(t, ns)
 	if err := os.MkdirAll(e.dir, 0o750); err != nil {
 		t.Fatal(err)
 	}

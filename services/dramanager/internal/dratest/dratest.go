@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,6 +59,16 @@ func StartAPI(t testing.TB, root string) *API {
 		t.Fatal(err)
 	}
 	return &API{Root: root, Client: a.Client, DriverClient: dc}
+}
+
+// Namespace creates namespace name, as a manifest would before the
+// objects in it (the API creates objects only in namespaces that exist).
+func (a *API) Namespace(t testing.TB, name string) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if _, err := a.Client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace %s: %v", name, err)
+	}
 }
 
 // Driver is one running instance of a DRA driver built on kubeletplugin.
