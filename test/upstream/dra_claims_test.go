@@ -767,17 +767,21 @@ metadata:
 		}
 		return nil
 	})
-	events, err := cs.CoreV1().Events("ml").List(ctxT(t), metav1.ListOptions{FieldSelector: "involvedObject.name=trainer"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reasons := map[string]bool{}
-	for _, e := range events.Items {
-		reasons[e.Reason] = true
-	}
-	if !reasons["Scheduled"] || !reasons["PreparedDynamicResources"] {
-		t.Fatalf("the pod's events are %v, want Scheduled and PreparedDynamicResources", reasons)
-	}
+	// Events are recorded in the background, after the status.
+	testutil.Eventually(t, "the pod's events recorded", func() error {
+		events, err := cs.CoreV1().Events("ml").List(ctxT(t), metav1.ListOptions{FieldSelector: "involvedObject.name=trainer"})
+		if err != nil {
+			return err
+		}
+		reasons := map[string]bool{}
+		for _, e := range events.Items {
+			reasons[e.Reason] = true
+		}
+		if !reasons["Scheduled"] || !reasons["PreparedDynamicResources"] {
+			return fmt.Errorf("the pod's events are %v, want Scheduled and PreparedDynamicResources", reasons)
+		}
+		return nil
+	})
 	t.Logf("$ nodeplugctl delete pod ml/trainer\n%s", n.ctl("delete", "pod", "ml/trainer"))
 	n.waitUnprepared(d, string(claim.UID))
 	testutil.Eventually(t, "the claim made for the pod deleted", func() error {
