@@ -782,6 +782,16 @@ metadata:
 		}
 		return nil
 	})
+	// What a runtime would be given for the pod's container: the claim's
+	// CDI device, through the devicemanager's StartContainer.
+	pod, err := cs.CoreV1().Pods("ml").Get(ctxT(t), "trainer", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, err := n.startContainer(string(pod.UID), "main")
+	if want := cdiID(driverName, string(claim.UID), "gpu"); err != nil || !slices.Contains(start.GetCdiDevices(), want) {
+		t.Fatalf("StartContainer of the pod's container: %v %v, want the claim's CDI device %s", start.GetCdiDevices(), err, want)
+	}
 	t.Logf("$ nodeplugctl delete pod ml/trainer\n%s", n.ctl("delete", "pod", "ml/trainer"))
 	n.waitUnprepared(d, string(claim.UID))
 	testutil.Eventually(t, "the claim made for the pod deleted", func() error {
