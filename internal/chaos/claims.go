@@ -224,19 +224,8 @@ func (h *harness) claimsPhase(ctx context.Context) error {
 	defer stop()
 	for i := range h.cfg.ClaimKills {
 		before := s.prepares()
-		for s.prepares() < before+h.cfg.ClaimWorkers {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case err := <-errc:
-				return err
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Duration(h.intn(50)) * time.Millisecond):
+		if err := h.awaitKillMoment(ctx, errc, func() bool { return s.prepares() >= before+h.cfg.ClaimWorkers }, 50*time.Millisecond); err != nil {
+			return err
 		}
 		when := fmt.Sprintf("claims kill %d", i+1)
 		if err := h.killRestart(ctx, "dramanager"); err != nil {

@@ -280,7 +280,14 @@ func (h *harness) draKill(ctx context.Context, i int, errc <-chan error) error {
 func (h *harness) draAwaitKillMoment(ctx context.Context, errc <-chan error) error {
 	d := h.dra
 	acked := d.acked()
-	for d.acked() < acked+len(d.drivers) {
+	return h.awaitKillMoment(ctx, errc, func() bool { return d.acked() >= acked+len(d.drivers) }, h.cfg.Interval)
+}
+
+// awaitKillMoment waits until progressed says the load moved on, then a
+// random moment of at most pause. It returns the load's error from errc,
+// if one comes first.
+func (h *harness) awaitKillMoment(ctx context.Context, errc <-chan error, progressed func() bool, pause time.Duration) error {
+	for !progressed() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -292,7 +299,7 @@ func (h *harness) draAwaitKillMoment(ctx context.Context, errc <-chan error) err
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-time.After(time.Duration(h.intn(int(max(h.cfg.Interval/time.Millisecond, 1)))) * time.Millisecond):
+	case <-time.After(time.Duration(h.intn(int(max(pause/time.Millisecond, 1)))) * time.Millisecond):
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 )
 
 // The pods phase's invariants, beside (g), (i) and (j), which its driver
@@ -107,19 +108,8 @@ func (h *harness) podsPhase(ctx context.Context) error {
 	defer stop()
 	for i := range h.cfg.PodKills {
 		before := p.run()
-		for p.run() < before+1 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case err := <-errc:
-				return err
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Duration(h.intn(50)) * time.Millisecond):
+		if err := h.awaitKillMoment(ctx, errc, func() bool { return p.run() > before }, 50*time.Millisecond); err != nil {
+			return err
 		}
 		svc := podKillTargets[i%len(podKillTargets)]
 		if err := h.killRestart(ctx, svc); err != nil {
@@ -167,7 +157,7 @@ func (p *podsState) work(ctx context.Context, w int) error {
 			created, err := pods.Create(cctx, &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 				Spec: corev1.PodSpec{
-					ResourceClaims: []corev1.PodResourceClaim{{Name: "dev", ResourceClaimTemplateName: ptrTo(podsDriverName)}},
+					ResourceClaims: []corev1.PodResourceClaim{{Name: "dev", ResourceClaimTemplateName: ptr.To(podsDriverName)}},
 					Containers: []corev1.Container{{Name: "main", Image: "example.com/chaos:1",
 						Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "dev"}}}}},
 				},
@@ -315,5 +305,3 @@ func podScheduled(p *corev1.Pod) bool {
 	}
 	return false
 }
-
-func ptrTo[T any](v T) *T { return &v }

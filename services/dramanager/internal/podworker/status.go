@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 
@@ -119,5 +120,5 @@ func statusEqual(a, b corev1.PodStatus) bool {
 		}
 		return s
 	}
-	return fmt.Sprintf("%+v", strip(a)) == fmt.Sprintf("%+v", strip(b))
+	return apiequality.Semantic.DeepEqual(strip(a), strip(b))
 }

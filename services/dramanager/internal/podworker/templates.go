@@ -8,6 +8,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
 )
@@ -85,7 +86,7 @@ func (w *Worker) claimFromTemplate(ctx context.Context, pod *corev1.Pod, pc core
 			Annotations:  annotations,
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
-				Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true),
+				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
 			}},
 		},
 		Spec: tpl.Spec.Spec,
@@ -121,5 +122,3 @@ func ownedBy(c *resourcev1.ResourceClaim, uid types.UID) bool {
 	}
 	return false
 }
-
-func ptrTo[T any](v T) *T { return &v }
