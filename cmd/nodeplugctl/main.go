@@ -120,6 +120,7 @@ func init() {
 		{"delete", deleteArgs, "delete the objects of a YAML file, or objects by kind and name (pod NS/NAME), through the node-local resource API (operator)", cmdDelete},
 		{"pods", podsArgs, "the node-local API's pods (every namespace's, or -n's): phase, containers, claims and their devices, age, latest event", cmdPods},
 		{"events", eventsArgs, "the node-local API's events, oldest first (--for NS/NAME: one pod's)", cmdEvents},
+		{"logs", logsArgs, "a container's log, as kubectl logs prints it, from the files its runtime writes under <root-dir>/pod-logs", cmdLogs},
 		{"describe", describeArgs, "a pod in detail, as kubectl describe pod: node, status, conditions, containers, its claims with their devices, its events", cmdDescribe},
 		{"prepare", prepareArgs, "prepare a pod's DRA claims: allocate, NodePrepareResources, the CDI device IDs per container", cmdPrepare},
 		{"resources", "[-o table|json]", "device plugin resources: capacity, allocatable, free, endpoints", cmdResources},

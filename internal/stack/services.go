@@ -26,8 +26,16 @@ type Processes struct {
 	tcpAddrs map[string]string
 }
 
-// NewProcesses returns a Processes that has not started anything yet.
+// NoContainerRuntime is in every Processes' environment before its own:
+// the dramanager runs no container of the pods of the node-local API
+// unless a test asks for a runtime (NODEPLUG_DRAMANAGER_CONTAINER_RUNTIME
+// in env), so that no test starts containers in the host's podman.
+const NoContainerRuntime = "NODEPLUG_DRAMANAGER_CONTAINER_RUNTIME=none"
+
+// NewProcesses returns a Processes that has not started anything yet. env
+// is added to the services' environment (a later variable wins).
 func NewProcesses(bin, root string, env ...string) *Processes {
+	env = append([]string{NoContainerRuntime}, env...)
 	return &Processes{Bin: bin, Root: root, Env: env, procs: map[string]*Process{}, addrs: map[string]string{}, tcpAddrs: map[string]string{}}
 }
 

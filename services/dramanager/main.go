@@ -35,6 +35,7 @@ import (
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/kubecache"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/podworker"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/slicewatch"
+	"github.com/nodeplug/nodeplug/services/internal/containers"
 	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
@@ -46,6 +47,7 @@ func appService() app.Service {
 	var opts store.Options
 	var kube kubeaccess.Options
 	var draDelay time.Duration
+	var ctr runtimeOptions
 	return app.Service{
 		Binary: "dramanager", DefaultMetrics: app.DefaultDRAManagerMetricsAddr,
 		Flags: func(fs *app.Flags) {
@@ -56,9 +58,12 @@ func appService() app.Service {
 			fs.StringVar(&kube.NodeName, "node-name", "", "the Node this dramanager serves (default: the host name)")
 			fs.DurationVar(&draDelay, "dra-disconnect-delay", drivers.DefaultDisconnectDelay,
 				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
+			fs.StringVar(&ctr.kind, "container-runtime", runtimeAuto,
+				"what runs the containers of the node-local API's Pods: podman, none (their devices are prepared, and `nodeplugctl start` prints what a runtime would be given), or auto (podman when it answers, else none)")
+			fs.StringVar(&ctr.podman, "podman-path", "", "the podman executable (default: podman on PATH)")
 		},
 		Setup: func(ctx context.Context, rt *app.Runtime) error {
-			return setup(rt, opts, kube, draDelay)
+			return setup(rt, opts, kube, draDelay, ctr)
 		},
 	}
 }
@@ -68,7 +73,7 @@ func appService() app.Service {
 // parts, and serves DRAService. The claims manager runs until the service
 // stops; what it owes (unprepares, rollbacks of intents) stays recorded
 // and resumes at the next start.
-func setup(rt *app.Runtime, opts store.Options, kube kubeaccess.Options, draDelay time.Duration) error {
+func setup(rt *app.Runtime, opts store.Options, kube kubeaccess.Options, draDelay time.Duration, ctr runtimeOptions) error {
 	opts.Log = rt.Log
 	journal, err := openJournal(rt, opts)
 	if err != nil {
@@ -78,7 +83,13 @@ func setup(rt *app.Runtime, opts store.Options, kube kubeaccess.Options, draDela
 	if err != nil {
 		return err
 	}
-	return setupDRA(rt, uuid.NewString(), kubeAPI, draDelay, journal)
+	var runtime containers.Runtime
+	if kubeAPI.Local {
+		if runtime, err = ctr.open(rt); err != nil {
+			return err
+		}
+	}
+	return setupDRA(rt, uuid.NewString(), kubeAPI, draDelay, journal, runtime)
 }
 
 // openJournal opens and loads the claims' journal in
@@ -178,7 +189,7 @@ func checkPermissions(rt *app.Runtime, kubeAPI *kubeaccess.Access) {
 // streamed (slicewatch), and the claims manager (allocation on this node
 // by claimalloc, the drivers' calls by the registry, its records in
 // journal); ListClaims joins its records with the API's claims (claimview).
-func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal) error {
+func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal, runtime containers.Runtime) error {
 	// With the node-local API, no scheduler applies the DeviceTaintRules:
 	// the allocator does.
 	var cacheOpts []kubecache.Option
@@ -244,6 +255,7 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 		pw, err := podworker.New(podworker.Config{
 			Client: kubeAPI.Client, Node: node, Claims: view, Log: rt.Log,
 			StateFile: filepath.Join(layout.DRAManagerDir(rt.Config.RootDir), "pods.json"),
+			Runtime:   runtime, RootDir: rt.Config.RootDir,
 		})
 		if err != nil {
 			return err
@@ -252,4 +264,39 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 	}
 	rt.Log.Info("dramanager ready", "instance_id", instanceID, "checkpoint", journal.Location(), "node", node)
 	return nil
+}
+
+// The values of --container-runtime.
+const (
+	runtimeAuto   = "auto"
+	runtimePodman = "podman"
+	runtimeNone   = "none"
+)
+
+// runtimeOptions are the flags that choose the pods' container runtime.
+type runtimeOptions struct {
+	kind, podman string
+}
+
+// open returns the runtime the flags name (nil: none). With auto, podman
+// is used when it answers; when it does not, why is logged and the pods'
+// containers are not run.
+func (o runtimeOptions) open(rt *app.Runtime) (containers.Runtime, error) {
+	switch o.kind {
+	case runtimeNone:
+		return nil, nil
+	case runtimePodman, runtimeAuto:
+	default:
+		return nil, fmt.Errorf("--container-runtime %q: want %s, %s or %s", o.kind, runtimeAuto, runtimePodman, runtimeNone)
+	}
+	p, err := containers.NewPodman(containers.PodmanConfig{Path: o.podman})
+	if err != nil {
+		if o.kind == runtimeAuto {
+			rt.Log.Info("no container runtime: the pods' devices are prepared, their containers are not run", "reason", err)
+			return nil, nil
+		}
+		return nil, fmt.Errorf("--container-runtime podman: %w", err)
+	}
+	rt.Log.Info("the pods' containers are run by " + p.Name())
+	return p, nil
 }

@@ -64,12 +64,19 @@ type draNode struct {
 // it failed).
 func startDRANode(t *testing.T, delay time.Duration) *draNode {
 	t.Helper()
+	return startDRANodeEnv(t, delay)
+}
+
+// startDRANodeEnv is startDRANode with dmEnv added to the dramanager's
+// environment.
+func startDRANodeEnv(t *testing.T, delay time.Duration, dmEnv ...string) *draNode {
+	t.Helper()
 	root := testutil.TempDir(t)
 	n := &draNode{t: t, root: root, node: "node-" + strconv.Itoa(os.Getpid())}
 	n.svc = stack.NewProcesses(binDir, root)
 	n.api = stack.NewProcesses(binDir, root)
 	n.api.Args = []string{"--node-name", n.node}
-	n.dmp = stack.NewProcesses(binDir, root)
+	n.dmp = stack.NewProcesses(binDir, root, dmEnv...)
 	n.dmp.Args = []string{
 		"--node-name", n.node,
 		"--dra-disconnect-delay", delay.String(),

@@ -43,6 +43,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
+	"github.com/nodeplug/nodeplug/services/internal/containers"
 )
 
 // PodClaimNameAnnotation names, on a claim made from a template, the pod
@@ -106,6 +107,13 @@ type Config struct {
 	RetryInitial, RetryMax time.Duration
 	// Workers is how many pods are worked on at once (4 by default).
 	Workers int
+	// Runtime runs the pods' containers; nil: none does, and the pods'
+	// containers wait with reason NoContainerRuntime once their devices
+	// are prepared.
+	Runtime containers.Runtime
+	// RootDir is nodeplug's root directory: the containers' logs are
+	// written under it (podlogs.Dir).
+	RootDir string
 }
 
 // Worker runs the pods of one node.
@@ -119,18 +127,25 @@ type Worker struct {
 	events   record.EventBroadcaster
 	recorder record.EventRecorder
 
+	// ctrs is the runtime's containers as last listed.
+	ctrs containerList
+
 	mu sync.Mutex
-	// done are the pods (by UID) whose devices are prepared and whose
-	// status says so (a pod's claims cannot change once it is created);
-	// warned those told of unsupported fields.
-	done   map[types.UID]bool
-	warned map[types.UID]bool
+	// prepared are the pods (by UID) whose devices are prepared and whose
+	// status says so (a pod's claims cannot change once it is created),
+	// with each container's CDI devices; warned those told of unsupported
+	// fields.
+	prepared map[types.UID]map[string][]string
+	warned   map[types.UID]bool
 }
 
 // New makes a worker; Run runs it.
 func New(cfg Config) (*Worker, error) {
 	if cfg.Client == nil || cfg.Node == "" || cfg.Claims == nil || cfg.StateFile == "" {
 		return nil, fmt.Errorf("pod worker: a client, a node, the claims and a state file are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Runtime != nil && cfg.RootDir == "" {
+		return nil, fmt.Errorf("pod worker: a container runtime needs the root directory for its logs: %w", errdefs.ErrInvalidArgument)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -149,7 +164,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, log: cfg.Log.With("component", "podworker"), state: st,
-		done: map[types.UID]bool{}, warned: map[types.UID]bool{}}
+		prepared: map[types.UID]map[string][]string{}, warned: map[types.UID]bool{}}
 	w.factory = informers.NewSharedInformerFactory(cfg.Client, 0)
 	w.pods = w.factory.Core().V1().Pods().Informer()
 	w.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -211,6 +226,12 @@ func (w *Worker) next(ctx context.Context) bool {
 		w.queue.AddAfter(key, unpreparedPoll)
 		return true
 	}
+	var later requeue
+	if errors.As(err, &later) {
+		w.queue.Forget(key)
+		w.queue.AddAfter(key, time.Duration(later))
+		return true
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Info("pod not done; retrying", "pod", key, "error", err)
@@ -257,22 +278,43 @@ func (w *Worker) sync(ctx context.Context, key string) error {
 	case pod.Spec.NodeName != "" && pod.Spec.NodeName != w.cfg.Node:
 		return nil
 	case pod.DeletionTimestamp != nil, pod.Status.Phase == corev1.PodSucceeded, pod.Status.Phase == corev1.PodFailed:
-		if _, ok := w.state.get(pod.UID); ok {
-			return w.release(ctx, pod.UID, podRef{Namespace: pod.Namespace, Name: pod.Name}, pod)
+		if ref, ok := w.state.get(pod.UID); ok && !ref.Ended {
+			return w.release(ctx, pod.UID, ref, pod)
 		}
 		return nil
 	}
 	return w.run(ctx, pod)
 }
 
-// run prepares the pod's devices, binds it and writes its status.
+// run prepares the pod's devices, binds it and writes its status, then
+// runs its containers when there is a runtime.
 func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
 	w.mu.Lock()
-	done := w.done[pod.UID]
+	cdi, done := w.prepared[pod.UID]
 	w.mu.Unlock()
-	if done {
+	if !done {
+		var err error
+		if cdi, err = w.prepare(ctx, pod); err != nil {
+			return err
+		}
+	}
+	if w.cfg.Runtime == nil {
 		return nil
 	}
+	return w.syncContainers(ctx, pod, cdi)
+}
+
+// grace is how long the pod's containers are given to stop.
+func grace(pod *corev1.Pod) int64 {
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		return *g
+	}
+	return corev1.DefaultTerminationGracePeriodSeconds
+}
+
+// prepare prepares the pod's devices, binds it and writes its status; it
+// returns each container's CDI devices.
+func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]string, error) {
 	// A pod already bound and scheduled was run before a restart: its
 	// prepare is the saved answer, and its events were recorded then.
 	ranBefore := pod.Spec.NodeName != "" && scheduledTrue(pod)
@@ -281,7 +323,7 @@ func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
 	}
 	podClaims, err := w.podClaims(ctx, pod)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req := claims.PrepareRequest{Pod: claims.PodRef{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, PodClaims: podClaims}
 	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
@@ -293,43 +335,47 @@ func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
 			req.Containers = append(req.Containers, cc)
 		}
 	}
-	if err := w.state.add(pod.UID, podRef{Namespace: pod.Namespace, Name: pod.Name}); err != nil {
-		return err
+	if err := w.state.add(pod.UID, podRef{Namespace: pod.Namespace, Name: pod.Name, Grace: grace(pod)}); err != nil {
+		return nil, err
 	}
 	var results []claims.ContainerResult
 	if len(podClaims) > 0 {
 		results, err = w.cfg.Claims.Prepare(ctx, req)
 		if err != nil {
 			if ctx.Err() != nil {
-				return err
+				return nil, err
 			}
 			msg := message(err.Error())
 			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedPrepare, msg)
 			if errors.Is(err, errdefs.ErrFailedPrecondition) {
 				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedScheduling, msg)
-				if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, msg); serr != nil {
+				if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, msg, false); serr != nil {
 					w.log.Warn("pod status not written", "pod", pod.Namespace+"/"+pod.Name, "error", serr)
 				}
 			}
-			return err
+			return nil, err
 		}
 	}
 	if pod.Spec.NodeName == "" {
 		if err := w.bind(ctx, pod); err != nil {
-			return err
+			return nil, err
 		}
 		w.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonScheduled, "Successfully assigned %s/%s to %s", pod.Namespace, pod.Name, w.cfg.Node)
 	}
 	if len(podClaims) > 0 && !ranBefore {
 		w.recorder.Event(pod, corev1.EventTypeNormal, ReasonPrepared, preparedMessage(results))
 	}
-	if err := w.setScheduled(ctx, pod, corev1.ConditionTrue, "", ""); err != nil {
-		return err
+	if err := w.setScheduled(ctx, pod, corev1.ConditionTrue, "", "", w.cfg.Runtime == nil); err != nil {
+		return nil, err
+	}
+	cdi := map[string][]string{}
+	for _, r := range results {
+		cdi[r.Container] = r.CDIDeviceIDs
 	}
 	w.mu.Lock()
-	w.done[pod.UID] = true
+	w.prepared[pod.UID] = cdi
 	w.mu.Unlock()
-	return nil
+	return cdi, nil
 }
 
 // maxMessage bounds an event's or a condition's message: an allocator's
@@ -368,6 +414,14 @@ func preparedMessage(results []claims.ContainerResult) string {
 // release releases the pod's claims, deletes the claims made for it and
 // forgets it. pod is the pod when it still exists (ended), for events.
 func (w *Worker) release(ctx context.Context, uid types.UID, ref podRef, pod *corev1.Pod) error {
+	// The containers are stopped before their devices are unprepared.
+	// Those of a pod that ended stay, with their logs, until it is
+	// deleted.
+	if w.cfg.Runtime != nil && (pod == nil || pod.DeletionTimestamp != nil) {
+		if err := w.stopContainers(ctx, uid, ref, pod); err != nil {
+			return err
+		}
+	}
 	if _, err := w.cfg.Claims.ReleasePod(ctx, string(uid)); err != nil {
 		if pod != nil {
 			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedRelease, message(err.Error()))
@@ -394,11 +448,17 @@ func (w *Worker) release(ctx context.Context, uid types.UID, ref podRef, pod *co
 			return fmt.Errorf("deleting claim %s/%s made for pod %s: %w", c.Namespace, c.Name, ref.key(), err)
 		}
 	}
-	if err := w.state.remove(uid); err != nil {
+	if pod != nil && pod.DeletionTimestamp == nil && w.cfg.Runtime != nil {
+		// Ended: its containers are removed when it is deleted.
+		ref.Ended = true
+		if err := w.state.add(uid, ref); err != nil {
+			return err
+		}
+	} else if err := w.state.remove(uid); err != nil {
 		return err
 	}
 	w.mu.Lock()
-	delete(w.done, uid)
+	delete(w.prepared, uid)
 	delete(w.warned, uid)
 	w.mu.Unlock()
 	w.log.Info("pod released", "pod", ref.key(), "uid", uid)

@@ -25,6 +25,7 @@ import (
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/dratest"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/drivers"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/podworker"
+	"github.com/nodeplug/nodeplug/services/internal/containers"
 	"github.com/nodeplug/nodeplug/services/internal/store"
 )
 
@@ -41,13 +42,22 @@ type env struct {
 	plugin *dratest.Plugin
 	view   *claimview.View
 	stop   func()
+	// runtime runs the pods' containers when set (newEnvWith).
+	runtime containers.Runtime
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, nil)
+}
+
+// newEnvWith is newEnv with a pod worker that runs the pods' containers
+// with runtime.
+func newEnvWith(t *testing.T, runtime containers.Runtime) *env {
+	t.Helper()
 	ctx := context.Background()
 	root := testutil.TempDir(t)
-	e := &env{t: t, root: root, api: dratest.StartAPI(t, root), plugin: dratest.NewPlugin(gpu)}
+	e := &env{t: t, root: root, api: dratest.StartAPI(t, root), plugin: dratest.NewPlugin(gpu), runtime: runtime}
 	reg, err := drivers.New(drivers.Config{Client: e.api.Client, NodeName: dratest.Node, AllowedDirs: []string{root}})
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +113,8 @@ func newEnv(t *testing.T) *env {
 func (e *env) start() {
 	e.t.Helper()
 	w, err := podworker.New(podworker.Config{Client: e.api.Client, Node: dratest.Node, Claims: e.view,
-		StateFile: filepath.Join(e.root, "dra-manager", "pods.json"), RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+		StateFile: filepath.Join(e.root, "dra-manager", "pods.json"), RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+		Runtime: e.runtime, RootDir: e.root})
 	if err != nil {
 		e.t.Fatal(err)
 	}

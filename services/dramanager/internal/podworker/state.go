@@ -17,6 +17,12 @@ import (
 type podRef struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
+	// Grace is the pod's termination grace period, in seconds: how long
+	// its containers are given to stop when it is deleted.
+	Grace int64 `json:"grace,omitempty"`
+	// Ended: the pod ended and its claims are released; its containers
+	// stay, with their logs, until it is deleted.
+	Ended bool `json:"ended,omitempty"`
 }
 
 func (r podRef) key() string { return r.Namespace + "/" + r.Name }

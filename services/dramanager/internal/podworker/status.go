@@ -36,13 +36,14 @@ func (w *Worker) bind(ctx context.Context, pod *corev1.Pod) error {
 }
 
 // setScheduled writes the pod's PodScheduled condition and, once it is
-// scheduled, its containers' states: waiting, as no runtime runs them.
-func (w *Worker) setScheduled(ctx context.Context, pod *corev1.Pod, status corev1.ConditionStatus, reason, message string) error {
+// scheduled and noRuntime, its containers' states: waiting, as no runtime
+// runs them.
+func (w *Worker) setScheduled(ctx context.Context, pod *corev1.Pod, status corev1.ConditionStatus, reason, message string, noRuntime bool) error {
 	return w.updateStatus(ctx, pod, func(st *corev1.PodStatus) {
 		now := metav1.Now()
 		cond := corev1.PodCondition{Type: corev1.PodScheduled, Status: status, Reason: reason, Message: message, LastTransitionTime: now}
 		setCondition(st, cond)
-		if status != corev1.ConditionTrue {
+		if status != corev1.ConditionTrue || !noRuntime {
 			return
 		}
 		st.ContainerStatuses = waiting(pod.Spec.Containers, st.ContainerStatuses)

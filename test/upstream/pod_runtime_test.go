@@ -1,0 +1,245 @@
+package upstream
+
+import (
+	"encoding/json"
+	"os/exec"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodeplug/nodeplug/internal/testutil"
+)
+
+// The pods of a manifest run by podman: the dramanager's pod worker runs
+// their containers with the CDI devices of their claims, writes their
+// states and keeps their logs, which nodeplugctl logs reads.
+
+// podImage is the name the manifests use for the probe's image: the test
+// tags the image it built with it, and nothing is ever pulled.
+const podImage = "registry.example.com/nodeplug/probe:1.0"
+
+// wrapper writes an executable that runs podman as p.run does, over the
+// test's storage and with /var/run/cdi showing specDirs, for the
+// dramanager's --podman-path.
+func (p *podman) wrapper(specDirs ...string) string {
+	p.t.Helper()
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\nset -e\n")
+	for _, e := range p.env {
+		k, v, _ := strings.Cut(e, "=")
+		fmt.Fprintf(&b, "export %s=%q\n", k, v)
+	}
+	fmt.Fprintf(&b, "scratch=$(mktemp -d -p %q ns-XXXXXX)\n", p.dir)
+	fmt.Fprintf(&b, "exec unshare --mount --propagation private %q -scratch \"$scratch\"", filepath.Join(binDir, "cdinamespace"))
+	for _, d := range specDirs {
+		fmt.Fprintf(&b, " -dir %q", d)
+	}
+	fmt.Fprintf(&b, " -- %q \"$@\"\n", p.bin)
+	path := filepath.Join(p.dir, "podman-wrapper")
+	if err := os.WriteFile(path, []byte(b.String()), 0o700); err != nil {
+		p.t.Fatal(err)
+	}
+	return path
+}
+
+// podmanNode is a DRA node whose dramanager runs the pods' containers in
+// podman, with a DRA driver whose CDI specs are in its own directory.
+func podmanNode(t *testing.T, driverName string) (*draNode, *podman, kubernetes.Interface) {
+	t.Helper()
+	pm := newPodman(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skipf("unshare (util-linux) is not installed: %v", err)
+	}
+	if out, stderr, err := pm.run(nil, "tag", probeImage, podImage); err != nil {
+		t.Fatalf("podman tag %s %s: %v\n%s%s", probeImage, podImage, err, out, stderr)
+	}
+	draCDI := filepath.Join(testutil.TempDir(t), "dra")
+	if err := os.Mkdir(draCDI, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := startDRANodeEnv(t, longDelay,
+		"NODEPLUG_DRAMANAGER_CONTAINER_RUNTIME=podman", "NODEPLUG_DRAMANAGER_PODMAN_PATH="+pm.wrapper(draCDI))
+	devs := []resourcev1.Device{gpu("gpu-0", "a100", 0, "40Gi")}
+	n.startDriver(driverName, devs, "--cdi-dir", draCDI)
+	cs := n.operator()
+	n.waitSlices(cs, driverName, devs)
+	n.waitDriver(driverName, oneServing(1, ""))
+	return n, pm, cs
+}
+
+// TestDRAPodRunsInPodman: a driver's manifest applied as it is — a pod
+// whose claim comes from a template with the driver's opaque config, an
+// init container and an app container both using it — runs in podman: the
+// init container first, then the app container, each seeing the claim's
+// CDI edits (the driver's environment variables); the pod ends Succeeded
+// (restartPolicy Never), its claim is then released, and nodeplugctl logs
+// prints what each container printed. Deleting the pod removes its
+// containers and its logs, and its claim.
+func TestDRAPodRunsInPodman(t *testing.T) {
+	const driverName = "pods.test.nodeplug.io"
+	n, pm, cs := podmanNode(t, driverName)
+	manifest := filepath.Join(n.root, "pod.yaml")
+	writeFile(t, manifest, fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata:
+  name: ml
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: %[1]s
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "%[1]s"
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: one-gpu
+  namespace: ml
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: %[1]s
+      config:
+      - opaque:
+          driver: %[1]s
+          parameters:
+            color: teal
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer
+  namespace: ml
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  initContainers:
+  - name: init
+    image: %[2]s
+    command: ["/ctrprobe", "-env", "user_color"]
+    resources:
+      claims:
+      - name: gpu
+  containers:
+  - name: main
+    image: %[2]s
+    command: ["/ctrprobe"]
+    args: ["-env", "user_color", "-env", "POD_NAME", "-env", "GREETING"]
+    env:
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.name
+    - name: GREETING
+      value: hello $(POD_NAME)
+    resources:
+      claims:
+      - name: gpu
+  resourceClaims:
+  - name: gpu
+    resourceClaimTemplateName: one-gpu
+`, driverName, podImage))
+	t.Logf("$ nodeplugctl apply -f pod.yaml\n%s", n.ctl("apply", "-f", manifest))
+
+	var pod *corev1.Pod
+	testutil.Eventually(t, "pod trainer Succeeded", func() error {
+		var err error
+		if pod, err = cs.CoreV1().Pods("ml").Get(ctxT(t), "trainer", metav1.GetOptions{}); err != nil {
+			return err
+		}
+		if pod.Status.Phase != corev1.PodSucceeded {
+			return fmt.Errorf("phase %s, init %v, containers %v", pod.Status.Phase, states(pod.Status.InitContainerStatuses), states(pod.Status.ContainerStatuses))
+		}
+		return nil
+	})
+	for _, st := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
+		if tm := st.State.Terminated; tm == nil || tm.ExitCode != 0 || tm.Reason != "Completed" || !strings.HasPrefix(st.ContainerID, "podman://") {
+			t.Errorf("container %s: state %+v, id %q, want terminated, Completed, exit 0, a podman:// ID", st.Name, st.State, st.ContainerID)
+		}
+	}
+	claimName := *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
+
+	for _, c := range []struct {
+		container string
+		env       map[string]string
+	}{
+		{"init", map[string]string{"user_color": "teal"}},
+		{"main", map[string]string{"user_color": "teal", "POD_NAME": "trainer", "GREETING": "hello trainer"}},
+	} {
+		out := n.ctl("logs", "ml/trainer", "-c", c.container)
+		var r probeReport
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("nodeplugctl logs ml/trainer -c %s: %v\n%s", c.container, err, out)
+		}
+		for k, want := range c.env {
+			if v := r.Env[k]; v == nil || *v != want {
+				t.Errorf("%s in container %s: %v, want %q", k, c.container, ptrVal(v), want)
+			}
+		}
+	}
+	t.Logf("$ nodeplugctl pods\n%s", n.ctl("pods"))
+
+	// An ended pod's claims are released: the claim made for it is
+	// deleted once its driver unprepared it; its containers stay, with
+	// their logs, until the pod is deleted.
+	testutil.Eventually(t, "the claim of the ended pod deleted", func() error {
+		if _, err := cs.ResourceV1().ResourceClaims("ml").Get(ctxT(t), claimName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("claim %s: %v", claimName, err)
+		}
+		return nil
+	})
+	if got := pm.containers(string(pod.UID)); len(got) != 2 {
+		t.Fatalf("podman holds %v of the ended pod, want its two containers", got)
+	}
+	n.ctl("delete", "pod", "ml/trainer")
+	testutil.Eventually(t, "the deleted pod's containers and logs removed", func() error {
+		if got := pm.containers(string(pod.UID)); len(got) != 0 {
+			return fmt.Errorf("podman still holds %v", got)
+		}
+		logs, _ := filepath.Glob(filepath.Join(n.root, "pod-logs", "ml_trainer_*"))
+		if len(logs) != 0 {
+			return fmt.Errorf("logs left: %v", logs)
+		}
+		return nil
+	})
+}
+
+// states shows container statuses in a line.
+func states(sts []corev1.ContainerStatus) string {
+	var parts []string
+	for _, s := range sts {
+		switch {
+		case s.State.Running != nil:
+			parts = append(parts, s.Name+": running")
+		case s.State.Terminated != nil:
+			parts = append(parts, fmt.Sprintf("%s: exited %d", s.Name, s.State.Terminated.ExitCode))
+		case s.State.Waiting != nil:
+			parts = append(parts, fmt.Sprintf("%s: waiting %s %s", s.Name, s.State.Waiting.Reason, s.State.Waiting.Message))
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// containers lists the names of podman's containers of the pod.
+func (p *podman) containers(podUID string) []string {
+	p.t.Helper()
+	out, stderr, err := p.run(nil, "ps", "-a", "--filter", "label=io.kubernetes.pod.uid="+podUID, "--format", "{{.Names}}")
+	if err != nil {
+		p.t.Fatalf("podman ps: %v\n%s", err, stderr)
+	}
+	return strings.Fields(string(out))
+}
