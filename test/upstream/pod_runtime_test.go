@@ -2,9 +2,9 @@ package upstream
 
 import (
 	"encoding/json"
-	"os/exec"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
