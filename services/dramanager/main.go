@@ -59,7 +59,7 @@ func appService() app.Service {
 			fs.DurationVar(&draDelay, "dra-disconnect-delay", drivers.DefaultDisconnectDelay,
 				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
 			fs.StringVar(&ctr.kind, "container-runtime", runtimeAuto,
-				"what runs the containers of the node-local API's Pods: podman, none (their devices are prepared, and `nodeplugctl start` prints what a runtime would be given), or auto (podman when it answers, else none)")
+				"what runs the containers of the node-local API's Pods: podman, none (their devices are prepared, and nodeplugctl start prints what a runtime would be given), or auto (podman when it answers, else none)")
 			fs.StringVar(&ctr.podman, "podman-path", "", "the podman executable (default: podman on PATH)")
 		},
 		Setup: func(ctx context.Context, rt *app.Runtime) error {
