@@ -61,6 +61,7 @@ func appService() app.Service {
 			fs.StringVar(&ctr.kind, "container-runtime", runtimeAuto,
 				"what runs the containers of the node-local API's Pods: podman, none (their devices are prepared, and nodeplugctl start prints what a runtime would be given), or auto (podman when it answers, else none)")
 			fs.StringVar(&ctr.podman, "podman-path", "", "the podman executable (default: podman on PATH)")
+			fs.StringVar(&ctr.network, "podman-network", "", "the network of the pods' containers, as podman run --network takes it (default: podman's; none: a loopback interface only)")
 		},
 		Setup: func(ctx context.Context, rt *app.Runtime) error {
 			return setup(rt, opts, kube, draDelay, ctr)
@@ -275,7 +276,7 @@ const (
 
 // runtimeOptions are the flags that choose the pods' container runtime.
 type runtimeOptions struct {
-	kind, podman string
+	kind, podman, network string
 }
 
 // open returns the runtime the flags name (nil: none). With auto, podman
@@ -289,7 +290,7 @@ func (o runtimeOptions) open(rt *app.Runtime) (containers.Runtime, error) {
 	default:
 		return nil, fmt.Errorf("--container-runtime %q: want %s, %s or %s", o.kind, runtimeAuto, runtimePodman, runtimeNone)
 	}
-	p, err := containers.NewPodman(containers.PodmanConfig{Path: o.podman})
+	p, err := containers.NewPodman(containers.PodmanConfig{Path: o.podman, Network: o.network})
 	if err != nil {
 		if o.kind == runtimeAuto {
 			rt.Log.Info("no container runtime: the pods' devices are prepared, their containers are not run", "reason", err)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,7 +67,11 @@ func podmanNode(t *testing.T, driverName string) (*draNode, *podman, kubernetes.
 		t.Fatal(err)
 	}
 	n := startDRANodeEnv(t, longDelay,
-		"NODEPLUG_DRAMANAGER_CONTAINER_RUNTIME=podman", "NODEPLUG_DRAMANAGER_PODMAN_PATH="+pm.wrapper(draCDI))
+		"NODEPLUG_DRAMANAGER_CONTAINER_RUNTIME=podman", "NODEPLUG_DRAMANAGER_PODMAN_PATH="+pm.wrapper(draCDI),
+		// Each podman command runs in a mount namespace of its own, with
+		// /run its own: a network namespace a container's start made
+		// under /run/netns would be gone for the next command.
+		"NODEPLUG_DRAMANAGER_PODMAN_NETWORK=none")
 	devs := []resourcev1.Device{gpu("gpu-0", "a100", 0, "40Gi")}
 	n.startDriver(driverName, devs, "--cdi-dir", draCDI)
 	cs := n.operator()
@@ -87,38 +92,7 @@ func TestDRAPodRunsInPodman(t *testing.T) {
 	const driverName = "pods.test.nodeplug.io"
 	n, pm, cs := podmanNode(t, driverName)
 	manifest := filepath.Join(n.root, "pod.yaml")
-	writeFile(t, manifest, fmt.Sprintf(`apiVersion: v1
-kind: Namespace
-metadata:
-  name: ml
----
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata:
-  name: %[1]s
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "%[1]s"
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata:
-  name: one-gpu
-  namespace: ml
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: %[1]s
-      config:
-      - opaque:
-          driver: %[1]s
-          parameters:
-            color: teal
----
+	writeFile(t, manifest, classAndTemplate(driverName)+fmt.Sprintf(`---
 apiVersion: v1
 kind: Pod
 metadata:
@@ -129,14 +103,14 @@ spec:
   terminationGracePeriodSeconds: 1
   initContainers:
   - name: init
-    image: %[2]s
+    image: %[1]s
     command: ["/ctrprobe", "-env", "user_color"]
     resources:
       claims:
       - name: gpu
   containers:
   - name: main
-    image: %[2]s
+    image: %[1]s
     command: ["/ctrprobe"]
     args: ["-env", "user_color", "-env", "POD_NAME", "-env", "GREETING"]
     env:
@@ -152,7 +126,7 @@ spec:
   resourceClaims:
   - name: gpu
     resourceClaimTemplateName: one-gpu
-`, driverName, podImage))
+`, podImage))
 	t.Logf("$ nodeplugctl apply -f pod.yaml\n%s", n.ctl("apply", "-f", manifest))
 
 	var pod *corev1.Pod
@@ -242,4 +216,124 @@ func (p *podman) containers(podUID string) []string {
 		p.t.Fatalf("podman ps: %v\n%s", err, stderr)
 	}
 	return strings.Fields(string(out))
+}
+
+// classAndTemplate is the manifests' namespace ml, the driver's
+// DeviceClass, and template one-gpu with the driver's opaque config
+// (color: teal, which the driver's CDI spec sets as user_color).
+func classAndTemplate(driverName string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata:
+  name: ml
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata:
+  name: %[1]s
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "%[1]s"
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: one-gpu
+  namespace: ml
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: %[1]s
+      config:
+      - opaque:
+          driver: %[1]s
+          parameters:
+            color: teal
+`, driverName)
+}
+
+// TestDRAPodRunningAcrossKills: a long-running pod's container runs on
+// through kill -9 of the dramanager and of nodeplug-apiserver; the
+// dramanager started again takes it over (one container, its first
+// start, still running), and deleting the pod then stops it, removes it
+// and releases its claim.
+func TestDRAPodRunningAcrossKills(t *testing.T) {
+	const driverName = "kills.test.nodeplug.io"
+	n, pm, cs := podmanNode(t, driverName)
+	manifest := filepath.Join(n.root, "pod.yaml")
+	writeFile(t, manifest, classAndTemplate(driverName)+fmt.Sprintf(`---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: server
+  namespace: ml
+spec:
+  terminationGracePeriodSeconds: 20
+  containers:
+  - name: main
+    image: %s
+    command: ["/ctrprobe", "-env", "user_color", "-wait"]
+    resources:
+      claims:
+      - name: gpu
+  resourceClaims:
+  - name: gpu
+    resourceClaimTemplateName: one-gpu
+`, podImage))
+	n.ctl("apply", "-f", manifest)
+	running := func() (*corev1.Pod, error) {
+		pod, err := cs.CoreV1().Pods("ml").Get(ctxT(t), "server", metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if pod.Status.Phase != corev1.PodRunning || len(pod.Status.ContainerStatuses) != 1 || pod.Status.ContainerStatuses[0].State.Running == nil {
+			return nil, fmt.Errorf("phase %s, containers %v", pod.Status.Phase, states(pod.Status.ContainerStatuses))
+		}
+		return pod, nil
+	}
+	var pod *corev1.Pod
+	testutil.Eventually(t, "pod server Running", func() (err error) {
+		pod, err = running()
+		return err
+	})
+	id := pod.Status.ContainerStatuses[0].ContainerID
+	claimName := *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
+	want := []string{fmt.Sprintf("k8s_main_server_ml_%s_0", pod.UID)}
+
+	n.killDRA()
+	n.killAPI()
+	n.startAPI()
+	n.startDRA()
+	testutil.Eventually(t, "pod server Running after the kills, on its first container", func() error {
+		p, err := running()
+		if err != nil {
+			return err
+		}
+		if got := p.Status.ContainerStatuses[0]; got.ContainerID != id || got.RestartCount != 0 {
+			return fmt.Errorf("container %s (restarts %d), want %s", got.ContainerID, got.RestartCount, id)
+		}
+		if got := pm.containers(string(pod.UID)); !slices.Equal(got, want) {
+			return fmt.Errorf("podman holds %v, want %v", got, want)
+		}
+		return nil
+	})
+	var r probeReport
+	if out := n.ctl("logs", "ml/server"); json.Unmarshal(out, &r) != nil || r.Env["user_color"] == nil || *r.Env["user_color"] != "teal" {
+		t.Errorf("nodeplugctl logs ml/server: %s, want the report with user_color teal", out)
+	}
+
+	n.ctl("delete", "pod", "ml/server")
+	testutil.Eventually(t, "the deleted pod's container removed and its claim deleted", func() error {
+		if got := pm.containers(string(pod.UID)); len(got) != 0 {
+			return fmt.Errorf("podman still holds %v", got)
+		}
+		if _, err := cs.ResourceV1().ResourceClaims("ml").Get(ctxT(t), claimName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("claim %s: %v", claimName, err)
+		}
+		return nil
+	})
 }

@@ -141,6 +141,9 @@ func (w *Worker) syncContainers(ctx context.Context, pod *corev1.Pod, cdi map[st
 	if err != nil {
 		return err
 	}
+	if have, err = w.dropStale(ctx, pod.UID, have); err != nil {
+		return err
+	}
 	r := &podRun{pod: pod, cdi: cdi, have: have, waiting: map[string]*corev1.ContainerStateWaiting{}}
 	initDone := w.stepInit(ctx, r)
 	if initDone && !r.failed {
@@ -155,6 +158,45 @@ func (w *Worker) syncContainers(ctx context.Context, pod *corev1.Pod, cdi map[st
 		return requeue(r.nextLook)
 	}
 	return nil
+}
+
+// dropStale removes the containers of the pod that were created and never
+// started: Run starts what it creates before it returns, and a pod is
+// worked on by one sync at a time, so such a container is what a
+// dramanager killed between the two left (or a listing taken in between:
+// the containers are listed again first). They are started anew.
+func (w *Worker) dropStale(ctx context.Context, uid types.UID, have map[string]containers.State) (map[string]containers.State, error) {
+	stale := func(have map[string]containers.State) bool {
+		for _, s := range have {
+			if s.Status == containers.StatusCreated {
+				return true
+			}
+		}
+		return false
+	}
+	if !stale(have) {
+		return have, nil
+	}
+	have, err := w.runtimeContainers(ctx, uid, true)
+	if err != nil {
+		return nil, err
+	}
+	removed := false
+	for _, s := range have {
+		if s.Status != containers.StatusCreated {
+			continue
+		}
+		w.log.Info("removing a container created and never started", "container", s.Name)
+		if err := w.cfg.Runtime.Remove(ctx, s.ID); err != nil {
+			return nil, fmt.Errorf("removing container %s, created and never started: %w", s.Name, err)
+		}
+		removed = true
+	}
+	if !removed {
+		return have, nil
+	}
+	// The start before the removed one, if any, is the latest again.
+	return w.runtimeContainers(ctx, uid, true)
 }
 
 // restartOf says when a container of a pod with that policy is started

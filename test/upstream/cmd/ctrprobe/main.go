@@ -6,7 +6,10 @@
 // mounted read-only, a device node's major:minor, a file's content (at most
 // 4 KiB) and a directory's entries.
 //
-//	ctrprobe [-env NAME]... [PATH]...
+//	ctrprobe [-env NAME]... [-wait] [PATH]...
+//
+// With -wait it then waits for SIGTERM and exits 0 (a long-running
+// container).
 //
 // It is built static (CGO_ENABLED=0): the image holds nothing else.
 package main
@@ -18,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,7 +55,10 @@ func main() {
 	var envs names
 	fs := flag.NewFlagSet("ctrprobe", flag.ExitOnError)
 	fs.Var(&envs, "env", "an environment variable to report (repeatable)")
+	wait := fs.Bool("wait", false, "after the report, wait for SIGTERM")
 	_ = fs.Parse(os.Args[1:])
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
 	mounts, err := mountPoints()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ctrprobe:", err)
@@ -73,6 +80,9 @@ func main() {
 	if err := enc.Encode(r); err != nil {
 		fmt.Fprintln(os.Stderr, "ctrprobe:", err)
 		os.Exit(1)
+	}
+	if *wait {
+		<-term
 	}
 }
 
