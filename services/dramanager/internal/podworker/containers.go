@@ -151,12 +151,57 @@ func (w *Worker) syncContainers(ctx context.Context, pod *corev1.Pod, cdi map[st
 			w.stepContainer(ctx, r, c, restartOf(pod.Spec.RestartPolicy))
 		}
 	}
+	if ph := r.phase(initDone); ph == corev1.PodSucceeded || ph == corev1.PodFailed {
+		// The pod is done: what still runs (its sidecars) is stopped.
+		if err := w.stopRunning(ctx, r); err != nil {
+			return err
+		}
+	}
 	if err := w.updateStatus(ctx, pod, func(st *corev1.PodStatus) { r.status(st, initDone) }); err != nil {
 		return err
 	}
 	if r.nextLook > 0 {
 		return requeue(r.nextLook)
 	}
+	return nil
+}
+
+// sidecar says whether c is a sidecar: an init container that runs beside
+// the app containers.
+func sidecar(c corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
+func conditionTrue(pod *corev1.Pod, t corev1.PodConditionType) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == t {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// stopRunning stops the pod's containers that run, and lists them again.
+func (w *Worker) stopRunning(ctx context.Context, r *podRun) error {
+	stopped := false
+	for name, s := range r.have {
+		if s.Status != containers.StatusRunning {
+			continue
+		}
+		w.recorder.Eventf(r.pod, corev1.EventTypeNormal, ReasonKilling, "Stopping container %s", name)
+		if err := w.cfg.Runtime.Stop(ctx, s.ID, time.Duration(grace(r.pod))*time.Second); err != nil && !errors.Is(err, containers.ErrNotFound) {
+			return fmt.Errorf("stopping container %s of pod %s/%s: %w", name, r.pod.Namespace, r.pod.Name, err)
+		}
+		stopped = true
+	}
+	if !stopped {
+		return nil
+	}
+	have, err := w.runtimeContainers(ctx, r.pod.UID, true)
+	if err != nil {
+		return err
+	}
+	r.have = have
 	return nil
 }
 
@@ -214,10 +259,23 @@ func restartOf(policy corev1.RestartPolicy) func(exit int) bool {
 // stepInit runs the init containers in order, each to its successful end,
 // and says whether all have ended so. An init container that failed is run
 // again unless the pod's restartPolicy is Never; then the pod has failed.
+// A sidecar (an init container with restartPolicy Always) counts once it
+// runs, and is restarted whenever it ends; once the pod is initialized,
+// only its sidecars are looked at again.
 func (w *Worker) stepInit(ctx context.Context, r *podRun) bool {
+	initialized := conditionTrue(r.pod, corev1.PodInitialized)
 	for _, c := range r.pod.Spec.InitContainers {
 		s, ok := r.have[c.Name]
-		if ok && s.Status == containers.StatusExited && s.ExitCode == 0 {
+		if sidecar(c) {
+			if !ok || s.Status != containers.StatusRunning {
+				w.stepContainer(ctx, r, c, func(int) bool { return true })
+				if !initialized {
+					return false
+				}
+			}
+			continue
+		}
+		if initialized || ok && s.Status == containers.StatusExited && s.ExitCode == 0 {
 			continue
 		}
 		if ok && s.Status == containers.StatusExited && r.pod.Spec.RestartPolicy == corev1.RestartPolicyNever {
@@ -344,6 +402,9 @@ func containerName(pod *corev1.Pod, container string, restart int) string {
 // taken from the pod's own fields (the downward API's fieldRef) that a
 // pod on one node has. Any other source is an error naming it.
 func containerEnv(pod *corev1.Pod, c corev1.Container) ([]string, error) {
+	if len(c.EnvFrom) > 0 {
+		return nil, fmt.Errorf("envFrom of container %s: ConfigMaps and Secrets are not served by the node-local API", c.Name)
+	}
 	var env []string
 	for _, e := range c.Env {
 		v := e.Value

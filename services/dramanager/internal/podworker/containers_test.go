@@ -235,3 +235,30 @@ func TestPodRunningAcrossRestartAndDeleted(t *testing.T) {
 		return nil
 	})
 }
+
+// TestPodSidecar: a sidecar (an init container with restartPolicy Always)
+// is started before the app container and runs beside it; when the app
+// container ends the pod Succeeded and the sidecar is stopped.
+func TestPodSidecar(t *testing.T) {
+	t.Parallel()
+	e, _ := podmanEnv(t)
+	p := ctrPod("sidecar", corev1.RestartPolicyNever, []string{"out=sidecar up", "sleep"}, []string{"out=app ran"})
+	p.Spec.InitContainers[0].RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+	e.create(p)
+	p = e.waitPod("sidecar", "Succeeded with its sidecar stopped", func(p *corev1.Pod) error {
+		if err := phase(corev1.PodSucceeded)(p); err != nil {
+			return err
+		}
+		if len(p.Status.InitContainerStatuses) != 1 || p.Status.InitContainerStatuses[0].State.Terminated == nil {
+			return fmt.Errorf("the sidecar has not been stopped")
+		}
+		return nil
+	})
+	side, app := p.Status.InitContainerStatuses[0].State.Terminated, p.Status.ContainerStatuses[0].State.Terminated
+	if app == nil || app.ExitCode != 0 || app.StartedAt.Before(&side.StartedAt) || side.FinishedAt.Before(&app.FinishedAt) {
+		t.Errorf("sidecar %+v, app %+v: want the app started after the sidecar and ended before it", side, app)
+	}
+	if log := e.logOf(p, "init", 0); !strings.Contains(log, "got SIGTERM") {
+		t.Errorf("the sidecar's log: %q, want it stopped with SIGTERM", log)
+	}
+}

@@ -317,7 +317,7 @@ func grace(pod *corev1.Pod) int64 {
 func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]string, error) {
 	// A pod already bound and scheduled was run before a restart: its
 	// prepare is the saved answer, and its events were recorded then.
-	ranBefore := pod.Spec.NodeName != "" && scheduledTrue(pod)
+	ranBefore := pod.Spec.NodeName != "" && conditionTrue(pod, corev1.PodScheduled)
 	if !ranBefore {
 		w.warnUnsupported(pod)
 	}

@@ -51,16 +51,6 @@ func (w *Worker) setScheduled(ctx context.Context, pod *corev1.Pod, status corev
 	})
 }
 
-// scheduledTrue says whether the pod's PodScheduled condition is True.
-func scheduledTrue(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodScheduled {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 func setCondition(st *corev1.PodStatus, cond corev1.PodCondition) {
 	for i, c := range st.Conditions {
 		if c.Type == cond.Type {
