@@ -61,6 +61,7 @@ func appService() app.Service {
 			fs.StringVar(&ctr.kind, "container-runtime", runtimeAuto,
 				"what runs the containers of the node-local API's Pods: podman, none (their devices are prepared, and nodeplugctl start prints what a runtime would be given), or auto (podman when it answers, else none)")
 			fs.StringVar(&ctr.podman, "podman-path", "", "the podman executable (default: podman on PATH)")
+			fs.StringVar(&ctr.devicemanager, "devicemanager-addr", "", "nodeplug-devicemanager's API, asked by the pod worker to allocate the pods' device-plugin resources and for what their containers start with: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/devicemanager.sock)")
 			fs.StringVar(&ctr.network, "podman-network", "", "the network of the pods' containers, as podman run --network takes it (default: podman's; none: a loopback interface only)")
 		},
 		Setup: func(ctx context.Context, rt *app.Runtime) error {
@@ -84,13 +85,16 @@ func setup(rt *app.Runtime, opts store.Options, kube kubeaccess.Options, draDela
 	if err != nil {
 		return err
 	}
-	var runtime containers.Runtime
+	var pods podOptions
 	if kubeAPI.Local {
-		if runtime, err = ctr.open(rt); err != nil {
+		if pods.runtime, err = ctr.open(rt); err != nil {
+			return err
+		}
+		if pods.devices, err = ctr.dialDevices(rt); err != nil {
 			return err
 		}
 	}
-	return setupDRA(rt, uuid.NewString(), kubeAPI, draDelay, journal, runtime)
+	return setupDRA(rt, uuid.NewString(), kubeAPI, draDelay, journal, pods)
 }
 
 // openJournal opens and loads the claims' journal in
@@ -190,7 +194,7 @@ func checkPermissions(rt *app.Runtime, kubeAPI *kubeaccess.Access) {
 // streamed (slicewatch), and the claims manager (allocation on this node
 // by claimalloc, the drivers' calls by the registry, its records in
 // journal); ListClaims joins its records with the API's claims (claimview).
-func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal, runtime containers.Runtime) error {
+func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, delay time.Duration, journal *claims.Journal, pods podOptions) error {
 	// With the node-local API, no scheduler applies the DeviceTaintRules:
 	// the allocator does.
 	var cacheOpts []kubecache.Option
@@ -256,7 +260,7 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 		pw, err := podworker.New(podworker.Config{
 			Client: kubeAPI.Client, Node: node, Claims: view, Log: rt.Log,
 			StateFile: filepath.Join(layout.DRAManagerDir(rt.Config.RootDir), "pods.json"),
-			Runtime:   runtime, RootDir: rt.Config.RootDir,
+			Runtime:   pods.runtime, Devices: pods.devices, RootDir: rt.Config.RootDir,
 		})
 		if err != nil {
 			return err
@@ -277,6 +281,8 @@ const (
 // runtimeOptions are the flags that choose the pods' container runtime.
 type runtimeOptions struct {
 	kind, podman, network string
+	// devicemanager is the devicemanager's address.
+	devicemanager string
 }
 
 // open returns the runtime the flags name (nil: none). With auto, podman
@@ -300,4 +306,27 @@ func (o runtimeOptions) open(rt *app.Runtime) (containers.Runtime, error) {
 	}
 	rt.Log.Info("the pods' containers are run by " + p.Name())
 	return p, nil
+}
+
+// podOptions are what the pod worker is given besides the API and the
+// claims.
+type podOptions struct {
+	runtime containers.Runtime
+	devices podworker.Devices
+}
+
+// dialDevices connects (lazily: the dramanager serves whether the
+// devicemanager is up or not) to the devicemanager, for the pods'
+// device-plugin resources and their containers' starts.
+func (o runtimeOptions) dialDevices(rt *app.Runtime) (podworker.Devices, error) {
+	addr := o.devicemanager
+	if addr == "" {
+		addr = layout.APISocket(rt.Config.RootDir, "devicemanager")
+	}
+	conn, err := rt.Config.DialPeer(addr)
+	if err != nil {
+		return nil, err
+	}
+	rt.Go(func(ctx context.Context) error { <-ctx.Done(); return conn.Close() })
+	return podworker.NewDevices(conn, addr), nil
 }

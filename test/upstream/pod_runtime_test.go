@@ -62,12 +62,19 @@ func podmanNode(t *testing.T, driverName string) (*draNode, *podman, kubernetes.
 	if out, stderr, err := pm.run(nil, "tag", probeImage, podImage); err != nil {
 		t.Fatalf("podman tag %s %s: %v\n%s%s", probeImage, podImage, err, out, stderr)
 	}
-	draCDI := filepath.Join(testutil.TempDir(t), "dra")
-	if err := os.Mkdir(draCDI, 0o755); err != nil {
-		t.Fatal(err)
+	// The devicemanager's CDI specs (the device plugins') and the driver's,
+	// each in a directory of its own, both resolved by the devicemanager's
+	// StartContainer and by podman.
+	dirs := testutil.TempDir(t)
+	cdiDir, draCDI := filepath.Join(dirs, "nodeplug"), filepath.Join(dirs, "dra")
+	for _, d := range []string{cdiDir, draCDI} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
+	setCDIDirs(t, cdiDir, draCDI, cdiDir)
 	n := startDRANodeEnv(t, longDelay,
-		"NODEPLUG_DRAMANAGER_CONTAINER_RUNTIME=podman", "NODEPLUG_DRAMANAGER_PODMAN_PATH="+pm.wrapper(draCDI),
+		"NODEPLUG_DRAMANAGER_CONTAINER_RUNTIME=podman", "NODEPLUG_DRAMANAGER_PODMAN_PATH="+pm.wrapper(cdiDir, draCDI),
 		// Each podman command runs in a mount namespace of its own, with
 		// /run its own: a network namespace a container's start made
 		// under /run/netns would be gone for the next command.
@@ -82,15 +89,20 @@ func podmanNode(t *testing.T, driverName string) (*draNode, *podman, kubernetes.
 
 // TestDRAPodRunsInPodman: a driver's manifest applied as it is — a pod
 // whose claim comes from a template with the driver's opaque config, an
-// init container and an app container both using it — runs in podman: the
-// init container first, then the app container, each seeing the claim's
-// CDI edits (the driver's environment variables); the pod ends Succeeded
-// (restartPolicy Never), its claim is then released, and nodeplugctl logs
-// prints what each container printed. Deleting the pod removes its
-// containers and its logs, and its claim.
+// init container and an app container both using it, the app container
+// also with two devices of the sample device plugin in its limits — runs
+// in podman: the init container first, then the app container, each
+// seeing the claim's CDI edits (the driver's environment variables), the
+// app container also the plugin's env, mounts and device nodes; the pod
+// ends Succeeded (restartPolicy Never), its claim and devices are then
+// released, and nodeplugctl logs prints what each container printed.
+// Deleting the pod removes its containers and its logs, and its claim.
 func TestDRAPodRunsInPodman(t *testing.T) {
 	const driverName = "pods.test.nodeplug.io"
 	n, pm, cs := podmanNode(t, driverName)
+	hostDir := testutil.TempDir(t)
+	hostDevices(t, hostDir)
+	n.startSamplePlugin("example.com/sample", 2, "--mount-host-dir", hostDir)
 	manifest := filepath.Join(n.root, "pod.yaml")
 	writeFile(t, manifest, classAndTemplate(driverName)+fmt.Sprintf(`---
 apiVersion: v1
@@ -112,7 +124,8 @@ spec:
   - name: main
     image: %[1]s
     command: ["/ctrprobe"]
-    args: ["-env", "user_color", "-env", "POD_NAME", "-env", "GREETING"]
+    args: ["-env", "user_color", "-env", "POD_NAME", "-env", "GREETING", "-env", "NODEPLUG_DEVICES",
+      "/dev/nodeplug/dev-0", "/dev/nodeplug/dev-0/id", "/dev/nodeplug/dev-1", "/dev/dev-0", "/dev/dev-1"]
     env:
     - name: POD_NAME
       valueFrom:
@@ -121,6 +134,8 @@ spec:
     - name: GREETING
       value: hello $(POD_NAME)
     resources:
+      limits:
+        example.com/sample: 2
       claims:
       - name: gpu
   resourceClaims:
@@ -164,15 +179,21 @@ spec:
 				t.Errorf("%s in container %s: %v, want %q", k, c.container, ptrVal(v), want)
 			}
 		}
+		if c.container == "main" {
+			checkSampleDevices(t, r)
+		}
 	}
 	t.Logf("$ nodeplugctl pods\n%s", n.ctl("pods"))
 
 	// An ended pod's claims are released: the claim made for it is
 	// deleted once its driver unprepared it; its containers stay, with
 	// their logs, until the pod is deleted.
-	testutil.Eventually(t, "the claim of the ended pod deleted", func() error {
+	testutil.Eventually(t, "the claim of the ended pod deleted and its devices freed", func() error {
 		if _, err := cs.ResourceV1().ResourceClaims("ml").Get(ctxT(t), claimName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("claim %s: %v", claimName, err)
+		}
+		if a := n.allocations(string(pod.UID)); len(a) != 0 {
+			return fmt.Errorf("devices still allocated: %v", a)
 		}
 		return nil
 	})
@@ -257,7 +278,7 @@ spec:
 }
 
 // TestDRAPodRunningAcrossKills: a long-running pod's container runs on
-// through kill -9 of the dramanager and of nodeplug-apiserver; the
+// through kill -9 of every nodeplug service at once; the
 // dramanager started again takes it over (one container, its first
 // start, still running), and deleting the pod then stops it, removes it
 // and releases its claim.
@@ -304,10 +325,21 @@ spec:
 	claimName := *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
 	want := []string{fmt.Sprintf("k8s_main_server_ml_%s_0", pod.UID)}
 
+	for _, name := range []string{"reconciler", "devicemanager", "watcher"} {
+		n.svc.Kill(name)
+	}
 	n.killDRA()
 	n.killAPI()
 	n.startAPI()
+	for _, name := range []string{"watcher", "devicemanager"} {
+		if err := n.svc.Start(ctxT(t), name); err != nil {
+			t.Fatal(err)
+		}
+	}
 	n.startDRA()
+	if err := n.svc.Start(ctxT(t), "reconciler"); err != nil {
+		t.Fatal(err)
+	}
 	testutil.Eventually(t, "pod server Running after the kills, on its first container", func() error {
 		p, err := running()
 		if err != nil {

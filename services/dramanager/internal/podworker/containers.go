@@ -358,7 +358,17 @@ func (w *Worker) start(ctx context.Context, r *podRun, c corev1.Container, resta
 	if c.ImagePullPolicy != corev1.PullAlways {
 		w.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonPulled, "Container image %q already present on machine", c.Image)
 	}
-	spec, err := w.containerSpec(pod, c, r.cdi[c.Name], restart)
+	cdi := r.cdi[c.Name]
+	var err error
+	if w.cfg.Devices != nil {
+		// The devicemanager's answer: the device plugins' CDI devices and
+		// the claims'.
+		cdi, err = w.cfg.Devices.StartContainer(ctx, string(pod.UID), c.Name)
+	}
+	var spec containers.Spec
+	if err == nil {
+		spec, err = w.containerSpec(pod, c, cdi, restart)
+	}
 	if err == nil {
 		_, err = w.cfg.Runtime.Run(ctx, spec)
 	}

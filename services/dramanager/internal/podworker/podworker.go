@@ -107,6 +107,10 @@ type Config struct {
 	RetryInitial, RetryMax time.Duration
 	// Workers is how many pods are worked on at once (4 by default).
 	Workers int
+	// Devices allocates the pods' device-plugin resources and answers
+	// their containers' starts (the devicemanager); nil: the pods'
+	// device-plugin limits are not allocated (a warning event says so).
+	Devices Devices
 	// Runtime runs the pods' containers; nil: none does, and the pods'
 	// containers wait with reason NoContainerRuntime once their devices
 	// are prepared.
@@ -335,7 +339,8 @@ func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]str
 			req.Containers = append(req.Containers, cc)
 		}
 	}
-	if err := w.state.add(pod.UID, podRef{Namespace: pod.Namespace, Name: pod.Name, Grace: grace(pod)}); err != nil {
+	ref := podRef{Namespace: pod.Namespace, Name: pod.Name, Grace: grace(pod), Devices: w.cfg.Devices != nil && hasDevicePluginLimits(pod)}
+	if err := w.state.add(pod.UID, ref); err != nil {
 		return nil, err
 	}
 	var results []claims.ContainerResult
@@ -352,6 +357,19 @@ func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]str
 				if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, msg, false); serr != nil {
 					w.log.Warn("pod status not written", "pod", pod.Namespace+"/"+pod.Name, "error", serr)
 				}
+			}
+			return nil, err
+		}
+	}
+	if ref.Devices {
+		if err := w.allocateDevices(ctx, pod); err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			msg := message(err.Error())
+			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonAdmissionError, msg)
+			if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, msg, false); serr != nil {
+				w.log.Warn("pod status not written", "pod", pod.Namespace+"/"+pod.Name, "error", serr)
 			}
 			return nil, err
 		}
@@ -420,6 +438,14 @@ func (w *Worker) release(ctx context.Context, uid types.UID, ref podRef, pod *co
 	if w.cfg.Runtime != nil && (pod == nil || pod.DeletionTimestamp != nil) {
 		if err := w.stopContainers(ctx, uid, ref, pod); err != nil {
 			return err
+		}
+	}
+	if ref.Devices && w.cfg.Devices != nil {
+		if err := w.cfg.Devices.Release(ctx, string(uid)); err != nil {
+			if pod != nil {
+				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedRelease, message(err.Error()))
+			}
+			return fmt.Errorf("releasing the devices of pod %s (%s): %w", ref.key(), uid, err)
 		}
 	}
 	if _, err := w.cfg.Claims.ReleasePod(ctx, string(uid)); err != nil {

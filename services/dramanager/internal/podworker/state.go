@@ -20,6 +20,9 @@ type podRef struct {
 	// Grace is the pod's termination grace period, in seconds: how long
 	// its containers are given to stop when it is deleted.
 	Grace int64 `json:"grace,omitempty"`
+	// Devices: the pod has device-plugin resources, which the
+	// devicemanager frees with it.
+	Devices bool `json:"devices,omitempty"`
 	// Ended: the pod ended and its claims are released; its containers
 	// stay, with their logs, until it is deleted.
 	Ended bool `json:"ended,omitempty"`

@@ -12,7 +12,7 @@ import (
 // unsupported lists the fields of a pod that nodeplug does not act on,
 // each with why: the pod runs without them, and its user is told so by a
 // warning Event rather than by silence.
-func unsupported(pod *corev1.Pod) []string {
+func unsupported(pod *corev1.Pod, devicePlugins bool) []string {
 	var out []string
 	for i := range pod.Spec.Volumes {
 		out = append(out, fmt.Sprintf("spec.volumes[%d] (%s): volumes are not mounted; devices reach a container only through CDI", i, pod.Spec.Volumes[i].Name))
@@ -37,6 +37,9 @@ func unsupported(pod *corev1.Pod) []string {
 				}
 			}
 			for _, name := range slices.Sorted(maps.Keys(c.Resources.Limits)) {
+				if devicePlugins && !strings.HasPrefix(string(name), DRAExtendedResourcePrefix) {
+					continue
+				}
 				if !native(name) {
 					out = append(out, fmt.Sprintf("%s.resources.limits[%s]: device-plugin and extended resources are not allocated to pods; use a ResourceClaim, or nodeplugctl allocate", p, name))
 				}
@@ -68,7 +71,7 @@ func (w *Worker) warnUnsupported(pod *corev1.Pod) {
 	if told {
 		return
 	}
-	if fields := unsupported(pod); len(fields) > 0 {
+	if fields := unsupported(pod, w.cfg.Devices != nil); len(fields) > 0 {
 		w.recorder.Event(pod, corev1.EventTypeWarning, ReasonUnsupportedField, message("not done by nodeplug: "+strings.Join(fields, "; ")))
 	}
 }
