@@ -369,3 +369,80 @@ spec:
 		return nil
 	})
 }
+
+// TestPodDevicePluginLimits (no container runtime needed): a pod's
+// device-plugin limits are allocated by the devicemanager before the pod
+// is bound; a pod asking for more than the node has stays Pending and
+// Unschedulable with an UnexpectedAdmissionError event naming the
+// resource; deleting the pod frees its devices.
+func TestPodDevicePluginLimits(t *testing.T) {
+	buildCtrBins(t)
+	n := startDRANode(t, longDelay)
+	const res = "example.com/sample"
+	n.startSamplePlugin(res, 2)
+	cs := n.operator()
+	manifest := filepath.Join(n.root, "pods.yaml")
+	pod := func(name string, count int) string {
+		return fmt.Sprintf(`---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+spec:
+  containers:
+  - name: main
+    image: registry.example.com/app:1.0
+    resources:
+      limits:
+        %s: %d
+`, name, res, count)
+	}
+	writeFile(t, manifest, pod("fits", 2)+pod("too-big", 3))
+	n.ctl("apply", "-f", manifest)
+
+	var fits *corev1.Pod
+	testutil.Eventually(t, "pod fits bound with its two devices", func() (err error) {
+		if fits, err = cs.CoreV1().Pods("default").Get(ctxT(t), "fits", metav1.GetOptions{}); err != nil {
+			return err
+		}
+		if fits.Spec.NodeName == "" {
+			return fmt.Errorf("not bound: %v", fits.Status.Conditions)
+		}
+		if a := n.allocations(string(fits.UID)); len(a) != 1 || len(a[0].GetDeviceIds()) != 2 {
+			return fmt.Errorf("allocations %v", a)
+		}
+		return nil
+	})
+	testutil.Eventually(t, "pod too-big refused with the devicemanager's reason", func() error {
+		p, err := cs.CoreV1().Pods("default").Get(ctxT(t), "too-big", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var cond *corev1.PodCondition
+		for i := range p.Status.Conditions {
+			if p.Status.Conditions[i].Type == corev1.PodScheduled {
+				cond = &p.Status.Conditions[i]
+			}
+		}
+		if p.Spec.NodeName != "" || cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != corev1.PodReasonUnschedulable || !strings.Contains(cond.Message, res) {
+			return fmt.Errorf("node %q, scheduled %+v", p.Spec.NodeName, cond)
+		}
+		events, err := cs.CoreV1().Events("default").List(ctxT(t), metav1.ListOptions{FieldSelector: "involvedObject.name=too-big"})
+		if err != nil {
+			return err
+		}
+		for _, e := range events.Items {
+			if e.Reason == "UnexpectedAdmissionError" && strings.Contains(e.Message, res) {
+				return nil
+			}
+		}
+		return fmt.Errorf("no UnexpectedAdmissionError event naming %s in %v", res, events.Items)
+	})
+	n.ctl("delete", "pod", "fits", "too-big")
+	testutil.Eventually(t, "the deleted pod's devices freed", func() error {
+		if a := n.allocations(string(fits.UID)); len(a) != 0 {
+			return fmt.Errorf("allocations %v", a)
+		}
+		return nil
+	})
+}
