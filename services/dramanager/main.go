@@ -59,7 +59,7 @@ func appService() app.Service {
 			fs.DurationVar(&draDelay, "dra-disconnect-delay", drivers.DefaultDisconnectDelay,
 				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
 			fs.StringVar(&ctr.kind, "container-runtime", runtimeAuto,
-				"what runs the containers of the node-local API's Pods: podman, none (their devices are prepared, and nodeplugctl start prints what a runtime would be given), or auto (podman when it answers, else none)")
+				"what runs the containers of the node-local API's Pods: podman, none (their devices are prepared, and nodeplugctl start prints what a runtime would be given), or auto (podman when the dramanager runs as root and podman answers, else none)")
 			fs.StringVar(&ctr.podman, "podman-path", "", "the podman executable (default: podman on PATH)")
 			fs.StringVar(&ctr.devicemanager, "devicemanager-addr", "", "nodeplug-devicemanager's API, asked by the pod worker to allocate the pods' device-plugin resources and for what their containers start with: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/devicemanager.sock)")
 			fs.StringVar(&ctr.network, "podman-network", "", "the network of the pods' containers, as podman run --network takes it (default: podman's; none: a loopback interface only)")
@@ -286,13 +286,20 @@ type runtimeOptions struct {
 }
 
 // open returns the runtime the flags name (nil: none). With auto, podman
-// is used when it answers; when it does not, why is logged and the pods'
-// containers are not run.
+// is used when the dramanager runs as root and podman answers; otherwise
+// why is logged and the pods' containers are not run. (Asked by another
+// user, podman runs rootless: it starts a pause process of that user's
+// that outlives the dramanager, and host devices are not its to give.)
 func (o runtimeOptions) open(rt *app.Runtime) (containers.Runtime, error) {
 	switch o.kind {
 	case runtimeNone:
 		return nil, nil
-	case runtimePodman, runtimeAuto:
+	case runtimeAuto:
+		if os.Geteuid() != 0 {
+			rt.Log.Info("no container runtime: the pods' devices are prepared, their containers are not run", "reason", "not running as root (--container-runtime podman runs rootless podman)")
+			return nil, nil
+		}
+	case runtimePodman:
 	default:
 		return nil, fmt.Errorf("--container-runtime %q: want %s, %s or %s", o.kind, runtimeAuto, runtimePodman, runtimeNone)
 	}
