@@ -205,6 +205,9 @@ spec:
 		if got := pm.containers(string(pod.UID)); len(got) != 0 {
 			return fmt.Errorf("podman still holds %v", got)
 		}
+		if procs := processesOf(string(pod.UID)); len(procs) != 0 {
+			return fmt.Errorf("processes of the pod's containers still run: %v", procs)
+		}
 		logs, _ := filepath.Glob(filepath.Join(n.root, "pod-logs", "ml_trainer_*"))
 		if len(logs) != 0 {
 			return fmt.Errorf("logs left: %v", logs)
@@ -363,6 +366,9 @@ spec:
 		if got := pm.containers(string(pod.UID)); len(got) != 0 {
 			return fmt.Errorf("podman still holds %v", got)
 		}
+		if procs := processesOf(string(pod.UID)); len(procs) != 0 {
+			return fmt.Errorf("processes of the pod's container still run: %v", procs)
+		}
 		if _, err := cs.ResourceV1().ResourceClaims("ml").Get(ctxT(t), claimName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("claim %s: %v", claimName, err)
 		}
@@ -445,4 +451,20 @@ spec:
 		}
 		return nil
 	})
+}
+
+// processesOf lists the processes whose command line names the pod's UID:
+// the conmon of each of its containers does (the container's name holds
+// it), as long as the container runs.
+func processesOf(podUID string) []string {
+	var out []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range dirs {
+		b, err := os.ReadFile(f)
+		if err != nil || !strings.Contains(string(b), podUID) {
+			continue
+		}
+		out = append(out, filepath.Base(filepath.Dir(f))+": "+strings.ReplaceAll(string(b), "\x00", " "))
+	}
+	return out
 }

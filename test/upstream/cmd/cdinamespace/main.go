@@ -13,6 +13,8 @@
 //     lower layer and its upper layer in the scratch tmpfs, so that
 //     /run/cdi can be made and whatever the runtime writes under /run
 //     stays in the namespace;
+//   - /run/runc, runc's state, bound from the host's, so that podman
+//     commands in other namespaces find the containers it started;
 //   - /run/cdi: the -dir directory bound read-only, or with several, a
 //     read-only overlay of them (a later -dir's file wins, as in CDI's
 //     order);
@@ -84,9 +86,25 @@ func run(scratch string, specDirs, command []string) error {
 	if err != nil {
 		return err
 	}
+	// runc's state (/run/runc) stays the host's, through the overlay: a
+	// container started under one namespace is then stopped and removed
+	// from another (in an overlay's upper layer of its own, runc would not
+	// find it, and podman would remove it with its processes running).
+	runcDir, keep := filepath.Join(runDir, "runc"), filepath.Join(scratch, "runc")
+	for _, d := range []string{runcDir, keep} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if err := syscall.Mount(runcDir, keep, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", runcDir, keep, err)
+	}
 	if err := syscall.Mount("overlay", runDir, "overlay", 0,
 		fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", runDir, upper, work)); err != nil {
 		return fmt.Errorf("overlay on %s: %w", runDir, err)
+	}
+	if err := syscall.Mount(keep, runcDir, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", keep, runcDir, err)
 	}
 	cdiDir := filepath.Join(runDir, "cdi")
 	if err := os.MkdirAll(cdiDir, 0o755); err != nil {
