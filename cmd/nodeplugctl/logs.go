@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodeplug/nodeplug/pkg/podlogs"
@@ -61,12 +60,9 @@ func cmdLogs(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return fmt.Errorf("pod %s/%s not found (nodeplugctl pods lists the pods)", ns, name)
-	case err != nil:
-		return fmt.Errorf("get pod %s/%s at %s: %w", ns, name, host, err)
+	pod, err := getPod(ctx, cs, host, ns, name)
+	if err != nil {
+		return err
 	}
 	ctr, err := logContainer(c, pod, *container)
 	if err != nil {

@@ -493,12 +493,9 @@ func cmdDescribe(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return err
 	}
-	pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return fmt.Errorf("pod %s/%s not found (nodeplugctl pods lists the pods)", ns, name)
-	case err != nil:
-		return fmt.Errorf("get pod %s/%s at %s: %w", ns, name, host, err)
+	pod, err := getPod(ctx, cs, host, ns, name)
+	if err != nil {
+		return err
 	}
 	if *out != "text" {
 		pod.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
@@ -700,4 +697,17 @@ func consumerName(c resourcev1.ResourceClaimConsumerReference) string {
 		res += "." + c.APIGroup
 	}
 	return res + "/" + c.Name
+}
+
+// getPod reads the pod ns/name from the API at host; an error names it,
+// and where it is not found, how to list the pods.
+func getPod(ctx context.Context, cs kubernetes.Interface, host, ns, name string) (*corev1.Pod, error) {
+	pod, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("pod %s/%s not found (nodeplugctl pods lists the pods)", ns, name)
+	case err != nil:
+		return nil, fmt.Errorf("get pod %s/%s at %s: %w", ns, name, host, err)
+	}
+	return pod, nil
 }

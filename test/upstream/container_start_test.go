@@ -22,6 +22,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/nodeplug/nodeplug/internal/containerstest"
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
@@ -90,32 +91,12 @@ func newPodman(t *testing.T) *podman {
 	buildCtrBins(t)
 	dir := testutil.TempDir(t)
 	p := &podman{t: t, bin: bin, dir: dir, empty: filepath.Join(dir, "no-cdi")}
-	for _, d := range []string{"storage", "runroot", "tmp", "copytmp", "rootfs", "no-cdi"} {
+	for _, d := range []string{"rootfs", "no-cdi"} {
 		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// default_ulimits: podman's default rlimits are refused on this kind of
-	// machine. lock_type file: no lock segment shared with the host's
-	// podman in /dev/shm. cgroupfs and the file event log: no systemd.
-	conf := fmt.Sprintf(`[containers]
-default_ulimits = []
-
-[engine]
-tmp_dir = %q
-image_copy_tmp_dir = %q
-lock_type = "file"
-events_logger = "file"
-cgroup_manager = "cgroupfs"
-`, filepath.Join(dir, "tmp"), filepath.Join(dir, "copytmp"))
-	storage := fmt.Sprintf("[storage]\ndriver = \"vfs\"\ngraphroot = %q\nrunroot = %q\n",
-		filepath.Join(dir, "storage"), filepath.Join(dir, "runroot"))
-	writeFile(t, filepath.Join(dir, "containers.conf"), conf)
-	writeFile(t, filepath.Join(dir, "storage.conf"), storage)
-	p.env = []string{
-		"CONTAINERS_CONF=" + filepath.Join(dir, "containers.conf"),
-		"CONTAINERS_STORAGE_CONF=" + filepath.Join(dir, "storage.conf"),
-	}
+	p.env = containerstest.Configure(t, dir)
 	tarball := filepath.Join(dir, "rootfs.tar")
 	if err := probeRootfs(filepath.Join(binDir, "ctrprobe"), tarball); err != nil {
 		t.Fatal(err)

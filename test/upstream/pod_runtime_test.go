@@ -202,11 +202,8 @@ spec:
 	}
 	n.ctl("delete", "pod", "ml/trainer")
 	testutil.Eventually(t, "the deleted pod's containers and logs removed", func() error {
-		if got := pm.containers(string(pod.UID)); len(got) != 0 {
-			return fmt.Errorf("podman still holds %v", got)
-		}
-		if procs := processesOf(string(pod.UID)); len(procs) != 0 {
-			return fmt.Errorf("processes of the pod's containers still run: %v", procs)
+		if err := pm.gone(string(pod.UID)); err != nil {
+			return err
 		}
 		logs, _ := filepath.Glob(filepath.Join(n.root, "pod-logs", "ml_trainer_*"))
 		if len(logs) != 0 {
@@ -363,11 +360,8 @@ spec:
 
 	n.ctl("delete", "pod", "ml/server")
 	testutil.Eventually(t, "the deleted pod's container removed and its claim deleted", func() error {
-		if got := pm.containers(string(pod.UID)); len(got) != 0 {
-			return fmt.Errorf("podman still holds %v", got)
-		}
-		if procs := processesOf(string(pod.UID)); len(procs) != 0 {
-			return fmt.Errorf("processes of the pod's container still run: %v", procs)
+		if err := pm.gone(string(pod.UID)); err != nil {
+			return err
 		}
 		if _, err := cs.ResourceV1().ResourceClaims("ml").Get(ctxT(t), claimName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("claim %s: %v", claimName, err)
@@ -451,6 +445,18 @@ spec:
 		}
 		return nil
 	})
+}
+
+// gone says why the pod's containers are not all gone: podman holds one,
+// or a process of one still runs.
+func (p *podman) gone(podUID string) error {
+	if got := p.containers(podUID); len(got) != 0 {
+		return fmt.Errorf("podman still holds %v", got)
+	}
+	if procs := processesOf(podUID); len(procs) != 0 {
+		return fmt.Errorf("processes of the pod's containers still run: %v", procs)
+	}
+	return nil
 }
 
 // processesOf lists the processes whose command line names the pod's UID:

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nodeplug/nodeplug/services/internal/containers/containerstest"
+	"github.com/nodeplug/nodeplug/internal/containerstest"
 )
 
 // The tests with a real podman, over storage of each test's own

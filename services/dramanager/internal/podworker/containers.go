@@ -66,8 +66,10 @@ const (
 	backOffMax     = 5 * time.Minute
 )
 
-// requeue is sync's answer when the pod is to be looked at again after a
-// while, not as a failure.
+// requeue is sync's answer (possibly wrapped) when the pod is to be
+// looked at again after a while, not as a failure: while its containers
+// run, while one waits to restart, while a released pod's claim is being
+// unprepared.
 type requeue time.Duration
 
 func (r requeue) Error() string { return "looked at again in " + time.Duration(r).String() }
@@ -328,14 +330,13 @@ func (w *Worker) stepContainer(ctx context.Context, r *podRun, c corev1.Containe
 // restartBackOff is how long after its end a container started restarts
 // times is started again.
 func restartBackOff(restarts int) time.Duration {
-	if restarts <= 0 {
+	switch {
+	case restarts <= 0:
 		return 0
+	case restarts > 6: // 10 s doubled 5 times is past backOffMax already
+		return backOffMax
 	}
-	d := backOffInitial
-	for i := 1; i < restarts && d < backOffMax; i++ {
-		d *= 2
-	}
-	return min(d, backOffMax)
+	return min(backOffInitial<<(restarts-1), backOffMax)
 }
 
 // start makes sure of c's image and runs its restart-th container, with

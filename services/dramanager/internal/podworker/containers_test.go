@@ -13,11 +13,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/nodeplug/nodeplug/internal/containerstest"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/pkg/podlogs"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/podworker"
 	"github.com/nodeplug/nodeplug/services/internal/containers"
-	"github.com/nodeplug/nodeplug/services/internal/containers/containerstest"
 )
 
 // The pods' containers, run by a real podman over storage of the test's

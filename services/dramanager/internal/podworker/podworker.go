@@ -83,11 +83,6 @@ type Claims interface {
 	Holds(claimUID string) bool
 }
 
-// errUnpreparing is sync's answer while a released pod's claim is still
-// being unprepared: the pod is looked at again after unpreparedPoll,
-// without counting as a failure.
-var errUnpreparing = errors.New("a claim made for the pod is still being unprepared")
-
 // unpreparedPoll is how often a released pod's claims are looked at until
 // their drivers unprepared them.
 const unpreparedPoll = 100 * time.Millisecond
@@ -225,11 +220,6 @@ func (w *Worker) next(ctx context.Context) bool {
 	}
 	defer w.queue.Done(key)
 	err := w.sync(ctx, key)
-	if errors.Is(err, errUnpreparing) {
-		w.queue.Forget(key)
-		w.queue.AddAfter(key, unpreparedPoll)
-		return true
-	}
 	var later requeue
 	if errors.As(err, &later) {
 		w.queue.Forget(key)
@@ -467,7 +457,8 @@ func (w *Worker) release(ctx context.Context, uid types.UID, ref podRef, pod *co
 		// it: deleted before, its devices would look free to the
 		// allocator while the driver still holds them prepared.
 		if w.cfg.Claims.Holds(string(c.UID)) {
-			return fmt.Errorf("claim %s/%s: %w", c.Namespace, c.Name, errUnpreparing)
+			// Not a failure: looked at again after unpreparedPoll.
+			return fmt.Errorf("claim %s/%s made for the pod is still being unprepared: %w", c.Namespace, c.Name, requeue(unpreparedPoll))
 		}
 		err := api.Delete(ctx, c.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &c.UID}})
 		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {

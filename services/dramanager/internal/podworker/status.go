@@ -82,8 +82,16 @@ func waiting(cs []corev1.Container, have []corev1.ContainerStatus) []corev1.Cont
 }
 
 // updateStatus applies change to the pod's stored status and writes it
-// when it changed.
+// when it changed. Most looks at a pod whose containers run change
+// nothing: those are told by the informer's copy (pod), without a read of
+// the API; a copy behind the API is followed by an update that looks
+// again.
 func (w *Worker) updateStatus(ctx context.Context, pod *corev1.Pod, change func(*corev1.PodStatus)) error {
+	cached := pod.Status.DeepCopy()
+	change(cached)
+	if statusEqual(pod.Status, *cached) {
+		return nil
+	}
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := w.cfg.Client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {

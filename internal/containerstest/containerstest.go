@@ -59,7 +59,7 @@ func ctrcmd(t testing.TB) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		program.path = filepath.Join(dir, "ctrcmd")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", program.path, "github.com/nodeplug/nodeplug/services/internal/containers/containerstest/ctrcmd")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", program.path, "github.com/nodeplug/nodeplug/internal/containerstest/ctrcmd")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			program.err = fmt.Errorf("go build ctrcmd: %v\n%s", err, out)
@@ -81,32 +81,7 @@ func New(t testing.TB) *Storage {
 	}
 	bin := ctrcmd(t)
 	dir := t.TempDir()
-	for _, d := range []string{"storage", "runroot", "tmp", "copytmp"} {
-		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// default_ulimits: podman's default rlimits are refused on this kind of
-	// machine. lock_type file: no lock segment shared with the host's
-	// podman in /dev/shm. cgroupfs and the file event log: no systemd.
-	conf := fmt.Sprintf(`[containers]
-default_ulimits = []
-
-[engine]
-tmp_dir = %q
-image_copy_tmp_dir = %q
-lock_type = "file"
-events_logger = "file"
-cgroup_manager = "cgroupfs"
-`, filepath.Join(dir, "tmp"), filepath.Join(dir, "copytmp"))
-	storage := fmt.Sprintf("[storage]\ndriver = \"vfs\"\ngraphroot = %q\nrunroot = %q\n",
-		filepath.Join(dir, "storage"), filepath.Join(dir, "runroot"))
-	write(t, filepath.Join(dir, "containers.conf"), conf)
-	write(t, filepath.Join(dir, "storage.conf"), storage)
-	s := &Storage{t: t, Dir: dir, Env: []string{
-		"CONTAINERS_CONF=" + filepath.Join(dir, "containers.conf"),
-		"CONTAINERS_STORAGE_CONF=" + filepath.Join(dir, "storage.conf"),
-	}}
+	s := &Storage{t: t, Dir: dir, Env: Configure(t, dir)}
 	// Before the directory is removed: no container is left running over
 	// it.
 	t.Cleanup(func() {
@@ -134,6 +109,38 @@ cgroup_manager = "cgroupfs"
 		t.Skipf("podman cannot run a container here: %v", err)
 	}
 	return s
+}
+
+// Configure makes podman storage and configuration in dir, and returns
+// the environment that points podman at them. default_ulimits: podman's
+// default rlimits are refused on this kind of machine. lock_type file: no
+// lock segment shared with the host's podman in /dev/shm. cgroupfs and the
+// file event log: no systemd.
+func Configure(t testing.TB, dir string) []string {
+	t.Helper()
+	for _, d := range []string{"storage", "runroot", "tmp", "copytmp"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf := fmt.Sprintf(`[containers]
+default_ulimits = []
+
+[engine]
+tmp_dir = %q
+image_copy_tmp_dir = %q
+lock_type = "file"
+events_logger = "file"
+cgroup_manager = "cgroupfs"
+`, filepath.Join(dir, "tmp"), filepath.Join(dir, "copytmp"))
+	storage := fmt.Sprintf("[storage]\ndriver = \"vfs\"\ngraphroot = %q\nrunroot = %q\n",
+		filepath.Join(dir, "storage"), filepath.Join(dir, "runroot"))
+	write(t, filepath.Join(dir, "containers.conf"), conf)
+	write(t, filepath.Join(dir, "storage.conf"), storage)
+	return []string{
+		"CONTAINERS_CONF=" + filepath.Join(dir, "containers.conf"),
+		"CONTAINERS_STORAGE_CONF=" + filepath.Join(dir, "storage.conf"),
+	}
 }
 
 // Podman runs podman over the storage and returns its output; an error
