@@ -312,12 +312,22 @@ func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]str
 	// A pod already bound and scheduled was run before a restart: its
 	// prepare is the saved answer, and its events were recorded then.
 	ranBefore := pod.Spec.NodeName != "" && conditionTrue(pod, corev1.PodScheduled)
-	if !ranBefore {
-		w.warnUnsupported(pod)
-	}
 	podClaims, err := w.podClaims(ctx, pod)
 	if err != nil {
 		return nil, err
+	}
+	ext, err := w.extendedClaimOf(ctx, pod)
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, errdefs.ErrFailedPrecondition) {
+			w.unschedulable(ctx, pod, ReasonFailedScheduling, err)
+		}
+		return nil, err
+	}
+	// What the extended-resource claim does not serve is the device
+	// plugins'.
+	dpPod := ext.devicePluginPod(pod)
+	if !ranBefore {
+		w.warnUnsupported(dpPod)
 	}
 	req := claims.PrepareRequest{Pod: claims.PodRef{UID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name}, PodClaims: podClaims}
 	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
@@ -329,37 +339,31 @@ func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]str
 			req.Containers = append(req.Containers, cc)
 		}
 	}
-	ref := podRef{Namespace: pod.Namespace, Name: pod.Name, Grace: grace(pod), Devices: w.cfg.Devices != nil && hasDevicePluginLimits(pod)}
+	if ext != nil {
+		ext.addTo(pod, &req)
+	}
+	ref := podRef{Namespace: pod.Namespace, Name: pod.Name, Grace: grace(pod), Devices: w.cfg.Devices != nil && hasDevicePluginLimits(dpPod)}
 	if err := w.state.add(pod.UID, ref); err != nil {
 		return nil, err
 	}
 	var results []claims.ContainerResult
-	if len(podClaims) > 0 {
+	if len(req.PodClaims) > 0 {
 		results, err = w.cfg.Claims.Prepare(ctx, req)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, err
 			}
-			msg := message(err.Error())
-			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedPrepare, msg)
+			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedPrepare, message(err.Error()))
 			if errors.Is(err, errdefs.ErrFailedPrecondition) {
-				w.recorder.Event(pod, corev1.EventTypeWarning, ReasonFailedScheduling, msg)
-				if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, msg, false); serr != nil {
-					w.log.Warn("pod status not written", "pod", pod.Namespace+"/"+pod.Name, "error", serr)
-				}
+				w.unschedulable(ctx, pod, ReasonFailedScheduling, err)
 			}
 			return nil, err
 		}
 	}
 	if ref.Devices {
-		if err := w.allocateDevices(ctx, pod); err != nil {
-			if ctx.Err() != nil {
-				return nil, err
-			}
-			msg := message(err.Error())
-			w.recorder.Event(pod, corev1.EventTypeWarning, ReasonAdmissionError, msg)
-			if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, msg, false); serr != nil {
-				w.log.Warn("pod status not written", "pod", pod.Namespace+"/"+pod.Name, "error", serr)
+		if err := w.allocateDevices(ctx, dpPod); err != nil {
+			if ctx.Err() == nil {
+				w.unschedulable(ctx, pod, ReasonAdmissionError, err)
 			}
 			return nil, err
 		}
@@ -370,7 +374,7 @@ func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]str
 		}
 		w.recorder.Eventf(pod, corev1.EventTypeNormal, ReasonScheduled, "Successfully assigned %s/%s to %s", pod.Namespace, pod.Name, w.cfg.Node)
 	}
-	if len(podClaims) > 0 && !ranBefore {
+	if len(req.PodClaims) > 0 && !ranBefore {
 		w.recorder.Event(pod, corev1.EventTypeNormal, ReasonPrepared, preparedMessage(results))
 	}
 	if err := w.setScheduled(ctx, pod, corev1.ConditionTrue, "", "", w.cfg.Runtime == nil); err != nil {
@@ -384,6 +388,16 @@ func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]str
 	w.prepared[pod.UID] = cdi
 	w.mu.Unlock()
 	return cdi, nil
+}
+
+// unschedulable records a warning event (reason) with err and writes the
+// pod's PodScheduled condition False/Unschedulable with it.
+func (w *Worker) unschedulable(ctx context.Context, pod *corev1.Pod, reason string, err error) {
+	msg := message(err.Error())
+	w.recorder.Event(pod, corev1.EventTypeWarning, reason, msg)
+	if serr := w.setScheduled(ctx, pod, corev1.ConditionFalse, corev1.PodReasonUnschedulable, msg, false); serr != nil {
+		w.log.Warn("pod status not written", "pod", pod.Namespace+"/"+pod.Name, "error", serr)
+	}
 }
 
 // maxMessage bounds an event's or a condition's message: an allocator's

@@ -11,7 +11,8 @@ import (
 
 // unsupported lists the fields of a pod that nodeplug does not act on,
 // each with why: the pod runs without them, and its user is told so by a
-// warning Event rather than by silence.
+// warning Event rather than by silence. pod's limits are those left to
+// the device plugins (not a DRA extended resource's).
 func unsupported(pod *corev1.Pod, devicePlugins bool) []string {
 	var out []string
 	for i := range pod.Spec.Volumes {
@@ -37,11 +38,8 @@ func unsupported(pod *corev1.Pod, devicePlugins bool) []string {
 				}
 			}
 			for _, name := range slices.Sorted(maps.Keys(c.Resources.Limits)) {
-				if devicePlugins && !strings.HasPrefix(string(name), DRAExtendedResourcePrefix) {
-					continue
-				}
-				if !native(name) {
-					out = append(out, fmt.Sprintf("%s.resources.limits[%s]: device-plugin and extended resources are not allocated to pods; use a ResourceClaim, or nodeplugctl allocate", p, name))
+				if !devicePlugins && !native(name) {
+					out = append(out, fmt.Sprintf("%s.resources.limits[%s]: no DeviceClass stands for it and the dramanager has no devicemanager to allocate device-plugin resources", p, name))
 				}
 			}
 		}
