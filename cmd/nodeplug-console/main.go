@@ -1,10 +1,13 @@
 // Command nodeplug-console serves a web console for nodeplug on loopback
-// (127.0.0.1:8080): the plugins, the resources' devices, the allocations and
-// each registration's or allocation's trace, updating live from the
-// services' Watch streams; the traces can be filtered by service,
+// (127.0.0.1:8080): the plugins, the resources' devices, the allocations,
+// the DRA drivers, slices and claims, the pods of the node-local API with
+// their claims, devices and events, and each registration's or
+// allocation's trace, updating live from the services' Watch streams (and
+// the node-local API's watches); the traces can be filtered by service,
 // operation, duration and status, and found by a trace ID's prefix or by
-// what their spans name (a plugin, a resource, a socket, a pod, a claim). It is a reader of the three APIs and changes
-// nothing. Traces come from its own bounded OTLP/gRPC receiver (which make
+// what their spans name (a plugin, a resource, a socket, a pod, a claim).
+// It is a reader of the services' APIs and of the node-local API (with
+// the reader's kubeconfig) and changes nothing. Traces come from its own bounded OTLP/gRPC receiver (which make
 // run points the services at) and from Jaeger's query API (--jaeger-url,
 // in compose).
 //
@@ -115,6 +118,7 @@ type config struct {
 	Reconciler   string
 	DM           string
 	DRA          string
+	Kubeconfig   string
 }
 
 func newFlags() (*config, *app.Flags) {
@@ -133,6 +137,7 @@ func newFlags() (*config, *app.Flags) {
 	fs.StringVar(&c.Reconciler, "reconciler-addr", "", "the reconciler's API (default from --root-dir)")
 	fs.StringVar(&c.DM, "devicemanager-addr", "", "the devicemanager's API (default from --root-dir)")
 	fs.StringVar(&c.DRA, "dramanager-addr", "", "the dramanager's API: DRA drivers, slices and claims (default from --root-dir)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "the node-local API's kubeconfig, for the pods and their events (default <root-dir>/nodeplug/kubeconfig-reader); - for none")
 	return c, fs
 }
 
@@ -159,6 +164,12 @@ func (c *config) validate() error {
 	c.RootDir = root
 	if c.InfoFile == "" {
 		c.InfoFile = layout.ConsoleInfoFile(c.RootDir)
+	}
+	switch c.Kubeconfig {
+	case "":
+		c.Kubeconfig = layout.IdentityKubeconfigFile(c.RootDir, "reader")
+	case "-":
+		c.Kubeconfig = ""
 	}
 	for name, p := range map[string]*string{"watcher": &c.Watcher, "reconciler": &c.Reconciler, "devicemanager": &c.DM, "dramanager": &c.DRA} {
 		if *p == "" {

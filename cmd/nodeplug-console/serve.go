@@ -54,6 +54,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, stdout io.Writer)
 		closers = append(closers, cc)
 		*d.dst = cc
 	}
+	conns.Kubeconfig = cfg.Kubeconfig
 	st := state.New(conns, log)
 	// The console's own reads are not traced: its calls carry a trace
 	// context that says "not sampled", which the services' parent-based
@@ -125,7 +126,7 @@ func serve(ctx context.Context, cfg *config, log *slog.Logger, stdout io.Writer)
 			defer os.Remove(cfg.InfoFile)
 		}
 	}
-	log.Info("serving", "url", info.URL, "otlp_receiver", info.OTLP, "jaeger", cfg.JaegerURL, "watcher", cfg.Watcher, "reconciler", cfg.Reconciler, "devicemanager", cfg.DM, "dramanager", cfg.DRA)
+	log.Info("serving", "url", info.URL, "otlp_receiver", info.OTLP, "jaeger", cfg.JaegerURL, "watcher", cfg.Watcher, "reconciler", cfg.Reconciler, "devicemanager", cfg.DM, "dramanager", cfg.DRA, "kubeconfig", cfg.Kubeconfig)
 	fmt.Fprintf(stdout, "nodeplug-console: open %s/?token=%s\n", info.URL, token)
 	if info.OTLP != "" {
 		fmt.Fprintf(stdout, "nodeplug-console: OTLP/gRPC trace receiver on %s (OTEL_EXPORTER_OTLP_ENDPOINT=http://%s)\n", info.OTLP, info.OTLP)

@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/nodeplug/nodeplug/internal/podinfo"
 )
 
 // The commands that read the pods of the node-local API, what the
@@ -126,10 +128,10 @@ func renderPods(w io.Writer, now time.Time, pods []corev1.Pod, claims []resource
 	for i := range events {
 		e := &events[i]
 		p := podsByName[e.InvolvedObject.Namespace+"/"+e.InvolvedObject.Name]
-		if p == nil || !eventOf(e, p) {
+		if p == nil || !podinfo.EventOf(e, p) {
 			continue
 		}
-		if prev := latest[p]; prev == nil || compareEvents(prev, e) < 0 {
+		if prev := latest[p]; prev == nil || podinfo.CompareEvents(prev, e) < 0 {
 			latest[p] = e
 		}
 	}
@@ -138,9 +140,9 @@ func renderPods(w io.Writer, now time.Time, pods []corev1.Pod, claims []resource
 		for i := range pods {
 			p := &pods[i]
 			var refs, devices []string
-			for _, r := range podClaimRefs(p) {
-				refs = append(refs, r.name+"="+dash(r.claim))
-				if cl := byName[p.Namespace+"/"+r.claim]; cl != nil && r.claim != "" {
+			for _, r := range podinfo.ClaimRefs(p) {
+				refs = append(refs, r.Name+"="+dash(r.Claim))
+				if cl := byName[p.Namespace+"/"+r.Claim]; cl != nil && r.Claim != "" {
 					devices = append(devices, claimDevices(cl)...)
 				}
 			}
@@ -152,12 +154,6 @@ func renderPods(w io.Writer, now time.Time, pods []corev1.Pod, claims []resource
 				joinOrDash(refs), joinOrDash(devices), since(now, p.CreationTimestamp.Time), last)
 		}
 	})
-}
-
-// eventOf says whether e is about pod p: an event naming a UID names the
-// pod of that UID (not an earlier pod of the same name).
-func eventOf(e *corev1.Event, p *corev1.Pod) bool {
-	return e.InvolvedObject.UID == "" || e.InvolvedObject.UID == p.UID
 }
 
 // containerSummary is how many of the pod's containers are ready, of
@@ -196,36 +192,6 @@ func containerSummary(p *corev1.Pod) string {
 	return out
 }
 
-// podClaimRef is one of a pod's claims: its name in the pod, the
-// ResourceClaim ("" while the one of a template is not made yet) and the
-// template it is made from.
-type podClaimRef struct {
-	name, claim, template string
-}
-
-// podClaimRefs resolves the pod's claims: a claim named as it is, a
-// template's by the pod's status.resourceClaimStatuses.
-func podClaimRefs(p *corev1.Pod) []podClaimRef {
-	made := map[string]string{}
-	for _, s := range p.Status.ResourceClaimStatuses {
-		if s.ResourceClaimName != nil {
-			made[s.Name] = *s.ResourceClaimName
-		}
-	}
-	var out []podClaimRef
-	for _, pc := range p.Spec.ResourceClaims {
-		r := podClaimRef{name: pc.Name}
-		switch {
-		case pc.ResourceClaimName != nil:
-			r.claim = *pc.ResourceClaimName
-		case pc.ResourceClaimTemplateName != nil:
-			r.claim, r.template = made[pc.Name], *pc.ResourceClaimTemplateName
-		}
-		out = append(out, r)
-	}
-	return out
-}
-
 // claimDevices are the devices allocated to a claim, as driver/pool/device.
 func claimDevices(cl *resourcev1.ResourceClaim) []string {
 	if cl.Status.Allocation == nil {
@@ -258,59 +224,6 @@ func since(now, t time.Time) string {
 	default:
 		return fmt.Sprintf("%dy", int(d/(365*24*time.Hour)))
 	}
-}
-
-// eventLast is when an event last occurred: the latest of its
-// lastTimestamp, eventTime and series' last observation; else its
-// firstTimestamp; else its creation.
-func eventLast(e *corev1.Event) time.Time {
-	var t time.Time
-	for _, u := range []time.Time{e.LastTimestamp.Time, e.EventTime.Time} {
-		if u.After(t) {
-			t = u
-		}
-	}
-	if e.Series != nil && e.Series.LastObservedTime.After(t) {
-		t = e.Series.LastObservedTime.Time
-	}
-	if t.IsZero() {
-		t = e.FirstTimestamp.Time
-	}
-	if t.IsZero() {
-		t = e.CreationTimestamp.Time
-	}
-	return t
-}
-
-// eventFirst is when an event first occurred.
-func eventFirst(e *corev1.Event) time.Time {
-	switch {
-	case !e.FirstTimestamp.IsZero():
-		return e.FirstTimestamp.Time
-	case !e.EventTime.IsZero():
-		return e.EventTime.Time
-	}
-	return eventLast(e)
-}
-
-// eventCount is how many times an event occurred.
-func eventCount(e *corev1.Event) int32 {
-	n := e.Count
-	if e.Series != nil && e.Series.Count > n {
-		n = e.Series.Count
-	}
-	return max(n, 1)
-}
-
-// compareEvents orders events by when they last occurred, then by their
-// creation and name.
-func compareEvents(a, b *corev1.Event) int {
-	return cmp.Or(eventLast(a).Compare(eventLast(b)), a.CreationTimestamp.Compare(b.CreationTimestamp.Time),
-		strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-}
-
-func sortEvents(events []corev1.Event) {
-	slices.SortStableFunc(events, func(a, b corev1.Event) int { return compareEvents(&a, &b) })
 }
 
 // podEventsSelector is the field selector of a pod's events.
@@ -367,7 +280,7 @@ func cmdEvents(ctx context.Context, c *cli, args []string) error {
 	if err != nil {
 		return fmt.Errorf("list %s at %s: %w", what, host, err)
 	}
-	sortEvents(events.Items)
+	podinfo.SortEvents(events.Items)
 	if *out != "table" {
 		events.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "EventList"}
 		return writeObject(c.stdout, *out, events)
@@ -391,9 +304,9 @@ func eventRows(tw io.Writer, prefix string, now time.Time, events []corev1.Event
 	fmt.Fprintf(tw, "%s%sLAST SEEN\tTYPE\tREASON\tOBJECT\tMESSAGE\n", prefix, nsCol)
 	for i := range events {
 		e := &events[i]
-		seen := since(now, eventLast(e))
-		if n := eventCount(e); n > 1 {
-			seen += fmt.Sprintf(" (x%d over %s)", n, since(now, eventFirst(e)))
+		seen := since(now, podinfo.EventLast(e))
+		if n := podinfo.EventCount(e); n > 1 {
+			seen += fmt.Sprintf(" (x%d over %s)", n, since(now, podinfo.EventFirst(e)))
 		}
 		if withNamespace {
 			nsCol = e.Namespace + "\t"
@@ -502,25 +415,25 @@ func cmdDescribe(ctx context.Context, c *cli, args []string) error {
 		return writeObject(c.stdout, *out, pod)
 	}
 	claims := map[string]*resourcev1.ResourceClaim{}
-	for _, r := range podClaimRefs(pod) {
-		if r.claim == "" || claims[r.claim] != nil {
+	for _, r := range podinfo.ClaimRefs(pod) {
+		if r.Claim == "" || claims[r.Claim] != nil {
 			continue
 		}
-		cl, err := cs.ResourceV1().ResourceClaims(ns).Get(ctx, r.claim, metav1.GetOptions{})
+		cl, err := cs.ResourceV1().ResourceClaims(ns).Get(ctx, r.Claim, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 			continue
 		case err != nil:
-			return fmt.Errorf("get ResourceClaim %s/%s of pod %s/%s at %s: %w", ns, r.claim, ns, name, host, err)
+			return fmt.Errorf("get ResourceClaim %s/%s of pod %s/%s at %s: %w", ns, r.Claim, ns, name, host, err)
 		}
-		claims[r.claim] = cl
+		claims[r.Claim] = cl
 	}
 	events, err := cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: podEventsSelector(ns, name)})
 	if err != nil {
 		return fmt.Errorf("list the events of pod %s/%s at %s: %w", ns, name, host, err)
 	}
-	mine := slices.DeleteFunc(events.Items, func(e corev1.Event) bool { return !eventOf(&e, pod) })
-	sortEvents(mine)
+	mine := slices.DeleteFunc(events.Items, func(e corev1.Event) bool { return !podinfo.EventOf(&e, pod) })
+	podinfo.SortEvents(mine)
 	return renderPodDescription(c.stdout, now(), pod, claims, mine)
 }
 
@@ -540,7 +453,7 @@ func orNone(s string) string {
 // is and where it runs, its conditions, its containers with their states
 // and claims, its claims with their allocations, then its events.
 func renderPodDescription(w io.Writer, now time.Time, p *corev1.Pod, claims map[string]*resourcev1.ResourceClaim, events []corev1.Event) error {
-	refs := podClaimRefs(p)
+	refs := podinfo.ClaimRefs(p)
 	return writeTable(w, func(tw io.Writer) {
 		fmt.Fprintf(tw, "Name:\t%s\n", p.Name)
 		fmt.Fprintf(tw, "Namespace:\t%s\n", p.Namespace)
@@ -587,7 +500,7 @@ func renderPodDescription(w io.Writer, now time.Time, p *corev1.Pod, claims map[
 			fmt.Fprintln(tw, "Resource Claims:")
 		}
 		for _, r := range refs {
-			describeClaim(tw, r, claims[r.claim])
+			describeClaim(tw, r, claims[r.Claim])
 		}
 		if len(events) == 0 {
 			fmt.Fprintf(tw, "Events:\t%s\n", none)
@@ -601,7 +514,7 @@ func renderPodDescription(w io.Writer, now time.Time, p *corev1.Pod, claims map[
 // describeContainers prints each container: its image, its state (from
 // statuses), whether it is ready and the claims it uses (pod claim, with
 // the request, and the ResourceClaim).
-func describeContainers(tw io.Writer, cs []corev1.Container, statuses []corev1.ContainerStatus, refs []podClaimRef) {
+func describeContainers(tw io.Writer, cs []corev1.Container, statuses []corev1.ContainerStatus, refs []podinfo.ClaimRef) {
 	for _, c := range cs {
 		fmt.Fprintf(tw, "  %s:\n", c.Name)
 		fmt.Fprintf(tw, "    Image:\t%s\n", c.Image)
@@ -636,8 +549,8 @@ func describeContainers(tw io.Writer, cs []corev1.Container, statuses []corev1.C
 			if rc.Request != "" {
 				u += "/" + rc.Request
 			}
-			if j := slices.IndexFunc(refs, func(r podClaimRef) bool { return r.name == rc.Name }); j >= 0 && refs[j].claim != "" {
-				u += " (" + refs[j].claim + ")"
+			if j := slices.IndexFunc(refs, func(r podinfo.ClaimRef) bool { return r.Name == rc.Name }); j >= 0 && refs[j].Claim != "" {
+				u += " (" + refs[j].Claim + ")"
 			}
 			used = append(used, u)
 		}
@@ -657,17 +570,17 @@ func describeReason(tw io.Writer, reason, message string) {
 // describeClaim prints one pod claim: its ResourceClaim (and template),
 // whether it is allocated, its devices and whom it is reserved for; cl is
 // nil for a claim the API does not have.
-func describeClaim(tw io.Writer, r podClaimRef, cl *resourcev1.ResourceClaim) {
-	fmt.Fprintf(tw, "  %s:\n", r.name)
-	claim := r.claim
+func describeClaim(tw io.Writer, r podinfo.ClaimRef, cl *resourcev1.ResourceClaim) {
+	fmt.Fprintf(tw, "  %s:\n", r.Name)
+	claim := r.Claim
 	switch {
 	case claim == "":
 		claim = "<not made yet>"
 	case cl == nil:
 		claim += " (not found)"
 	}
-	if r.template != "" {
-		claim += " (from template " + r.template + ")"
+	if r.Template != "" {
+		claim += " (from template " + r.Template + ")"
 	}
 	fmt.Fprintf(tw, "    Claim:\t%s\n", claim)
 	allocated := "no"

@@ -1,10 +1,11 @@
-// Package state is the console's view of nodeplug: it follows the three
+// Package state is the console's view of nodeplug: it follows the
 // services through their reader methods only (WatchSocketEvents,
-// WatchPlugins, WatchResources, ListAllocations, and the devicemanager's
-// DRAService: WatchResourceSlices, ListDRADrivers, ListClaims) and keeps
-// the latest snapshot of sockets, plugins, resources, allocations, DRA
-// drivers, ResourceSlices and claims, waking the live views on every
-// change.
+// WatchPlugins, WatchResources, ListAllocations, and the dramanager's
+// DRAService: WatchResourceSlices, ListDRADrivers, ListClaims), and the
+// node-local API's Pods and pod Events with the reader's kubeconfig (list
+// and watch), and keeps the latest snapshot of sockets, plugins,
+// resources, allocations, DRA drivers, ResourceSlices, claims, pods and
+// events, waking the live views on every change.
 package state
 
 import (
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/signal"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
@@ -40,6 +42,9 @@ type Conns struct {
 	Watcher, Reconciler, DeviceManager grpc.ClientConnInterface
 	// DRAManager is nodeplug-dramanager: DRA drivers, slices and claims.
 	DRAManager grpc.ClientConnInterface
+	// Kubeconfig is the node-local API's kubeconfig (the reader's), read
+	// at each connection; empty: pods and events are not followed.
+	Kubeconfig string
 }
 
 // Snapshot is what the console shows at one moment. Its messages are
@@ -52,6 +57,14 @@ type Snapshot struct {
 	DRADrivers  []*dmv1.DRADriver     // by name
 	Slices      []*dmv1.ResourceSlice // by name
 	Claims      []*dmv1.Claim         // by namespace, name
+	// Pods are the node-local API's pods, by namespace and name; Events
+	// the events about pods, oldest first (as podinfo.CompareEvents
+	// orders them).
+	Pods   []*corev1.Pod
+	Events []*corev1.Event
+	// PodsOff is set when the console does not follow the node-local API
+	// (no kubeconfig given).
+	PodsOff bool
 	// DriversProblem and ClaimsProblem say why the last driver or claim
 	// list failed ("" when it did not); the lists then keep what they
 	// held before.
@@ -84,18 +97,27 @@ type State struct {
 	claims    []*dmv1.Claim
 	// driversProblem and claimsProblem: see Snapshot.
 	driversProblem, claimsProblem string
-	status                        map[string]string
-	rev                           uint64
+	pods                          map[string]*corev1.Pod   // by namespace/name
+	events                        map[string]*corev1.Event // by namespace/name
+	// podList and eventList are pods and events sorted, nil after a change.
+	podList   []*corev1.Pod
+	eventList []*corev1.Event
+	status    map[string]string
+	rev       uint64
 }
 
 // New returns a State over conns; Run follows the services.
 func New(conns Conns, log *slog.Logger) *State {
-	return &State{
+	s := &State{
 		conns: conns, log: log, allocs: make(chan struct{}, 1), dra: make(chan struct{}, 1),
 		sockets: map[string]*wv1.SocketEvent{}, plugins: map[string]*rcv1.Plugin{}, resources: map[string]*dmv1.Resource{},
-		slices: map[string]*dmv1.ResourceSlice{},
+		slices: map[string]*dmv1.ResourceSlice{}, pods: map[string]*corev1.Pod{}, events: map[string]*corev1.Event{},
 		status: map[string]string{Watcher: "connecting", Reconciler: "connecting", DeviceManager: "connecting", DRA: "connecting"},
 	}
+	if conns.Kubeconfig != "" {
+		s.status[API] = "connecting"
+	}
+	return s
 }
 
 // Changed returns a channel closed at the next change.
@@ -115,6 +137,7 @@ func (s *State) Snapshot() Snapshot {
 	snap.Slices = sortedValues(s.slices)
 	snap.DRADrivers, snap.Claims = slices.Clone(s.drivers), slices.Clone(s.claims)
 	snap.DriversProblem, snap.ClaimsProblem = s.driversProblem, s.claimsProblem
+	snap.Pods, snap.Events, snap.PodsOff = s.podsSorted(), s.eventsSorted(), s.conns.Kubeconfig == ""
 	return snap
 }
 
@@ -158,11 +181,15 @@ func (s *State) synced(svc string, items int) {
 	s.log.Info("following the "+svc, "items", items)
 }
 
-// Run follows the three services until ctx ends, reconnecting after every
+// Run follows the services (and the node-local API) until ctx ends, reconnecting after every
 // stream error.
 func (s *State) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for _, f := range []func(context.Context) error{s.watchSockets, s.watchPlugins, s.watchResources, s.watchSlices} {
+	follow := []func(context.Context) error{s.watchSockets, s.watchPlugins, s.watchResources, s.watchSlices}
+	if s.conns.Kubeconfig != "" {
+		follow = append(follow, s.followAPI)
+	}
+	for _, f := range follow {
 		wg.Go(func() { s.retry(ctx, f) })
 	}
 	wg.Go(func() { s.listAllocations(ctx) })

@@ -85,6 +85,7 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("GET /"+v, s.page(v))
 	}
 	mux.HandleFunc("GET /traces/{id}", s.page("trace"))
+	mux.HandleFunc("GET /pods/{namespace}/{name}", s.page("pod"))
 	mux.HandleFunc("GET /events", s.events)
 	mux.HandleFunc("GET /api/traces", s.tracesJSON)
 	mux.HandleFunc("GET /api/traces/{id}", s.traceJSON)
@@ -104,15 +105,41 @@ type pageData struct {
 }
 
 // views are the pages the navigation lists, in its order.
-var views = []string{"plugins", "resources", "allocations", "dra", "traces"}
+var views = []string{"plugins", "resources", "allocations", "dra", "pods", "traces"}
 
-var titles = map[string]string{"plugins": "Plugins", "resources": "Resources", "allocations": "Allocations", "dra": "DRA", "traces": "Traces", "trace": "Trace"}
+var titles = map[string]string{
+	"plugins": "Plugins", "resources": "Resources", "allocations": "Allocations", "dra": "DRA", "pods": "Pods", "pod": "Pod",
+	"traces": "Traces", "trace": "Trace",
+}
+
+// pageID is the id of a page of one thing: a trace's ID, a pod's
+// NAMESPACE/NAME; "" for the other views.
+func pageID(view string, r *http.Request) string {
+	if view == "pod" {
+		return r.PathValue("namespace") + "/" + r.PathValue("name")
+	}
+	return r.PathValue("id")
+}
+
+// checkID says what is wrong with a page's id.
+func checkID(view, id string) error {
+	switch view {
+	case "trace":
+		if traces.NormalizeID(id) == "" {
+			return fmt.Errorf("%s is not a trace ID (up to 32 hex digits)", quote(id))
+		}
+	case "pod":
+		_, _, err := splitPodID(id)
+		return err
+	}
+	return nil
+}
 
 func (s *Server) page(view string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		id := r.PathValue("id")
-		if view == "trace" && traces.NormalizeID(id) == "" {
-			http.Error(w, fmt.Sprintf("%q is not a trace ID (up to 32 hex digits)", id), http.StatusNotFound)
+		id := pageID(view, r)
+		if err := checkID(view, id); err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
 			return
 		}
 		query := r.URL.Query()
@@ -123,12 +150,14 @@ func (s *Server) page(view string) http.HandlerFunc {
 			return
 		}
 		d := pageData{Title: titles[view], Version: version.Version, Sources: s.sources, RootDir: s.RootDir, Fragment: template.HTML(frag)}
-		if view == "trace" {
-			d.Title = "Trace " + traces.NormalizeID(id)
-		}
 		d.Events = "/events?view=" + view
-		if id != "" {
+		switch view {
+		case "trace":
+			d.Title = "Trace " + traces.NormalizeID(id)
 			d.Events += "&id=" + traces.NormalizeID(id)
+		case "pod":
+			d.Title = "Pod " + id
+			d.Events += "&id=" + url.QueryEscape(id)
 		}
 		if view == "traces" {
 			services, operations := s.traces.Names(r.Context())
@@ -138,7 +167,7 @@ func (s *Server) page(view string) http.HandlerFunc {
 			}
 		}
 		for _, v := range views {
-			d.Nav = append(d.Nav, navItem{"/" + v, titles[v], v == view || (v == "traces" && view == "trace")})
+			d.Nav = append(d.Nav, navItem{"/" + v, titles[v], v == view || (v == "traces" && view == "trace") || (v == "pods" && view == "pod")})
 		}
 		var buf bytes.Buffer
 		if err := templates.ExecuteTemplate(&buf, "page", d); err != nil {
@@ -164,6 +193,14 @@ func (s *Server) render(ctx context.Context, view, id string, query url.Values) 
 		data = allocationsOf(s.state.Snapshot(), now)
 	case "dra":
 		data = draOf(s.state.Snapshot(), now, s.RootDir)
+	case "pods":
+		data = podsOf(s.state.Snapshot(), now)
+	case "pod":
+		ns, name, err := splitPodID(id)
+		if err != nil {
+			return "", err
+		}
+		data = podOf(s.state.Snapshot(), ns, name, now)
 	case "traces":
 		data = s.tracesOf(ctx, query)
 	case "trace":
@@ -190,8 +227,8 @@ func (s *Server) render(ctx context.Context, view, id string, query url.Values) 
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	query := r.URL.Query()
 	view, id := query.Get("view"), query.Get("id")
-	if _, ok := titles[view]; !ok || (view == "trace" && traces.NormalizeID(id) == "") {
-		http.Error(w, "events: unknown view or bad trace ID", http.StatusBadRequest)
+	if _, ok := titles[view]; !ok || checkID(view, id) != nil {
+		http.Error(w, "events: unknown view, bad trace ID or bad pod NAMESPACE/NAME", http.StatusBadRequest)
 		return
 	}
 	flusher, ok := w.(http.Flusher)

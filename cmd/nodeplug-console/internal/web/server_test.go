@@ -152,7 +152,7 @@ func TestTraceJSON(t *testing.T) {
 	if err != nil || resp.StatusCode != 404 || len(r.Errors) != 1 {
 		t.Fatalf("an unknown trace: status %d, %v: %+v", resp.StatusCode, err, r)
 	}
-	for _, path := range []string{"/plugins", "/resources", "/allocations", "/dra", "/traces", "/traces/7", "/static/console.js"} {
+	for _, path := range []string{"/plugins", "/resources", "/allocations", "/dra", "/pods", "/pods/default/absent", "/traces", "/traces/7", "/static/console.js"} {
 		resp := get(t, ctx, srv.URL+path, token)
 		resp.Body.Close()
 		if resp.StatusCode != 200 {
