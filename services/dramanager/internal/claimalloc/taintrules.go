@@ -5,6 +5,7 @@ import (
 
 	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 )
 
@@ -86,4 +87,48 @@ func selects(r *resourcev1.DeviceTaintRule, s *resourcev1.ResourceSlice, device 
 	return (sel.Driver == nil || *sel.Driver == s.Spec.Driver) &&
 		(sel.Pool == nil || *sel.Pool == s.Spec.Pool.Name) &&
 		(sel.Device == nil || *sel.Device == device)
+}
+
+// DeviceKey names a device of the node: its driver, pool and name.
+type DeviceKey struct{ Driver, Pool, Device string }
+
+// NoExecuteTaints returns the NoExecute taints of the node's devices, the
+// DeviceTaintRules applied when they are followed: what an eviction
+// decision reads. It reads the informers' stores while Run runs, else the
+// API.
+func (a *Allocator) NoExecuteTaints(ctx context.Context) (map[DeviceKey][]resourcev1.DeviceTaint, error) {
+	var slices []*resourcev1.ResourceSlice
+	if c := a.cached.Load(); c != nil {
+		for _, store := range []cache.Store{c.nodeSlices, c.otherSlices} {
+			for _, obj := range store.List() {
+				if s, ok := obj.(*resourcev1.ResourceSlice); ok {
+					slices = append(slices, s)
+				}
+			}
+		}
+	} else {
+		var err error
+		if slices, err = a.listSlices(ctx); err != nil {
+			return nil, err
+		}
+	}
+	rules, err := a.listTaintRules(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[DeviceKey][]resourcev1.DeviceTaint{}
+	for _, s := range applyTaintRules(slices, rules) {
+		if n := ptr.Deref(s.Spec.NodeName, ""); n != "" && n != a.node {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			for _, t := range d.Taints {
+				if t.Effect == resourcev1.DeviceTaintEffectNoExecute {
+					k := DeviceKey{Driver: s.Spec.Driver, Pool: s.Spec.Pool.Name, Device: d.Name}
+					out[k] = append(out[k], t)
+				}
+			}
+		}
+	}
+	return out, nil
 }

@@ -113,6 +113,12 @@ type Config struct {
 	// RootDir is nodeplug's root directory: the containers' logs are
 	// written under it (podlogs.Dir).
 	RootDir string
+	// Taints gives the NoExecute taints of the node's devices: the pods
+	// whose claims' devices carry one they do not tolerate are evicted
+	// (deleted), looked at every EvictionInterval (1 s by default). nil:
+	// no pod is evicted.
+	Taints           Taints
+	EvictionInterval time.Duration
 }
 
 // Worker runs the pods of one node.
@@ -158,6 +164,9 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Workers <= 0 {
 		cfg.Workers = defaultWorkers
 	}
+	if cfg.EvictionInterval <= 0 {
+		cfg.EvictionInterval = defaultEvictionInterval
+	}
 	st, err := loadState(cfg.StateFile)
 	if err != nil {
 		return nil, err
@@ -201,6 +210,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	var wg sync.WaitGroup
+	if w.cfg.Taints != nil {
+		wg.Go(func() { w.evictLoop(ctx) })
+	}
 	for range w.cfg.Workers {
 		wg.Go(func() {
 			for w.next(ctx) {

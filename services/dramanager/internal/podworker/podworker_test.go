@@ -44,6 +44,8 @@ type env struct {
 	stop   func()
 	// runtime runs the pods' containers when set (newEnvWith).
 	runtime containers.Runtime
+	// alloc follows DeviceTaintRules; the worker evicts by its taints.
+	alloc *claimalloc.Allocator
 }
 
 func newEnv(t *testing.T) *env {
@@ -91,6 +93,8 @@ func newEnvWith(t *testing.T, runtime containers.Runtime) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	res.FollowTaintRules()
+	e.alloc = res
 	mgr, err := claims.New(claims.Config{Reserver: res, Drivers: reg, Journal: j, RetryInitial: 10 * time.Millisecond,
 		AllocatedHere: func(c *resourcev1.ResourceClaim) bool {
 			return c.Annotations[claimalloc.AllocatedByAnnotation] == dratest.Node
@@ -114,7 +118,7 @@ func (e *env) start() {
 	e.t.Helper()
 	w, err := podworker.New(podworker.Config{Client: e.api.Client, Node: dratest.Node, Claims: e.view,
 		StateFile: filepath.Join(e.root, "dra-manager", "pods.json"), RetryInitial: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
-		Runtime: e.runtime, RootDir: e.root})
+		Runtime: e.runtime, RootDir: e.root, Taints: e.alloc, EvictionInterval: 20 * time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
 	}
