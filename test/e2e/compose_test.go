@@ -241,6 +241,9 @@ func TestComposeFileAccessRules(t *testing.T) {
 	if got := c.network["dramanager"]; got != "service:apiserver" {
 		t.Errorf("the dramanager's network_mode is %q, want \"service:apiserver\" (the resource API listens on the apiserver's loopback)", got)
 	}
+	if got := c.network["console"]; got != "service:apiserver" {
+		t.Errorf("the console's network_mode is %q, want \"service:apiserver\" (it reads the pods from the resource API on the apiserver's loopback)", got)
+	}
 	if got := c.network["devicemanager"]; got != "" {
 		t.Errorf("the devicemanager's network_mode is %q, want its own network (it reads no Kubernetes API)", got)
 	}
