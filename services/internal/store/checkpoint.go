@@ -90,6 +90,11 @@ type Allocation struct {
 	Response  []byte    `json:"response"`
 	TraceID   string    `json:"trace_id,omitempty"`
 	Allocated time.Time `json:"allocated"`
+	// ContainerKind is the container's part in its pod: "init" or
+	// "sidecar"; empty for an app container (and in checkpoints written
+	// before it existed). An init container's devices may be held by
+	// other allocations of its pod too.
+	ContainerKind string `json:"container_kind,omitempty"`
 }
 
 type envelope struct {

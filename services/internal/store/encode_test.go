@@ -25,6 +25,7 @@ func TestAppendAllocationIsJSON(t *testing.T) {
 		{"no response (nil)", func(a *Allocation) { a.Response = nil }},
 		{"empty response", func(a *Allocation) { a.Response = []byte{} }},
 		{"no trace", func(a *Allocation) { a.TraceID = "" }},
+		{"container kind", func(a *Allocation) { a.ContainerKind = "init" }},
 		{"zero time", func(a *Allocation) { a.Allocated = time.Time{} }},
 		{"local zone", func(a *Allocation) { a.Allocated = at.In(time.FixedZone("x", 5*3600+30*60)) }},
 		{"western zone", func(a *Allocation) { a.Allocated = at.In(time.FixedZone("y", -11*3600)) }},

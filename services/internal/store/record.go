@@ -272,7 +272,7 @@ func encodeBatch(b *Batch) (*encodedBatch, error) {
 // allocationSize is about the length of a's encoding.
 func allocationSize(a *Allocation) int {
 	n := 160 + len(a.PodUID) + len(a.PodNamespace) + len(a.PodName) + len(a.ContainerName) + len(a.ResourceName) +
-		base64.StdEncoding.EncodedLen(len(a.Response)) + len(a.TraceID)
+		base64.StdEncoding.EncodedLen(len(a.Response)) + len(a.TraceID) + len(a.ContainerKind)
 	for _, id := range a.DeviceIDs {
 		n += len(id) + 3
 	}
@@ -286,7 +286,7 @@ func keySize(k *AllocationKey) int {
 // appendAllocation appends the JSON encoding of a to dst.
 func appendAllocation(dst []byte, a *Allocation) ([]byte, error) {
 	if !plain(a.PodUID) || !plain(a.PodNamespace) || !plain(a.PodName) || !plain(a.ContainerName) ||
-		!plain(a.ResourceName) || !plain(a.TraceID) || slices.IndexFunc(a.DeviceIDs, func(id string) bool { return !plain(id) }) >= 0 {
+		!plain(a.ResourceName) || !plain(a.TraceID) || !plain(a.ContainerKind) || slices.IndexFunc(a.DeviceIDs, func(id string) bool { return !plain(id) }) >= 0 {
 		return appendMarshal(dst, a)
 	}
 	start := len(dst)
@@ -331,7 +331,11 @@ func appendAllocation(dst []byte, a *Allocation) ([]byte, error) {
 	if !strictRFC3339(dst[t0:]) {
 		return appendMarshal(dst[:start], a)
 	}
-	return append(dst, `"}`...), nil
+	dst = append(dst, '"')
+	if a.ContainerKind != "" {
+		dst = appendField(dst, `,"container_kind":"`, a.ContainerKind)
+	}
+	return append(dst, '}'), nil
 }
 
 // appendKey appends the JSON encoding of k to dst.

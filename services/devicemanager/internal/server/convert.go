@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"maps"
 	"time"
 
@@ -68,9 +69,36 @@ func registrationFromAPI(req *dmv1.RegisterPluginRequest) manager.Registration {
 	}
 }
 
+// kinds maps the container kinds of the API to the allocator's; a kind
+// not listed is passed on as its name, for the allocator to refuse.
+var kinds = map[dmv1.ContainerKind]allocator.ContainerKind{
+	dmv1.ContainerKind_CONTAINER_KIND_UNSPECIFIED: allocator.KindApp,
+	dmv1.ContainerKind_CONTAINER_KIND_APP:         allocator.KindApp,
+	dmv1.ContainerKind_CONTAINER_KIND_INIT:        allocator.KindInit,
+	dmv1.ContainerKind_CONTAINER_KIND_SIDECAR:     allocator.KindSidecar,
+}
+
+func kindFromAPI(k dmv1.ContainerKind) allocator.ContainerKind {
+	if kind, ok := kinds[k]; ok {
+		return kind
+	}
+	return allocator.ContainerKind(fmt.Sprint(int32(k)))
+}
+
+func kindToAPI(k allocator.ContainerKind) dmv1.ContainerKind {
+	switch k {
+	case allocator.KindInit:
+		return dmv1.ContainerKind_CONTAINER_KIND_INIT
+	case allocator.KindSidecar:
+		return dmv1.ContainerKind_CONTAINER_KIND_SIDECAR
+	default:
+		return dmv1.ContainerKind_CONTAINER_KIND_APP
+	}
+}
+
 func allocateRequestFromAPI(req *dmv1.AllocateRequest) *allocator.Request {
 	out := &allocator.Request{
-		PodUID: req.GetPodUid(), Container: req.GetContainerName(),
+		PodUID: req.GetPodUid(), Container: req.GetContainerName(), Kind: kindFromAPI(req.GetContainerKind()),
 		PodNamespace: req.GetPodNamespace(), PodName: req.GetPodName(),
 	}
 	for _, rr := range req.GetResources() {
@@ -97,6 +125,7 @@ func allocationToAPI(a allocator.Allocation) *dmv1.Allocation {
 	return &dmv1.Allocation{
 		PodUid: a.PodUID, PodNamespace: a.PodNamespace, PodName: a.PodName, ContainerName: a.Container, ResourceName: a.Resource, DeviceIds: a.DeviceIDs,
 		ContainerResponse: responseToAPI(a.Response), TraceId: a.TraceID, AllocatedTime: timestamp(a.Allocated),
+		ContainerKind: kindToAPI(a.Kind),
 	}
 }
 

@@ -146,7 +146,7 @@ func (s *Service) Allocate(ctx context.Context, req *dmv1.AllocateRequest) (*dmv
 	out := &dmv1.AllocateResponse{PodUid: req.GetPodUid(), ContainerName: req.GetContainerName()}
 	for _, a := range allocs {
 		out.Allocations = append(out.Allocations, resourceAllocationToAPI(a))
-		out.PodNamespace, out.PodName = a.PodNamespace, a.PodName
+		out.PodNamespace, out.PodName, out.ContainerKind = a.PodNamespace, a.PodName, kindToAPI(a.Kind)
 	}
 	return out, nil
 }

@@ -24,8 +24,10 @@ import (
 // Devices is what the worker asks of the device-plugin half.
 type Devices interface {
 	// Allocate allocates the container's device-plugin resources (name →
-	// count).
-	Allocate(ctx context.Context, pod *corev1.Pod, container string, resources map[string]int64) error
+	// count). kind is the container's part in the pod (app, init or
+	// sidecar): a container shares the devices of the init containers
+	// allocated before it, as the kubelet's device manager reuses them.
+	Allocate(ctx context.Context, pod *corev1.Pod, container string, kind dmv1.ContainerKind, resources map[string]int64) error
 	// StartContainer returns the CDI devices the container is started
 	// with: its device plugins' and its claims'.
 	StartContainer(ctx context.Context, podUID, container string) ([]string, error)
@@ -68,16 +70,27 @@ func hasDevicePluginLimits(pod *corev1.Pod) bool {
 }
 
 // allocateDevices allocates every container's device-plugin resources,
-// init containers first. Allocate is idempotent: a pod allocated before
-// a restart gets the same devices.
+// init containers first, in their order, each with its kind: the devices
+// of an init container that runs to its end are taken again by the
+// containers after it, as the kubelet's device manager reuses them, so a
+// node with just enough devices for the app containers takes a pod whose
+// init containers ask for some too. Allocate is idempotent: a pod
+// allocated before a restart gets the same devices.
 func (w *Worker) allocateDevices(ctx context.Context, pod *corev1.Pod) error {
-	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+	for i, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
 		for _, c := range cs {
 			res := devicePluginLimits(c)
 			if len(res) == 0 {
 				continue
 			}
-			if err := w.cfg.Devices.Allocate(ctx, pod, c.Name, res); err != nil {
+			kind := dmv1.ContainerKind_CONTAINER_KIND_APP
+			if i == 0 {
+				kind = dmv1.ContainerKind_CONTAINER_KIND_INIT
+				if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+					kind = dmv1.ContainerKind_CONTAINER_KIND_SIDECAR
+				}
+			}
+			if err := w.cfg.Devices.Allocate(ctx, pod, c.Name, kind, res); err != nil {
 				return fmt.Errorf("the device-plugin resources of container %s: %w", c.Name, err)
 			}
 		}
@@ -101,8 +114,10 @@ func (d *grpcDevices) wrap(call string, err error) error {
 	return fmt.Errorf("nodeplug-devicemanager at %s: %s: %w", d.addr, call, errdefs.FromGRPC(err))
 }
 
-func (d *grpcDevices) Allocate(ctx context.Context, pod *corev1.Pod, container string, resources map[string]int64) error {
-	req := &dmv1.AllocateRequest{PodUid: string(pod.UID), ContainerName: container, PodNamespace: pod.Namespace, PodName: pod.Name}
+func (d *grpcDevices) Allocate(ctx context.Context, pod *corev1.Pod, container string, kind dmv1.ContainerKind, resources map[string]int64) error {
+	req := &dmv1.AllocateRequest{
+		PodUid: string(pod.UID), ContainerName: container, ContainerKind: kind, PodNamespace: pod.Namespace, PodName: pod.Name,
+	}
 	for _, name := range slices.Sorted(maps.Keys(resources)) {
 		req.Resources = append(req.Resources, &dmv1.ResourceRequest{ResourceName: name, Count: resources[name]})
 	}

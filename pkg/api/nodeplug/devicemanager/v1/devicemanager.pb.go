@@ -180,6 +180,75 @@ func (ResourceChangeType) EnumDescriptor() ([]byte, []int) {
 	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP(), []int{2}
 }
 
+// ContainerKind is the part a container plays in its pod. It decides
+// whether the container shares devices with the pod's other containers, as
+// the kubelet's device manager shares them: init containers run one at a
+// time to their end before the app containers start, so the devices of an
+// init container are taken again, first, by the containers of its pod
+// allocated after it (later init containers, sidecars and app containers),
+// before free devices are. A sidecar or an app container keeps its devices:
+// no other container takes them. A device shared this way is freed when no
+// container of the pod holds it any more.
+type ContainerKind int32
+
+const (
+	// Not given: an app container (Allocate's behaviour before this field).
+	ContainerKind_CONTAINER_KIND_UNSPECIFIED ContainerKind = 0
+	// An app container (spec.containers).
+	ContainerKind_CONTAINER_KIND_APP ContainerKind = 1
+	// An init container that runs to its end (spec.initContainers, no
+	// restartPolicy): its devices are shared with the containers of its pod
+	// allocated after it.
+	ContainerKind_CONTAINER_KIND_INIT ContainerKind = 2
+	// A restartable init container (spec.initContainers with restartPolicy
+	// Always), which runs beside the app containers: it may take a finished
+	// init container's devices, and keeps its own.
+	ContainerKind_CONTAINER_KIND_SIDECAR ContainerKind = 3
+)
+
+// Enum value maps for ContainerKind.
+var (
+	ContainerKind_name = map[int32]string{
+		0: "CONTAINER_KIND_UNSPECIFIED",
+		1: "CONTAINER_KIND_APP",
+		2: "CONTAINER_KIND_INIT",
+		3: "CONTAINER_KIND_SIDECAR",
+	}
+	ContainerKind_value = map[string]int32{
+		"CONTAINER_KIND_UNSPECIFIED": 0,
+		"CONTAINER_KIND_APP":         1,
+		"CONTAINER_KIND_INIT":        2,
+		"CONTAINER_KIND_SIDECAR":     3,
+	}
+)
+
+func (x ContainerKind) Enum() *ContainerKind {
+	p := new(ContainerKind)
+	*p = x
+	return p
+}
+
+func (x ContainerKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ContainerKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes[3].Descriptor()
+}
+
+func (ContainerKind) Type() protoreflect.EnumType {
+	return &file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes[3]
+}
+
+func (x ContainerKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ContainerKind.Descriptor instead.
+func (ContainerKind) EnumDescriptor() ([]byte, []int) {
+	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP(), []int{3}
+}
+
 // DeviceHealth is a device's health as its plugin reports it.
 type DeviceHealth int32
 
@@ -214,11 +283,11 @@ func (x DeviceHealth) String() string {
 }
 
 func (DeviceHealth) Descriptor() protoreflect.EnumDescriptor {
-	return file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes[3].Descriptor()
+	return file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes[4].Descriptor()
 }
 
 func (DeviceHealth) Type() protoreflect.EnumType {
-	return &file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes[3]
+	return &file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes[4]
 }
 
 func (x DeviceHealth) Number() protoreflect.EnumNumber {
@@ -227,7 +296,7 @@ func (x DeviceHealth) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DeviceHealth.Descriptor instead.
 func (DeviceHealth) EnumDescriptor() ([]byte, []int) {
-	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP(), []int{3}
+	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP(), []int{4}
 }
 
 type RegisterPluginRequest struct {
@@ -1180,8 +1249,16 @@ type AllocateRequest struct {
 	// characters each). The first Allocate of a pod UID fixes them; a later
 	// Allocate of the same pod naming a different pair fails with
 	// FAILED_PRECONDITION. A pod known only by its UID leaves both empty.
-	PodNamespace  string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
-	PodName       string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	PodNamespace string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName      string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	// The container's part in its pod (see ContainerKind); unset is an app
+	// container. Allocate a pod's init containers first, in their order,
+	// then its app containers, as the kubelet does: a container shares the
+	// devices of the init containers allocated before it. The container's
+	// first Allocate fixes its kind; a repeated Allocate is answered from
+	// the record whatever kind it names. A value not listed is
+	// INVALID_ARGUMENT.
+	ContainerKind ContainerKind `protobuf:"varint,6,opt,name=container_kind,json=containerKind,proto3,enum=nodeplug.devicemanager.v1.ContainerKind" json:"container_kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1249,6 +1326,13 @@ func (x *AllocateRequest) GetPodName() string {
 		return x.PodName
 	}
 	return ""
+}
+
+func (x *AllocateRequest) GetContainerKind() ContainerKind {
+	if x != nil {
+		return x.ContainerKind
+	}
+	return ContainerKind_CONTAINER_KIND_UNSPECIFIED
 }
 
 // Mount mirrors v1beta1.Mount.
@@ -1625,8 +1709,11 @@ type AllocateResponse struct {
 	Allocations   []*ResourceAllocation  `protobuf:"bytes,3,rep,name=allocations,proto3" json:"allocations,omitempty"`
 	// The pod's namespace and name as fixed by its first Allocate; empty when
 	// it is known only by its UID.
-	PodNamespace  string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
-	PodName       string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	PodNamespace string `protobuf:"bytes,4,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName      string `protobuf:"bytes,5,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	// The container's kind as fixed by its first Allocate (APP when it gave
+	// none).
+	ContainerKind ContainerKind `protobuf:"varint,6,opt,name=container_kind,json=containerKind,proto3,enum=nodeplug.devicemanager.v1.ContainerKind" json:"container_kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1696,6 +1783,13 @@ func (x *AllocateResponse) GetPodName() string {
 	return ""
 }
 
+func (x *AllocateResponse) GetContainerKind() ContainerKind {
+	if x != nil {
+		return x.ContainerKind
+	}
+	return ContainerKind_CONTAINER_KIND_UNSPECIFIED
+}
+
 type ReleaseRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	PodUid string                 `protobuf:"bytes,1,opt,name=pod_uid,json=podUid,proto3" json:"pod_uid,omitempty"`
@@ -1751,7 +1845,9 @@ func (x *ReleaseRequest) GetContainerName() string {
 
 type ReleaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Number of devices freed; zero when nothing was allocated.
+	// Number of devices freed, each once; zero when nothing was allocated,
+	// or when the containers released shared their devices with containers
+	// of the pod that still hold them.
 	ReleasedDevices int64 `protobuf:"varint,1,opt,name=released_devices,json=releasedDevices,proto3" json:"released_devices,omitempty"`
 	// Number of DRA claims the pod was dropped from (a release of the whole
 	// pod only). A claim no other pod uses is then unprepared by its driver
@@ -1863,8 +1959,13 @@ type Allocation struct {
 	TraceId       string                 `protobuf:"bytes,6,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
 	AllocatedTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=allocated_time,json=allocatedTime,proto3" json:"allocated_time,omitempty"`
 	// The pod's namespace and name, empty when it is known only by its UID.
-	PodNamespace  string `protobuf:"bytes,8,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
-	PodName       string `protobuf:"bytes,9,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	PodNamespace string `protobuf:"bytes,8,opt,name=pod_namespace,json=podNamespace,proto3" json:"pod_namespace,omitempty"`
+	PodName      string `protobuf:"bytes,9,opt,name=pod_name,json=podName,proto3" json:"pod_name,omitempty"`
+	// The container's part in its pod, as its Allocate gave it (APP when it
+	// gave none). A device of an INIT container is listed for the
+	// containers of its pod that share it too, each under its own
+	// container, as the kubelet's checkpoint lists them.
+	ContainerKind ContainerKind `protobuf:"varint,10,opt,name=container_kind,json=containerKind,proto3,enum=nodeplug.devicemanager.v1.ContainerKind" json:"container_kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1960,6 +2061,13 @@ func (x *Allocation) GetPodName() string {
 		return x.PodName
 	}
 	return ""
+}
+
+func (x *Allocation) GetContainerKind() ContainerKind {
+	if x != nil {
+		return x.ContainerKind
+	}
+	return ContainerKind_CONTAINER_KIND_UNSPECIFIED
 }
 
 type ListAllocationsResponse struct {
@@ -2311,13 +2419,14 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\x0fResourceRequest\x12#\n" +
 	"\rresource_name\x18\x01 \x01(\tR\fresourceName\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x125\n" +
-	"\x17must_include_device_ids\x18\x03 \x03(\tR\x14mustIncludeDeviceIds\"\xdb\x01\n" +
+	"\x17must_include_device_ids\x18\x03 \x03(\tR\x14mustIncludeDeviceIds\"\xac\x02\n" +
 	"\x0fAllocateRequest\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
 	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\x12H\n" +
 	"\tresources\x18\x03 \x03(\v2*.nodeplug.devicemanager.v1.ResourceRequestR\tresources\x12#\n" +
 	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
-	"\bpod_name\x18\x05 \x01(\tR\apodName\"h\n" +
+	"\bpod_name\x18\x05 \x01(\tR\apodName\x12O\n" +
+	"\x0econtainer_kind\x18\x06 \x01(\x0e2(.nodeplug.devicemanager.v1.ContainerKindR\rcontainerKind\"h\n" +
 	"\x05Mount\x12%\n" +
 	"\x0econtainer_path\x18\x01 \x01(\tR\rcontainerPath\x12\x1b\n" +
 	"\thost_path\x18\x02 \x01(\tR\bhostPath\x12\x1b\n" +
@@ -2350,13 +2459,14 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\n" +
 	"device_ids\x18\x02 \x03(\tR\tdeviceIds\x12c\n" +
 	"\x12container_response\x18\x03 \x01(\v24.nodeplug.devicemanager.v1.ContainerAllocateResponseR\x11containerResponse\x12A\n" +
-	"\adevices\x18\x04 \x03(\v2'.nodeplug.devicemanager.v1.DeviceStatusR\adevices\"\xe3\x01\n" +
+	"\adevices\x18\x04 \x03(\v2'.nodeplug.devicemanager.v1.DeviceStatusR\adevices\"\xb4\x02\n" +
 	"\x10AllocateResponse\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
 	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\x12O\n" +
 	"\vallocations\x18\x03 \x03(\v2-.nodeplug.devicemanager.v1.ResourceAllocationR\vallocations\x12#\n" +
 	"\rpod_namespace\x18\x04 \x01(\tR\fpodNamespace\x12\x19\n" +
-	"\bpod_name\x18\x05 \x01(\tR\apodName\"P\n" +
+	"\bpod_name\x18\x05 \x01(\tR\apodName\x12O\n" +
+	"\x0econtainer_kind\x18\x06 \x01(\x0e2(.nodeplug.devicemanager.v1.ContainerKindR\rcontainerKind\"P\n" +
 	"\x0eReleaseRequest\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
 	"\x0econtainer_name\x18\x02 \x01(\tR\rcontainerName\"e\n" +
@@ -2364,7 +2474,7 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\x10released_devices\x18\x01 \x01(\x03R\x0freleasedDevices\x12'\n" +
 	"\x0freleased_claims\x18\x02 \x01(\x03R\x0ereleasedClaims\"1\n" +
 	"\x16ListAllocationsRequest\x12\x17\n" +
-	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"\x93\x03\n" +
+	"\apod_uid\x18\x01 \x01(\tR\x06podUid\"\xe4\x03\n" +
 	"\n" +
 	"Allocation\x12\x17\n" +
 	"\apod_uid\x18\x01 \x01(\tR\x06podUid\x12%\n" +
@@ -2376,7 +2486,9 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\btrace_id\x18\x06 \x01(\tR\atraceId\x12A\n" +
 	"\x0eallocated_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\rallocatedTime\x12#\n" +
 	"\rpod_namespace\x18\b \x01(\tR\fpodNamespace\x12\x19\n" +
-	"\bpod_name\x18\t \x01(\tR\apodName\"\x83\x01\n" +
+	"\bpod_name\x18\t \x01(\tR\apodName\x12O\n" +
+	"\x0econtainer_kind\x18\n" +
+	" \x01(\x0e2(.nodeplug.devicemanager.v1.ContainerKindR\rcontainerKind\"\x83\x01\n" +
 	"\x17ListAllocationsResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12G\n" +
@@ -2415,7 +2527,12 @@ const file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc = "" +
 	"\x12ResourceChangeType\x12$\n" +
 	" RESOURCE_CHANGE_TYPE_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cRESOURCE_CHANGE_TYPE_UPDATED\x10\x01\x12 \n" +
-	"\x1cRESOURCE_CHANGE_TYPE_REMOVED\x10\x02*e\n" +
+	"\x1cRESOURCE_CHANGE_TYPE_REMOVED\x10\x02*|\n" +
+	"\rContainerKind\x12\x1e\n" +
+	"\x1aCONTAINER_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12CONTAINER_KIND_APP\x10\x01\x12\x17\n" +
+	"\x13CONTAINER_KIND_INIT\x10\x02\x12\x1a\n" +
+	"\x16CONTAINER_KIND_SIDECAR\x10\x03*e\n" +
 	"\fDeviceHealth\x12\x1d\n" +
 	"\x19DEVICE_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15DEVICE_HEALTH_HEALTHY\x10\x01\x12\x1b\n" +
@@ -2442,101 +2559,105 @@ func file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescGZIP() []byte {
 	return file_nodeplug_devicemanager_v1_devicemanager_proto_rawDescData
 }
 
-var file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_nodeplug_devicemanager_v1_devicemanager_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
 var file_nodeplug_devicemanager_v1_devicemanager_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_nodeplug_devicemanager_v1_devicemanager_proto_goTypes = []any{
 	(RegistrationPath)(0),             // 0: nodeplug.devicemanager.v1.RegistrationPath
 	(EndpointState)(0),                // 1: nodeplug.devicemanager.v1.EndpointState
 	(ResourceChangeType)(0),           // 2: nodeplug.devicemanager.v1.ResourceChangeType
-	(DeviceHealth)(0),                 // 3: nodeplug.devicemanager.v1.DeviceHealth
-	(*RegisterPluginRequest)(nil),     // 4: nodeplug.devicemanager.v1.RegisterPluginRequest
-	(*RegisterPluginResponse)(nil),    // 5: nodeplug.devicemanager.v1.RegisterPluginResponse
-	(*DeregisterPluginRequest)(nil),   // 6: nodeplug.devicemanager.v1.DeregisterPluginRequest
-	(*DeregisterPluginResponse)(nil),  // 7: nodeplug.devicemanager.v1.DeregisterPluginResponse
-	(*DevicePluginOptions)(nil),       // 8: nodeplug.devicemanager.v1.DevicePluginOptions
-	(*Endpoint)(nil),                  // 9: nodeplug.devicemanager.v1.Endpoint
-	(*Resource)(nil),                  // 10: nodeplug.devicemanager.v1.Resource
-	(*ListResourcesRequest)(nil),      // 11: nodeplug.devicemanager.v1.ListResourcesRequest
-	(*ListResourcesResponse)(nil),     // 12: nodeplug.devicemanager.v1.ListResourcesResponse
-	(*WatchResourcesRequest)(nil),     // 13: nodeplug.devicemanager.v1.WatchResourcesRequest
-	(*ResourceChange)(nil),            // 14: nodeplug.devicemanager.v1.ResourceChange
-	(*Synced)(nil),                    // 15: nodeplug.devicemanager.v1.Synced
-	(*WatchResourcesResponse)(nil),    // 16: nodeplug.devicemanager.v1.WatchResourcesResponse
-	(*ResourceRequest)(nil),           // 17: nodeplug.devicemanager.v1.ResourceRequest
-	(*AllocateRequest)(nil),           // 18: nodeplug.devicemanager.v1.AllocateRequest
-	(*Mount)(nil),                     // 19: nodeplug.devicemanager.v1.Mount
-	(*DeviceSpec)(nil),                // 20: nodeplug.devicemanager.v1.DeviceSpec
-	(*CDIDevice)(nil),                 // 21: nodeplug.devicemanager.v1.CDIDevice
-	(*ContainerAllocateResponse)(nil), // 22: nodeplug.devicemanager.v1.ContainerAllocateResponse
-	(*DeviceStatus)(nil),              // 23: nodeplug.devicemanager.v1.DeviceStatus
-	(*ResourceAllocation)(nil),        // 24: nodeplug.devicemanager.v1.ResourceAllocation
-	(*AllocateResponse)(nil),          // 25: nodeplug.devicemanager.v1.AllocateResponse
-	(*ReleaseRequest)(nil),            // 26: nodeplug.devicemanager.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),           // 27: nodeplug.devicemanager.v1.ReleaseResponse
-	(*ListAllocationsRequest)(nil),    // 28: nodeplug.devicemanager.v1.ListAllocationsRequest
-	(*Allocation)(nil),                // 29: nodeplug.devicemanager.v1.Allocation
-	(*ListAllocationsResponse)(nil),   // 30: nodeplug.devicemanager.v1.ListAllocationsResponse
-	(*StartContainerRequest)(nil),     // 31: nodeplug.devicemanager.v1.StartContainerRequest
-	(*ContainerEdits)(nil),            // 32: nodeplug.devicemanager.v1.ContainerEdits
-	(*StartContainerResponse)(nil),    // 33: nodeplug.devicemanager.v1.StartContainerResponse
-	nil,                               // 34: nodeplug.devicemanager.v1.ContainerAllocateResponse.EnvsEntry
-	nil,                               // 35: nodeplug.devicemanager.v1.ContainerAllocateResponse.AnnotationsEntry
-	nil,                               // 36: nodeplug.devicemanager.v1.ContainerEdits.EnvsEntry
-	nil,                               // 37: nodeplug.devicemanager.v1.ContainerEdits.AnnotationsEntry
-	(*timestamppb.Timestamp)(nil),     // 38: google.protobuf.Timestamp
+	(ContainerKind)(0),                // 3: nodeplug.devicemanager.v1.ContainerKind
+	(DeviceHealth)(0),                 // 4: nodeplug.devicemanager.v1.DeviceHealth
+	(*RegisterPluginRequest)(nil),     // 5: nodeplug.devicemanager.v1.RegisterPluginRequest
+	(*RegisterPluginResponse)(nil),    // 6: nodeplug.devicemanager.v1.RegisterPluginResponse
+	(*DeregisterPluginRequest)(nil),   // 7: nodeplug.devicemanager.v1.DeregisterPluginRequest
+	(*DeregisterPluginResponse)(nil),  // 8: nodeplug.devicemanager.v1.DeregisterPluginResponse
+	(*DevicePluginOptions)(nil),       // 9: nodeplug.devicemanager.v1.DevicePluginOptions
+	(*Endpoint)(nil),                  // 10: nodeplug.devicemanager.v1.Endpoint
+	(*Resource)(nil),                  // 11: nodeplug.devicemanager.v1.Resource
+	(*ListResourcesRequest)(nil),      // 12: nodeplug.devicemanager.v1.ListResourcesRequest
+	(*ListResourcesResponse)(nil),     // 13: nodeplug.devicemanager.v1.ListResourcesResponse
+	(*WatchResourcesRequest)(nil),     // 14: nodeplug.devicemanager.v1.WatchResourcesRequest
+	(*ResourceChange)(nil),            // 15: nodeplug.devicemanager.v1.ResourceChange
+	(*Synced)(nil),                    // 16: nodeplug.devicemanager.v1.Synced
+	(*WatchResourcesResponse)(nil),    // 17: nodeplug.devicemanager.v1.WatchResourcesResponse
+	(*ResourceRequest)(nil),           // 18: nodeplug.devicemanager.v1.ResourceRequest
+	(*AllocateRequest)(nil),           // 19: nodeplug.devicemanager.v1.AllocateRequest
+	(*Mount)(nil),                     // 20: nodeplug.devicemanager.v1.Mount
+	(*DeviceSpec)(nil),                // 21: nodeplug.devicemanager.v1.DeviceSpec
+	(*CDIDevice)(nil),                 // 22: nodeplug.devicemanager.v1.CDIDevice
+	(*ContainerAllocateResponse)(nil), // 23: nodeplug.devicemanager.v1.ContainerAllocateResponse
+	(*DeviceStatus)(nil),              // 24: nodeplug.devicemanager.v1.DeviceStatus
+	(*ResourceAllocation)(nil),        // 25: nodeplug.devicemanager.v1.ResourceAllocation
+	(*AllocateResponse)(nil),          // 26: nodeplug.devicemanager.v1.AllocateResponse
+	(*ReleaseRequest)(nil),            // 27: nodeplug.devicemanager.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 28: nodeplug.devicemanager.v1.ReleaseResponse
+	(*ListAllocationsRequest)(nil),    // 29: nodeplug.devicemanager.v1.ListAllocationsRequest
+	(*Allocation)(nil),                // 30: nodeplug.devicemanager.v1.Allocation
+	(*ListAllocationsResponse)(nil),   // 31: nodeplug.devicemanager.v1.ListAllocationsResponse
+	(*StartContainerRequest)(nil),     // 32: nodeplug.devicemanager.v1.StartContainerRequest
+	(*ContainerEdits)(nil),            // 33: nodeplug.devicemanager.v1.ContainerEdits
+	(*StartContainerResponse)(nil),    // 34: nodeplug.devicemanager.v1.StartContainerResponse
+	nil,                               // 35: nodeplug.devicemanager.v1.ContainerAllocateResponse.EnvsEntry
+	nil,                               // 36: nodeplug.devicemanager.v1.ContainerAllocateResponse.AnnotationsEntry
+	nil,                               // 37: nodeplug.devicemanager.v1.ContainerEdits.EnvsEntry
+	nil,                               // 38: nodeplug.devicemanager.v1.ContainerEdits.AnnotationsEntry
+	(*timestamppb.Timestamp)(nil),     // 39: google.protobuf.Timestamp
 }
 var file_nodeplug_devicemanager_v1_devicemanager_proto_depIdxs = []int32{
 	0,  // 0: nodeplug.devicemanager.v1.Endpoint.registration_path:type_name -> nodeplug.devicemanager.v1.RegistrationPath
 	1,  // 1: nodeplug.devicemanager.v1.Endpoint.state:type_name -> nodeplug.devicemanager.v1.EndpointState
-	8,  // 2: nodeplug.devicemanager.v1.Endpoint.options:type_name -> nodeplug.devicemanager.v1.DevicePluginOptions
-	38, // 3: nodeplug.devicemanager.v1.Endpoint.registered_time:type_name -> google.protobuf.Timestamp
-	38, // 4: nodeplug.devicemanager.v1.Endpoint.stopped_time:type_name -> google.protobuf.Timestamp
-	9,  // 5: nodeplug.devicemanager.v1.Resource.endpoints:type_name -> nodeplug.devicemanager.v1.Endpoint
-	38, // 6: nodeplug.devicemanager.v1.Resource.grace_deadline:type_name -> google.protobuf.Timestamp
-	10, // 7: nodeplug.devicemanager.v1.ListResourcesResponse.resources:type_name -> nodeplug.devicemanager.v1.Resource
+	9,  // 2: nodeplug.devicemanager.v1.Endpoint.options:type_name -> nodeplug.devicemanager.v1.DevicePluginOptions
+	39, // 3: nodeplug.devicemanager.v1.Endpoint.registered_time:type_name -> google.protobuf.Timestamp
+	39, // 4: nodeplug.devicemanager.v1.Endpoint.stopped_time:type_name -> google.protobuf.Timestamp
+	10, // 5: nodeplug.devicemanager.v1.Resource.endpoints:type_name -> nodeplug.devicemanager.v1.Endpoint
+	39, // 6: nodeplug.devicemanager.v1.Resource.grace_deadline:type_name -> google.protobuf.Timestamp
+	11, // 7: nodeplug.devicemanager.v1.ListResourcesResponse.resources:type_name -> nodeplug.devicemanager.v1.Resource
 	2,  // 8: nodeplug.devicemanager.v1.ResourceChange.type:type_name -> nodeplug.devicemanager.v1.ResourceChangeType
-	10, // 9: nodeplug.devicemanager.v1.ResourceChange.resource:type_name -> nodeplug.devicemanager.v1.Resource
-	14, // 10: nodeplug.devicemanager.v1.WatchResourcesResponse.change:type_name -> nodeplug.devicemanager.v1.ResourceChange
-	15, // 11: nodeplug.devicemanager.v1.WatchResourcesResponse.synced:type_name -> nodeplug.devicemanager.v1.Synced
-	17, // 12: nodeplug.devicemanager.v1.AllocateRequest.resources:type_name -> nodeplug.devicemanager.v1.ResourceRequest
-	34, // 13: nodeplug.devicemanager.v1.ContainerAllocateResponse.envs:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse.EnvsEntry
-	19, // 14: nodeplug.devicemanager.v1.ContainerAllocateResponse.mounts:type_name -> nodeplug.devicemanager.v1.Mount
-	20, // 15: nodeplug.devicemanager.v1.ContainerAllocateResponse.devices:type_name -> nodeplug.devicemanager.v1.DeviceSpec
-	35, // 16: nodeplug.devicemanager.v1.ContainerAllocateResponse.annotations:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse.AnnotationsEntry
-	21, // 17: nodeplug.devicemanager.v1.ContainerAllocateResponse.cdi_devices:type_name -> nodeplug.devicemanager.v1.CDIDevice
-	3,  // 18: nodeplug.devicemanager.v1.DeviceStatus.health:type_name -> nodeplug.devicemanager.v1.DeviceHealth
-	22, // 19: nodeplug.devicemanager.v1.ResourceAllocation.container_response:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse
-	23, // 20: nodeplug.devicemanager.v1.ResourceAllocation.devices:type_name -> nodeplug.devicemanager.v1.DeviceStatus
-	24, // 21: nodeplug.devicemanager.v1.AllocateResponse.allocations:type_name -> nodeplug.devicemanager.v1.ResourceAllocation
-	22, // 22: nodeplug.devicemanager.v1.Allocation.container_response:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse
-	38, // 23: nodeplug.devicemanager.v1.Allocation.allocated_time:type_name -> google.protobuf.Timestamp
-	29, // 24: nodeplug.devicemanager.v1.ListAllocationsResponse.allocations:type_name -> nodeplug.devicemanager.v1.Allocation
-	36, // 25: nodeplug.devicemanager.v1.ContainerEdits.envs:type_name -> nodeplug.devicemanager.v1.ContainerEdits.EnvsEntry
-	19, // 26: nodeplug.devicemanager.v1.ContainerEdits.mounts:type_name -> nodeplug.devicemanager.v1.Mount
-	20, // 27: nodeplug.devicemanager.v1.ContainerEdits.devices:type_name -> nodeplug.devicemanager.v1.DeviceSpec
-	37, // 28: nodeplug.devicemanager.v1.ContainerEdits.annotations:type_name -> nodeplug.devicemanager.v1.ContainerEdits.AnnotationsEntry
-	32, // 29: nodeplug.devicemanager.v1.StartContainerResponse.edits:type_name -> nodeplug.devicemanager.v1.ContainerEdits
-	4,  // 30: nodeplug.devicemanager.v1.DeviceManagerService.RegisterPlugin:input_type -> nodeplug.devicemanager.v1.RegisterPluginRequest
-	6,  // 31: nodeplug.devicemanager.v1.DeviceManagerService.DeregisterPlugin:input_type -> nodeplug.devicemanager.v1.DeregisterPluginRequest
-	11, // 32: nodeplug.devicemanager.v1.DeviceManagerService.ListResources:input_type -> nodeplug.devicemanager.v1.ListResourcesRequest
-	13, // 33: nodeplug.devicemanager.v1.DeviceManagerService.WatchResources:input_type -> nodeplug.devicemanager.v1.WatchResourcesRequest
-	18, // 34: nodeplug.devicemanager.v1.DeviceManagerService.Allocate:input_type -> nodeplug.devicemanager.v1.AllocateRequest
-	26, // 35: nodeplug.devicemanager.v1.DeviceManagerService.Release:input_type -> nodeplug.devicemanager.v1.ReleaseRequest
-	28, // 36: nodeplug.devicemanager.v1.DeviceManagerService.ListAllocations:input_type -> nodeplug.devicemanager.v1.ListAllocationsRequest
-	31, // 37: nodeplug.devicemanager.v1.DeviceManagerService.StartContainer:input_type -> nodeplug.devicemanager.v1.StartContainerRequest
-	5,  // 38: nodeplug.devicemanager.v1.DeviceManagerService.RegisterPlugin:output_type -> nodeplug.devicemanager.v1.RegisterPluginResponse
-	7,  // 39: nodeplug.devicemanager.v1.DeviceManagerService.DeregisterPlugin:output_type -> nodeplug.devicemanager.v1.DeregisterPluginResponse
-	12, // 40: nodeplug.devicemanager.v1.DeviceManagerService.ListResources:output_type -> nodeplug.devicemanager.v1.ListResourcesResponse
-	16, // 41: nodeplug.devicemanager.v1.DeviceManagerService.WatchResources:output_type -> nodeplug.devicemanager.v1.WatchResourcesResponse
-	25, // 42: nodeplug.devicemanager.v1.DeviceManagerService.Allocate:output_type -> nodeplug.devicemanager.v1.AllocateResponse
-	27, // 43: nodeplug.devicemanager.v1.DeviceManagerService.Release:output_type -> nodeplug.devicemanager.v1.ReleaseResponse
-	30, // 44: nodeplug.devicemanager.v1.DeviceManagerService.ListAllocations:output_type -> nodeplug.devicemanager.v1.ListAllocationsResponse
-	33, // 45: nodeplug.devicemanager.v1.DeviceManagerService.StartContainer:output_type -> nodeplug.devicemanager.v1.StartContainerResponse
-	38, // [38:46] is the sub-list for method output_type
-	30, // [30:38] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	11, // 9: nodeplug.devicemanager.v1.ResourceChange.resource:type_name -> nodeplug.devicemanager.v1.Resource
+	15, // 10: nodeplug.devicemanager.v1.WatchResourcesResponse.change:type_name -> nodeplug.devicemanager.v1.ResourceChange
+	16, // 11: nodeplug.devicemanager.v1.WatchResourcesResponse.synced:type_name -> nodeplug.devicemanager.v1.Synced
+	18, // 12: nodeplug.devicemanager.v1.AllocateRequest.resources:type_name -> nodeplug.devicemanager.v1.ResourceRequest
+	3,  // 13: nodeplug.devicemanager.v1.AllocateRequest.container_kind:type_name -> nodeplug.devicemanager.v1.ContainerKind
+	35, // 14: nodeplug.devicemanager.v1.ContainerAllocateResponse.envs:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse.EnvsEntry
+	20, // 15: nodeplug.devicemanager.v1.ContainerAllocateResponse.mounts:type_name -> nodeplug.devicemanager.v1.Mount
+	21, // 16: nodeplug.devicemanager.v1.ContainerAllocateResponse.devices:type_name -> nodeplug.devicemanager.v1.DeviceSpec
+	36, // 17: nodeplug.devicemanager.v1.ContainerAllocateResponse.annotations:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse.AnnotationsEntry
+	22, // 18: nodeplug.devicemanager.v1.ContainerAllocateResponse.cdi_devices:type_name -> nodeplug.devicemanager.v1.CDIDevice
+	4,  // 19: nodeplug.devicemanager.v1.DeviceStatus.health:type_name -> nodeplug.devicemanager.v1.DeviceHealth
+	23, // 20: nodeplug.devicemanager.v1.ResourceAllocation.container_response:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse
+	24, // 21: nodeplug.devicemanager.v1.ResourceAllocation.devices:type_name -> nodeplug.devicemanager.v1.DeviceStatus
+	25, // 22: nodeplug.devicemanager.v1.AllocateResponse.allocations:type_name -> nodeplug.devicemanager.v1.ResourceAllocation
+	3,  // 23: nodeplug.devicemanager.v1.AllocateResponse.container_kind:type_name -> nodeplug.devicemanager.v1.ContainerKind
+	23, // 24: nodeplug.devicemanager.v1.Allocation.container_response:type_name -> nodeplug.devicemanager.v1.ContainerAllocateResponse
+	39, // 25: nodeplug.devicemanager.v1.Allocation.allocated_time:type_name -> google.protobuf.Timestamp
+	3,  // 26: nodeplug.devicemanager.v1.Allocation.container_kind:type_name -> nodeplug.devicemanager.v1.ContainerKind
+	30, // 27: nodeplug.devicemanager.v1.ListAllocationsResponse.allocations:type_name -> nodeplug.devicemanager.v1.Allocation
+	37, // 28: nodeplug.devicemanager.v1.ContainerEdits.envs:type_name -> nodeplug.devicemanager.v1.ContainerEdits.EnvsEntry
+	20, // 29: nodeplug.devicemanager.v1.ContainerEdits.mounts:type_name -> nodeplug.devicemanager.v1.Mount
+	21, // 30: nodeplug.devicemanager.v1.ContainerEdits.devices:type_name -> nodeplug.devicemanager.v1.DeviceSpec
+	38, // 31: nodeplug.devicemanager.v1.ContainerEdits.annotations:type_name -> nodeplug.devicemanager.v1.ContainerEdits.AnnotationsEntry
+	33, // 32: nodeplug.devicemanager.v1.StartContainerResponse.edits:type_name -> nodeplug.devicemanager.v1.ContainerEdits
+	5,  // 33: nodeplug.devicemanager.v1.DeviceManagerService.RegisterPlugin:input_type -> nodeplug.devicemanager.v1.RegisterPluginRequest
+	7,  // 34: nodeplug.devicemanager.v1.DeviceManagerService.DeregisterPlugin:input_type -> nodeplug.devicemanager.v1.DeregisterPluginRequest
+	12, // 35: nodeplug.devicemanager.v1.DeviceManagerService.ListResources:input_type -> nodeplug.devicemanager.v1.ListResourcesRequest
+	14, // 36: nodeplug.devicemanager.v1.DeviceManagerService.WatchResources:input_type -> nodeplug.devicemanager.v1.WatchResourcesRequest
+	19, // 37: nodeplug.devicemanager.v1.DeviceManagerService.Allocate:input_type -> nodeplug.devicemanager.v1.AllocateRequest
+	27, // 38: nodeplug.devicemanager.v1.DeviceManagerService.Release:input_type -> nodeplug.devicemanager.v1.ReleaseRequest
+	29, // 39: nodeplug.devicemanager.v1.DeviceManagerService.ListAllocations:input_type -> nodeplug.devicemanager.v1.ListAllocationsRequest
+	32, // 40: nodeplug.devicemanager.v1.DeviceManagerService.StartContainer:input_type -> nodeplug.devicemanager.v1.StartContainerRequest
+	6,  // 41: nodeplug.devicemanager.v1.DeviceManagerService.RegisterPlugin:output_type -> nodeplug.devicemanager.v1.RegisterPluginResponse
+	8,  // 42: nodeplug.devicemanager.v1.DeviceManagerService.DeregisterPlugin:output_type -> nodeplug.devicemanager.v1.DeregisterPluginResponse
+	13, // 43: nodeplug.devicemanager.v1.DeviceManagerService.ListResources:output_type -> nodeplug.devicemanager.v1.ListResourcesResponse
+	17, // 44: nodeplug.devicemanager.v1.DeviceManagerService.WatchResources:output_type -> nodeplug.devicemanager.v1.WatchResourcesResponse
+	26, // 45: nodeplug.devicemanager.v1.DeviceManagerService.Allocate:output_type -> nodeplug.devicemanager.v1.AllocateResponse
+	28, // 46: nodeplug.devicemanager.v1.DeviceManagerService.Release:output_type -> nodeplug.devicemanager.v1.ReleaseResponse
+	31, // 47: nodeplug.devicemanager.v1.DeviceManagerService.ListAllocations:output_type -> nodeplug.devicemanager.v1.ListAllocationsResponse
+	34, // 48: nodeplug.devicemanager.v1.DeviceManagerService.StartContainer:output_type -> nodeplug.devicemanager.v1.StartContainerResponse
+	41, // [41:49] is the sub-list for method output_type
+	33, // [33:41] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_nodeplug_devicemanager_v1_devicemanager_proto_init() }
@@ -2553,7 +2674,7 @@ func file_nodeplug_devicemanager_v1_devicemanager_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc), len(file_nodeplug_devicemanager_v1_devicemanager_proto_rawDesc)),
-			NumEnums:      4,
+			NumEnums:      5,
 			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,

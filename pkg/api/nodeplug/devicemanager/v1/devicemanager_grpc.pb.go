@@ -50,7 +50,9 @@ type DeviceManagerServiceClient interface {
 	// RESOURCE_EXHAUSTED and should resubscribe.
 	WatchResources(ctx context.Context, in *WatchResourcesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResourcesResponse], error)
 	// Allocate chooses devices for one container and asks their plugins to
-	// allocate them. Idempotent for the same request.
+	// allocate them: first devices of the pod's init containers the
+	// container may share (see ContainerKind), then free ones. Idempotent
+	// for the same request.
 	Allocate(ctx context.Context, in *AllocateRequest, opts ...grpc.CallOption) (*AllocateResponse, error)
 	// Release frees the devices of a pod, or of one of its containers.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
@@ -186,7 +188,9 @@ type DeviceManagerServiceServer interface {
 	// RESOURCE_EXHAUSTED and should resubscribe.
 	WatchResources(*WatchResourcesRequest, grpc.ServerStreamingServer[WatchResourcesResponse]) error
 	// Allocate chooses devices for one container and asks their plugins to
-	// allocate them. Idempotent for the same request.
+	// allocate them: first devices of the pod's init containers the
+	// container may share (see ContainerKind), then free ones. Idempotent
+	// for the same request.
 	Allocate(context.Context, *AllocateRequest) (*AllocateResponse, error)
 	// Release frees the devices of a pod, or of one of its containers.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)

@@ -25,6 +25,9 @@ func ValidateRequest(req *Request) error {
 	if err := bounds.PodIdentity(req.PodNamespace, req.PodName); err != nil {
 		return err
 	}
+	if !req.Kind.Valid() {
+		return fmt.Errorf("unknown container kind %s: %w", bounds.Quote(string(req.Kind)), errdefs.ErrInvalidArgument)
+	}
 	if len(req.Resources) == 0 {
 		return fmt.Errorf("no resources requested: %w", errdefs.ErrInvalidArgument)
 	}
@@ -63,70 +66,130 @@ func ValidateRequest(req *Request) error {
 }
 
 // Snapshot is what a choice of devices is made from: one resource's
-// healthy devices and which of them are taken (allocated, or reserved by
-// an Allocate in flight), at one moment. The state core takes it under
-// its lock and keeps the lock while Lowest or Offer read it.
+// healthy devices, which of them are taken (allocated, or reserved by
+// an Allocate in flight), and which taken ones the container may take
+// again, at one moment. The state core takes it under its lock and keeps
+// the lock while Lowest or Offer read it.
 type Snapshot struct {
 	Resource string
 	// Healthy is sorted; it may be shared, and nobody may change it.
 	Healthy []string
 	// Taken reports whether a device is allocated or reserved.
 	Taken func(id string) bool
+	// Reusable are the healthy devices, sorted, that the container may
+	// share although they are taken: those of the pod's init containers
+	// that no app container or sidecar holds (see ContainerKind). A choice
+	// takes them first, as the kubelet takes its devicesToReuse.
+	Reusable []string
 }
 
 func (s Snapshot) free(id string) bool { return !s.Taken(id) }
 
-// checkMust fails when a must-include device of rr is not healthy and free.
+func (s Snapshot) reusable(id string) bool {
+	_, ok := slices.BinarySearch(s.Reusable, id)
+	return ok
+}
+
+// checkMust fails when a must-include device of rr is not healthy and
+// free (or reusable).
 func (s Snapshot) checkMust(rr ResourceRequest) error {
 	for _, id := range rr.MustInclude {
-		if _, healthy := slices.BinarySearch(s.Healthy, id); !healthy || !s.free(id) {
+		if _, healthy := slices.BinarySearch(s.Healthy, id); !healthy || !s.free(id) && !s.reusable(id) {
 			return fmt.Errorf("must-include device %q of %s is not healthy and free: %w", id, s.Resource, errdefs.ErrFailedPrecondition)
 		}
 	}
 	return nil
 }
 
-// Lowest chooses rr's devices by default: the must-include ones and the
-// lowest free healthy IDs, sorted. The walk stops once it has the count,
-// so its cost follows the allocations, not the devices.
+// firsts returns the devices a choice for rr starts with: the
+// must-include ones, then reusable ones (lowest first) up to the count;
+// and how many of them are reused.
+func (s Snapshot) firsts(rr ResourceRequest) (ids []string, reused int) {
+	ids = slices.Clone(rr.MustInclude)
+	for _, id := range ids {
+		if s.reusable(id) {
+			reused++
+		}
+	}
+	for _, id := range s.Reusable {
+		if len(ids) >= int(rr.Count) {
+			break
+		}
+		if !slices.Contains(rr.MustInclude, id) {
+			ids = append(ids, id)
+			reused++
+		}
+	}
+	return ids, reused
+}
+
+// Lowest chooses rr's devices by default: the must-include ones, the
+// reusable ones, and the lowest free healthy IDs, sorted. The walk stops
+// once it has the count, so its cost follows the allocations, not the
+// devices.
 func Lowest(s Snapshot, rr ResourceRequest) ([]string, error) {
 	if err := s.checkMust(rr); err != nil {
 		return nil, err
 	}
-	count, must := int(rr.Count), rr.MustInclude
-	ids := slices.Clone(must)
+	count := int(rr.Count)
+	ids, reused := s.firsts(rr)
 	for _, id := range s.Healthy {
 		if len(ids) >= count {
 			break
 		}
-		if s.free(id) && !slices.Contains(must, id) {
+		if s.free(id) && !slices.Contains(rr.MustInclude, id) {
 			ids = append(ids, id)
 		}
 	}
 	if len(ids) < count {
-		return nil, unavailable(s.Resource, count, countFree(s.Healthy, s.free))
+		return nil, unavailable(s.Resource, count-reused, countFree(s.Healthy, s.free))
 	}
 	slices.Sort(ids)
 	return ids, nil
 }
 
-// Offer returns the free healthy devices, sorted, that a plugin offering
-// GetPreferredAllocation chooses among for rr; MergePreferred then makes
-// the choice of its answer.
-func Offer(s Snapshot, rr ResourceRequest) ([]string, error) {
+// Offering is what a plugin offering GetPreferredAllocation is asked to
+// choose from for a request, or the choice when it has none to make.
+type Offering struct {
+	// Chosen is the whole choice, sorted, when the must-include and the
+	// reused devices complete the request and at least one is reused: the
+	// kubelet asks the plugin only for devices still needed. Nil
+	// otherwise.
+	Chosen []string
+	// Available are the free healthy devices and those reused, sorted.
+	Available []string
+	// MustInclude are the request's must-include devices and those
+	// reused.
+	MustInclude []string
+}
+
+// Offer returns what a plugin offering GetPreferredAllocation chooses
+// among for rr (MergePreferred then makes the choice of its answer), or
+// the choice when the reused devices complete it.
+func Offer(s Snapshot, rr ResourceRequest) (Offering, error) {
 	if err := s.checkMust(rr); err != nil {
-		return nil, err
+		return Offering{}, err
 	}
-	var free []string
+	must, reused := s.firsts(rr)
+	if reused > 0 && len(must) == int(rr.Count) {
+		slices.Sort(must)
+		return Offering{Chosen: must}, nil
+	}
+	var avail []string
+	nfree := 0
 	for _, id := range s.Healthy {
-		if s.free(id) {
-			free = append(free, id)
+		switch {
+		case s.free(id):
+			nfree++
+			avail = append(avail, id)
+		case slices.Contains(must, id):
+			avail = append(avail, id) // reused
 		}
 	}
-	if len(free) < int(rr.Count) {
-		return nil, unavailable(s.Resource, int(rr.Count), len(free))
+	if nfree < int(rr.Count)-reused {
+		return Offering{}, unavailable(s.Resource, int(rr.Count)-reused, nfree)
 	}
-	return free, nil
+	return Offering{Available: avail, MustInclude: must}, nil
 }
 
 // unavailable is the kubelet's error for a request of count devices of

@@ -57,9 +57,9 @@ func TestLowestAndOffer(t *testing.T) {
 	if err != nil || !slices.Equal(ids, []string{"a", "d"}) {
 		t.Fatalf("Lowest = %v, %v; want [a d]", ids, err)
 	}
-	free, err := Offer(snap, ResourceRequest{Name: "example.com/r", Count: 3})
-	if err != nil || !slices.Equal(free, []string{"a", "c", "d"}) {
-		t.Fatalf("Offer = %v, %v; want [a c d]", free, err)
+	offer, err := Offer(snap, ResourceRequest{Name: "example.com/r", Count: 3})
+	if err != nil || !slices.Equal(offer.Available, []string{"a", "c", "d"}) || offer.MustInclude != nil || offer.Chosen != nil {
+		t.Fatalf("Offer = %+v, %v; want [a c d] available", offer, err)
 	}
 	for _, rr := range []ResourceRequest{
 		{Name: "example.com/r", Count: 4},
@@ -75,5 +75,69 @@ func TestLowestAndOffer(t *testing.T) {
 	}
 	if _, err := Lowest(snap, ResourceRequest{Name: "example.com/r", Count: 4}); err == nil || !strings.Contains(err.Error(), "Requested: 4, Available: 3") {
 		t.Fatalf("Lowest over the free count: %v", err)
+	}
+}
+
+// The devices a container may share (an init container's) are chosen
+// first, before free ones, as the kubelet takes its devicesToReuse first;
+// a must-include device may be one of them; the kubelet's error counts the
+// devices still needed after them. When they complete the request, Offer
+// chooses them with no plugin call to make; else it offers them with the
+// free ones, as must-include.
+func TestReusableFirst(t *testing.T) {
+	taken := map[string]bool{"b": true, "c": true, "e": true}
+	snap := Snapshot{Resource: "example.com/r", Healthy: []string{"a", "b", "c", "d", "e", "f"},
+		Taken: func(id string) bool { return taken[id] }, Reusable: []string{"c", "e"}}
+	for _, tc := range []struct {
+		rr   ResourceRequest
+		want []string
+	}{
+		{ResourceRequest{Name: "example.com/r", Count: 1}, []string{"c"}},
+		{ResourceRequest{Name: "example.com/r", Count: 2}, []string{"c", "e"}},
+		{ResourceRequest{Name: "example.com/r", Count: 3}, []string{"a", "c", "e"}},
+		{ResourceRequest{Name: "example.com/r", Count: 2, MustInclude: []string{"e"}}, []string{"c", "e"}},
+		{ResourceRequest{Name: "example.com/r", Count: 2, MustInclude: []string{"f"}}, []string{"c", "f"}},
+	} {
+		ids, err := Lowest(snap, tc.rr)
+		if err != nil || !slices.Equal(ids, tc.want) {
+			t.Errorf("Lowest(%+v) = %v, %v; want %v", tc.rr, ids, err, tc.want)
+		}
+	}
+	offer, err := Offer(snap, ResourceRequest{Name: "example.com/r", Count: 2})
+	if err != nil || !slices.Equal(offer.Chosen, []string{"c", "e"}) || offer.Available != nil {
+		t.Fatalf("Offer of 2 = %+v, %v; want [c e] chosen", offer, err)
+	}
+	offer, err = Offer(snap, ResourceRequest{Name: "example.com/r", Count: 3})
+	if err != nil || offer.Chosen != nil || !slices.Equal(offer.Available, []string{"a", "c", "d", "e", "f"}) ||
+		!slices.Equal(offer.MustInclude, []string{"c", "e"}) {
+		t.Fatalf("Offer of 3 = %+v, %v; want [a c d e f] available, [c e] must", offer, err)
+	}
+	// b is taken and not reusable: never chosen, not even as must-include.
+	if _, err := Lowest(snap, ResourceRequest{Name: "example.com/r", Count: 1, MustInclude: []string{"b"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("Lowest with a taken must-include: %v", err)
+	}
+	// 6 asked, 2 reused: 4 needed, 3 free.
+	for name, choose := range map[string]func() error{
+		"Lowest": func() error { _, err := Lowest(snap, ResourceRequest{Name: "example.com/r", Count: 6}); return err },
+		"Offer":  func() error { _, err := Offer(snap, ResourceRequest{Name: "example.com/r", Count: 6}); return err },
+	} {
+		if err := choose(); err == nil || !strings.Contains(err.Error(), "Requested: 4, Available: 3") {
+			t.Errorf("%s over the free count: %v", name, err)
+		}
+	}
+}
+
+// A container's kind is one of three; anything else is refused.
+func TestValidateKind(t *testing.T) {
+	req := Request{PodUID: "p", Container: "c", Resources: []ResourceRequest{{Name: "example.com/r", Count: 1}}}
+	for _, k := range []ContainerKind{KindApp, KindInit, KindSidecar} {
+		req.Kind = k
+		if err := ValidateRequest(&req); err != nil {
+			t.Errorf("kind %q: %v", k, err)
+		}
+	}
+	req.Kind = "7"
+	if err := ValidateRequest(&req); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "container kind") {
+		t.Fatalf("kind 7: %v", err)
 	}
 }

@@ -13,10 +13,40 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
+// ContainerKind is the part a container plays in its pod, which decides
+// whether it shares devices with the pod's other containers, as the
+// kubelet's device manager shares them (its Allocate and devicesToReuse):
+// the devices of an init container that runs to its end are taken again
+// by the containers allocated after it, first, before free devices.
+type ContainerKind string
+
+// Container kinds.
+const (
+	// KindApp is an app container, and any container whose kind was not
+	// given. It keeps its devices: no other container takes them.
+	KindApp ContainerKind = ""
+	// KindInit is an init container that runs to its end before the next
+	// container starts. The pod's init containers, sidecars and app
+	// containers allocated after it take its devices again, first.
+	KindInit ContainerKind = "init"
+	// KindSidecar is a restartable init container (restartPolicy Always),
+	// which runs beside the app containers. It takes a finished init
+	// container's devices first too, and keeps them: no other container
+	// takes them.
+	KindSidecar ContainerKind = "sidecar"
+)
+
+// Valid reports whether k is one of the kinds above.
+func (k ContainerKind) Valid() bool { return k == KindApp || k == KindInit || k == KindSidecar }
+
 // Request asks for devices for one container.
 type Request struct {
 	PodUID    string
 	Container string
+	// Kind is the container's part in its pod. The container's first
+	// Allocate fixes it: a repeated request is answered from the record,
+	// whatever kind it names.
+	Kind      ContainerKind
 	Resources []ResourceRequest
 	// PodNamespace and PodName name the pod, optionally (both or
 	// neither). The first Allocate of a pod UID fixes them.
@@ -49,6 +79,8 @@ type ResourceAllocation struct {
 	// them; empty for a pod known only by its UID.
 	PodNamespace string
 	PodName      string
+	// Kind is the container's kind, as its first Allocate fixed it.
+	Kind ContainerKind
 }
 
 // Allocation is one container's devices of one resource, as listed.
@@ -57,9 +89,13 @@ type Allocation struct {
 	PodNamespace string
 	PodName      string
 	Container    string
-	Resource     string
-	DeviceIDs    []string
-	Response     *pluginapi.ContainerAllocateResponse
-	TraceID      string
-	Allocated    time.Time
+	// Kind is the container's part in its pod, as its Allocate gave it.
+	// Devices of an init container may be listed for a later container of
+	// the same pod too: they share them.
+	Kind      ContainerKind
+	Resource  string
+	DeviceIDs []string
+	Response  *pluginapi.ContainerAllocateResponse
+	TraceID   string
+	Allocated time.Time
 }

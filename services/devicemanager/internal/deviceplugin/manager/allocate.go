@@ -5,7 +5,9 @@ package manager
 //  1. returns the saved answer when the same request was made before (the
 //     plugin is not called again);
 //  2. chooses, per resource, healthy free devices, the must-include ones
-//     first (package allocator, from a snapshot the core gives it): when
+//     first, then those of the pod's init containers that the container
+//     may share, as the kubelet reuses them (allocator.ContainerKind;
+//     package allocator, from a snapshot the core gives it): when
 //     the plugin offers GetPreferredAllocation, then the answered IDs that
 //     are available, in its order, and the rest by default (the kubelet's
 //     devicesToAllocate: a short, empty or foreign answer is logged, not an
@@ -80,7 +82,7 @@ func (m *Manager) allocate(ctx context.Context, req *allocator.Request) ([]alloc
 	}
 	var picks []*pick
 	for _, rr := range todo {
-		p, err := m.reservePick(ctx, allocKey{req.PodUID, req.Container, rr.Name}, rr)
+		p, err := m.reservePick(ctx, allocKey{req.PodUID, req.Container, rr.Name}, req.Kind, rr)
 		if err != nil {
 			m.unreserve(picks)
 			return nil, err
@@ -114,21 +116,21 @@ func (m *Manager) allocate(ctx context.Context, req *allocator.Request) ([]alloc
 // reservePick chooses and reserves devices for one resource (core.choose). A
 // choice the plugin prefers is made with no lock held, and retried when a
 // concurrent allocation took one of its devices meanwhile.
-func (m *Manager) reservePick(ctx context.Context, k allocKey, rr allocator.ResourceRequest) (*pick, error) {
+func (m *Manager) reservePick(ctx context.Context, k allocKey, kind allocator.ContainerKind, rr allocator.ResourceRequest) (*pick, error) {
 	for attempt := 1; ; attempt++ {
-		plugin, ids, offer, err := m.choose(k, rr)
+		plugin, ids, offer, err := m.choose(k, kind, rr)
 		if err != nil {
 			return nil, err
 		}
 		if ids != nil {
-			return &pick{key: k, ids: ids, plugin: plugin}, nil
+			return &pick{key: k, kind: kind, ids: ids, plugin: plugin}, nil
 		}
-		ids, err = m.preferred(ctx, plugin, offer, rr.MustInclude, int(rr.Count))
+		ids, err = m.preferred(ctx, plugin, offer.Available, offer.MustInclude, int(rr.Count))
 		if err != nil {
 			return nil, err
 		}
-		if m.reserveIfFree(k, ids) {
-			return &pick{key: k, ids: ids, plugin: plugin}, nil
+		if m.reserveIfFree(k, kind, ids) {
+			return &pick{key: k, kind: kind, ids: ids, plugin: plugin}, nil
 		}
 		if attempt == maxPickAttempts {
 			return nil, fmt.Errorf("devices of %s preferred by its plugin were taken concurrently %d times: %w", k.resource, attempt, errdefs.ErrFailedPrecondition)

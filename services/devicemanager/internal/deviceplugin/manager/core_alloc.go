@@ -22,6 +22,7 @@ import (
 // with the plugin that will allocate them.
 type pick struct {
 	key       allocKey
+	kind      allocator.ContainerKind
 	ids       []string
 	plugin    endpoint.Plugin
 	resp      *pluginapi.ContainerAllocateResponse
@@ -70,44 +71,60 @@ func (c *core) candidatesLocked(name string) (endpoint.Plugin, []string, error) 
 	return res.primary.conn, healthy, nil
 }
 
-// choose has the allocator choose devices of k's resource for rr from a
-// snapshot of it. For a plugin without GetPreferredAllocation the choice
-// (allocator.Lowest) is reserved for k and returned as ids; for one with
-// it, nothing is reserved and the free devices to offer the plugin
-// (allocator.Offer) are returned instead, for reserveIfFree to take the
-// merged answer.
-func (c *core) choose(k allocKey, rr allocator.ResourceRequest) (plugin endpoint.Plugin, ids, offer []string, err error) {
+// choose has the allocator choose devices of k's resource for rr, for a
+// container of kind, from a snapshot of it: the devices of the pod's
+// init containers that it may share first (ledger.reusable), then free
+// ones. For a plugin without GetPreferredAllocation, or when the shared
+// devices complete the choice, the choice (allocator.Lowest) is reserved
+// for k and returned as ids; for one with it, nothing is reserved and
+// what to offer the plugin (allocator.Offer) is returned instead, for
+// reserveIfFree to take the merged answer.
+func (c *core) choose(k allocKey, kind allocator.ContainerKind, rr allocator.ResourceRequest) (plugin endpoint.Plugin, ids []string, offer allocator.Offering, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	plugin, healthy, err := c.candidatesLocked(k.resource)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, offer, err
 	}
-	snap := c.ledger.snapshot(k.resource, healthy)
+	snap := c.ledger.snapshot(k, kind, healthy)
 	if plugin.Options().PreferredAllocation {
-		offer, err = allocator.Offer(snap, rr)
-		return plugin, nil, offer, err
+		if offer, err = allocator.Offer(snap, rr); err != nil || offer.Chosen == nil {
+			return plugin, nil, offer, err
+		}
+		ids = offer.Chosen
+	} else if ids, err = allocator.Lowest(snap, rr); err != nil {
+		return nil, nil, offer, err
 	}
-	ids, err = allocator.Lowest(snap, rr)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	c.ledger.reserve(k, ids)
-	return plugin, ids, nil, nil
+	c.ledger.reserve(k, kind, ids)
+	return plugin, ids, offer, nil
 }
 
-// reserveIfFree reserves ids for k if every one of them is healthy and
-// free now, and reports whether it did.
-func (c *core) reserveIfFree(k allocKey, ids []string) bool {
+// reserveIfFree reserves ids for k, a container of kind, if every one of
+// them is healthy and free now, or one it may share (ledger.reusable),
+// and reports whether it did.
+func (c *core) reserveIfFree(k allocKey, kind allocator.ContainerKind, ids []string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	res := c.resources[k.resource]
+	if res == nil {
+		return false
+	}
+	var reusable []string
 	for _, id := range ids {
-		if res == nil || res.devices[id] == nil || !res.devices[id].healthy || c.ledger.taken(k.resource, id) {
+		if res.devices[id] == nil || !res.devices[id].healthy {
+			return false
+		}
+		if !c.ledger.taken(k.resource, id) {
+			continue
+		}
+		if reusable == nil {
+			reusable = c.ledger.reusable(k, res.deviceLists().healthy)
+		}
+		if _, ok := slices.BinarySearch(reusable, id); !ok {
 			return false
 		}
 	}
-	c.ledger.reserve(k, ids)
+	c.ledger.reserve(k, kind, ids)
 	return true
 }
 
@@ -135,7 +152,7 @@ func (c *core) commit(want podIdentity, picks []*pick, traceID string, now time.
 	}
 	resources := make([]string, 0, len(picks))
 	for _, p := range picks {
-		c.ledger.add(&allocation{key: p.key, pod: want, ids: p.ids, resp: p.resp, respBytes: p.respBytes, traceID: traceID, at: now})
+		c.ledger.add(&allocation{key: p.key, pod: want, kind: p.kind, ids: p.ids, resp: p.resp, respBytes: p.respBytes, traceID: traceID, at: now})
 		c.markLocked(allocationRecord(p.key))
 		resources = append(resources, p.key.resource)
 	}
@@ -180,7 +197,7 @@ func (c *core) allocated(req *allocator.Request) ([]allocator.ResourceAllocation
 func (c *core) allocationViewLocked(a *allocation) allocator.ResourceAllocation {
 	v := allocator.ResourceAllocation{
 		Resource: a.key.resource, DeviceIDs: slices.Clone(a.ids), Response: a.resp,
-		PodNamespace: a.pod.namespace, PodName: a.pod.name,
+		PodNamespace: a.pod.namespace, PodName: a.pod.name, Kind: a.kind,
 	}
 	res := c.resources[a.key.resource]
 	for _, id := range a.ids {
@@ -193,8 +210,9 @@ func (c *core) allocationViewLocked(a *allocation) allocator.ResourceAllocation 
 // released is what one Release removed from memory, not yet durable.
 type released struct {
 	pod        string
-	n          int64    // devices
-	containers []string // the containers that held them
+	n          int64            // devices no container holds any more, each once
+	freed      map[string]int64 // n by resource
+	containers []string         // the containers that held them
 	allocs     []*allocation
 	freeing    []*freeing
 }
@@ -207,6 +225,7 @@ func (c *core) release(pod string, containers []string) *released {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := &released{pod: pod}
+	gone := map[allocKey]bool{}
 	for _, ctr := range containers {
 		keys := c.ledger.podKeys(pod, ctr)
 		if len(keys) > 0 {
@@ -218,10 +237,44 @@ func (c *core) release(pod string, containers []string) *released {
 			c.markLocked(allocationRecord(k))
 			r.allocs = append(r.allocs, a)
 			r.freeing = append(r.freeing, c.freeLaterLocked(k, a.ids))
-			r.n += int64(len(a.ids))
+			gone[k] = true
 		}
 	}
+	r.n, r.freed = c.freedLocked(r.allocs, gone)
 	return r
+}
+
+// freedLocked counts, per resource, the devices of allocs that nothing
+// holds once those of gone are removed: a device an init container shared
+// with the pod's other containers counts once, and only when they all let
+// it go.
+func (c *core) freedLocked(allocs []*allocation, gone map[allocKey]bool) (n int64, perResource map[string]int64) {
+	type dev struct{ resource, id string }
+	seen := map[dev]bool{}
+	perResource = map[string]int64{}
+	for _, a := range allocs {
+		for _, id := range a.ids {
+			d := dev{a.key.resource, id}
+			if seen[d] {
+				continue
+			}
+			seen[d] = true
+			if !slices.ContainsFunc(c.ledger.holders(d.resource, id), func(h holder) bool { return !gone[h.key] && c.holdingLocked(h.key) }) {
+				n++
+				perResource[d.resource]++
+			}
+		}
+	}
+	return n, perResource
+}
+
+// holdingLocked reports whether k holds its devices for good: it is
+// recorded, or reserved by an Allocate in flight, not released (freeing).
+func (c *core) holdingLocked(k allocKey) bool {
+	if c.ledger.allocs[k] != nil {
+		return true
+	}
+	return !slices.ContainsFunc(c.freeing, func(f *freeing) bool { return f.key == k })
 }
 
 // unrelease takes back r, whose save failed: its allocations are recorded

@@ -23,9 +23,11 @@ import (
 // the allocation records it marks, see journalKey).
 type ledger struct {
 	allocs map[allocKey]*allocation
-	// owners maps resource → device → the allocation holding it,
-	// committed or reserved by an Allocate in flight.
-	owners map[string]map[string]allocKey
+	// owners maps resource → device → the allocations holding it,
+	// committed or reserved by an Allocate in flight. A device has one
+	// holder, or several containers of one pod: an init container's and
+	// those that took its devices again (see allocator.ContainerKind).
+	owners map[string]map[string][]holder
 	// pods maps the UID of every pod holding an allocation to its
 	// namespace and name, fixed by the allocation that came first, and to
 	// its allocations (so that a Release touches only the pod's).
@@ -33,7 +35,13 @@ type ledger struct {
 }
 
 func newLedger() ledger {
-	return ledger{allocs: map[allocKey]*allocation{}, owners: map[string]map[string]allocKey{}, pods: map[string]*podRecord{}}
+	return ledger{allocs: map[allocKey]*allocation{}, owners: map[string]map[string][]holder{}, pods: map[string]*podRecord{}}
+}
+
+// holder is one allocation holding a device, with its container's kind.
+type holder struct {
+	key  allocKey
+	kind allocator.ContainerKind
 }
 
 // allocKey names one container's allocation of one resource.
@@ -57,6 +65,7 @@ type podRecord struct {
 type allocation struct {
 	key       allocKey
 	pod       podIdentity
+	kind      allocator.ContainerKind
 	ids       []string
 	resp      *pluginapi.ContainerAllocateResponse
 	respBytes []byte // resp as stored
@@ -64,40 +73,89 @@ type allocation struct {
 	at        time.Time
 }
 
-// snapshot is the allocator's view of resource: its healthy devices and
-// which are taken. It reads l as it is: hold the core's mutex while it is
-// used.
-func (l *ledger) snapshot(resource string, healthy []string) allocator.Snapshot {
-	owners := l.owners[resource]
-	return allocator.Snapshot{Resource: resource, Healthy: healthy, Taken: func(id string) bool {
-		_, taken := owners[id]
-		return taken
-	}}
+// snapshot is the allocator's view of k's resource for a container of
+// kind: its healthy devices, which are taken, and which of those the
+// container may take again (reusable). It reads l as it is: hold the
+// core's mutex while it is used.
+func (l *ledger) snapshot(k allocKey, kind allocator.ContainerKind, healthy []string) allocator.Snapshot {
+	owners := l.owners[k.resource]
+	return allocator.Snapshot{Resource: k.resource, Healthy: healthy, Taken: func(id string) bool {
+		return len(owners[id]) > 0
+	}, Reusable: l.reusable(k, healthy)}
+}
+
+// reusable returns, sorted, the healthy devices of k's resource that k's
+// container may take although they are taken, as the kubelet's
+// devicesToReuse holds them: those of the pod's init containers
+// (committed) that no app container or sidecar holds. Whatever its kind,
+// a container takes them first; an init container's devices are then
+// reusable by the next ones, an app container's or a sidecar's by none.
+func (l *ledger) reusable(k allocKey, healthy []string) []string {
+	p := l.pods[k.pod]
+	if p == nil {
+		return nil
+	}
+	var out []string
+	for ik := range p.keys {
+		a := l.allocs[ik]
+		if ik.resource != k.resource || ik.container == k.container || a.kind != allocator.KindInit {
+			continue
+		}
+		for _, id := range a.ids {
+			if _, ok := slices.BinarySearch(healthy, id); ok && l.sharable(k.resource, id) {
+				out = append(out, id)
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// sharable reports whether every holder of device id of resource is an
+// init container.
+func (l *ledger) sharable(resource, id string) bool {
+	for _, h := range l.owners[resource][id] {
+		if h.kind != allocator.KindInit {
+			return false
+		}
+	}
+	return true
 }
 
 // taken reports whether device id of resource is allocated or reserved.
 func (l *ledger) taken(resource, id string) bool {
-	_, ok := l.owners[resource][id]
-	return ok
+	return len(l.owners[resource][id]) > 0
 }
 
-func (l *ledger) reserve(k allocKey, ids []string) {
+// holders returns the allocations holding device id of resource.
+func (l *ledger) holders(resource, id string) []holder {
+	return l.owners[resource][id]
+}
+
+// reserve makes k, a container of kind, a holder of ids.
+func (l *ledger) reserve(k allocKey, kind allocator.ContainerKind, ids []string) {
 	owners := l.owners[k.resource]
 	if owners == nil {
-		owners = map[string]allocKey{}
+		owners = map[string][]holder{}
 		l.owners[k.resource] = owners
 	}
 	for _, id := range ids {
-		owners[id] = k
+		if !slices.ContainsFunc(owners[id], func(h holder) bool { return h.key == k }) {
+			owners[id] = append(owners[id], holder{key: k, kind: kind})
+		}
 	}
 }
 
-// unreserve frees the devices ids that k holds.
+// unreserve takes k from the holders of ids; a device with no holder left
+// is free.
 func (l *ledger) unreserve(k allocKey, ids []string) {
 	owners := l.owners[k.resource]
 	for _, id := range ids {
-		if o, ok := owners[id]; ok && o == k {
+		hs := slices.DeleteFunc(owners[id], func(h holder) bool { return h.key == k })
+		if len(hs) == 0 {
 			delete(owners, id)
+		} else {
+			owners[id] = hs
 		}
 	}
 	if len(owners) == 0 {
@@ -171,7 +229,7 @@ func (l *ledger) list(pod string) []allocator.Allocation {
 		}
 		a := l.allocs[k]
 		out = append(out, allocator.Allocation{
-			PodUID: k.pod, PodNamespace: a.pod.namespace, PodName: a.pod.name, Container: k.container, Resource: k.resource,
+			PodUID: k.pod, PodNamespace: a.pod.namespace, PodName: a.pod.name, Container: k.container, Kind: a.kind, Resource: k.resource,
 			DeviceIDs: slices.Clone(a.ids), Response: a.resp, TraceID: a.traceID, Allocated: a.at,
 		})
 	}
@@ -186,7 +244,10 @@ func (l *ledger) takenIDs(resource string) []string {
 
 // restore adds allocations read from the store. A record whose plugin
 // response cannot be read keeps its devices allocated, with an empty
-// response, and is logged.
+// response, and is logged. A device several records hold (an init
+// container's and those that took it again; or, from a kubelet's
+// checkpoint, containers of one pod) has them all as holders: it is free
+// once they are all released.
 func (l *ledger) restore(recs []store.Allocation, log *slog.Logger) {
 	for _, r := range recs {
 		resp := &pluginapi.ContainerAllocateResponse{}
@@ -195,15 +256,21 @@ func (l *ledger) restore(recs []store.Allocation, log *slog.Logger) {
 				"pod_uid", r.PodUID, "container", r.ContainerName, "resource", r.ResourceName, "error", err)
 		}
 		k := allocKey{r.PodUID, r.ContainerName, r.ResourceName}
+		kind := allocator.ContainerKind(r.ContainerKind)
+		if !kind.Valid() {
+			log.Error("checkpoint allocation of an unknown container kind; taken for an app container's",
+				"pod_uid", r.PodUID, "container", r.ContainerName, "resource", r.ResourceName, "kind", bounds.Quote(r.ContainerKind))
+			kind = allocator.KindApp
+		}
 		if old := l.allocs[k]; old != nil {
 			l.remove(k)
 			l.unreserve(k, old.ids)
 		}
 		l.add(&allocation{
-			key: k, pod: podIdentity{r.PodNamespace, r.PodName}, ids: r.DeviceIDs, resp: resp, respBytes: r.Response,
+			key: k, pod: podIdentity{r.PodNamespace, r.PodName}, kind: kind, ids: r.DeviceIDs, resp: resp, respBytes: r.Response,
 			traceID: r.TraceID, at: r.Allocated,
 		})
-		l.reserve(k, r.DeviceIDs)
+		l.reserve(k, kind, r.DeviceIDs)
 	}
 }
 
@@ -216,6 +283,6 @@ func (l *ledger) stage(b *store.Batch, k allocKey) {
 	}
 	b.Allocations = append(b.Allocations, store.Allocation{
 		PodUID: k.pod, PodNamespace: a.pod.namespace, PodName: a.pod.name, ContainerName: k.container, ResourceName: k.resource,
-		DeviceIDs: a.ids, Response: a.respBytes, TraceID: a.traceID, Allocated: a.at,
+		DeviceIDs: a.ids, Response: a.respBytes, TraceID: a.traceID, Allocated: a.at, ContainerKind: string(a.kind),
 	})
 }

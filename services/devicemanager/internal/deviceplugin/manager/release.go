@@ -10,7 +10,9 @@ import (
 )
 
 // Release frees the devices of a pod, or of one of its containers when
-// container is set, and returns how many were freed. Releasing what is not
+// container is set, and returns how many were freed: a device that an
+// init container shared with other containers of its pod counts once, and
+// is freed only when none of them holds it any more. Releasing what is not
 // there frees nothing and succeeds. A Release that returns nil has made its
 // change durable; one whose save fails is taken back: the pod holds its
 // devices as before (in memory, and on disk once a write works), and the
@@ -33,7 +35,7 @@ func (m *Manager) Release(ctx context.Context, pod, container string) (int64, er
 		defer unlock()
 	}
 	r := m.release(pod, containers)
-	if r.n == 0 {
+	if len(r.allocs) == 0 {
 		// Nothing to free here; but a change the answer depends on (an
 		// Allocate taken back) may not be durable yet: make it so.
 		if err := m.persist(); err != nil {
@@ -55,8 +57,8 @@ func (m *Manager) Release(ctx context.Context, pod, container string) (int64, er
 // releaseDone counts a durable release, logs it, and removes the CDI specs
 // of the containers it emptied.
 func (m *Manager) releaseDone(ctx context.Context, r *released) {
-	for _, a := range r.allocs {
-		m.metrics.released.WithLabelValues(a.key.resource).Add(float64(len(a.ids)))
+	for resource, n := range r.freed {
+		m.metrics.released.WithLabelValues(resource).Add(float64(n))
 	}
 	if m.log.Enabled(ctx, slog.LevelDebug) {
 		m.log.DebugContext(ctx, "devices released", "pod_uid", r.pod, "containers", r.containers, "devices", r.n)

@@ -13,6 +13,10 @@
 //   - a container lists its devices one ContainerDevices per device and
 //     NUMA node of that device (one with no topology when the plugin gave
 //     none), the kubelet's shape;
+//   - the init containers that run to their end are left out (sidecars
+//     stay), as the kubelet lists only a pod's restartable init containers
+//     and app containers: a device an init container shared is listed
+//     under each container that took it again;
 //   - GetAllocatableResources lists the healthy devices of every resource,
 //     in the same shape;
 //   - a container's dynamic_resources are the prepared DRA claims it
@@ -191,7 +195,11 @@ func group(allocs []allocator.Allocation, pcs []*dmv1.PodClaims) []*pod {
 	byUID := map[string]*pod{}
 	var pods []*pod
 	for _, a := range allocs {
-		if len(a.DeviceIDs) == 0 {
+		if len(a.DeviceIDs) == 0 || a.Kind == allocator.KindInit {
+			// The kubelet lists a pod's sidecars and app containers,
+			// not the init containers that run to their end; the
+			// devices those shared are listed under the containers
+			// that took them again.
 			continue
 		}
 		p := byUID[a.PodUID]

@@ -341,3 +341,33 @@ func TestAllocatableTopologyWithoutNodes(t *testing.T) {
 		t.Fatalf("GetAllocatableResources \n%s", d)
 	}
 }
+
+// TestInitContainersLeftOut: as the kubelet lists a pod's sidecars and
+// app containers only, an init container that runs to its end is left
+// out; the devices it shared are listed under the app container that took
+// them again, and the sidecar's under the sidecar.
+func TestInitContainersLeftOut(t *testing.T) {
+	e := newEnv(t)
+	e.plugin(gpu, []string{"g0", "g1"}, nil)
+	for _, c := range []struct {
+		name  string
+		kind  allocator.ContainerKind
+		count int64
+	}{{"init", allocator.KindInit, 2}, {"sidecar", allocator.KindSidecar, 1}, {"app", allocator.KindApp, 1}} {
+		if _, err := e.m.Allocate(ctxT(t), &allocator.Request{
+			PodUID: "uid-1", PodNamespace: "ns", PodName: "web", Container: c.name, Kind: c.kind,
+			Resources: []allocator.ResourceRequest{{Name: gpu, Count: c.count}},
+		}); err != nil {
+			t.Fatalf("Allocate %s: %v", c.name, err)
+		}
+	}
+	want := &podresourcesv1.ListPodResourcesResponse{PodResources: []*podresourcesv1.PodResources{{
+		Name: "web", Namespace: "ns", Containers: []*podresourcesv1.ContainerResources{
+			{Name: "app", Devices: []*podresourcesv1.ContainerDevices{dev(gpu, "g1", -1)}},
+			{Name: "sidecar", Devices: []*podresourcesv1.ContainerDevices{dev(gpu, "g0", -1)}},
+		},
+	}}}
+	if d := diff(want, e.list()); d != "" {
+		t.Fatal(d)
+	}
+}
