@@ -1,8 +1,10 @@
 // Package containerstest gives tests a real podman over storage of their
 // own, holding images of ctrcmd (a static test program, built once): the
 // host's images and containers are not touched, and tests run in
-// parallel. When podman is not installed, or cannot run a container here,
-// the test is skipped with the reason.
+// parallel (New). It gives them the host's docker engine too, with images
+// of ctrcmd of their own and names unique to them (NewDocker). When the
+// runtime is not installed, or cannot run a container here, the test is
+// skipped with the reason.
 package containerstest
 
 import (

@@ -91,7 +91,10 @@ func TestMalformed(t *testing.T) {
 		{"bad stream", "2026-01-02T03:04:05Z stdin F x\n", "neither stdout nor stderr"},
 		{"no tag", "2026-01-02T03:04:05Z stdout\n", "no tag"},
 		{"bad tag", "2026-01-02T03:04:05Z stdout X x\n", "neither P nor F"},
-		{"docker json", `{"log":"x\n","stream":"stdout","time":"2026-01-02T03:04:05Z"}` + "\n", "no stream"},
+		{"docker json cut", `{"log":"x\n","stream":"stdout"` + "\n", "not docker's JSON"},
+		{"docker json, bad time", `{"log":"x\n","stream":"stdout","time":"yesterday"}` + "\n", "not RFC 3339"},
+		{"docker json, no time", `{"log":"x\n","stream":"stdout"}` + "\n", "not RFC 3339"},
+		{"docker json, bad stream", `{"log":"x\n","stream":"stdin","time":"2026-01-02T03:04:05Z"}` + "\n", "neither stdout nor stderr"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

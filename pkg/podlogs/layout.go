@@ -1,5 +1,5 @@
 // Package podlogs is the kubelet's layout of container logs and a reader
-// of the CRI log format the container runtimes write into it.
+// of the log formats the container runtimes write into it.
 //
 // The kubelet keeps each container's log under /var/log/pods; nodeplug
 // keeps them under its root dir instead, in the same shape:
@@ -11,7 +11,9 @@
 //	      1.log                    its first restart, and so on (Latest)
 //
 // Each file is in the CRI log format (see Reader), as podman's k8s-file
-// log driver, CRI-O and containerd write it.
+// log driver, CRI-O and containerd write it; or it is a link to the log
+// docker's json-file driver writes (the dockershim's way), or a copy of
+// one, which Reader reads too.
 //
 // The package imports only the standard library.
 package podlogs

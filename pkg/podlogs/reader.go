@@ -3,6 +3,7 @@ package podlogs
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,16 @@ import (
 // itself, without its newline. The CRI allows more tags after the first,
 // separated by colons; only the first is read. One space separates the
 // fields, and content keeps any spaces it begins with.
+//
+// The Reader also reads the log docker's json-file driver writes (which
+// the kubelet's dockershim linked into the same layout), one JSON object
+// a line:
+//
+//	{"log":"<content>\n","stream":"stdout","time":"<RFC 3339 time>"}
+//
+// where a log without its final newline is a part of a longer line
+// (docker cuts lines at 16 KiB), as a P record is. Each line is read as
+// what it begins with: a "{" is docker's, anything else a CRI record.
 
 // The streams a record names.
 const (
@@ -29,8 +40,8 @@ const (
 	Stderr = "stderr"
 )
 
-// ErrMalformed is wrapped by the error about a line not in the CRI log
-// format; that error names the line's number (from 1).
+// ErrMalformed is wrapped by the error about a line in neither the CRI
+// log format nor docker's; that error names the line's number (from 1).
 var ErrMalformed = errors.New("not a CRI log line")
 
 // Entry is one line of a container's output: its parts joined when the
@@ -157,6 +168,9 @@ func (r *Reader) pendingIndex(stream string) int {
 // The content returned shares line's memory.
 func parseRecord(line []byte) (t time.Time, stream string, partial bool, content []byte, err error) {
 	line = bytes.TrimSuffix(line, []byte("\n"))
+	if len(line) > 0 && line[0] == '{' {
+		return parseDockerRecord(line)
+	}
 	ts, rest, ok := bytes.Cut(line, []byte(" "))
 	if !ok {
 		return t, "", false, nil, fmt.Errorf("%w: no stream after the time %q", ErrMalformed, clip(ts))
@@ -185,6 +199,33 @@ func parseRecord(line []byte) (t time.Time, stream string, partial bool, content
 		return t, "", false, nil, fmt.Errorf("%w: tag %q is neither P nor F", ErrMalformed, clip(tags))
 	}
 	return t, stream, partial, content, nil
+}
+
+// dockerRecord is a line of docker's json-file log.
+type dockerRecord struct {
+	Log    string `json:"log"`
+	Stream string `json:"stream"`
+	Time   string `json:"time"`
+}
+
+// parseDockerRecord reads a line of docker's json-file log, without its
+// newline.
+func parseDockerRecord(line []byte) (t time.Time, stream string, partial bool, content []byte, err error) {
+	var r dockerRecord
+	if err := json.Unmarshal(line, &r); err != nil {
+		return t, "", false, nil, fmt.Errorf("%w: a line beginning with { that is not docker's JSON: %v", ErrMalformed, err)
+	}
+	t, err = time.Parse(time.RFC3339Nano, r.Time)
+	if err != nil {
+		return t, "", false, nil, fmt.Errorf("%w: the time %q is not RFC 3339", ErrMalformed, clip([]byte(r.Time)))
+	}
+	switch r.Stream {
+	case Stdout, Stderr:
+	default:
+		return t, "", false, nil, fmt.Errorf("%w: stream %q is neither stdout nor stderr", ErrMalformed, clip([]byte(r.Stream)))
+	}
+	content, full := bytes.CutSuffix([]byte(r.Log), []byte("\n"))
+	return t, r.Stream, !full, content, nil
 }
 
 // clip shortens a field quoted in an error.

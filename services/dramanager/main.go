@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -59,10 +60,14 @@ func appService() app.Service {
 			fs.DurationVar(&draDelay, "dra-disconnect-delay", drivers.DefaultDisconnectDelay,
 				"how long a DRA driver may have no connected instance (and, after a start, to register again) before its ResourceSlices on this node are deleted")
 			fs.StringVar(&ctr.kind, "container-runtime", runtimeAuto,
-				"what runs the containers of the node-local API's Pods: podman, none (their devices are prepared, and nodeplugctl start prints what a runtime would be given), or auto (podman when the dramanager runs as root and podman answers, else none)")
+				"what runs the containers of the node-local API's Pods: podman, docker, none (their devices are prepared, and nodeplugctl start prints what a runtime would be given), or auto (when the dramanager runs as root: podman when it answers, else docker when its engine answers, else none)")
 			fs.StringVar(&ctr.podman, "podman-path", "", "the podman executable (default: podman on PATH)")
+			fs.StringVar(&ctr.docker, "docker-path", "", "the docker executable, the CLI of the engine that runs the containers with --container-runtime docker (default: docker on PATH)")
 			fs.StringVar(&ctr.devicemanager, "devicemanager-addr", "", "nodeplug-devicemanager's API, asked by the pod worker to allocate the pods' device-plugin resources and for what their containers start with: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/devicemanager.sock)")
-			fs.StringVar(&ctr.network, "podman-network", "", "the network of the pods' containers, as podman run --network takes it (default: podman's; none: a loopback interface only)")
+			fs.StringVar(&ctr.network, "container-network", "", "the network of the pods' containers, as podman run --network and docker run --network take it (default: the runtime's; none: a loopback interface only)")
+			fs.StringVar(&ctr.podmanNetwork, "podman-network", "", "the older name of --container-network, still accepted")
+			ctr.cdiDirs = fs.StringList("docker-cdi-spec-dirs",
+				"a directory where the CDI devices of the pods' containers are resolved when the runtime is a docker engine that does not resolve them itself (before Docker 25, or with CDI not enabled) (default /etc/cdi and /var/run/cdi)")
 		},
 		Setup: func(ctx context.Context, rt *app.Runtime) error {
 			return setup(rt, opts, kube, draDelay, ctr)
@@ -261,6 +266,9 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 			Client: kubeAPI.Client, Node: node, Claims: view, Log: rt.Log,
 			StateFile: filepath.Join(layout.DRAManagerDir(rt.Config.RootDir), "pods.json"),
 			Runtime:   pods.runtime, Devices: pods.devices, RootDir: rt.Config.RootDir,
+			// DeviceTaintRules and slices' NoExecute taints evict pods,
+			// as a cluster's device taint eviction controller does.
+			Taints: alloc,
 		})
 		if err != nil {
 			return err
@@ -275,44 +283,94 @@ func setupDRA(rt *app.Runtime, instanceID string, kubeAPI *kubeaccess.Access, de
 const (
 	runtimeAuto   = "auto"
 	runtimePodman = "podman"
+	runtimeDocker = "docker"
 	runtimeNone   = "none"
 )
 
 // runtimeOptions are the flags that choose the pods' container runtime.
 type runtimeOptions struct {
-	kind, podman, network string
+	kind, podman, docker, network, podmanNetwork string
+	cdiDirs                                      *[]string
 	// devicemanager is the devicemanager's address.
 	devicemanager string
 }
 
-// open returns the runtime the flags name (nil: none). With auto, podman
-// is used when the dramanager runs as root and podman answers; otherwise
-// why is logged and the pods' containers are not run. (Asked by another
-// user, podman runs rootless: it starts a pause process of that user's
-// that outlives the dramanager, and host devices are not its to give.)
+// noRuntime is logged when the pods' containers are not run.
+const noRuntime = "no container runtime: the pods' devices are prepared, their containers are not run"
+
+// open returns the runtime the flags name (nil: none). With auto, when
+// the dramanager runs as root, podman is used when it answers, else
+// docker when its engine answers; otherwise why is logged and the pods'
+// containers are not run. (Asked by another user, podman runs rootless:
+// it starts a pause process of that user's that outlives the dramanager,
+// and host devices are not its to give.)
 func (o runtimeOptions) open(rt *app.Runtime) (containers.Runtime, error) {
+	network := o.network
+	if o.podmanNetwork != "" {
+		if network != "" && network != o.podmanNetwork {
+			return nil, fmt.Errorf("--container-network %q and --podman-network %q: give one", network, o.podmanNetwork)
+		}
+		network = o.podmanNetwork
+	}
+	var cdiDirs []string
+	if o.cdiDirs != nil {
+		cdiDirs = *o.cdiDirs
+	}
+	podman := func() (containers.Runtime, error) {
+		p, err := containers.NewPodman(containers.PodmanConfig{Path: o.podman, Network: network})
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
+	}
+	docker := func() (containers.Runtime, error) {
+		d, err := containers.NewDocker(containers.DockerConfig{Path: o.docker, Network: network, CDISpecDirs: cdiDirs})
+		if err != nil {
+			return nil, err
+		}
+		if !d.EngineCDI() {
+			rt.Log.Info("the docker engine does not resolve CDI devices: they are resolved here", "cdi_spec_dirs", cdiDirsOr(cdiDirs))
+		}
+		return d, nil
+	}
+	var r containers.Runtime
+	var err error
 	switch o.kind {
 	case runtimeNone:
 		return nil, nil
 	case runtimeAuto:
 		if os.Geteuid() != 0 {
-			rt.Log.Info("no container runtime: the pods' devices are prepared, their containers are not run", "reason", "not running as root (--container-runtime podman runs rootless podman)")
+			rt.Log.Info(noRuntime, "reason", "not running as root (--container-runtime podman runs rootless podman)")
+			return nil, nil
+		}
+		var perr, derr error
+		if r, perr = podman(); perr != nil {
+			r, derr = docker()
+		}
+		if r == nil {
+			rt.Log.Info(noRuntime, "reason", errors.Join(perr, derr))
 			return nil, nil
 		}
 	case runtimePodman:
+		r, err = podman()
+	case runtimeDocker:
+		r, err = docker()
 	default:
-		return nil, fmt.Errorf("--container-runtime %q: want %s, %s or %s", o.kind, runtimeAuto, runtimePodman, runtimeNone)
+		return nil, fmt.Errorf("--container-runtime %q: want %s, %s, %s or %s", o.kind, runtimeAuto, runtimePodman, runtimeDocker, runtimeNone)
 	}
-	p, err := containers.NewPodman(containers.PodmanConfig{Path: o.podman, Network: o.network})
 	if err != nil {
-		if o.kind == runtimeAuto {
-			rt.Log.Info("no container runtime: the pods' devices are prepared, their containers are not run", "reason", err)
-			return nil, nil
-		}
-		return nil, fmt.Errorf("--container-runtime podman: %w", err)
+		return nil, fmt.Errorf("--container-runtime %s: %w", o.kind, err)
 	}
-	rt.Log.Info("the pods' containers are run by " + p.Name())
-	return p, nil
+	rt.Log.Info("the pods' containers are run by " + r.Name())
+	return r, nil
+}
+
+// cdiDirsOr is dirs, or CDI's default directories when there are none.
+func cdiDirsOr(dirs []string) string {
+	if len(dirs) == 0 {
+		return "/etc/cdi, /var/run/cdi"
+	}
+	return strings.Join(dirs, ", ")
 }
 
 // podOptions are what the pod worker is given besides the API and the

@@ -1,7 +1,8 @@
 // Package containers runs a pod's containers through a container runtime:
 // the images they need, the containers themselves, their states, and
 // their stopping and removal. Runtime is what the pod worker asks of a
-// runtime; Podman is one, driving podman's command line.
+// runtime; Podman is one, driving podman's command line, and Docker
+// another, driving docker's.
 package containers
 
 import (
@@ -53,8 +54,9 @@ type Spec struct {
 	Mounts      []Mount  // bind mounts
 	Annotations map[string]string
 	// LogPath is the file the runtime writes the container's output to,
-	// in the CRI log format (package podlogs reads it). Its directory is
-	// created when missing. Empty: the runtime's own logging.
+	// in the CRI log format, or a link to the runtime's own log (docker's
+	// json-file); package podlogs reads both. Its directory is created
+	// when missing. Empty: the runtime's own logging.
 	LogPath string
 }
 

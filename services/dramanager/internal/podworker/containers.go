@@ -122,6 +122,8 @@ func restartCount(s containers.State) int {
 // podRun is one look at a pod's containers: what the runtime holds, and
 // the statuses being written.
 type podRun struct {
+	// idPrefix begins the containers' IDs in their statuses.
+	idPrefix string
 	pod      *corev1.Pod
 	cdi      map[string][]string
 	have     map[string]containers.State
@@ -146,7 +148,10 @@ func (w *Worker) syncContainers(ctx context.Context, pod *corev1.Pod, cdi map[st
 	if have, err = w.dropStale(ctx, pod.UID, have); err != nil {
 		return err
 	}
-	r := &podRun{pod: pod, cdi: cdi, have: have, waiting: map[string]*corev1.ContainerStateWaiting{}}
+	r := &podRun{
+		pod: pod, cdi: cdi, have: have, waiting: map[string]*corev1.ContainerStateWaiting{},
+		idPrefix: containerIDPrefix(w.cfg.Runtime.Name()),
+	}
 	initDone := w.stepInit(ctx, r)
 	if initDone && !r.failed {
 		for _, c := range pod.Spec.Containers {

@@ -1,6 +1,8 @@
 package podworker
 
 import (
+	"strings"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -9,9 +11,19 @@ import (
 
 // The pod's status from its containers' states, as the kubelet writes it.
 
-// ContainerIDPrefix names the runtime in a container status's
-// containerID, as the kubelet's "containerd://…" does.
+// ContainerIDPrefix names podman in a container status's containerID, as
+// the kubelet's "containerd://…" names containerd. Each runtime's prefix
+// is the first word of its name: "docker://" for docker (as with the
+// kubelet's dockershim).
 const ContainerIDPrefix = "podman://"
+
+// containerIDPrefix is the prefix of the containerIDs of the runtime
+// named name (containers.Runtime's Name: the runtime, a space and its
+// version).
+func containerIDPrefix(name string) string {
+	runtime, _, _ := strings.Cut(name, " ")
+	return runtime + "://"
+}
 
 // status writes the containers' states, the pod's phase and its
 // conditions into st.
@@ -64,14 +76,14 @@ func (r *podRun) containerStatuses(cs []corev1.Container, notStarted string) []c
 		st := corev1.ContainerStatus{Name: c.Name, Image: c.Image, Started: new(false)}
 		s, ok := r.have[c.Name]
 		if ok {
-			st.ContainerID = ContainerIDPrefix + s.ID
+			st.ContainerID = r.idPrefix + s.ID
 			st.RestartCount = int32(restartCount(s))
 			switch s.Status {
 			case containers.StatusRunning:
 				st.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(s.StartedAt)}
 				st.Ready, st.Started = true, new(true)
 			case containers.StatusExited:
-				st.State.Terminated = terminated(s)
+				st.State.Terminated = terminated(s, r.idPrefix)
 			default:
 				st.State.Waiting = &corev1.ContainerStateWaiting{Reason: reasonContainerCreate}
 			}
@@ -89,11 +101,11 @@ func (r *podRun) containerStatuses(cs []corev1.Container, notStarted string) []c
 	return out
 }
 
-func terminated(s containers.State) *corev1.ContainerStateTerminated {
+func terminated(s containers.State, idPrefix string) *corev1.ContainerStateTerminated {
 	t := &corev1.ContainerStateTerminated{
 		ExitCode: int32(s.ExitCode), Reason: "Completed",
 		StartedAt: metav1.NewTime(s.StartedAt), FinishedAt: metav1.NewTime(s.FinishedAt),
-		ContainerID: ContainerIDPrefix + s.ID,
+		ContainerID: idPrefix + s.ID,
 	}
 	if s.ExitCode != 0 {
 		t.Reason = "Error"
