@@ -7,6 +7,7 @@ package podinfo
 import (
 	"cmp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,7 +22,8 @@ type ClaimRef struct {
 }
 
 // ClaimRefs resolves the pod's claims, in the pod's order: a claim named
-// as it is, a template's by the pod's status.resourceClaimStatuses.
+// as it is, a template's by the pod's status.resourceClaimStatuses; then
+// the claim made for its DRA extended resources, when it has one.
 func ClaimRefs(p *corev1.Pod) []ClaimRef {
 	made := map[string]string{}
 	for _, s := range p.Status.ResourceClaimStatuses {
@@ -40,7 +42,29 @@ func ClaimRefs(p *corev1.Pod) []ClaimRef {
 		}
 		out = append(out, r)
 	}
+	if x := p.Status.ExtendedResourceClaimStatus; x != nil {
+		out = append(out, ClaimRef{Name: ExtendedClaimName(p), Claim: x.ResourceClaimName})
+	}
 	return out
+}
+
+// ExtendedClaim is the name under which a pod's claim for its DRA
+// extended resources (status.extendedResourceClaimStatus) is shown and
+// prepared beside the claims of its spec.
+const ExtendedClaim = "extended-resources"
+
+// ExtendedClaimName is the name of the pod's extended-resource claim
+// among its claims: ExtendedClaim, or ExtendedClaim-<n> when a claim of
+// its spec has that name.
+func ExtendedClaimName(p *corev1.Pod) string {
+	taken := func(n string) bool {
+		return slices.ContainsFunc(p.Spec.ResourceClaims, func(pc corev1.PodResourceClaim) bool { return pc.Name == n })
+	}
+	name := ExtendedClaim
+	for i := 2; taken(name); i++ {
+		name = ExtendedClaim + "-" + strconv.Itoa(i)
+	}
+	return name
 }
 
 // EventOf says whether e, which names p's namespace and name, is about

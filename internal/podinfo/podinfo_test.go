@@ -12,7 +12,8 @@ import (
 )
 
 // TestClaimRefs: a claim the pod names is itself; a template's is the one
-// status.resourceClaimStatuses names, or none before it is made.
+// status.resourceClaimStatuses names, or none before it is made; the
+// claim of its DRA extended resources is named after the others.
 func TestClaimRefs(t *testing.T) {
 	p := &corev1.Pod{
 		Spec: corev1.PodSpec{ResourceClaims: []corev1.PodResourceClaim{
@@ -25,6 +26,15 @@ func TestClaimRefs(t *testing.T) {
 	want := []ClaimRef{{"shared", "team-gpu", ""}, {"gpu", "p-gpu-x7k2p", "one-gpu"}, {"nic", "", "one-nic"}}
 	if got := ClaimRefs(p); !slices.Equal(got, want) {
 		t.Fatalf("ClaimRefs = %+v, want %+v", got, want)
+	}
+	// The claim made for the pod's DRA extended resources comes last,
+	// under a name none of the spec's claims has.
+	p.Status.ExtendedResourceClaimStatus = &corev1.PodExtendedResourceClaimStatus{ResourceClaimName: "p-extended-resources-4hf6q"}
+	p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, corev1.PodResourceClaim{Name: "extended-resources", ResourceClaimName: ptr.To("mine")},
+		corev1.PodResourceClaim{Name: "extended-resources-2", ResourceClaimName: ptr.To("also-mine")})
+	want = append(want, ClaimRef{"extended-resources", "mine", ""}, ClaimRef{"extended-resources-2", "also-mine", ""}, ClaimRef{"extended-resources-3", "p-extended-resources-4hf6q", ""})
+	if got := ClaimRefs(p); !slices.Equal(got, want) {
+		t.Fatalf("ClaimRefs with an extended-resource claim = %+v, want %+v", got, want)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/nodeplug/nodeplug/internal/podinfo"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
@@ -40,12 +41,6 @@ import (
 // each container's resource to its request; its containers get the CDI
 // devices of their requests. The claim is deleted with the pod, as the
 // claims made from templates are.
-
-// ExtendedClaimPodClaim is the name under which the pod's
-// extended-resource claim is prepared with its other claims (shown by
-// nodeplugctl pods); another is taken when a claim of the pod's spec has
-// it.
-const ExtendedClaimPodClaim = "extended-resources"
 
 // extendedRequest is one container's DRA extended resource.
 type extendedRequest struct {
@@ -92,15 +87,10 @@ func (x *extendedClaim) devicePluginPod(pod *corev1.Pod) *corev1.Pod {
 }
 
 // addTo adds the claim to a prepare request: a pod claim under a name
-// none of the pod's own has, and each container's requests.
+// none of the pod's own has (podinfo.ExtendedClaimName, as nodeplugctl
+// and the console show it), and each container's requests.
 func (x *extendedClaim) addTo(pod *corev1.Pod, req *claims.PrepareRequest) {
-	name := ExtendedClaimPodClaim
-	taken := func(n string) bool {
-		return slices.ContainsFunc(pod.Spec.ResourceClaims, func(pc corev1.PodResourceClaim) bool { return pc.Name == n })
-	}
-	for i := 2; taken(name); i++ {
-		name = fmt.Sprintf("%s-%d", ExtendedClaimPodClaim, i)
-	}
+	name := podinfo.ExtendedClaimName(pod)
 	req.PodClaims = append(req.PodClaims, claims.PodClaim{Name: name, ResourceClaimName: x.name})
 	for i := range req.Containers {
 		for _, m := range x.mappings {
