@@ -97,6 +97,14 @@ func newPodman(t *testing.T) *podman {
 		}
 	}
 	p.env = containerstest.Configure(t, dir)
+	// When the test ends, after the node it ran stopped and before the
+	// storage is removed: no container is left running over it, even when
+	// the test failed with its pods still running.
+	t.Cleanup(func() {
+		if out, stderr, err := p.run(nil, "rm", "--all", "--force", "--time=0"); err != nil {
+			t.Errorf("removing the test's containers: %v\n%s%s", err, out, stderr)
+		}
+	})
 	tarball := filepath.Join(dir, "rootfs.tar")
 	if err := probeRootfs(filepath.Join(binDir, "ctrprobe"), tarball); err != nil {
 		t.Fatal(err)

@@ -83,12 +83,12 @@ func (s driverState) prepared(uid string) bool {
 }
 
 // startClaimsDriver starts a driver named name publishing devs, with a state
-// and a control file.
-func (n *draNode) startClaimsDriver(name string, devs []resourcev1.Device) *claimsDriver {
+// and a control file, and the further flags extra.
+func (n *draNode) startClaimsDriver(name string, devs []resourcev1.Device, extra ...string) *claimsDriver {
 	n.t.Helper()
 	state := filepath.Join(n.root, name+"-state.json")
 	control := filepath.Join(n.root, name+"-control")
-	d := n.startDriver(name, devs, "--state-file", state, "--control-file", control)
+	d := n.startDriver(name, devs, append([]string{"--state-file", state, "--control-file", control}, extra...)...)
 	return &claimsDriver{driver: d, state: state, control: control}
 }
 
@@ -96,7 +96,12 @@ func (n *draNode) startClaimsDriver(name string, devs []resourcev1.Device) *clai
 // once it is newer than before the signal. Every call the driver served
 // before the signal is in it.
 func (d *claimsDriver) readState() driverState {
-	t := d.n.t
+	d.n.t.Helper()
+	return d.readStateT(d.n.t)
+}
+
+// readStateT is readState failing t, a subtest of the node's test.
+func (d *claimsDriver) readStateT(t *testing.T) driverState {
 	t.Helper()
 	read := func() (driverState, error) {
 		var s driverState

@@ -55,6 +55,18 @@ func (p *podman) wrapper(specDirs ...string) string {
 // podman, with a DRA driver whose CDI specs are in its own directory.
 func podmanNode(t *testing.T, driverName string) (*draNode, *podman, kubernetes.Interface) {
 	t.Helper()
+	devs := []resourcev1.Device{gpu("gpu-0", "a100", 0, "40Gi")}
+	n, _, pm, cs := podmanNodeWith(t, driverName, devs)
+	n.waitSlices(cs, driverName, devs)
+	return n, pm, cs
+}
+
+// podmanNodeWith is podmanNode with a claims driver publishing devs,
+// started with the further flags extra (--counters-file,
+// --device-metadata); it returns once the driver serves, without waiting
+// for its slices.
+func podmanNodeWith(t *testing.T, driverName string, devs []resourcev1.Device, extra ...string) (*draNode, *claimsDriver, *podman, kubernetes.Interface) {
+	t.Helper()
 	pm := newPodman(t)
 	if _, err := exec.LookPath("unshare"); err != nil {
 		t.Skipf("unshare (util-linux) is not installed: %v", err)
@@ -79,12 +91,10 @@ func podmanNode(t *testing.T, driverName string) (*draNode, *podman, kubernetes.
 		// /run its own: a network namespace a container's start made
 		// under /run/netns would be gone for the next command.
 		"NODEPLUG_DRAMANAGER_PODMAN_NETWORK=none")
-	devs := []resourcev1.Device{gpu("gpu-0", "a100", 0, "40Gi")}
-	n.startDriver(driverName, devs, "--cdi-dir", draCDI)
+	d := n.startClaimsDriver(driverName, devs, append([]string{"--cdi-dir", draCDI}, extra...)...)
 	cs := n.operator()
-	n.waitSlices(cs, driverName, devs)
 	n.waitDriver(driverName, oneServing(1, ""))
-	return n, pm, cs
+	return n, d, pm, cs
 }
 
 // TestDRAPodRunsInPodman: a driver's manifest applied as it is — a pod

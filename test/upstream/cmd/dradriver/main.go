@@ -9,6 +9,14 @@
 //   - --devices-file FILE: a JSON array of resource.k8s.io/v1 Devices to
 //     publish instead of --num-devices devices; on SIGHUP the file is read
 //     again and its devices are published in place of the old ones;
+//   - --counters-file FILE: a JSON array of resource.k8s.io/v1 CounterSets
+//     (the shared counters of partitionable devices) to publish in a slice
+//     of their own in the pool, beside the devices' slice (the API takes a
+//     slice's devices or its counters, not both); read again on SIGHUP too;
+//   - --device-metadata: the helper's device metadata (KEP 5304): each
+//     prepared request's devices are written to a metadata file that a
+//     further CDI device of the driver mounts into the containers, under
+//     /var/run/kubernetes.io/dra-device-attributes;
 //   - --rolling-update UID: the helper's rolling-update mode (its own
 //     registration and DRA sockets, so that two instances run at once);
 //   - --state-file FILE: on SIGUSR1 the driver first reads --control-file
@@ -41,9 +49,11 @@ import (
 
 	"github.com/go-logr/logr"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -91,6 +101,8 @@ type options struct {
 	registryDir, dataDir, cdiDir      string
 	numDevices                        int
 	devicesFile, rollingUID           string
+	countersFile                      string
+	deviceMetadata                    bool
 	logFormat, stateFile, controlFile string
 }
 
@@ -106,6 +118,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "directory for the CDI files of prepared claims")
 	fs.IntVar(&o.numDevices, "num-devices", 4, "number of devices to publish when --devices-file is not given")
 	fs.StringVar(&o.devicesFile, "devices-file", "", "JSON array of resource.k8s.io/v1 Devices to publish, read again on SIGHUP")
+	fs.StringVar(&o.countersFile, "counters-file", "", "JSON array of resource.k8s.io/v1 CounterSets to publish in a slice of their own, read again on SIGHUP")
+	fs.BoolVar(&o.deviceMetadata, "device-metadata", false, "write device metadata files and mount them into the containers through CDI")
 	fs.StringVar(&o.rollingUID, "rolling-update", "", "enable the helper's rolling-update mode with this pod UID")
 	fs.StringVar(&o.logFormat, "log-format", "text", "text or json (slog's JSON on stderr)")
 	fs.StringVar(&o.stateFile, "state-file", "", "file written on SIGUSR1 with the gRPC calls served and the claims prepared")
@@ -153,7 +167,7 @@ func (o *options) start(ctx context.Context, logger logr.Logger) (*app.ExamplePl
 		return nil, fmt.Errorf("create socket directory: %w", err)
 	}
 
-	resources, err := driverResources(o.nodeName, o.devicesFile, o.numDevices)
+	resources, err := driverResources(o.nodeName, o.devicesFile, o.countersFile, o.numDevices)
 	if err != nil {
 		return nil, err
 	}
@@ -164,6 +178,11 @@ func (o *options) start(ctx context.Context, logger logr.Logger) (*app.ExamplePl
 	}
 	if o.rollingUID != "" {
 		opts = append(opts, kubeletplugin.RollingUpdate(types.UID(o.rollingUID)))
+	}
+	if o.deviceMetadata {
+		opts = append(opts,
+			kubeletplugin.EnableDeviceMetadata(true, []schema.GroupVersion{metadatav1beta1.SchemeGroupVersion}),
+			kubeletplugin.CDIDirectory(o.cdiDir))
 	}
 	plugin, err := app.StartPlugin(ctx, o.cdiDir, o.driverName, clientset, o.nodeName, app.FileOperations{DriverResources: &resources}, opts...)
 	if err != nil {
@@ -192,7 +211,7 @@ func (o *options) serve(ctx context.Context, plugin *app.ExamplePlugin, logger l
 		}
 		// A file that cannot be read or parsed leaves the published
 		// devices as they are.
-		resources, err := driverResources(o.nodeName, o.devicesFile, o.numDevices)
+		resources, err := driverResources(o.nodeName, o.devicesFile, o.countersFile, o.numDevices)
 		if err != nil {
 			logger.Error(err, "devices not republished")
 			continue
@@ -207,8 +226,9 @@ func (o *options) serve(ctx context.Context, plugin *app.ExamplePlugin, logger l
 
 // driverResources is one pool named after the node with one slice: the
 // devices of file, or n devices named device-00, device-01, … as the
-// upstream driver publishes.
-func driverResources(node, file string, n int) (resourceslice.DriverResources, error) {
+// upstream driver publishes; and a second slice with the counter sets of
+// countersFile when it is given.
+func driverResources(node, file, countersFile string, n int) (resourceslice.DriverResources, error) {
 	var devices []resourceapi.Device
 	if file != "" {
 		data, err := os.ReadFile(file)
@@ -223,10 +243,20 @@ func driverResources(node, file string, n int) (resourceslice.DriverResources, e
 			devices = append(devices, resourceapi.Device{Name: fmt.Sprintf("device-%02d", i)})
 		}
 	}
+	slices := []resourceslice.Slice{{Devices: devices}}
+	if countersFile != "" {
+		data, err := os.ReadFile(countersFile)
+		if err != nil {
+			return resourceslice.DriverResources{}, fmt.Errorf("read the counters file: %w", err)
+		}
+		var counters []resourceapi.CounterSet
+		if err := json.Unmarshal(data, &counters); err != nil {
+			return resourceslice.DriverResources{}, fmt.Errorf("parse the counters file %s: %w", countersFile, err)
+		}
+		slices = append(slices, resourceslice.Slice{SharedCounters: counters})
+	}
 	return resourceslice.DriverResources{
-		Pools: map[string]resourceslice.Pool{
-			node: {Slices: []resourceslice.Slice{{Devices: devices}}},
-		},
+		Pools: map[string]resourceslice.Pool{node: {Slices: slices}},
 	}, nil
 }
 
