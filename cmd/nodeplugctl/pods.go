@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/nodeplug/nodeplug/internal/podinfo"
+	"github.com/nodeplug/nodeplug/pkg/podinfo"
 )
 
 // The commands that read the pods of the node-local API, what the

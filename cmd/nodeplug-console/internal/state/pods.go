@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/nodeplug/nodeplug/internal/podinfo"
+	"github.com/nodeplug/nodeplug/pkg/podinfo"
 	"github.com/nodeplug/nodeplug/pkg/version"
 )
 

@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodeplug/nodeplug/cmd/nodeplug-console/internal/state"
-	"github.com/nodeplug/nodeplug/internal/podinfo"
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
+	"github.com/nodeplug/nodeplug/pkg/podinfo"
 )
 
 // The Pods view: the node-local API's pods, each with its containers'
