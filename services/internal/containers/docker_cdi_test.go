@@ -150,3 +150,24 @@ func TestDockerCDIResolved(t *testing.T) {
 		t.Errorf("the test's containers: %+v, want the first only", list)
 	}
 }
+
+// TestDockerStateTimes: a container that ended at once may carry an exit
+// stamped before its start (the engine stamps them from two sources): it
+// is read as finished when it started; a container not exited has no
+// finish time (docker keeps that of the start before).
+func TestDockerStateTimes(t *testing.T) {
+	var c dockerContainer
+	c.State.Status, c.State.ExitCode = "exited", 3
+	c.State.StartedAt, c.State.FinishedAt = "2026-12-06T21:36:01.606374575Z", "2026-12-06T21:36:01.605864604Z"
+	if st := c.state(); st.ExitCode != 3 || !st.FinishedAt.Equal(st.StartedAt) || st.StartedAt.Nanosecond() != 606374575 {
+		t.Errorf("exited: %+v, want exit 3, finished when it started", st)
+	}
+	c.State.FinishedAt = "2026-12-06T21:36:02Z"
+	if st := c.state(); st.FinishedAt.Sub(st.StartedAt) <= 0 {
+		t.Errorf("exited later: %+v, want its own finish time", st)
+	}
+	c.State.Status = "running"
+	if st := c.state(); !st.FinishedAt.IsZero() || st.Status != StatusRunning {
+		t.Errorf("running: %+v, want no finish time", st)
+	}
+}

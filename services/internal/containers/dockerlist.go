@@ -83,6 +83,13 @@ func (c dockerContainer) state() State {
 	}
 	if s.Status == StatusExited {
 		s.ExitCode = c.State.ExitCode
+		// The engine stamps a start when its start call returns and an
+		// exit when the runtime reports it: a process that ends at once
+		// can have finished "before" it started. It ended no earlier
+		// than it started.
+		if !s.StartedAt.IsZero() && s.FinishedAt.Before(s.StartedAt) {
+			s.FinishedAt = s.StartedAt
+		}
 	} else {
 		// docker keeps the finish time of a start before.
 		s.FinishedAt = time.Time{}
