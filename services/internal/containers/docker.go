@@ -6,11 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
-	"syscall"
 
 	"tags.cncf.io/container-device-interface/pkg/cdi"
 )
@@ -58,9 +56,7 @@ type DockerConfig struct {
 // Remove first puts a copy of it in place of the link, so that an ended
 // container's log outlives it, as with podman.
 type Docker struct {
-	path    string
-	args    []string
-	env     []string
+	cli
 	network string
 	version string
 	// engineCDI is whether the engine resolves CDI device names.
@@ -82,7 +78,7 @@ func NewDocker(cfg DockerConfig) (*Docker, error) {
 		}
 	}
 	d := &Docker{
-		path: path, args: slices.Clone(cfg.Args), env: slices.Clone(cfg.Env), network: cfg.Network,
+		cli: cli{path: path, args: slices.Clone(cfg.Args), env: slices.Clone(cfg.Env)}, network: cfg.Network,
 		cdiDirs: slices.Clone(cfg.CDISpecDirs),
 	}
 	if len(d.cdiDirs) == 0 {
@@ -153,25 +149,4 @@ func isDockerNoSuch(err error) bool {
 		}
 	}
 	return true
-}
-
-// command runs docker with args after the global arguments and returns
-// its standard output; what names the command in the error (a
-// CommandError). When ctx ends, docker gets SIGTERM, then SIGKILL
-// waitDelay later.
-func (d *Docker) command(ctx context.Context, what string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, d.path, append(slices.Clone(d.args), args...)...)
-	cmd.Env = append(os.Environ(), d.env...)
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = waitDelay
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	if err != nil {
-		if ctxErr := ctx.Err(); ctxErr != nil {
-			err = fmt.Errorf("%w (%v)", ctxErr, err)
-		}
-		return stdout.Bytes(), &CommandError{Command: what, Stderr: strings.TrimSpace(stderr.String()), Err: err}
-	}
-	return stdout.Bytes(), nil
 }

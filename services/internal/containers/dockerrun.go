@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"strings"
 )
 
@@ -15,29 +14,10 @@ import (
 // every time; an empty policy is the API server's default. A failed pull
 // is an error wrapping ErrImagePull and docker's.
 func (d *Docker) EnsureImage(ctx context.Context, image, pullPolicy string) error {
-	if err := checkImage(image); err != nil {
+	return ensureImage(ctx, image, pullPolicy, d.imageExists, func(ctx context.Context) error {
+		_, err := d.command(ctx, "docker pull "+image, "pull", "--quiet", "--", image)
 		return err
-	}
-	policy, err := effectivePullPolicy(image, pullPolicy)
-	if err != nil {
-		return err
-	}
-	if policy != PullAlways {
-		present, err := d.imageExists(ctx, image)
-		if err != nil {
-			return err
-		}
-		if present {
-			return nil
-		}
-		if policy == PullNever {
-			return fmt.Errorf("image %s: %w", image, ErrImageNeverPull)
-		}
-	}
-	if _, err := d.command(ctx, "docker pull "+image, "pull", "--quiet", "--", image); err != nil {
-		return fmt.Errorf("%w: %w", ErrImagePull, err)
-	}
-	return nil
+	})
 }
 
 // imageExists is whether the engine has the image (docker image inspect
@@ -115,20 +95,14 @@ const LabelLogLink = "io.nodeplug.log-link"
 // entrypoint of the whole command. With args only, they follow the image,
 // replacing its CMD and keeping its ENTRYPOINT.
 func (d *Docker) createArgs(s Spec) ([]string, error) {
-	if s.Name == "" || strings.HasPrefix(s.Name, "-") {
-		return nil, fmt.Errorf("invalid container name %q", s.Name)
-	}
-	if err := checkImage(s.Image); err != nil {
-		return nil, err
-	}
 	if len(s.Annotations) > 0 {
 		// docker create --annotation needs API 1.43 (Docker 24); labels
 		// are not the same thing, so none is put in their place.
 		return nil, fmt.Errorf("annotations are not supported with docker")
 	}
-	args := []string{"create", "--pull=never", "--name=" + s.Name}
-	if d.network != "" {
-		args = append(args, "--network="+d.network)
+	args, err := createPrefix(s, d.network)
+	if err != nil {
+		return nil, err
 	}
 	labels := maps.Clone(s.Labels)
 	if s.LogPath != "" {
@@ -143,12 +117,11 @@ func (d *Docker) createArgs(s Spec) ([]string, error) {
 		// default driver is.
 		args = append(args, "--log-driver=json-file")
 	}
-	for _, k := range slices.Sorted(maps.Keys(labels)) {
-		if k == "" || strings.Contains(k, "=") {
-			return nil, fmt.Errorf("invalid label key %q", k)
-		}
-		args = append(args, "--label="+k+"="+labels[k])
+	labelFlags, err := labelArgs(labels)
+	if err != nil {
+		return nil, err
 	}
+	args = append(args, labelFlags...)
 	edits, err := d.cdiArgs(s.CDIDevices)
 	if err != nil {
 		return nil, err
@@ -167,14 +140,11 @@ func (d *Docker) createArgs(s Spec) ([]string, error) {
 		args = append(args, v)
 	}
 	args = append(args, edits.mounts...)
-	for _, e := range s.Env {
-		// Without "=" docker would copy the variable from its own
-		// environment.
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-			return nil, fmt.Errorf("env %q is not KEY=VALUE", e)
-		}
-		args = append(args, "--env="+e)
+	env, err := envArgs(s.Env)
+	if err != nil {
+		return nil, err
 	}
+	args = append(args, env...)
 	// After the container's own: a CDI spec's variable wins, as when the
 	// runtime applies the spec to the container's.
 	args = append(args, edits.env...)
@@ -208,22 +178,13 @@ func dockerDeviceArgs(devices []Device) ([]string, error) {
 	return args, nil
 }
 
-// deviceArg is the --device flag of a host device; ctr empty is host,
-// perms empty "rwm".
+// deviceArg is the --device flag of a host device (deviceSpec).
 func deviceArg(host, ctr, perms string) (string, error) {
-	if ctr == "" {
-		ctr = host
-	}
-	if perms == "" {
-		perms = "rwm"
-	}
-	if err := checkPaths("device", host, ctr); err != nil {
+	spec, err := deviceSpec(host, ctr, perms)
+	if err != nil {
 		return "", err
 	}
-	if strings.Trim(perms, "rwm") != "" {
-		return "", fmt.Errorf("device %s: permissions %q are not of rwm", host, perms)
-	}
-	return "--device=" + host + ":" + ctr + ":" + perms, nil
+	return "--device=" + spec, nil
 }
 
 // mountArg is the --mount flag of a bind mount. docker reads --mount's
@@ -239,12 +200,4 @@ func mountArg(host, ctr string, readOnly bool) (string, error) {
 		fields = append(fields, "readonly")
 	}
 	return "--mount=" + strings.Join(fields, ","), nil
-}
-
-// checkLogPath checks Spec.LogPath.
-func checkLogPath(path string) error {
-	if !strings.HasPrefix(path, "/") {
-		return fmt.Errorf("log path %q is not absolute", path)
-	}
-	return nil
 }

@@ -34,9 +34,7 @@ type PodmanConfig struct {
 // per operation. It keeps no state of its own, so several Podmans (and
 // processes) may share podman's storage.
 type Podman struct {
-	path    string
-	args    []string
-	env     []string
+	cli
 	network string
 	version string
 }
@@ -62,7 +60,7 @@ func NewPodman(cfg PodmanConfig) (*Podman, error) {
 			return nil, fmt.Errorf("podman is not installed: %w", err)
 		}
 	}
-	p := &Podman{path: path, args: slices.Clone(cfg.Args), env: slices.Clone(cfg.Env), network: cfg.Network}
+	p := &Podman{cli: cli{path: path, args: slices.Clone(cfg.Args), env: slices.Clone(cfg.Env)}, network: cfg.Network}
 	ctx, cancel := context.WithTimeout(context.Background(), versionTimeout)
 	defer cancel()
 	out, err := p.command(ctx, "podman version", "version", "--format", "json")
@@ -143,13 +141,22 @@ func isNoSuchContainer(err error) bool {
 	return errors.As(err, &ce) && strings.Contains(strings.ToLower(ce.Stderr), noSuchContainer)
 }
 
-// command runs podman with args after the global arguments and returns
-// its standard output; what names the command in the error. When ctx
-// ends, podman gets SIGTERM, so that it can let go of its locks, and
-// SIGKILL waitDelay later.
-func (p *Podman) command(ctx context.Context, what string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, p.path, append(slices.Clone(p.args), args...)...)
-	cmd.Env = append(os.Environ(), p.env...)
+// cli runs a runtime's command line: its executable, the global
+// arguments put before every command's, and the variables added to the
+// environment.
+type cli struct {
+	path string
+	args []string
+	env  []string
+}
+
+// command runs the executable with args after the global arguments and
+// returns its standard output; what names the command in the error (a
+// CommandError). When ctx ends, it gets SIGTERM, so that it can let go of
+// its locks, and SIGKILL waitDelay later.
+func (c cli) command(ctx context.Context, what string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, c.path, append(slices.Clone(c.args), args...)...)
+	cmd.Env = append(os.Environ(), c.env...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = waitDelay
 	var stdout, stderr bytes.Buffer

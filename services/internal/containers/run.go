@@ -26,6 +26,16 @@ const cleanupTimeout = time.Minute
 // policy is the API server's default: Always for an image tagged latest
 // or not tagged, IfNotPresent otherwise.
 func (p *Podman) EnsureImage(ctx context.Context, image, pullPolicy string) error {
+	return ensureImage(ctx, image, pullPolicy, p.imageExists, func(ctx context.Context) error {
+		_, err := p.command(ctx, "podman pull "+image, "pull", "--quiet", "--", image)
+		return err
+	})
+}
+
+// ensureImage makes sure the image is present as the kubelet reads the
+// pull policy (see Podman.EnsureImage), with the runtime's exists and
+// pull.
+func ensureImage(ctx context.Context, image, pullPolicy string, exists func(context.Context, string) (bool, error), pull func(context.Context) error) error {
 	if err := checkImage(image); err != nil {
 		return err
 	}
@@ -34,7 +44,7 @@ func (p *Podman) EnsureImage(ctx context.Context, image, pullPolicy string) erro
 		return err
 	}
 	if policy != PullAlways {
-		present, err := p.imageExists(ctx, image)
+		present, err := exists(ctx, image)
 		if err != nil {
 			return err
 		}
@@ -45,7 +55,7 @@ func (p *Podman) EnsureImage(ctx context.Context, image, pullPolicy string) erro
 			return fmt.Errorf("image %s: %w", image, ErrImageNeverPull)
 		}
 	}
-	if _, err := p.command(ctx, "podman pull "+image, "pull", "--quiet", "--", image); err != nil {
+	if err := pull(ctx); err != nil {
 		return fmt.Errorf("%w: %w", ErrImagePull, err)
 	}
 	return nil
@@ -158,22 +168,15 @@ func lastLine(out []byte) string {
 // With args only, they follow the image, replacing its CMD and keeping
 // its ENTRYPOINT.
 func (p *Podman) createArgs(s Spec) ([]string, error) {
-	if s.Name == "" || strings.HasPrefix(s.Name, "-") {
-		return nil, fmt.Errorf("invalid container name %q", s.Name)
-	}
-	if err := checkImage(s.Image); err != nil {
+	args, err := createPrefix(s, p.network)
+	if err != nil {
 		return nil, err
 	}
-	args := []string{"create", "--pull=never", "--name=" + s.Name}
-	if p.network != "" {
-		args = append(args, "--network="+p.network)
+	labels, err := labelArgs(s.Labels)
+	if err != nil {
+		return nil, err
 	}
-	for _, k := range slices.Sorted(maps.Keys(s.Labels)) {
-		if k == "" || strings.Contains(k, "=") {
-			return nil, fmt.Errorf("invalid label key %q", k)
-		}
-		args = append(args, "--label="+k+"="+s.Labels[k])
-	}
+	args = append(args, labels...)
 	for _, k := range slices.Sorted(maps.Keys(s.Annotations)) {
 		if k == "" || strings.Contains(k, "=") {
 			return nil, fmt.Errorf("invalid annotation key %q", k)
@@ -181,8 +184,8 @@ func (p *Podman) createArgs(s Spec) ([]string, error) {
 		args = append(args, "--annotation="+csvField(k+"="+s.Annotations[k]))
 	}
 	if s.LogPath != "" {
-		if !filepath.IsAbs(s.LogPath) {
-			return nil, fmt.Errorf("log path %q is not absolute", s.LogPath)
+		if err := checkLogPath(s.LogPath); err != nil {
+			return nil, err
 		}
 		args = append(args, "--log-driver=k8s-file", "--log-opt="+csvField("path="+s.LogPath))
 	}
@@ -198,14 +201,11 @@ func (p *Podman) createArgs(s Spec) ([]string, error) {
 		}
 		args = append(args, v)
 	}
-	for _, e := range s.Env {
-		// Without "=" podman would copy the variable from its own
-		// environment.
-		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
-			return nil, fmt.Errorf("env %q is not KEY=VALUE", e)
-		}
-		args = append(args, "--env="+e)
+	env, err := envArgs(s.Env)
+	if err != nil {
+		return nil, err
 	}
+	args = append(args, env...)
 	if s.WorkingDir != "" {
 		args = append(args, "--workdir="+s.WorkingDir)
 	}
@@ -230,22 +230,80 @@ func deviceArgs(cdi []string, devices []Device) ([]string, error) {
 		args = append(args, "--device="+csvField(d))
 	}
 	for _, d := range devices {
-		ctr, perms := d.ContainerPath, d.Permissions
-		if ctr == "" {
-			ctr = d.HostPath
-		}
-		if perms == "" {
-			perms = "rwm"
-		}
-		if err := checkPaths("device", d.HostPath, ctr); err != nil {
+		spec, err := deviceSpec(d.HostPath, d.ContainerPath, d.Permissions)
+		if err != nil {
 			return nil, err
 		}
-		if strings.Trim(perms, "rwm") != "" {
-			return nil, fmt.Errorf("device %s: permissions %q are not of rwm", d.HostPath, perms)
-		}
-		args = append(args, "--device="+csvField(d.HostPath+":"+ctr+":"+perms))
+		args = append(args, "--device="+csvField(spec))
 	}
 	return args, nil
+}
+
+// deviceSpec is host:container:permissions, the value of a --device flag
+// of a host device; ctr empty is host, perms empty "rwm".
+func deviceSpec(host, ctr, perms string) (string, error) {
+	if ctr == "" {
+		ctr = host
+	}
+	if perms == "" {
+		perms = "rwm"
+	}
+	if err := checkPaths("device", host, ctr); err != nil {
+		return "", err
+	}
+	if strings.Trim(perms, "rwm") != "" {
+		return "", fmt.Errorf("device %s: permissions %q are not of rwm", host, perms)
+	}
+	return host + ":" + ctr + ":" + perms, nil
+}
+
+// createPrefix is what both runtimes' create begins with, s's name and
+// image checked: the command, no pull, the name and the network.
+func createPrefix(s Spec, network string) ([]string, error) {
+	if s.Name == "" || strings.HasPrefix(s.Name, "-") {
+		return nil, fmt.Errorf("invalid container name %q", s.Name)
+	}
+	if err := checkImage(s.Image); err != nil {
+		return nil, err
+	}
+	args := []string{"create", "--pull=never", "--name=" + s.Name}
+	if network != "" {
+		args = append(args, "--network="+network)
+	}
+	return args, nil
+}
+
+// labelArgs are the --label flags of labels, by key.
+func labelArgs(labels map[string]string) ([]string, error) {
+	var args []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if k == "" || strings.Contains(k, "=") {
+			return nil, fmt.Errorf("invalid label key %q", k)
+		}
+		args = append(args, "--label="+k+"="+labels[k])
+	}
+	return args, nil
+}
+
+// envArgs are the --env flags of env, each KEY=VALUE: without "=" the
+// runtime would copy the variable from its own environment.
+func envArgs(env []string) ([]string, error) {
+	var args []string
+	for _, e := range env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" {
+			return nil, fmt.Errorf("env %q is not KEY=VALUE", e)
+		}
+		args = append(args, "--env="+e)
+	}
+	return args, nil
+}
+
+// checkLogPath checks Spec.LogPath.
+func checkLogPath(path string) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("log path %q is not absolute", path)
+	}
+	return nil
 }
 
 // volumeArg is the --volume flag of a bind mount.
