@@ -33,6 +33,9 @@ type Devices interface {
 	StartContainer(ctx context.Context, podUID, container string) ([]string, error)
 	// Release frees the devices of the pod, and releases its claims.
 	Release(ctx context.Context, podUID string) error
+	// Resources are the names of the resources the node's device plugins
+	// serve (registered, or within their grace period).
+	Resources(ctx context.Context) (map[string]bool, error)
 }
 
 // ReasonAdmissionError is the kubelet's event reason when a pod's

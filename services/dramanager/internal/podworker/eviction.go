@@ -79,12 +79,12 @@ func (w *Worker) evictTainted(ctx context.Context) error {
 	for _, obj := range w.pods.GetStore().List() {
 		pod := obj.(*corev1.Pod)
 		w.mu.Lock()
-		_, prepared := w.prepared[pod.UID]
+		prepared := w.prepared[pod.UID]
 		w.mu.Unlock()
-		if !prepared || pod.DeletionTimestamp != nil {
+		if prepared == nil || pod.DeletionTimestamp != nil {
 			continue
 		}
-		why, err := w.untolerated(ctx, pod, taints)
+		why, err := w.untolerated(ctx, pod, prepared, taints)
 		if err != nil {
 			return err
 		}
@@ -104,11 +104,19 @@ func (w *Worker) evictTainted(ctx context.Context) error {
 }
 
 // untolerated says which taints, due now, the pod's claims' devices carry
-// untolerated; "" when none.
-func (w *Worker) untolerated(ctx context.Context, pod *corev1.Pod, taints map[claimalloc.DeviceKey][]resourcev1.DeviceTaint) (string, error) {
+// untolerated; "" when none. Only the claims holding a tainted device
+// are read, for the tolerations their allocation recorded.
+func (w *Worker) untolerated(ctx context.Context, pod *corev1.Pod, prepared *preparedPod, taints map[claimalloc.DeviceKey][]resourcev1.DeviceTaint) (string, error) {
+	var names []string
+	for k, claimNames := range prepared.claims {
+		if len(taints[k]) > 0 {
+			names = append(names, claimNames...)
+		}
+	}
+	slices.Sort(names)
 	now := time.Now()
 	var why []string
-	for _, name := range claimNames(pod) {
+	for _, name := range slices.Compact(names) {
 		c, err := w.cfg.Client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			continue
@@ -159,27 +167,6 @@ func taintString(t resourcev1.DeviceTaint) string {
 		return fmt.Sprintf("%s:%s", t.Key, t.Effect)
 	}
 	return fmt.Sprintf("%s=%s:%s", t.Key, t.Value, t.Effect)
-}
-
-// claimNames are the names of the pod's claims: named, made from a
-// template, made for its extended resources.
-func claimNames(pod *corev1.Pod) []string {
-	var out []string
-	for _, pc := range pod.Spec.ResourceClaims {
-		if pc.ResourceClaimName != nil {
-			out = append(out, *pc.ResourceClaimName)
-		}
-	}
-	for _, s := range pod.Status.ResourceClaimStatuses {
-		if s.ResourceClaimName != nil {
-			out = append(out, *s.ResourceClaimName)
-		}
-	}
-	if x := pod.Status.ExtendedResourceClaimStatus; x != nil {
-		out = append(out, x.ResourceClaimName)
-	}
-	slices.Sort(out)
-	return slices.Compact(out)
 }
 
 // evict records the eviction on the pod (event, DisruptionTarget) and

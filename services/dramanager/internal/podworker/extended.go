@@ -121,11 +121,16 @@ func (w *Worker) extendedResources(ctx context.Context, pod *corev1.Pod) ([]exte
 		return nil, fmt.Errorf("listing the device classes: %w", err)
 	}
 	explicit, implicit := classIndex(classes.Items)
+	// The device plugins' resources are asked for only when a class
+	// names one of the limits.
 	var served map[string]bool
-	if lister, ok := w.cfg.Devices.(resourceLister); ok {
-		if served, err = lister.Resources(ctx); err != nil {
-			return nil, err
+	servedByPlugin := func(name string) (bool, error) {
+		if served == nil && w.cfg.Devices != nil {
+			if served, err = w.cfg.Devices.Resources(ctx); err != nil {
+				return false, err
+			}
 		}
+		return served[name], nil
 	}
 	var out []extendedRequest
 	for i, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
@@ -143,7 +148,14 @@ func (w *Worker) extendedResources(ctx context.Context, pod *corev1.Pod) ([]exte
 						c.Name, n, strings.TrimPrefix(n, DRAExtendedResourcePrefix), errdefs.ErrFailedPrecondition)
 				}
 				class = strings.TrimPrefix(n, DRAExtendedResourcePrefix)
-			case explicit[n] != "" && !served[n]:
+			case explicit[n] != "":
+				plugin, err := servedByPlugin(n)
+				if err != nil {
+					return nil, err
+				}
+				if plugin {
+					continue
+				}
 				class = explicit[n]
 			default:
 				continue
@@ -261,13 +273,6 @@ func (w *Worker) makeExtendedClaim(ctx context.Context, pod *corev1.Pod, spec re
 	w.log.Info("claim made for DRA extended resources", "pod", pod.Namespace+"/"+pod.Name, "claim", made.Name, "requests", len(spec.Devices.Requests))
 	return made.Name, nil
 }
-
-// resourceLister says which resources the node's device plugins serve.
-type resourceLister interface {
-	Resources(ctx context.Context) (map[string]bool, error)
-}
-
-var _ resourceLister = (*grpcDevices)(nil)
 
 // Resources are the devicemanager's resources: those of a registered
 // device plugin, or within its grace period.

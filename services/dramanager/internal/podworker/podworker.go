@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -42,6 +43,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
+	"github.com/nodeplug/nodeplug/services/dramanager/internal/claimalloc"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/claims"
 	"github.com/nodeplug/nodeplug/services/internal/containers"
 )
@@ -137,11 +139,34 @@ type Worker struct {
 
 	mu sync.Mutex
 	// prepared are the pods (by UID) whose devices are prepared and whose
-	// status says so (a pod's claims cannot change once it is created),
-	// with each container's CDI devices; warned those told of unsupported
-	// fields.
-	prepared map[types.UID]map[string][]string
+	// status says so (a pod's claims cannot change once it is created);
+	// warned those told of unsupported fields.
+	prepared map[types.UID]*preparedPod
 	warned   map[types.UID]bool
+}
+
+// preparedPod is what a pod's prepare gave.
+type preparedPod struct {
+	// cdi are each container's CDI devices.
+	cdi map[string][]string
+	// claims are the names of the claims holding each device (the
+	// devices a NoExecute taint may evict the pod from).
+	claims map[claimalloc.DeviceKey][]string
+}
+
+// preparedFrom is what results give.
+func preparedFrom(results []claims.ContainerResult) *preparedPod {
+	p := &preparedPod{cdi: map[string][]string{}, claims: map[claimalloc.DeviceKey][]string{}}
+	for _, r := range results {
+		p.cdi[r.Container] = r.CDIDeviceIDs
+		for _, d := range r.Devices {
+			k := claimalloc.DeviceKey{Driver: d.Driver, Pool: d.Pool, Device: d.Device.Device}
+			if !slices.Contains(p.claims[k], d.Claim.Name) {
+				p.claims[k] = append(p.claims[k], d.Claim.Name)
+			}
+		}
+	}
+	return p
 }
 
 // New makes a worker; Run runs it.
@@ -172,7 +197,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, log: cfg.Log.With("component", "podworker"), state: st,
-		prepared: map[types.UID]map[string][]string{}, warned: map[types.UID]bool{}}
+		prepared: map[types.UID]*preparedPod{}, warned: map[types.UID]bool{}}
 	w.factory = informers.NewSharedInformerFactory(cfg.Client, 0)
 	w.pods = w.factory.Core().V1().Pods().Informer()
 	w.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
@@ -296,18 +321,18 @@ func (w *Worker) sync(ctx context.Context, key string) error {
 // runs its containers when there is a runtime.
 func (w *Worker) run(ctx context.Context, pod *corev1.Pod) error {
 	w.mu.Lock()
-	cdi, done := w.prepared[pod.UID]
+	prepared, done := w.prepared[pod.UID]
 	w.mu.Unlock()
 	if !done {
 		var err error
-		if cdi, err = w.prepare(ctx, pod); err != nil {
+		if prepared, err = w.prepare(ctx, pod); err != nil {
 			return err
 		}
 	}
 	if w.cfg.Runtime == nil {
 		return nil
 	}
-	return w.syncContainers(ctx, pod, cdi)
+	return w.syncContainers(ctx, pod, prepared.cdi)
 }
 
 // grace is how long the pod's containers are given to stop.
@@ -319,8 +344,8 @@ func grace(pod *corev1.Pod) int64 {
 }
 
 // prepare prepares the pod's devices, binds it and writes its status; it
-// returns each container's CDI devices.
-func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]string, error) {
+// returns what the prepare gave.
+func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (*preparedPod, error) {
 	// A pod already bound and scheduled was run before a restart: its
 	// prepare is the saved answer, and its events were recorded then.
 	ranBefore := pod.Spec.NodeName != "" && conditionTrue(pod, corev1.PodScheduled)
@@ -392,14 +417,11 @@ func (w *Worker) prepare(ctx context.Context, pod *corev1.Pod) (map[string][]str
 	if err := w.setScheduled(ctx, pod, corev1.ConditionTrue, "", "", w.cfg.Runtime == nil); err != nil {
 		return nil, err
 	}
-	cdi := map[string][]string{}
-	for _, r := range results {
-		cdi[r.Container] = r.CDIDeviceIDs
-	}
+	prepared := preparedFrom(results)
 	w.mu.Lock()
-	w.prepared[pod.UID] = cdi
+	w.prepared[pod.UID] = prepared
 	w.mu.Unlock()
-	return cdi, nil
+	return prepared, nil
 }
 
 // unschedulable records a warning event (reason) with err and writes the
