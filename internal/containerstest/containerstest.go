@@ -92,7 +92,7 @@ func New(t testing.TB) *Storage {
 		}
 	})
 	tarball := filepath.Join(dir, "rootfs.tar")
-	if err := rootfsTar(bin, tarball); err != nil {
+	if err := RootfsTar(tarball, bin, "ctrcmd", "srv/"); err != nil {
 		t.Fatal(err)
 	}
 	for image, changes := range map[string][]string{
@@ -170,19 +170,22 @@ func (s *Storage) podman(args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// rootfsTar writes the images' file system: the program as /ctrcmd and
-// an empty directory /srv.
-func rootfsTar(bin, tarball string) error {
+// RootfsTar writes, as the tarball of an image's root file system, the
+// directories dirs (each "name/") and the static program bin as /name,
+// and nothing else.
+func RootfsTar(tarball, bin, name string, dirs ...string) error {
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return err
 	}
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: "srv/", Mode: 0o755, Typeflag: tar.TypeDir}); err != nil {
-		return err
+	for _, d := range dirs {
+		if err := tw.WriteHeader(&tar.Header{Name: d, Mode: 0o755, Typeflag: tar.TypeDir}); err != nil {
+			return err
+		}
 	}
-	if err := tw.WriteHeader(&tar.Header{Name: "ctrcmd", Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
+	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
 		return err
 	}
 	if _, err := tw.Write(data); err != nil {

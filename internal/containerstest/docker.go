@@ -50,7 +50,7 @@ func NewDocker(t testing.TB) *Docker {
 	d.CmdImage = "localhost/nodeplug-ctrcmd-" + d.ID + ":cmd"
 	t.Cleanup(d.cleanup)
 	tarball := filepath.Join(t.TempDir(), "rootfs.tar")
-	if err := rootfsTar(bin, tarball); err != nil {
+	if err := RootfsTar(tarball, bin, "ctrcmd", "srv/"); err != nil {
 		t.Fatal(err)
 	}
 	for image, changes := range map[string][]string{

@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -106,7 +105,7 @@ func newPodman(t *testing.T) *podman {
 		}
 	})
 	tarball := filepath.Join(dir, "rootfs.tar")
-	if err := probeRootfs(filepath.Join(binDir, "ctrprobe"), tarball); err != nil {
+	if err := containerstest.RootfsTar(tarball, filepath.Join(binDir, "ctrprobe"), "ctrprobe"); err != nil {
 		t.Fatal(err)
 	}
 	if out, stderr, err := p.run(nil, "import", tarball, probeImage); err != nil {
@@ -124,27 +123,6 @@ func writeFile(t *testing.T, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// probeRootfs writes the image's root file system as a tarball: the static
-// probe as /ctrprobe, and nothing else.
-func probeRootfs(probe, tarball string) error {
-	data, err := os.ReadFile(probe)
-	if err != nil {
-		return err
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	if err := tw.WriteHeader(&tar.Header{Name: "ctrprobe", Mode: 0o755, Size: int64(len(data)), Typeflag: tar.TypeReg}); err != nil {
-		return err
-	}
-	if _, err := tw.Write(data); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return os.WriteFile(tarball, buf.Bytes(), 0o600)
 }
 
 // run runs one podman command under cdinamespace with /var/run/cdi showing

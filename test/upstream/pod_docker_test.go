@@ -12,11 +12,9 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nodeplug/nodeplug/internal/containerstest"
 	"github.com/nodeplug/nodeplug/internal/testutil"
 )
 
@@ -77,7 +75,7 @@ func newDockerEngine(t *testing.T) *dockerEngine {
 	d.image = "localhost/nodeplug-ctrprobe-" + hex.EncodeToString(b) + ":1.0"
 	t.Cleanup(d.cleanup)
 	tarball := filepath.Join(testutil.TempDir(t), "rootfs.tar")
-	if err := probeRootfs(filepath.Join(binDir, "ctrprobe"), tarball); err != nil {
+	if err := containerstest.RootfsTar(tarball, filepath.Join(binDir, "ctrprobe"), "ctrprobe"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.run("import", tarball, d.image); err != nil {
@@ -140,88 +138,7 @@ func TestDRAPodRunsInDocker(t *testing.T) {
 	cs := n.operator()
 	n.waitSlices(cs, driverName, devs)
 	n.waitDriver(driverName, oneServing(1, ""))
-	hostDir := testutil.TempDir(t)
-	hostDevices(t, hostDir)
-	n.startSamplePlugin("example.com/sample", 2, "--mount-host-dir", hostDir)
-	manifest := filepath.Join(n.root, "pod.yaml")
-	writeFile(t, manifest, classAndTemplate(driverName)+fmt.Sprintf(`---
-apiVersion: v1
-kind: Pod
-metadata:
-  name: trainer
-  namespace: ml
-spec:
-  restartPolicy: Never
-  terminationGracePeriodSeconds: 1
-  initContainers:
-  - name: init
-    image: %[1]s
-    imagePullPolicy: Never
-    command: ["/ctrprobe", "-env", "user_color"]
-    resources:
-      claims:
-      - name: gpu
-  containers:
-  - name: main
-    image: %[1]s
-    command: ["/ctrprobe"]
-    args: ["-env", "user_color", "-env", "POD_NAME", "-env", "NODEPLUG_DEVICES",
-      "/dev/nodeplug/dev-0", "/dev/nodeplug/dev-0/id", "/dev/nodeplug/dev-1", "/dev/dev-0", "/dev/dev-1"]
-    env:
-    - name: POD_NAME
-      valueFrom:
-        fieldRef:
-          fieldPath: metadata.name
-    resources:
-      limits:
-        example.com/sample: 2
-      claims:
-      - name: gpu
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: one-gpu
-`, dk.image))
-	t.Logf("$ nodeplugctl apply -f pod.yaml\n%s", n.ctl("apply", "-f", manifest))
-
-	var pod *corev1.Pod
-	testutil.Eventually(t, "pod trainer Succeeded", func() error {
-		var err error
-		if pod, err = cs.CoreV1().Pods("ml").Get(ctxT(t), "trainer", metav1.GetOptions{}); err != nil {
-			return err
-		}
-		if pod.Status.Phase != corev1.PodSucceeded {
-			return fmt.Errorf("phase %s, init %v, containers %v", pod.Status.Phase, states(pod.Status.InitContainerStatuses), states(pod.Status.ContainerStatuses))
-		}
-		return nil
-	})
-	for _, st := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
-		if tm := st.State.Terminated; tm == nil || tm.ExitCode != 0 || tm.Reason != "Completed" || !strings.HasPrefix(st.ContainerID, "docker://") {
-			t.Errorf("container %s: state %+v, id %q, want terminated, Completed, exit 0, a docker:// ID", st.Name, st.State, st.ContainerID)
-		}
-	}
-	claimName := *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
-
-	for _, c := range []struct {
-		container string
-		env       map[string]string
-	}{
-		{"init", map[string]string{"user_color": "teal"}},
-		{"main", map[string]string{"user_color": "teal", "POD_NAME": "trainer"}},
-	} {
-		out := n.ctl("logs", "ml/trainer", "-c", c.container)
-		var r probeReport
-		if err := json.Unmarshal(out, &r); err != nil {
-			t.Fatalf("nodeplugctl logs ml/trainer -c %s: %v\n%s", c.container, err, out)
-		}
-		for k, want := range c.env {
-			if v := r.Env[k]; v == nil || *v != want {
-				t.Errorf("%s in container %s: %v, want %q", k, c.container, ptrVal(v), want)
-			}
-		}
-		if c.container == "main" {
-			checkSampleDevices(t, r)
-		}
-	}
+	pod := runTrainerPod(t, n, cs, driverName, dk.image, "docker://")
 	logs, _ := filepath.Glob(filepath.Join(n.root, "pod-logs", "ml_trainer_*", "main", "0.log"))
 	if len(logs) != 1 {
 		t.Fatalf("the main container's log: %v, want one", logs)
@@ -230,15 +147,6 @@ spec:
 		t.Errorf("%s links to %q (%v), want docker's json-file log", logs[0], dest, err)
 	}
 
-	testutil.Eventually(t, "the claim of the ended pod deleted and its devices freed", func() error {
-		if _, err := cs.ResourceV1().ResourceClaims("ml").Get(ctxT(t), claimName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-			return fmt.Errorf("claim %s: %v", claimName, err)
-		}
-		if a := n.allocations(string(pod.UID)); len(a) != 0 {
-			return fmt.Errorf("devices still allocated: %v", a)
-		}
-		return nil
-	})
 	if got := dk.containers(string(pod.UID)); len(got) != 2 {
 		t.Fatalf("docker holds %v of the ended pod, want its two containers", got)
 	}
@@ -247,10 +155,6 @@ spec:
 		if got := dk.containers(string(pod.UID)); len(got) != 0 {
 			return fmt.Errorf("docker still holds %v", got)
 		}
-		logs, _ := filepath.Glob(filepath.Join(n.root, "pod-logs", "ml_trainer_*"))
-		if len(logs) != 0 {
-			return fmt.Errorf("logs left: %v", logs)
-		}
-		return nil
+		return trainerLogsGone(n)
 	})
 }

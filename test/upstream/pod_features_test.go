@@ -293,6 +293,33 @@ func results(c *resourcev1.ResourceClaim) []string {
 	return out
 }
 
+// twoRunOnePending waits until two of the pods names (in namespace ns)
+// run and the third waits unscheduled; it returns the two and the name of
+// the third.
+func (f *featuresNode) twoRunOnePending(t *testing.T, ns string, names []string) (run []*corev1.Pod, waiting string) {
+	t.Helper()
+	testutil.Eventually(t, "two of the pods Running, one Pending", func() error {
+		run, waiting = nil, ""
+		for _, name := range names {
+			p, err := f.pod(t, ns, name)
+			if err != nil {
+				return err
+			}
+			switch {
+			case p.Status.Phase == corev1.PodRunning:
+				run = append(run, p)
+			case p.Status.Phase == corev1.PodPending && p.Spec.NodeName == "" && !scheduled(p):
+				waiting = name
+			}
+		}
+		if len(run) != 2 || waiting == "" {
+			return fmt.Errorf("running %d, pending %q", len(run), waiting)
+		}
+		return nil
+	})
+	return run, waiting
+}
+
 // pending waits until the pod has a FailedScheduling warning event whose
 // message holds every one of want, and checks that it is Pending, not
 // bound, its PodScheduled condition False and Unschedulable with the
@@ -662,27 +689,7 @@ spec:
 		f.apply(t, "infer.yaml", manifest)
 
 		want := map[string]string{"large": "gpu/large " + pool + "/gpu-1", "small": "gpu/small " + pool + "/gpu-2"}
-		var run []*corev1.Pod
-		var waiting string
-		testutil.Eventually(t, "two of the pods Running, one Pending", func() error {
-			run, waiting = nil, ""
-			for _, name := range names {
-				p, err := f.pod(t, "ml", name)
-				if err != nil {
-					return err
-				}
-				switch {
-				case p.Status.Phase == corev1.PodRunning:
-					run = append(run, p)
-				case p.Status.Phase == corev1.PodPending && p.Spec.NodeName == "" && !scheduled(p):
-					waiting = name
-				}
-			}
-			if len(run) != 2 || waiting == "" {
-				return fmt.Errorf("running %d, pending %q", len(run), waiting)
-			}
-			return nil
-		})
+		run, waiting := f.twoRunOnePending(t, "ml", names)
 		got := map[string]bool{}
 		for _, p := range run {
 			r := f.report(t, p)
@@ -777,27 +784,7 @@ spec:
 			manifest += probePod("ml", name, "a10-12gi", "")
 		}
 		f.apply(t, "shares.yaml", manifest)
-		var run []*corev1.Pod
-		var waiting string
-		testutil.Eventually(t, "two of the pods Running, one Pending", func() error {
-			run, waiting = nil, ""
-			for _, name := range names {
-				p, err := f.pod(t, "ml", name)
-				if err != nil {
-					return err
-				}
-				switch {
-				case p.Status.Phase == corev1.PodRunning:
-					run = append(run, p)
-				case p.Status.Phase == corev1.PodPending && p.Spec.NodeName == "" && !scheduled(p):
-					waiting = name
-				}
-			}
-			if len(run) != 2 || waiting == "" {
-				return fmt.Errorf("running %d, pending %q", len(run), waiting)
-			}
-			return nil
-		})
+		run, waiting := f.twoRunOnePending(t, "ml", names)
 		shares := map[string]bool{}
 		for _, p := range run {
 			if got, want := f.seenDevices(t, p), []string{"gpu " + pool + "/gpu-6"}; !slices.Equal(got, want) {

@@ -110,6 +110,25 @@ func podmanNodeWith(t *testing.T, driverName string, devs []resourcev1.Device, e
 func TestDRAPodRunsInPodman(t *testing.T) {
 	const driverName = "pods.test.nodeplug.io"
 	n, pm, cs := podmanNode(t, driverName)
+	pod := runTrainerPod(t, n, cs, driverName, podImage, "podman://")
+	if got := pm.containers(string(pod.UID)); len(got) != 2 {
+		t.Fatalf("podman holds %v of the ended pod, want its two containers", got)
+	}
+	n.ctl("delete", "pod", "ml/trainer")
+	testutil.Eventually(t, "the deleted pod's containers and logs removed", func() error {
+		if err := pm.gone(string(pod.UID)); err != nil {
+			return err
+		}
+		return trainerLogsGone(n)
+	})
+}
+
+// runTrainerPod runs, on n whose dramanager runs containers, the pod of
+// TestDRAPodRunsInPodman with image (containers' IDs beginning with
+// idPrefix) up to its end, checks what each container saw, and waits for
+// its claim to be deleted and its devices freed; it returns the pod.
+func runTrainerPod(t *testing.T, n *draNode, cs kubernetes.Interface, driverName, image, idPrefix string) *corev1.Pod {
+	t.Helper()
 	hostDir := testutil.TempDir(t)
 	hostDevices(t, hostDir)
 	n.startSamplePlugin("example.com/sample", 2, "--mount-host-dir", hostDir)
@@ -126,6 +145,7 @@ spec:
   initContainers:
   - name: init
     image: %[1]s
+    imagePullPolicy: Never
     command: ["/ctrprobe", "-env", "user_color"]
     resources:
       claims:
@@ -151,7 +171,7 @@ spec:
   resourceClaims:
   - name: gpu
     resourceClaimTemplateName: one-gpu
-`, podImage))
+`, image))
 	t.Logf("$ nodeplugctl apply -f pod.yaml\n%s", n.ctl("apply", "-f", manifest))
 
 	var pod *corev1.Pod
@@ -166,8 +186,8 @@ spec:
 		return nil
 	})
 	for _, st := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
-		if tm := st.State.Terminated; tm == nil || tm.ExitCode != 0 || tm.Reason != "Completed" || !strings.HasPrefix(st.ContainerID, "podman://") {
-			t.Errorf("container %s: state %+v, id %q, want terminated, Completed, exit 0, a podman:// ID", st.Name, st.State, st.ContainerID)
+		if tm := st.State.Terminated; tm == nil || tm.ExitCode != 0 || tm.Reason != "Completed" || !strings.HasPrefix(st.ContainerID, idPrefix) {
+			t.Errorf("container %s: state %+v, id %q, want terminated, Completed, exit 0, a %s ID", st.Name, st.State, st.ContainerID, idPrefix)
 		}
 	}
 	claimName := *pod.Status.ResourceClaimStatuses[0].ResourceClaimName
@@ -207,20 +227,15 @@ spec:
 		}
 		return nil
 	})
-	if got := pm.containers(string(pod.UID)); len(got) != 2 {
-		t.Fatalf("podman holds %v of the ended pod, want its two containers", got)
+	return pod
+}
+
+// trainerLogsGone says why the logs of runTrainerPod's pod are not gone.
+func trainerLogsGone(n *draNode) error {
+	if logs, _ := filepath.Glob(filepath.Join(n.root, "pod-logs", "ml_trainer_*")); len(logs) != 0 {
+		return fmt.Errorf("logs left: %v", logs)
 	}
-	n.ctl("delete", "pod", "ml/trainer")
-	testutil.Eventually(t, "the deleted pod's containers and logs removed", func() error {
-		if err := pm.gone(string(pod.UID)); err != nil {
-			return err
-		}
-		logs, _ := filepath.Glob(filepath.Join(n.root, "pod-logs", "ml_trainer_*"))
-		if len(logs) != 0 {
-			return fmt.Errorf("logs left: %v", logs)
-		}
-		return nil
-	})
+	return nil
 }
 
 // states shows container statuses in a line.

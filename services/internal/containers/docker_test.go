@@ -1,7 +1,6 @@
 package containers
 
 import (
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -48,31 +47,6 @@ func dockerSpec(dk *containerstest.Docker, dir, name string) Spec {
 	}
 }
 
-// waitFor polls the containers labelled testLabel=name until the one
-// named name is in a state cond accepts, and returns that state.
-func waitFor(t *testing.T, r Runtime, name, what string, cond func(State) bool) State {
-	t.Helper()
-	ctx := ctxT(t)
-	var last []State
-	for {
-		list, err := r.List(ctx, testLabel+"="+name)
-		if err != nil {
-			t.Fatalf("List: %v", err)
-		}
-		last = list
-		for _, s := range list {
-			if s.Name == name && cond(s) {
-				return s
-			}
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("container %s is not %s after %s: the containers are %+v", name, what, deadline, last)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-}
-
 // runDockerToExit runs the container and waits for it to exit.
 func runDockerToExit(t *testing.T, d *Docker, s Spec) State {
 	t.Helper()
@@ -80,7 +54,7 @@ func runDockerToExit(t *testing.T, d *Docker, s Spec) State {
 	if err != nil {
 		t.Fatalf("Run %s: %v", s.Name, err)
 	}
-	st := waitFor(t, d, s.Name, "exited", exited)
+	st := waitState(t, d, s.Name, s.Name, "exited", exited)
 	if st.ID != id {
 		t.Errorf("List's container %s has ID %s, Run said %s", s.Name, st.ID, id)
 	}
@@ -193,41 +167,7 @@ func TestDockerRunSpec(t *testing.T) {
 		t.Errorf("the log %s links to %q (%v), want docker's log of %s", s.LogPath, dest, err, st.ID)
 	}
 
-	stdout := logOf(t, s, "stdout")
-	var env []string
-	for _, line := range strings.Split(stdout, "\n") {
-		if v, ok := strings.CutPrefix(line, "env="); ok {
-			if err := json.Unmarshal([]byte(v), &env); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, want := range []string{"A=2", "B=with space, comma", "EMPTY="} {
-		if !slices.Contains(env, want) {
-			t.Errorf("env %q, want %s", env, want)
-		}
-	}
-	if slices.Contains(env, "A=1") {
-		t.Errorf("env %q: the later A wins", env)
-	}
-	for _, want := range []string{
-		"cwd=/srv\n",
-		"cat /ro/file=from the host\n",
-		"write /ro/new=error: open /ro/new: read-only file system\n",
-		"write /r,w/new=ok\n",
-		"stat /dev/nodeplug-null=char device\n",
-		"to stdout\n",
-	} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("stdout %q, want %q", stdout, want)
-		}
-	}
-	if got := logOf(t, s, "stderr"); got != "to stderr\n" {
-		t.Errorf("stderr %q, want \"to stderr\\n\"", got)
-	}
-	if _, err := os.Stat(filepath.Join(rw, "new")); err != nil {
-		t.Errorf("the file written in the read-write mount: %v", err)
-	}
+	checkSpecOutput(t, s, "/r,w", rw)
 	s.Annotations = map[string]string{"a": "b"}
 	s.Name = dk.Name("annotated")
 	if _, err := d.Run(ctxT(t), s); err == nil || !strings.Contains(err.Error(), "annotations") {
@@ -293,27 +233,7 @@ func TestDockerListStopRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	st := waitFor(t, d, s.Name, "running", func(s State) bool { return s.Status == StatusRunning })
-	if st.ID != id || st.StartedAt.IsZero() || !st.FinishedAt.IsZero() {
-		t.Errorf("running %+v, want ID %s, a start time and no finish time", st, id)
-	}
-	// Stopped once the program has said it waits for SIGTERM.
-	waitLog(t, s, "sleeping\n")
-	if err := d.Stop(ctxT(t), id, 90*time.Second); err != nil {
-		t.Fatalf("Stop: %v", err)
-	}
-	// Exit code 7: the program got SIGTERM and exited by itself, before
-	// the grace period was over.
-	st = waitFor(t, d, s.Name, "exited", exited)
-	if st.ExitCode != 7 || st.FinishedAt.IsZero() {
-		t.Errorf("stopped %+v, want exit code 7 and a finish time", st)
-	}
-	if got := logOf(t, s, ""); !strings.HasSuffix(got, "sleeping\ngot SIGTERM\n") {
-		t.Errorf("log %q, want the program to have got SIGTERM", got)
-	}
-	if err := d.Stop(ctxT(t), id, time.Second); err != nil {
-		t.Errorf("Stop of an exited container: %v", err)
-	}
+	st := stopWhenSleeping(t, d, s, id)
 
 	// A container gone between docker ps and docker inspect is left out.
 	if got, err := d.inspect(ctxT(t), id, dk.Name("never-was")); err != nil || len(got) != 1 || got[0].ID != id {
@@ -324,7 +244,7 @@ func TestDockerListStopRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if found := waitFor(t, again, s.Name, "exited", exited); found.ID != id || found.ExitCode != 7 || !found.FinishedAt.Equal(st.FinishedAt) {
+	if found := waitState(t, again, s.Name, s.Name, "exited", exited); found.ID != id || found.ExitCode != 7 || !found.FinishedAt.Equal(st.FinishedAt) {
 		t.Errorf("another Docker lists %+v, want %+v", found, st)
 	}
 

@@ -55,12 +55,12 @@ func writeFile(t *testing.T, path, content string) {
 
 // waitState polls the containers labelled testLabel=value until the one
 // named name is in a state cond accepts, and returns that state.
-func waitState(t *testing.T, p *Podman, value, name, what string, cond func(State) bool) State {
+func waitState(t *testing.T, r Runtime, value, name, what string, cond func(State) bool) State {
 	t.Helper()
 	ctx := ctxT(t)
 	var last []State
 	for {
-		list, err := p.List(ctx, testLabel+"="+value)
+		list, err := r.List(ctx, testLabel+"="+value)
 		if err != nil {
 			t.Fatalf("List: %v", err)
 		}

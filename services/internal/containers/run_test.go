@@ -42,6 +42,50 @@ func runToExit(t *testing.T, p *Podman, s Spec) State {
 
 // logOf is the container's log: the stream's lines ("" for both), read
 // by podlogs.
+// checkSpecOutput checks what the probe printed, run with the spec of
+// TestRunSpec and TestDockerRunSpec: the env in order (the later A
+// wins), the working dir, the read-only mount refusing a write, the
+// read-write one (rwCtr in the container, rwHost on the host) taking it,
+// the device, and both streams.
+func checkSpecOutput(t *testing.T, s Spec, rwCtr, rwHost string) {
+	t.Helper()
+	stdout := logOf(t, s, "stdout")
+	var env []string
+	for _, line := range strings.Split(stdout, "\n") {
+		if v, ok := strings.CutPrefix(line, "env="); ok {
+			if err := json.Unmarshal([]byte(v), &env); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, want := range []string{"A=2", "B=with space, comma", "EMPTY="} {
+		if !slices.Contains(env, want) {
+			t.Errorf("env %q, want %s", env, want)
+		}
+	}
+	if slices.Contains(env, "A=1") {
+		t.Errorf("env %q: the later A wins", env)
+	}
+	for _, want := range []string{
+		"cwd=/srv\n",
+		"cat /ro/file=from the host\n",
+		"write /ro/new=error: open /ro/new: read-only file system\n",
+		"write " + rwCtr + "/new=ok\n",
+		"stat /dev/nodeplug-null=char device\n",
+		"to stdout\n",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout %q, want %q", stdout, want)
+		}
+	}
+	if got := logOf(t, s, "stderr"); got != "to stderr\n" {
+		t.Errorf("stderr %q, want \"to stderr\\n\"", got)
+	}
+	if _, err := os.Stat(filepath.Join(rwHost, "new")); err != nil {
+		t.Errorf("the file written in the read-write mount: %v", err)
+	}
+}
+
 func logOf(t *testing.T, s Spec, stream string) string {
 	t.Helper()
 	f, err := os.Open(s.LogPath)
@@ -157,41 +201,7 @@ func TestRunSpec(t *testing.T) {
 		t.Errorf("labels %v, want those of the spec", st.Labels)
 	}
 
-	stdout := logOf(t, s, "stdout")
-	var env []string
-	for _, line := range strings.Split(stdout, "\n") {
-		if v, ok := strings.CutPrefix(line, "env="); ok {
-			if err := json.Unmarshal([]byte(v), &env); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, want := range []string{"A=2", "B=with space, comma", "EMPTY="} {
-		if !slices.Contains(env, want) {
-			t.Errorf("env %q, want %s", env, want)
-		}
-	}
-	if slices.Contains(env, "A=1") {
-		t.Errorf("env %q: the later A wins", env)
-	}
-	for _, want := range []string{
-		"cwd=/srv\n",
-		"cat /ro/file=from the host\n",
-		"write /ro/new=error: open /ro/new: read-only file system\n",
-		"write /rw/new=ok\n",
-		"stat /dev/nodeplug-null=char device\n",
-		"to stdout\n",
-	} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("stdout %q, want %q", stdout, want)
-		}
-	}
-	if got := logOf(t, s, "stderr"); got != "to stderr\n" {
-		t.Errorf("stderr %q, want \"to stderr\\n\"", got)
-	}
-	if _, err := os.Stat(filepath.Join(rw, "new")); err != nil {
-		t.Errorf("the file written in the read-write mount: %v", err)
-	}
+	checkSpecOutput(t, s, "/rw", rw)
 	out, err := p.command(ctxT(t), "podman inspect", "inspect", "--format", "{{json .Config.Annotations}}", st.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -252,27 +262,7 @@ func TestListStopRemove(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	st := waitState(t, p, s.Name, s.Name, "running", func(s State) bool { return s.Status == StatusRunning })
-	if st.ID != id || st.StartedAt.IsZero() || !st.FinishedAt.IsZero() {
-		t.Errorf("running %+v, want ID %s, a start time and no finish time", st, id)
-	}
-	// Stopped once the program has said it waits for SIGTERM.
-	waitLog(t, s, "sleeping\n")
-	if err := p.Stop(ctxT(t), id, 90*time.Second); err != nil {
-		t.Fatalf("Stop: %v", err)
-	}
-	// Exit code 7: the program got SIGTERM and exited by itself, before
-	// the grace period was over.
-	st = waitState(t, p, s.Name, s.Name, "exited", exited)
-	if st.ExitCode != 7 || st.FinishedAt.IsZero() {
-		t.Errorf("stopped %+v, want exit code 7 and a finish time", st)
-	}
-	if got := logOf(t, s, ""); !strings.HasSuffix(got, "sleeping\ngot SIGTERM\n") {
-		t.Errorf("log %q, want the program to have got SIGTERM", got)
-	}
-	if err := p.Stop(ctxT(t), id, time.Second); err != nil {
-		t.Errorf("Stop of an exited container: %v", err)
-	}
+	stopWhenSleeping(t, p, s, id)
 
 	for i := range 2 {
 		if err := p.Remove(ctxT(t), id); err != nil {
@@ -307,6 +297,34 @@ func TestRemoveRunning(t *testing.T) {
 	if list, err := p.List(ctxT(t), testLabel); err != nil || len(list) != 0 {
 		t.Errorf("List after Remove = %+v, %v; want none", list, err)
 	}
+}
+
+// stopWhenSleeping waits for the container id of s (running the probe
+// with "sleep" and "exit=7") to run and say it waits for SIGTERM, stops
+// it, and checks that it exited by itself (7) on SIGTERM, before the
+// grace period, and that stopping it again is no error. It returns the
+// exited state.
+func stopWhenSleeping(t *testing.T, r Runtime, s Spec, id string) State {
+	t.Helper()
+	st := waitState(t, r, s.Name, s.Name, "running", func(s State) bool { return s.Status == StatusRunning })
+	if st.ID != id || st.StartedAt.IsZero() || !st.FinishedAt.IsZero() {
+		t.Errorf("running %+v, want ID %s, a start time and no finish time", st, id)
+	}
+	waitLog(t, s, "sleeping\n")
+	if err := r.Stop(ctxT(t), id, 90*time.Second); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	st = waitState(t, r, s.Name, s.Name, "exited", exited)
+	if st.ExitCode != 7 || st.FinishedAt.IsZero() {
+		t.Errorf("stopped %+v, want exit code 7 and a finish time", st)
+	}
+	if got := logOf(t, s, ""); !strings.HasSuffix(got, "sleeping\ngot SIGTERM\n") {
+		t.Errorf("log %q, want the program to have got SIGTERM", got)
+	}
+	if err := r.Stop(ctxT(t), id, time.Second); err != nil {
+		t.Errorf("Stop of an exited container: %v", err)
+	}
+	return st
 }
 
 // waitLog waits for the container's log to hold want.

@@ -108,11 +108,11 @@ func TestPodDRAExtendedResources(t *testing.T) {
 	})
 	// One CDI device per allocated device of the container's request.
 	m := ev[podworker.ReasonPrepared]
-	_, initDevs, _ := strings.Cut(m, "init: ")
-	initDevs, _, _ = strings.Cut(initDevs, ";")
-	_, appDevs, _ := strings.Cut(m, "app: ")
-	if strings.Count(initDevs, ",")+1 != 1 || strings.Count(appDevs, ",")+1 != 2 {
-		t.Errorf("prepared event gives init %q and app %q, want 1 and 2 CDI devices: %s", initDevs, appDevs, m)
+	if got := cdiDevicesIn(m, "init"); len(got) != 1 {
+		t.Errorf("prepared event gives init %q, want 1 CDI device: %s", got, m)
+	}
+	if got := cdiDevicesIn(m, "app"); len(got) != 2 {
+		t.Errorf("prepared event gives app %q, want 2 CDI devices: %s", got, m)
 	}
 	if u := ev[podworker.ReasonUnsupportedField]; u != "" {
 		t.Errorf("DRA extended resources reported unsupported: %s", u)
@@ -161,4 +161,16 @@ func TestPodDRAExtendedResourcesUnsatisfiable(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// cdiDevicesIn are the CDI devices a PreparedDynamicResources message
+// names for container ("…; <container>: a, b; …"); none when it names
+// none.
+func cdiDevicesIn(message, container string) []string {
+	for _, part := range strings.Split(message, "; ") {
+		if _, devs, ok := strings.Cut(part, container+": "); ok && devs != "" {
+			return strings.Split(devs, ", ")
+		}
+	}
+	return nil
 }
