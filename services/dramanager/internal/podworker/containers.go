@@ -512,6 +512,13 @@ func (w *Worker) stopContainers(ctx context.Context, uid types.UID, ref podRef, 
 			}
 		}
 	}
+	// The logs of a pod that is gone go first: a runtime whose removal
+	// keeps a container's log (docker's, linked) then has none to copy.
+	if pod == nil {
+		if err := os.RemoveAll(podlogs.Dir(w.cfg.RootDir, ref.Namespace, ref.Name, string(uid))); err != nil {
+			w.log.Warn("removing the logs of a deleted pod", "pod", ref.key(), "error", err)
+		}
+	}
 	// Every start of every container, the ended ones too.
 	w.ctrs.mu.Lock()
 	all := slices.Clone(w.ctrs.list)
@@ -524,10 +531,5 @@ func (w *Worker) stopContainers(ctx context.Context, uid types.UID, ref podRef, 
 		}
 	}
 	w.invalidate()
-	if pod == nil {
-		if err := os.RemoveAll(podlogs.Dir(w.cfg.RootDir, ref.Namespace, ref.Name, string(uid))); err != nil {
-			w.log.Warn("removing the logs of a deleted pod", "pod", ref.key(), "error", err)
-		}
-	}
 	return nil
 }
