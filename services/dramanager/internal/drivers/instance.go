@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/stats"
 
 	"github.com/nodeplug/nodeplug/pkg/bounds"
 	"github.com/nodeplug/nodeplug/pkg/errdefs"
@@ -74,7 +75,6 @@ type instance struct {
 	cancel        context.CancelFunc
 
 	connected   bool
-	state       connectivity.State
 	stateChange time.Time
 	lastError   string
 	removed     bool
@@ -90,11 +90,12 @@ func (r *Registry) dial(reg Registration, service, dialPath string, id unixsock.
 	in := &instance{
 		r: r, driver: reg.Driver, endpoint: reg.Endpoint, socketPath: reg.SocketPath, generation: reg.Generation,
 		offered: slices.Clone(reg.Services), service: service, healthService: pickHealthService(reg.Services),
-		registered: r.now(), state: connectivity.Idle,
+		registered: r.now(),
 	}
 	in.stateChange = in.registered
 	dialer := r.confiner.Dialer(reg.Endpoint, unixsock.NewPin(id))
-	conn, err := rpcutil.DialPlugin(reg.Endpoint, grpc.WithConnectParams(connectParams),
+	in.ctx, in.cancel = context.WithCancel(r.ctx)
+	conn, err := rpcutil.DialPlugin(reg.Endpoint, grpc.WithConnectParams(connectParams), grpc.WithStatsHandler(connWatch{in}),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			c, err := dialer(ctx, addr)
 			if err != nil {
@@ -103,11 +104,11 @@ func (r *Registry) dial(reg Registration, service, dialPath string, id unixsock.
 			return c, err
 		}))
 	if err != nil {
+		in.cancel()
 		return nil, fmt.Errorf("failed to create gRPC connection to DRA driver %s at endpoint %s (dialled as %s): %w: %w",
 			reg.Driver, bounds.Quote(reg.Endpoint), bounds.Quote(dialPath), err, errdefs.ErrUnavailable)
 	}
 	in.conn = conn
-	in.ctx, in.cancel = context.WithCancel(r.ctx)
 	return in, nil
 }
 
@@ -120,25 +121,11 @@ func pickHealthService(offered []string) string {
 	return ""
 }
 
-// start connects and follows the connection's state until close: a
-// connection that goes idle (its server went away) is connected again,
-// as the kubelet's DRA plugin manager does.
+// start connects. The connection is followed by gRPC's stats handler
+// (connWatch), as the kubelet's DRA plugin manager follows its drivers:
+// no goroutine per connection, and a connection lost is connected again.
 func (in *instance) start(wg *sync.WaitGroup) {
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		in.conn.Connect()
-		for {
-			st := in.conn.GetState()
-			in.setState(st)
-			if st == connectivity.Idle {
-				in.conn.Connect()
-			}
-			if st == connectivity.Shutdown || !in.conn.WaitForStateChange(in.ctx, st) {
-				return
-			}
-		}
-	}()
+	in.conn.Connect()
 	if in.healthService != "" {
 		wg.Add(1)
 		go func() {
@@ -148,22 +135,50 @@ func (in *instance) start(wg *sync.WaitGroup) {
 	}
 }
 
-// setState records the connection's state and brings the driver's pending
-// deletion in line with it.
-func (in *instance) setState(st connectivity.State) {
+// connWatch is the stats handler of an instance's connection: gRPC calls
+// HandleConn when a transport to the driver is up (ConnBegin) and when it
+// is gone (ConnEnd). The RPC methods do nothing.
+type connWatch struct{ in *instance }
+
+func (w connWatch) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (w connWatch) HandleRPC(context.Context, stats.RPCStats)                       {}
+func (w connWatch) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+
+func (w connWatch) HandleConn(_ context.Context, s stats.ConnStats) {
+	in := w.in
+	switch s.(type) {
+	case *stats.ConnBegin:
+		in.setConnected(true)
+	case *stats.ConnEnd:
+		in.setConnected(false)
+		if in.ctx.Err() == nil {
+			// The channel goes idle when its transport is lost, and
+			// would stay so until a call. Connect asks for the driver
+			// again at once (with the backoff of connectParams), so a
+			// driver that comes back is seen. Not from this goroutine:
+			// gRPC may call HandleConn with the lock Connect takes held.
+			go in.conn.Connect()
+		}
+	}
+}
+
+// setConnected records whether the connection is up and brings the
+// driver's pending deletion in line with it.
+func (in *instance) setConnected(connected bool) {
 	r := in.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	in.state = st
+	if in.connected == connected {
+		return
+	}
+	in.connected = connected
 	in.stateChange = r.now()
-	was := in.connected
-	in.connected = st == connectivity.Ready
-	if in.connected {
+	if connected {
 		in.lastError = ""
 	}
-	if was != in.connected {
-		r.log.Info("DRA driver connection changed", "driver", in.driver, "endpoint", in.endpoint, "connected", in.connected, "state", st.String())
-	}
+	r.log.Info("DRA driver connection changed", "driver", in.driver, "endpoint", in.endpoint, "connected", connected)
 	if !in.removed {
 		r.syncLocked(in.driver)
 	}
@@ -185,7 +200,7 @@ func (r *Registry) stateLocked(in *instance) Instance {
 	return Instance{
 		Driver: in.driver, Endpoint: in.endpoint, SocketPath: in.socketPath, Generation: in.generation,
 		OfferedServices: slices.Clone(in.offered), Service: in.service, HealthService: in.healthService,
-		Connected: in.connected, State: in.state, Serving: !in.removed && r.servingLocked(in.driver) == in,
+		Connected: in.connected, State: in.conn.GetState(), Serving: !in.removed && r.servingLocked(in.driver) == in,
 		Registered: in.registered, StateChange: in.stateChange, LastError: in.lastError,
 	}
 }
