@@ -93,8 +93,60 @@ func cpuOverContract(rounds []FloorRound) float64 {
 	return median(v)
 }
 
-// printRatios writes r.Ratios, by name, with the memory figures beside the
-// RSS ratio.
+// Target is what a ratio must be to meet its goal: at most Max, or below
+// it when Below.
+type Target struct {
+	Max   float64
+	Below bool
+}
+
+// Met reports whether v meets t.
+func (t Target) Met(v float64) bool {
+	if t.Below {
+		return v < t.Max
+	}
+	return v <= t.Max
+}
+
+func (t Target) String() string {
+	if t.Below {
+		return fmt.Sprintf("< %.1f×", t.Max)
+	}
+	return fmt.Sprintf("≤ %.1f×", t.Max)
+}
+
+// cpuTarget is nodeplug's CPU per plugin over the contract floor's that
+// the registration targets allow.
+const cpuTarget = 1.5
+
+// RatioTarget returns the target of the ratio named name, if it has one:
+// nodeplug over the floor at most floorTargets[kind]; its CPU per plugin
+// at most 1.5× the contract floor's; below the kubelet; the
+// devicemanager's VmRSS at start at most 1.2× the reference.
+func RatioTarget(name string) (Target, bool) {
+	parts := strings.Split(name, "/")
+	switch {
+	case name == RatioRSSStart:
+		return Target{Max: 1.2}, true
+	case len(parts) != 4:
+		return Target{}, false
+	case parts[0] == "floor":
+		for kind, limit := range floorTargets {
+			if kindSlug(kind) == parts[1] {
+				return Target{Max: limit}, true
+			}
+		}
+	case parts[0] == "cpu":
+		return Target{Max: cpuTarget}, true
+	case parts[0] == "kubelet":
+		return Target{Max: 1, Below: true}, true
+	}
+	return Target{}, false
+}
+
+// printRatios writes r.Ratios, by name, each with its target and whether
+// it is met, the memory figures beside the RSS ratio, then the ratios that
+// miss their targets.
 func printRatios(w io.Writer, r *Results) {
 	fmt.Fprintln(w, "\nRatios (lower is better)")
 	names := make([]string, 0, len(r.Ratios))
@@ -104,15 +156,34 @@ func printRatios(w io.Writer, r *Results) {
 		width = max(width, len(n))
 	}
 	sort.Strings(names)
+	var missed []string
+	withTarget := 0
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-*s %7.2f×", width, n, r.Ratios[n])
+		v := r.Ratios[n]
+		fmt.Fprintf(w, "  %-*s %7.2f×", width, n, v)
+		if t, ok := RatioTarget(n); ok {
+			withTarget++
+			verdict := "met"
+			if !t.Met(v) {
+				verdict = "MISSED"
+				missed = append(missed, n)
+			}
+			fmt.Fprintf(w, "  target %-6s %-6s", t, verdict)
+		}
 		f := r.Footprint
 		switch n {
 		case RatioRSSStart:
-			fmt.Fprintf(w, "  (VmRSS %.1f MiB over %d MiB, target 1.2×; of it RssFile %.1f MiB, file-backed pages of its executable)",
+			fmt.Fprintf(w, "  (VmRSS %.1f MiB over %d MiB; of it RssFile %.1f MiB, file-backed pages of its executable)",
 				f.DeviceManagerStartMiB, rssReferenceMiB, f.DeviceManagerStartFileMiB)
 		case RatioRSSStartAnon:
 			fmt.Fprintf(w, "  (RssAnon %.1f MiB over %d MiB: its own memory)", f.DeviceManagerStartAnonMiB, rssReferenceMiB)
+		}
+		fmt.Fprintln(w)
+	}
+	if withTarget > 0 {
+		fmt.Fprintf(w, "  targets met: %d of %d", withTarget-len(missed), withTarget)
+		if len(missed) > 0 {
+			fmt.Fprintf(w, "; missed: %s", strings.Join(missed, ", "))
 		}
 		fmt.Fprintln(w)
 	}

@@ -84,6 +84,16 @@ func TestPrintRatios(t *testing.T) {
 		t.Fatalf("no ratios section:\n%s", out)
 	}
 	lines := strings.Split(strings.TrimSpace(out[i:]), "\n")[1:]
+	summary := lines[len(lines)-1]
+	lines = lines[:len(lines)-1]
+	// floor/dra 1.31 and 1.5 miss 1.2; the CPU ratio 2 misses 1.5; the
+	// RSS ratio 2.55 misses 1.2; the RssAnon ratio has no target.
+	if want := "targets met: 0 of 4; missed: cpu/dra/n=1000/over_contract, floor/dra/n=1000/p99, floor/dra/n=1000/total, " + RatioRSSStart; strings.TrimSpace(summary) != want {
+		t.Errorf("summary %q, want %q", summary, want)
+	}
+	if l := lines[0]; !strings.Contains(l, "target ≤ 1.5×") || !strings.Contains(l, "MISSED") {
+		t.Errorf("CPU ratio line lacks its target: %q", l)
+	}
 	var names []string
 	for _, l := range lines {
 		names = append(names, strings.Fields(l)[0])
@@ -91,10 +101,10 @@ func TestPrintRatios(t *testing.T) {
 	if want := []string{"cpu/dra/n=1000/over_contract", "floor/dra/n=1000/p99", "floor/dra/n=1000/total", RatioRSSStart, RatioRSSStartAnon}; !slices.Equal(names, want) {
 		t.Errorf("ratio lines %q, want names %v", lines, want)
 	}
-	if l := lines[len(lines)-2]; !strings.Contains(l, "2.55×") || !strings.Contains(l, "VmRSS 51.0 MiB") || !strings.Contains(l, "RssFile 44.0 MiB") || !strings.Contains(l, "target 1.2×") {
+	if l := lines[len(lines)-2]; !strings.Contains(l, "2.55×") || !strings.Contains(l, "VmRSS 51.0 MiB") || !strings.Contains(l, "RssFile 44.0 MiB") || !strings.Contains(l, "target ≤ 1.2×") {
 		t.Errorf("RSS ratio line lacks its figures: %q", l)
 	}
-	if l := lines[len(lines)-1]; !strings.Contains(l, "0.35×") || !strings.Contains(l, "RssAnon 7.0 MiB") {
+	if l := lines[len(lines)-1]; !strings.Contains(l, "0.35×") || !strings.Contains(l, "RssAnon 7.0 MiB") || strings.Contains(l, "target") {
 		t.Errorf("RssAnon ratio line lacks its figures: %q", l)
 	}
 	if strings.Contains(out, "Footprint") {
@@ -120,5 +130,33 @@ func TestParseRSS(t *testing.T) {
 	}
 	if _, err := parseRSS("VmRSS:\t lots kB\n"); err == nil || !strings.Contains(err.Error(), "VmRSS") {
 		t.Errorf("parseRSS of a bad VmRSS: %v", err)
+	}
+}
+
+func TestRatioTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v    float64
+		want string // the target, "" for none
+		met  bool
+	}{
+		{"floor/dra/n=1000/total", 1.2, "≤ 1.2×", true},
+		{"floor/dra/n=1000/p99", 1.21, "≤ 1.2×", false},
+		{"floor/device-plugin/n=10/total", 1.5, "≤ 1.5×", true},
+		{"cpu/dra/n=100/over_contract", 1.51, "≤ 1.5×", false},
+		{"kubelet/device-plugin/n=1000/p99", 0.99, "< 1.0×", true},
+		{"kubelet/dra/n=1000/total", 1, "< 1.0×", false},
+		{RatioRSSStart, 1.19, "≤ 1.2×", true},
+		{RatioRSSStartAnon, 9, "", false},
+		{"floor/unknown-kind/n=1/total", 1, "", false},
+	} {
+		tg, ok := RatioTarget(tc.name)
+		if got := map[bool]string{true: tg.String()}[ok]; got != tc.want {
+			t.Errorf("RatioTarget(%q) = %q, want %q", tc.name, got, tc.want)
+			continue
+		}
+		if ok && tg.Met(tc.v) != tc.met {
+			t.Errorf("%s: Met(%v) = %v, want %v", tc.name, tc.v, !tc.met, tc.met)
+		}
 	}
 }
