@@ -178,10 +178,13 @@ func (in *instance) setConnected(connected bool) {
 	if connected {
 		in.lastError = ""
 	}
-	r.log.Info("DRA driver connection changed", "driver", in.driver, "endpoint", in.endpoint, "connected", connected)
-	if !in.removed {
-		r.syncLocked(in.driver)
+	if in.removed {
+		// Closed with its deregistration, which said so.
+		r.log.Debug("DRA driver connection closed", "driver", in.driver, "endpoint", in.endpoint)
+		return
 	}
+	r.log.Info("DRA driver connection changed", "driver", in.driver, "endpoint", in.endpoint, "connected", connected)
+	r.syncLocked(in.driver)
 }
 
 func (in *instance) dialFailed(err error) {
