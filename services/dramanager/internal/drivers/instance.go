@@ -74,6 +74,7 @@ type instance struct {
 	ctx           context.Context
 	cancel        context.CancelFunc
 
+	transports  uint64 // transports made and gone (connWatch)
 	connected   bool
 	stateChange time.Time
 	lastError   string
@@ -136,8 +137,8 @@ func (in *instance) start(wg *sync.WaitGroup) {
 }
 
 // connWatch is the stats handler of an instance's connection: gRPC calls
-// HandleConn when a transport to the driver is up (ConnBegin) and when it
-// is gone (ConnEnd). The RPC methods do nothing.
+// HandleConn when a transport to the driver is made (ConnBegin) and when
+// it is gone (ConnEnd). The RPC methods do nothing.
 type connWatch struct{ in *instance }
 
 func (w connWatch) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
@@ -150,9 +151,14 @@ func (w connWatch) HandleConn(_ context.Context, s stats.ConnStats) {
 	in := w.in
 	switch s.(type) {
 	case *stats.ConnBegin:
-		in.setConnected(true)
+		// The socket accepted, but the driver has not answered yet (its
+		// HTTP/2 preface): a socket that accepts and never speaks, a
+		// wedged driver's, is not a connected driver, and its slices go
+		// after the delay as a gone driver's do. awaitReady waits, briefly,
+		// for the answer.
+		go in.awaitReady(in.transportMade())
 	case *stats.ConnEnd:
-		in.setConnected(false)
+		in.transportGone()
 		if in.ctx.Err() == nil {
 			// The channel goes idle when its transport is lost, and
 			// would stay so until a call. Connect asks for the driver
@@ -164,12 +170,45 @@ func (w connWatch) HandleConn(_ context.Context, s stats.ConnStats) {
 	}
 }
 
-// setConnected records whether the connection is up and brings the
-// driver's pending deletion in line with it.
-func (in *instance) setConnected(connected bool) {
+// awaitReady waits for the channel to leave CONNECTING after transport
+// seq was made: READY means the driver answered on it.
+func (in *instance) awaitReady(seq uint64) {
+	st := in.conn.GetState()
+	for st == connectivity.Connecting && in.conn.WaitForStateChange(in.ctx, st) {
+		st = in.conn.GetState()
+	}
+	if st != connectivity.Ready {
+		return
+	}
+	in.r.mu.Lock()
+	defer in.r.mu.Unlock()
+	if seq == in.transports {
+		// No transport made or gone since: READY is seq's.
+		in.setConnectedLocked(true)
+	}
+}
+
+// transportMade counts a transport made and returns its number.
+func (in *instance) transportMade() uint64 {
+	in.r.mu.Lock()
+	defer in.r.mu.Unlock()
+	in.transports++
+	return in.transports
+}
+
+// transportGone counts a transport gone, which makes what awaitReady
+// learns of it stale, and records the driver as not connected.
+func (in *instance) transportGone() {
+	in.r.mu.Lock()
+	defer in.r.mu.Unlock()
+	in.transports++
+	in.setConnectedLocked(false)
+}
+
+// setConnectedLocked records whether the connection is up and brings the
+// driver's pending deletion in line with it; called with r.mu held.
+func (in *instance) setConnectedLocked(connected bool) {
 	r := in.r
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if in.connected == connected {
 		return
 	}

@@ -5,12 +5,19 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/dratest"
@@ -65,5 +72,87 @@ func TestConnectionLostInPlaceIsConnectedAgain(t *testing.T) {
 	})
 	if dd := r.Drivers(driver); len(dd) != 1 || !dd[0].SliceDeletion.IsZero() {
 		t.Errorf("drivers = %+v, want one, with no deletion pending", dd)
+	}
+}
+
+// A driver whose socket accepts connections and never answers (a wedged
+// driver: the kernel still accepts for it) is not connected: its slices
+// on the node are deleted after the delay, as a gone driver's are, though
+// every connection to it is made.
+func TestSilentDriverIsNotConnected(t *testing.T) {
+	dir := testutil.TempDir(t)
+	const driver = "silent.example.com"
+	slice := &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "s1"},
+		Spec:       resourceapi.ResourceSliceSpec{Driver: driver, NodeName: ptr.To("node-1"), Pool: resourceapi.ResourcePool{Name: "p", ResourceSliceCount: 1}},
+	}
+	client := fake.NewClientset(slice)
+	deleted := make(chan string, 10)
+	client.PrependReactor("delete-collection", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		deleted <- a.(k8stesting.DeleteCollectionAction).GetListRestrictions().Fields.String()
+		return true, nil, nil
+	})
+	r, err := drivers.New(drivers.Config{Client: client, NodeName: "node-1", AllowedDirs: []string{dir}, DisconnectDelay: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+
+	endpoint := filepath.Join(dir, "silent.sock")
+	ln, err := net.Listen("unix", endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn // held open, never written to
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	accepted := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+	if _, err := r.Register(context.Background(), drivers.Registration{
+		Driver: driver, Endpoint: endpoint, Services: []string{"v1.DRAPlugin"}, SocketPath: endpoint, Generation: "1",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the driver's socket connected to", func() bool { return accepted() > 0 })
+	// The first connection stays open and unanswered for the dial's 10 s
+	// (connectParams); the deletion is due 200 ms after the registration,
+	// long before gRPC gives that connection up and makes another. Had
+	// the made connection counted as connected, the deletion would wait
+	// for it to fail, and each new connection would put it off again.
+	select {
+	case sel := <-deleted:
+		if want := "spec.driver=" + driver + ",spec.nodeName=node-1"; sel != want {
+			t.Errorf("deleted %q, want %q", sel, want)
+		}
+	case <-time.After(time.Minute):
+		in, _ := instance(r, driver, endpoint)
+		t.Fatalf("the silent driver's slices were not deleted; instance %+v", in)
+	}
+	if in, ok := instance(r, driver, endpoint); !ok || in.Connected {
+		t.Errorf("instance %+v, want registered and not connected", in)
+	}
+	if n := accepted(); n != 1 {
+		t.Errorf("%d connections made before the deletion, want the first one still waiting for an answer", n)
 	}
 }
