@@ -124,7 +124,9 @@ func pickHealthService(offered []string) string {
 
 // start connects. The connection is followed by gRPC's stats handler
 // (connWatch), as the kubelet's DRA plugin manager follows its drivers:
-// no goroutine per connection, and a connection lost is connected again.
+// no goroutine held for the connection's life (one waits only while a new
+// transport awaits the driver's answer), and a connection lost is
+// connected again.
 func (in *instance) start(wg *sync.WaitGroup) {
 	in.conn.Connect()
 	if in.healthService != "" {
