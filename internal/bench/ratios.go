@@ -93,22 +93,22 @@ func cpuOverContract(rounds []FloorRound) float64 {
 	return median(v)
 }
 
-// Target is what a ratio must be to meet its goal: at most Max, or below
+// target is what a ratio must be to meet its goal: at most Max, or below
 // it when Below.
-type Target struct {
+type target struct {
 	Max   float64
 	Below bool
 }
 
 // Met reports whether v meets t.
-func (t Target) Met(v float64) bool {
+func (t target) Met(v float64) bool {
 	if t.Below {
 		return v < t.Max
 	}
 	return v <= t.Max
 }
 
-func (t Target) String() string {
+func (t target) String() string {
 	if t.Below {
 		return fmt.Sprintf("< %.1f×", t.Max)
 	}
@@ -119,29 +119,29 @@ func (t Target) String() string {
 // the registration targets allow.
 const cpuTarget = 1.5
 
-// RatioTarget returns the target of the ratio named name, if it has one:
+// ratioTarget returns the target of the ratio named name, if it has one:
 // nodeplug over the floor at most floorTargets[kind]; its CPU per plugin
 // at most 1.5× the contract floor's; below the kubelet; the
 // devicemanager's VmRSS at start at most 1.2× the reference.
-func RatioTarget(name string) (Target, bool) {
+func ratioTarget(name string) (target, bool) {
 	parts := strings.Split(name, "/")
 	switch {
 	case name == RatioRSSStart:
-		return Target{Max: 1.2}, true
+		return target{Max: 1.2}, true
 	case len(parts) != 4:
-		return Target{}, false
+		return target{}, false
 	case parts[0] == "floor":
 		for kind, limit := range floorTargets {
 			if kindSlug(kind) == parts[1] {
-				return Target{Max: limit}, true
+				return target{Max: limit}, true
 			}
 		}
 	case parts[0] == "cpu":
-		return Target{Max: cpuTarget}, true
+		return target{Max: cpuTarget}, true
 	case parts[0] == "kubelet":
-		return Target{Max: 1, Below: true}, true
+		return target{Max: 1, Below: true}, true
 	}
-	return Target{}, false
+	return target{}, false
 }
 
 // printRatios writes r.Ratios, by name, each with its target and whether
@@ -161,7 +161,7 @@ func printRatios(w io.Writer, r *Results) {
 	for _, n := range names {
 		v := r.Ratios[n]
 		fmt.Fprintf(w, "  %-*s %7.2f×", width, n, v)
-		if t, ok := RatioTarget(n); ok {
+		if t, ok := ratioTarget(n); ok {
 			withTarget++
 			verdict := "met"
 			if !t.Met(v) {

@@ -150,9 +150,9 @@ func TestRatioTarget(t *testing.T) {
 		{RatioRSSStartAnon, 9, "", false},
 		{"floor/unknown-kind/n=1/total", 1, "", false},
 	} {
-		tg, ok := RatioTarget(tc.name)
+		tg, ok := ratioTarget(tc.name)
 		if got := map[bool]string{true: tg.String()}[ok]; got != tc.want {
-			t.Errorf("RatioTarget(%q) = %q, want %q", tc.name, got, tc.want)
+			t.Errorf("ratioTarget(%q) = %q, want %q", tc.name, got, tc.want)
 			continue
 		}
 		if ok && tg.Met(tc.v) != tc.met {

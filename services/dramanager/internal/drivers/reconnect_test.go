@@ -12,12 +12,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
-	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/utils/ptr"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/dratest"
@@ -82,11 +79,7 @@ func TestConnectionLostInPlaceIsConnectedAgain(t *testing.T) {
 func TestSilentDriverIsNotConnected(t *testing.T) {
 	dir := testutil.TempDir(t)
 	const driver = "silent.example.com"
-	slice := &resourceapi.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "s1"},
-		Spec:       resourceapi.ResourceSliceSpec{Driver: driver, NodeName: ptr.To("node-1"), Pool: resourceapi.ResourcePool{Name: "p", ResourceSliceCount: 1}},
-	}
-	client := fake.NewClientset(slice)
+	client := fake.NewClientset(nodeSlice(driver))
 	deleted := make(chan string, 10)
 	client.PrependReactor("delete-collection", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		deleted <- a.(k8stesting.DeleteCollectionAction).GetListRestrictions().Fields.String()

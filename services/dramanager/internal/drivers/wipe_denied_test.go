@@ -11,12 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/utils/ptr"
 
 	"github.com/nodeplug/nodeplug/internal/testutil"
 	"github.com/nodeplug/nodeplug/services/dramanager/internal/drivers"
@@ -29,10 +27,7 @@ import (
 // granted, the slices go.
 func TestRefusedDeletionIsRetriedUntilGranted(t *testing.T) {
 	drivers.SetWipeBackoff(t, wait.Backoff{Duration: time.Millisecond, Factor: 2, Cap: 4 * time.Millisecond, Steps: 100})
-	slice := &resourceapi.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "s1"},
-		Spec:       resourceapi.ResourceSliceSpec{Driver: "gone.example.com", NodeName: ptr.To("node-1"), Pool: resourceapi.ResourcePool{Name: "p", ResourceSliceCount: 1}},
-	}
+	slice := nodeSlice("gone.example.com")
 	client := fake.NewClientset(slice)
 	var mu sync.Mutex
 	refusals := 0

@@ -27,10 +27,7 @@ import (
 // API's answer is in the other tests): one DeleteCollection per driver
 // with the kubelet's field selector, retried when the API refuses it.
 func TestDeletionSelectorAndRetry(t *testing.T) {
-	slice := &resourceapi.ResourceSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: "s1"},
-		Spec:       resourceapi.ResourceSliceSpec{Driver: "gone.example.com", NodeName: ptr.To("node-1"), Pool: resourceapi.ResourcePool{Name: "p", ResourceSliceCount: 1}},
-	}
+	slice := nodeSlice("gone.example.com")
 	client := fake.NewClientset(slice)
 	var mu sync.Mutex
 	var selectors []string
@@ -101,10 +98,7 @@ func TestDeletionTrustsTheListedCache(t *testing.T) {
 			mu.Lock()
 			synced = tc.synced
 			mu.Unlock()
-			slice := &resourceapi.ResourceSlice{
-				ObjectMeta: metav1.ObjectMeta{Name: "s1"},
-				Spec:       resourceapi.ResourceSliceSpec{Driver: tc.driver, NodeName: ptr.To("node-1"), Pool: resourceapi.ResourcePool{Name: "p", ResourceSliceCount: 1}},
-			}
+			slice := nodeSlice(tc.driver)
 			client := fake.NewClientset(slice)
 			reg := prometheus.NewRegistry()
 			r, err := drivers.New(drivers.Config{
@@ -131,5 +125,13 @@ func TestDeletionTrustsTheListedCache(t *testing.T) {
 				t.Errorf("API calls of the wipe: %q, want %q", verbs, tc.verbs)
 			}
 		})
+	}
+}
+
+// nodeSlice is a ResourceSlice of driver on node-1, for the fake clientset.
+func nodeSlice(driver string) *resourceapi.ResourceSlice {
+	return &resourceapi.ResourceSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "s1"},
+		Spec:       resourceapi.ResourceSliceSpec{Driver: driver, NodeName: ptr.To("node-1"), Pool: resourceapi.ResourcePool{Name: "p", ResourceSliceCount: 1}},
 	}
 }
