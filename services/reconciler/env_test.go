@@ -94,7 +94,18 @@ func (e *env) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	e.s, e.cancel, e.done = s, cancel, make(chan struct{})
 	streams := e.w.Streams()
-	defer testutil.WaitFor(e.t, "the reconciler's first snapshot", func() bool { return e.w.Streams() > streams && s.loop.Synced() })
+	lists, draLists := e.dm.Lists()
+	// The first snapshot makes the reconciler look for orphans: where it
+	// looks at e.dm, its lists are answered before the test registers
+	// anything, so a list that holds a registration the test makes
+	// meanwhile cannot come back as a deregistration the test did not ask
+	// for.
+	dmAddr := filepath.Join(e.root, "dm.sock")
+	askDM, askDRA := cfg.DeviceManagerAddr == dmAddr, cfg.DRAManagerAddr == dmAddr
+	defer testutil.WaitFor(e.t, "the reconciler's first snapshot and its look for orphans", func() bool {
+		l, dl := e.dm.Lists()
+		return e.w.Streams() > streams && s.loop.Synced() && (!askDM || l > lists) && (!askDRA || dl > draLists)
+	})
 	go func() {
 		defer close(e.done)
 		if err := s.run(ctx); err != nil {

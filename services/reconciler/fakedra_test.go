@@ -89,6 +89,7 @@ func (f *fakeDRA) ListDRADrivers(_ context.Context, r *devicemanagerv1.ListDRADr
 	d := f.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.draLists++
 	byName := map[string]*devicemanagerv1.DRADriver{}
 	for _, k := range slices.Sorted(maps.Keys(d.dra)) {
 		in := d.dra[k]

@@ -184,6 +184,9 @@ type fakeDM struct {
 	draRegisterErr error
 	stop           chan struct{}
 	changes        map[chan *devicemanagerv1.ResourceChange]struct{}
+	// lists and draLists count the ListResources and ListDRADrivers
+	// answered (the reconciler's looks for orphans).
+	lists, draLists int
 }
 
 type dmEndpoint struct {
@@ -241,6 +244,7 @@ func (d *fakeDM) DeregisterPlugin(_ context.Context, r *devicemanagerv1.Deregist
 func (d *fakeDM) ListResources(context.Context, *devicemanagerv1.ListResourcesRequest) (*devicemanagerv1.ListResourcesResponse, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.lists++
 	byName := map[string]*devicemanagerv1.Resource{}
 	for ep, e := range d.endpoints {
 		r := byName[e.resource]
@@ -340,6 +344,13 @@ func (d *fakeDM) Endpoints() map[string]dmEndpoint {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return maps.Clone(d.endpoints)
+}
+
+// Lists returns how many ListResources and ListDRADrivers were answered.
+func (d *fakeDM) Lists() (resources, draDrivers int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.lists, d.draLists
 }
 
 func (d *fakeDM) Calls() []string {
