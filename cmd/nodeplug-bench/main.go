@@ -46,6 +46,9 @@ func run() int {
 		fmt.Println("nodeplug-bench", version.Version)
 		return 0
 	}
+	if o.baselineFrom != "" {
+		return mergeBaseline(o)
+	}
 	cfg, err := o.config()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
@@ -58,6 +61,7 @@ func run() int {
 	if o.scenario != "" {
 		return runScenario(o.scenario, cfg.Bin, cfg.Root, o.short)
 	}
+
 	// Read before the run, so that a bad baseline file does not waste it.
 	base, err := bench.LoadBaseline(o.baseline, o.baselineSet)
 	if err != nil {
@@ -72,7 +76,7 @@ type options struct {
 	short, showVersion, apiTCP             bool
 	bin, out, root, phases, regN, pprofDir string
 	scenario, bareClient, contractFloor    string
-	baseline, writeBaseline                string
+	baseline, writeBaseline, baselineFrom  string
 	markdown                               string
 	kubeletHarness, kinds                  string
 	baselineSet, failOnRegression          bool // baselineSet: -baseline was given
@@ -103,6 +107,8 @@ func parseFlags() *options {
 	flag.IntVar(&o.pprofSecs, "pprof-seconds", 20, "how long the -pprof profiles run")
 	flag.StringVar(&o.baseline, "baseline", bench.DefaultBaselineFile, "compare the run's ratios with this baseline file and report those more than 25% worse (empty: don't; the default is skipped when absent)")
 	flag.StringVar(&o.writeBaseline, "write-baseline", "", "write the run's ratios to this file as a new baseline, with the date and the machine")
+	flag.StringVar(&o.baselineFrom, "baseline-from", "", "with -write-baseline and instead of a run: comma-separated figures files of earlier runs (their -json), at least two; "+
+		"the baseline records each ratio's median over them and its range, and a later run reports a ratio only when it is both more than 25% worse than the median and worse than every one of these runs")
 	flag.BoolVar(&o.failOnRegression, "fail-on-regression", false, "exit with status 3 when a ratio is more than 25% worse than the baseline's (default: report it only)")
 	flag.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 	flag.StringVar(&o.scenario, "scenario", "", "run this scenario instead of the phases: "+scenarios)
@@ -227,7 +233,7 @@ func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 	bench.Print(os.Stdout, res)
 	regressed := false
 	if base != nil {
-		c := bench.Compare(base.Ratios, res.Ratios)
+		c := bench.Compare(base, res.Ratios)
 		bench.PrintComparison(os.Stdout, os.Stderr, o.baseline, base, c)
 		regressed = c.HasRegression()
 	}
@@ -259,6 +265,38 @@ func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 	if regressed && o.failOnRegression {
 		return 3
 	}
+	return 0
+}
+
+// mergeBaseline writes o.writeBaseline from the figures files of earlier
+// runs named by o.baselineFrom (-baseline-from), without running anything.
+func mergeBaseline(o *options) int {
+	if o.writeBaseline == "" {
+		fmt.Fprintln(os.Stderr, "nodeplug-bench: -baseline-from needs -write-baseline, the file to write")
+		return 2
+	}
+	files := strings.Split(o.baselineFrom, ",")
+	runs := make([]*bench.Results, 0, len(files))
+	for _, f := range files {
+		r, err := bench.ReadResults(f)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
+			return 1
+		}
+		runs = append(runs, r)
+	}
+	note := fmt.Sprintf("ratios (lower is better), each the median of %d runs (`nodeplug-bench -baseline-from %s`), with its range over them; "+
+		"a run reports a ratio more than 25%% above its value here and above its range. "+
+		"Write it again on a quiet machine when the figures move for good.", len(runs), o.baselineFrom)
+	b, err := bench.MergeBaseline(runs, note)
+	if err == nil {
+		err = bench.WriteBaseline(o.writeBaseline, b)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nodeplug-bench: -baseline-from:", err)
+		return 1
+	}
+	fmt.Printf("baseline written to %s (%d ratios, the median of %d runs)\n", o.writeBaseline, len(b.Ratios), len(runs))
 	return 0
 }
 

@@ -25,16 +25,22 @@ const DefaultBaselineFile = "bench/baseline.json"
 
 // regressionMargin is how far a ratio may move from its baseline before it
 // is reported: more than 25% above is a regression, more than 25% below an
-// improvement worth a new baseline.
+// improvement worth a new baseline. A baseline of several runs widens
+// that to the range its runs spanned (see Compare).
 const regressionMargin = 0.25
 
-// Baseline is a run's ratios (Results.Ratios) kept in a file, for later
-// runs to be compared with.
+// Baseline is the ratios (Results.Ratios) of one run, or the median of
+// several, kept in a file for later runs to be compared with.
 type Baseline struct {
 	Date    string             `json:"date"`    // when the run was, YYYY-MM-DD (UTC)
 	Machine string             `json:"machine"` // what it ran on (MachineDescription)
 	Note    string             `json:"note"`    // how it was made, for whoever reads the file
 	Ratios  map[string]float64 `json:"ratios"`
+	// Runs is how many runs Ratios is the median of (0 or 1: one), and
+	// Range each ratio's lowest and highest value over them: how far the
+	// same source moved from run to run on that machine.
+	Runs  int                   `json:"runs,omitempty"`
+	Range map[string][2]float64 `json:"range,omitempty"`
 }
 
 // NewBaseline is r's ratios as a baseline dated today, described by note.
@@ -45,6 +51,58 @@ func NewBaseline(r *Results, note string) *Baseline {
 		Note:    note,
 		Ratios:  maps.Clone(r.Ratios),
 	}
+}
+
+// MergeBaseline is the baseline of several runs' results, dated today and
+// described by note: each ratio the median of the runs that have it (the
+// mean of the middle two for an even count), with its range. The runs are
+// to be of one machine: the first's is recorded. Fewer than two runs, or
+// runs without ratios, are refused.
+func MergeBaseline(runs []*Results, note string) (*Baseline, error) {
+	if len(runs) < 2 {
+		return nil, fmt.Errorf("a baseline of several runs needs at least two, got %d", len(runs))
+	}
+	values := map[string][]float64{}
+	for i, r := range runs {
+		if len(r.Ratios) == 0 {
+			return nil, fmt.Errorf("run %d of %d has no ratios (they come from the floor and footprint phases)", i+1, len(runs))
+		}
+		for name, v := range r.Ratios {
+			values[name] = append(values[name], v)
+		}
+	}
+	b := &Baseline{
+		Date:    time.Now().UTC().Format(time.DateOnly),
+		Machine: MachineDescription(runs[0].Machine),
+		Note:    note,
+		Ratios:  make(map[string]float64, len(values)),
+		Runs:    len(runs),
+		Range:   make(map[string][2]float64, len(values)),
+	}
+	for name, vs := range values {
+		slices.Sort(vs)
+		m := vs[len(vs)/2]
+		if len(vs)%2 == 0 {
+			m = (vs[len(vs)/2-1] + m) / 2
+		}
+		b.Ratios[name] = m
+		b.Range[name] = [2]float64{vs[0], vs[len(vs)-1]}
+	}
+	return b, nil
+}
+
+// ReadResults reads a run's figures, as -json wrote them. Every error
+// names the file.
+func ReadResults(path string) (*Results, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("results: %w", err)
+	}
+	var r Results
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("results %s are not the bench's figures: %w", path, err)
+	}
+	return &r, nil
 }
 
 // MachineDescription describes the machine of m in one line: its CPUs, the
@@ -80,6 +138,12 @@ func ReadBaseline(path string) (*Baseline, error) {
 	for _, name := range slices.Sorted(maps.Keys(b.Ratios)) {
 		if v := b.Ratios[name]; v <= 0 {
 			return nil, fmt.Errorf("baseline %s: ratio %s is %v, not a positive number", path, name, v)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(b.Range)) {
+		v, ok := b.Ratios[name]
+		if r := b.Range[name]; !ok || r[0] > v || v > r[1] {
+			return nil, fmt.Errorf("baseline %s: the range of ratio %s, %v, does not hold its value %v", path, name, r, v)
 		}
 	}
 	return &b, nil
@@ -120,6 +184,9 @@ func WriteBaseline(path string, b *Baseline) error {
 type RatioChange struct {
 	Name          string
 	Baseline, Now float64
+	// Range is the baseline runs' lowest and highest value of the ratio
+	// (both Baseline for a baseline of one run).
+	Range [2]float64
 }
 
 // percent is the change from the baseline, in percent of it.
@@ -127,33 +194,45 @@ func (c RatioChange) percent() float64 { return 100 * (c.Now/c.Baseline - 1) }
 
 // Comparison is a run's ratios against a baseline's.
 type Comparison struct {
-	Compared  int           // ratios in both
-	Regressed []RatioChange // more than 25% above the baseline, by name
-	Improved  []RatioChange // more than 25% below it, by name
+	Compared int // ratios in both
+	// Regressed are the ratios more than 25% above the baseline and above
+	// every run it was taken from; Improved more than 25% below it and
+	// below every run. By name.
+	Regressed, Improved []RatioChange
 	// Ratios in one only, by name: this run's that the baseline lacks
 	// (new, or zero in the baseline), and the baseline's that this run did
 	// not measure (its phase not run).
 	NotInBaseline, NotMeasured []string
 }
 
-// Compare compares the ratios now with those of a baseline.
-func Compare(baseline, now map[string]float64) Comparison {
+// Compare compares the ratios now with the baseline's. A ratio has
+// regressed when it is more than 25% above the baseline's and above the
+// highest of the baseline's runs: a ratio whose runs spread wider than
+// that (a few plugins at once on 2 cores, where one run's ratio may be
+// half again another's) is not reported for a run within its spread.
+// Likewise below for an improvement.
+func Compare(baseline *Baseline, now map[string]float64) Comparison {
 	var c Comparison
 	for _, name := range slices.Sorted(maps.Keys(now)) {
-		b, v := baseline[name], now[name]
-		switch {
-		case b <= 0:
+		b, v := baseline.Ratios[name], now[name]
+		if b <= 0 {
 			c.NotInBaseline = append(c.NotInBaseline, name)
 			continue
-		case v > b*(1+regressionMargin):
-			c.Regressed = append(c.Regressed, RatioChange{name, b, v})
-		case v < b*(1-regressionMargin):
-			c.Improved = append(c.Improved, RatioChange{name, b, v})
+		}
+		rng, ok := baseline.Range[name]
+		if !ok {
+			rng = [2]float64{b, b}
+		}
+		switch {
+		case v > b*(1+regressionMargin) && v > rng[1]:
+			c.Regressed = append(c.Regressed, RatioChange{name, b, v, rng})
+		case v < b*(1-regressionMargin) && v < rng[0]:
+			c.Improved = append(c.Improved, RatioChange{name, b, v, rng})
 		}
 		c.Compared++
 	}
-	for _, name := range slices.Sorted(maps.Keys(baseline)) {
-		if _, ok := now[name]; !ok && baseline[name] > 0 {
+	for _, name := range slices.Sorted(maps.Keys(baseline.Ratios)) {
+		if _, ok := now[name]; !ok && baseline.Ratios[name] > 0 {
 			c.NotMeasured = append(c.NotMeasured, name)
 		}
 	}
@@ -168,21 +247,26 @@ func (c Comparison) HasRegression() bool { return len(c.Regressed) > 0 }
 // (stderr, which is seen when stdout goes to a file or a pipe).
 func PrintComparison(w, loud io.Writer, file string, b *Baseline, c Comparison) {
 	against := fmt.Sprintf("%s (%s)", file, b.Date)
+	runs := ""
+	if b.Runs > 1 {
+		against = fmt.Sprintf("%s (%s, median of %d runs)", file, b.Date, b.Runs)
+		runs = " and than any of its runs"
+	}
 	margin := int(regressionMargin * 100)
 	switch {
 	case c.HasRegression():
 		var sb strings.Builder
-		fmt.Fprintf(&sb, "!!! REGRESSION: %s more than %d%% worse than %s:\n", countRatios(len(c.Regressed)), margin, against)
+		fmt.Fprintf(&sb, "!!! REGRESSION: %s more than %d%% worse than %s%s:\n", countRatios(len(c.Regressed)), margin, against, runs)
 		writeChanges(&sb, "!!!   ", c.Regressed)
 		fmt.Fprint(w, "\n"+sb.String())
 		fmt.Fprint(loud, "\n"+sb.String())
 	case c.Compared == 0:
 		fmt.Fprintf(w, "\nNo ratio compared with %s: the two have none in common.\n", against)
 	default:
-		fmt.Fprintf(w, "\nNo regression: %d ratios compared with %s, none more than %d%% worse.\n", c.Compared, against, margin)
+		fmt.Fprintf(w, "\nNo regression: %d ratios compared with %s, none more than %d%% worse%s.\n", c.Compared, against, margin, runs)
 	}
 	if len(c.Improved) > 0 {
-		fmt.Fprintf(w, "%s more than %d%% better than the baseline; consider -write-baseline:\n", countRatios(len(c.Improved)), margin)
+		fmt.Fprintf(w, "%s more than %d%% better than the baseline%s; consider -write-baseline:\n", countRatios(len(c.Improved)), margin, runs)
 		writeChanges(w, "      ", c.Improved)
 	}
 	if len(c.NotInBaseline) > 0 {
@@ -209,6 +293,10 @@ func writeChanges(w io.Writer, prefix string, changes []RatioChange) {
 		width = max(width, len(c.Name))
 	}
 	for _, c := range changes {
-		fmt.Fprintf(w, "%s%-*s  baseline %.2f×  now %.2f×  (%+.0f%%)\n", prefix, width, c.Name, c.Baseline, c.Now, c.percent())
+		spread := ""
+		if c.Range[0] != c.Range[1] {
+			spread = fmt.Sprintf(" (runs %.2f–%.2f×)", c.Range[0], c.Range[1])
+		}
+		fmt.Fprintf(w, "%s%-*s  baseline %.2f×%s  now %.2f×  (%+.0f%%)\n", prefix, width, c.Name, c.Baseline, spread, c.Now, c.percent())
 	}
 }

@@ -29,14 +29,14 @@ func TestCompare(t *testing.T) {
 		"floor/dra/n=10/total":           3,
 		"floor/dra/n=100/total":          1.5, // not in the baseline
 	}
-	c := Compare(baseline, now)
+	c := Compare(&Baseline{Ratios: baseline}, now)
 	if c.Compared != 5 {
 		t.Errorf("compared %d, want 5", c.Compared)
 	}
-	if want := []RatioChange{{"floor/dra/n=1000/total", 1.31, 1.8}}; !slices.Equal(c.Regressed, want) {
+	if want := []RatioChange{{"floor/dra/n=1000/total", 1.31, 1.8, [2]float64{1.31, 1.31}}}; !slices.Equal(c.Regressed, want) {
 		t.Errorf("regressed %v, want %v", c.Regressed, want)
 	}
-	if want := []RatioChange{{"cpu/dra/n=1000/over_contract", 2, 1.2}}; !slices.Equal(c.Improved, want) {
+	if want := []RatioChange{{"cpu/dra/n=1000/over_contract", 2, 1.2, [2]float64{2, 2}}}; !slices.Equal(c.Improved, want) {
 		t.Errorf("improved %v, want %v", c.Improved, want)
 	}
 	if want := []string{"floor/dra/n=100/total"}; !slices.Equal(c.NotInBaseline, want) {
@@ -52,11 +52,11 @@ func TestCompare(t *testing.T) {
 
 func TestCompareNoRegression(t *testing.T) {
 	ratios := map[string]float64{"floor/dra/n=1/total": 1.1, "floor/dra/n=1/p99": 1.4}
-	c := Compare(ratios, ratios)
+	c := Compare(&Baseline{Ratios: ratios}, ratios)
 	if c.Compared != 2 || c.HasRegression() || len(c.Improved) > 0 || len(c.NotInBaseline) > 0 || len(c.NotMeasured) > 0 {
 		t.Errorf("a run compared with itself: %+v", c)
 	}
-	if c := Compare(nil, ratios); c.Compared != 0 || len(c.NotInBaseline) != 2 {
+	if c := Compare(&Baseline{}, ratios); c.Compared != 0 || len(c.NotInBaseline) != 2 {
 		t.Errorf("a run compared with an empty baseline: %+v", c)
 	}
 }
@@ -64,7 +64,7 @@ func TestCompareNoRegression(t *testing.T) {
 func TestPrintComparison(t *testing.T) {
 	b := &Baseline{Date: "2026-12-03"}
 	c := Compare(
-		map[string]float64{"floor/dra/n=1000/total": 1.31, "floor/dra/n=1000/p99": 1.2, "cpu/dra/n=1000/over_contract": 2, "rss/devicemanager_start_anon": 0.4},
+		&Baseline{Ratios: map[string]float64{"floor/dra/n=1000/total": 1.31, "floor/dra/n=1000/p99": 1.2, "cpu/dra/n=1000/over_contract": 2, "rss/devicemanager_start_anon": 0.4}},
 		map[string]float64{"floor/dra/n=1000/total": 1.8, "floor/dra/n=1000/p99": 1.6, "cpu/dra/n=1000/over_contract": 1.2, "floor/dra/n=1/total": 1},
 	)
 	var out, loud bytes.Buffer
@@ -90,9 +90,115 @@ func TestPrintComparison(t *testing.T) {
 
 	out.Reset()
 	loud.Reset()
-	PrintComparison(&out, &loud, "bench/baseline.json", b, Compare(map[string]float64{"a": 1, "b": 2}, map[string]float64{"a": 1.1, "b": 2}))
+	PrintComparison(&out, &loud, "bench/baseline.json", b, Compare(&Baseline{Ratios: map[string]float64{"a": 1, "b": 2}}, map[string]float64{"a": 1.1, "b": 2}))
 	if want := "No regression: 2 ratios compared with bench/baseline.json (2026-12-03), none more than 25% worse.\n"; !strings.Contains(out.String(), want) || loud.Len() > 0 {
 		t.Errorf("without a regression: stdout %q (want %q), stderr %q", out.String(), want, loud.String())
+	}
+}
+
+// A baseline of several runs reports a ratio only beyond both the margin
+// and the range its runs spanned: a ratio that swings by half from run to
+// run is not a regression within that swing, and one that does not swing
+// is still reported at 25%.
+func TestCompareWithTheRunsRange(t *testing.T) {
+	b := &Baseline{
+		Runs: 3,
+		Ratios: map[string]float64{
+			"floor/dra/n=1/total":         2,   // runs 1.6–3.2: noisy
+			"floor/dra/n=1000/total":      1.3, // runs 1.25–1.4: steady
+			"cpu/dra/n=100/over_contract": 1.6, // runs 1.5–1.7
+		},
+		Range: map[string][2]float64{
+			"floor/dra/n=1/total":         {1.6, 3.2},
+			"floor/dra/n=1000/total":      {1.25, 1.4},
+			"cpu/dra/n=100/over_contract": {1.5, 1.7},
+		},
+	}
+	c := Compare(b, map[string]float64{
+		"floor/dra/n=1/total":         3.0,  // +50%, within the runs: not reported
+		"floor/dra/n=1000/total":      1.7,  // +31%, above every run: reported
+		"cpu/dra/n=100/over_contract": 1.15, // -28%, below every run: improved
+	})
+	if want := []RatioChange{{"floor/dra/n=1000/total", 1.3, 1.7, [2]float64{1.25, 1.4}}}; !slices.Equal(c.Regressed, want) {
+		t.Errorf("regressed %v, want %v", c.Regressed, want)
+	}
+	if want := []RatioChange{{"cpu/dra/n=100/over_contract", 1.6, 1.15, [2]float64{1.5, 1.7}}}; !slices.Equal(c.Improved, want) {
+		t.Errorf("improved %v, want %v", c.Improved, want)
+	}
+	if c := Compare(b, map[string]float64{"floor/dra/n=1/total": 3.3}); len(c.Regressed) != 1 {
+		t.Errorf("a ratio above every run and 65%% above the median: %+v", c)
+	}
+
+	var out, loud bytes.Buffer
+	PrintComparison(&out, &loud, "bench/baseline.json", &Baseline{Date: "2026-12-07", Runs: 3, Ratios: b.Ratios, Range: b.Range}, c)
+	block := "!!! REGRESSION: 1 ratio is more than 25% worse than bench/baseline.json (2026-12-07, median of 3 runs) and than any of its runs:\n" +
+		"!!!   floor/dra/n=1000/total  baseline 1.30× (runs 1.25–1.40×)  now 1.70×  (+31%)\n"
+	if !strings.Contains(out.String(), block) || !strings.Contains(loud.String(), block) {
+		t.Errorf("want on both writers\n%s\nstdout:\n%s\nstderr:\n%s", block, out.String(), loud.String())
+	}
+}
+
+// MergeBaseline takes each ratio's median over the runs (the mean of the
+// middle two for an even count) and its range; a ratio some runs lack is
+// the median of those that have it.
+func TestMergeBaseline(t *testing.T) {
+	run := func(ratios map[string]float64) *Results {
+		return &Results{Machine: Machine{CPUs: 2, GoVersion: "go1.99"}, Ratios: ratios}
+	}
+	b, err := MergeBaseline([]*Results{
+		run(map[string]float64{"a": 1.4, "b": 2, "c": 5}),
+		run(map[string]float64{"a": 1.1, "b": 4}),
+		run(map[string]float64{"a": 1.2, "b": 3, "c": 7}),
+	}, "three runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]float64{"a": 1.2, "b": 3, "c": 6}; !maps.Equal(b.Ratios, want) {
+		t.Errorf("ratios %v, want %v", b.Ratios, want)
+	}
+	if want := map[string][2]float64{"a": {1.1, 1.4}, "b": {2, 4}, "c": {5, 7}}; !maps.Equal(b.Range, want) {
+		t.Errorf("range %v, want %v", b.Range, want)
+	}
+	if b.Runs != 3 || b.Note != "three runs" || !strings.HasPrefix(b.Machine, "2 CPUs, go1.99, ") {
+		t.Errorf("baseline %+v", b)
+	}
+	// Written and read back whole.
+	path := filepath.Join(t.TempDir(), "baseline.json")
+	if err := WriteBaseline(path, b); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadBaseline(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Runs != 3 || !maps.Equal(got.Range, b.Range) || !maps.Equal(got.Ratios, b.Ratios) {
+		t.Errorf("read back %+v, wrote %+v", got, b)
+	}
+
+	if _, err := MergeBaseline([]*Results{run(map[string]float64{"a": 1})}, ""); err == nil {
+		t.Error("a baseline of one run merged")
+	}
+	if _, err := MergeBaseline([]*Results{run(map[string]float64{"a": 1}), run(nil)}, ""); err == nil || !strings.Contains(err.Error(), "run 2 of 2") {
+		t.Errorf("a run without ratios: %v", err)
+	}
+}
+
+func TestReadResults(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.json")
+	if err := os.WriteFile(good, []byte(`{"machine": {"cpus": 2}, "ratios": {"a": 1.5}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := ReadResults(good)
+	if err != nil || r.Machine.CPUs != 2 || r.Ratios["a"] != 1.5 {
+		t.Errorf("ReadResults = %+v, %v", r, err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"ratios": `), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadResults(bad); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Errorf("a truncated file: %v", err)
 	}
 }
 
@@ -126,13 +232,15 @@ func TestBaselineRoundTrip(t *testing.T) {
 func TestReadBaselineErrors(t *testing.T) {
 	dir := t.TempDir()
 	for name, content := range map[string]string{
-		"not-json.json":    "ratios: 1",
-		"truncated.json":   `{"date": "2026-12-03", "ratios": {"a": 1`,
-		"no-ratios.json":   `{"date": "2026-12-03", "machine": "m", "note": "n"}`,
-		"zero-ratio.json":  `{"ratios": {"floor/dra/n=1/total": 0}}`,
-		"string.json":      `{"ratios": {"floor/dra/n=1/total": "1.2"}}`,
-		"unknown-key.json": `{"ratio": {"floor/dra/n=1/total": 1.2}}`,
-		"two-values.json":  `{"ratios": {"a": 1}} {"ratios": {"a": 2}}`,
+		"not-json.json":       "ratios: 1",
+		"truncated.json":      `{"date": "2026-12-03", "ratios": {"a": 1`,
+		"no-ratios.json":      `{"date": "2026-12-03", "machine": "m", "note": "n"}`,
+		"zero-ratio.json":     `{"ratios": {"floor/dra/n=1/total": 0}}`,
+		"string.json":         `{"ratios": {"floor/dra/n=1/total": "1.2"}}`,
+		"unknown-key.json":    `{"ratio": {"floor/dra/n=1/total": 1.2}}`,
+		"two-values.json":     `{"ratios": {"a": 1}} {"ratios": {"a": 2}}`,
+		"outside-range.json":  `{"ratios": {"a": 1}, "runs": 2, "range": {"a": [1.1, 1.3]}}`,
+		"range-no-ratio.json": `{"ratios": {"a": 1}, "runs": 2, "range": {"a": [0.9, 1.3], "b": [1, 2]}}`,
 	} {
 		path := filepath.Join(dir, name)
 		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
