@@ -299,21 +299,28 @@ func walkNoFollow(resolved string) (int, error) {
 	return fd, nil
 }
 
-// connectFD connects a non-blocking Unix stream socket to the socket that
-// fd (an O_PATH descriptor) holds, through /proc/self/fd/N. Errors name
-// path, the endpoint as given.
+// connectFD connects a Unix stream socket to the socket that fd (an
+// O_PATH descriptor) holds, through /proc/self/fd/N: the kernel resolves
+// that name to fd's inode only. It is net's own dial of that name (one
+// socket, one connect, registered with the poller), with no descriptor
+// duplicated; the connection's remote address is the name the server
+// bound, as for any Unix connection. Errors name path, the endpoint as
+// given.
 func connectFD(path string, fd int) (net.Conn, error) {
-	s, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	var d net.Dialer
+	conn, err := d.Dial("unix", "/proc/self/fd/"+strconv.Itoa(fd))
 	if err != nil {
-		return nil, dialError(path, "socket", err)
-	}
-	if err := unix.Connect(s, &unix.SockaddrUnix{Name: "/proc/self/fd/" + strconv.Itoa(fd)}); err != nil {
-		_ = unix.Close(s)
+		var op *net.OpError
+		if errors.As(err, &op) {
+			// The same error, naming the endpoint instead of the
+			// descriptor's name, which means nothing once it is closed.
+			named := *op
+			named.Addr = &net.UnixAddr{Name: path, Net: "unix"}
+			return nil, &named
+		}
 		return nil, dialError(path, "connect", err)
 	}
-	f := os.NewFile(uintptr(s), path)
-	defer f.Close()
-	return net.FileConn(f)
+	return conn, nil
 }
 
 func dialError(path, op string, err error) error {
