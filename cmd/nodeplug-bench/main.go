@@ -229,6 +229,7 @@ func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 		fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
 		return 1
 	}
+	res.Command = "nodeplug-bench " + strings.Join(os.Args[1:], " ")
 	fmt.Println()
 	bench.Print(os.Stdout, res)
 	regressed := false
@@ -245,7 +246,7 @@ func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 		fmt.Printf("\nfigures written to %s\n", o.out)
 	}
 	if o.markdown != "" {
-		page := bench.MarkdownPage{Command: "nodeplug-bench " + strings.Join(os.Args[1:], " "), Commit: sourceCommit(), CPUModel: bench.CPUModel()}
+		page := bench.MarkdownPage{Command: res.Command, Commit: sourceCommit(), CPUModel: bench.CPUModel()}
 		if err := bench.WriteMarkdownFile(o.markdown, res, page); err != nil {
 			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
 			return 1
@@ -285,10 +286,7 @@ func mergeBaseline(o *options) int {
 		}
 		runs = append(runs, r)
 	}
-	note := fmt.Sprintf("ratios (lower is better), each the median of %d runs (`nodeplug-bench -baseline-from %s`), with its range over them; "+
-		"a run reports a ratio more than 25%% above its value here and above its range. "+
-		"Write it again on a quiet machine when the figures move for good.", len(runs), o.baselineFrom)
-	b, err := bench.MergeBaseline(runs, note)
+	b, err := bench.MergeBaseline(runs)
 	if err == nil {
 		err = bench.WriteBaseline(o.writeBaseline, b)
 	}

@@ -53,14 +53,20 @@ func NewBaseline(r *Results, note string) *Baseline {
 	}
 }
 
-// MergeBaseline is the baseline of several runs' results, dated today and
-// described by note: each ratio the median of the runs that have it (the
-// mean of the middle two for an even count), with its range. The runs are
-// to be of one machine: the first's is recorded. Fewer than two runs, or
-// runs without ratios, are refused.
-func MergeBaseline(runs []*Results, note string) (*Baseline, error) {
+// MergeBaseline is the baseline of several runs' results, dated today:
+// each ratio the median of the runs that have it (the mean of the middle
+// two for an even count), with its range, and a note that says what the
+// runs were (their commands). The runs are to be of one machine: runs
+// whose processor or CPU count differ, fewer than two runs, or runs
+// without ratios are refused.
+func MergeBaseline(runs []*Results) (*Baseline, error) {
 	if len(runs) < 2 {
 		return nil, fmt.Errorf("a baseline of several runs needs at least two, got %d", len(runs))
+	}
+	for i, r := range runs[1:] {
+		if a, b := runs[0].Machine, r.Machine; a.CPUs != b.CPUs || a.CPUModel != b.CPUModel {
+			return nil, fmt.Errorf("run %d of %d is of another machine (%d CPUs, %q) than run 1 (%d CPUs, %q): a baseline is one machine's", i+2, len(runs), b.CPUs, b.CPUModel, a.CPUs, a.CPUModel)
+		}
 	}
 	values := map[string][]float64{}
 	for i, r := range runs {
@@ -74,7 +80,7 @@ func MergeBaseline(runs []*Results, note string) (*Baseline, error) {
 	b := &Baseline{
 		Date:    time.Now().UTC().Format(time.DateOnly),
 		Machine: MachineDescription(runs[0].Machine),
-		Note:    note,
+		Note:    mergedNote(runs),
 		Ratios:  make(map[string]float64, len(values)),
 		Runs:    len(runs),
 		Range:   make(map[string][2]float64, len(values)),
@@ -91,6 +97,32 @@ func MergeBaseline(runs []*Results, note string) (*Baseline, error) {
 	return b, nil
 }
 
+// mergedNote says what a baseline of runs is: the median of how many
+// runs, each command with its count of runs, and how it is compared.
+func mergedNote(runs []*Results) string {
+	var order []string
+	count := map[string]int{}
+	for _, r := range runs {
+		c := r.Command
+		if c == "" {
+			c = "a command not recorded"
+		} else {
+			c = "`" + c + "`"
+		}
+		if count[c] == 0 {
+			order = append(order, c)
+		}
+		count[c]++
+	}
+	parts := make([]string, len(order))
+	for i, c := range order {
+		parts[i] = fmt.Sprintf("%s (%d)", c, count[c])
+	}
+	return fmt.Sprintf("ratios (lower is better), each the median of %d runs in one sitting, with its range over them: %s; merged with -baseline-from. "+
+		"A run reports a ratio more than 25%% above its value here and above its range. Write it again on a quiet machine when the figures move for good.",
+		len(runs), strings.Join(parts, ", "))
+}
+
 // ReadResults reads a run's figures, as -json wrote them. Every error
 // names the file.
 func ReadResults(path string) (*Results, error) {
@@ -105,15 +137,20 @@ func ReadResults(path string) (*Results, error) {
 	return &r, nil
 }
 
-// MachineDescription describes the machine of m in one line: its CPUs, the
-// Go version and the kernel as uname reports it.
+// MachineDescription describes the machine of m in one line: its
+// processor when known, its CPUs, the Go version and the kernel as uname
+// reports it.
 func MachineDescription(m Machine) string {
 	kernel := "unknown kernel"
 	var u unix.Utsname
 	if err := unix.Uname(&u); err == nil {
 		kernel = fmt.Sprintf("%s %s %s", unix.ByteSliceToString(u.Sysname[:]), unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Machine[:]))
 	}
-	return fmt.Sprintf("%d CPUs, %s, %s", m.CPUs, m.GoVersion, kernel)
+	d := fmt.Sprintf("%d CPUs, %s, %s", m.CPUs, m.GoVersion, kernel)
+	if m.CPUModel != "" {
+		d = m.CPUModel + ", " + d
+	}
+	return d
 }
 
 // ReadBaseline reads the baseline file at path. Every error names the

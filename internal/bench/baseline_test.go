@@ -142,14 +142,15 @@ func TestCompareWithTheRunsRange(t *testing.T) {
 // middle two for an even count) and its range; a ratio some runs lack is
 // the median of those that have it.
 func TestMergeBaseline(t *testing.T) {
-	run := func(ratios map[string]float64) *Results {
-		return &Results{Machine: Machine{CPUs: 2, GoVersion: "go1.99"}, Ratios: ratios}
+	run := func(command string, ratios map[string]float64) *Results {
+		return &Results{Machine: Machine{CPUs: 2, CPUModel: "AMD EPYC", GoVersion: "go1.99"}, Command: command, Ratios: ratios}
 	}
+	full, floor := "nodeplug-bench -floor-rounds 5", "nodeplug-bench -floor-rounds 5 -phases floor,footprint"
 	b, err := MergeBaseline([]*Results{
-		run(map[string]float64{"a": 1.4, "b": 2, "c": 5}),
-		run(map[string]float64{"a": 1.1, "b": 4}),
-		run(map[string]float64{"a": 1.2, "b": 3, "c": 7}),
-	}, "three runs")
+		run(full, map[string]float64{"a": 1.4, "b": 2, "c": 5}),
+		run(floor, map[string]float64{"a": 1.1, "b": 4}),
+		run(floor, map[string]float64{"a": 1.2, "b": 3, "c": 7}),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +160,13 @@ func TestMergeBaseline(t *testing.T) {
 	if want := map[string][2]float64{"a": {1.1, 1.4}, "b": {2, 4}, "c": {5, 7}}; !maps.Equal(b.Range, want) {
 		t.Errorf("range %v, want %v", b.Range, want)
 	}
-	if b.Runs != 3 || b.Note != "three runs" || !strings.HasPrefix(b.Machine, "2 CPUs, go1.99, ") {
+	if b.Runs != 3 || !strings.HasPrefix(b.Machine, "AMD EPYC, 2 CPUs, go1.99, ") {
 		t.Errorf("baseline %+v", b)
+	}
+	for _, want := range []string{"the median of 3 runs", "`" + full + "` (1), `" + floor + "` (2)"} {
+		if !strings.Contains(b.Note, want) {
+			t.Errorf("note %q lacks %q", b.Note, want)
+		}
 	}
 	// Written and read back whole.
 	path := filepath.Join(t.TempDir(), "baseline.json")
@@ -175,11 +181,16 @@ func TestMergeBaseline(t *testing.T) {
 		t.Errorf("read back %+v, wrote %+v", got, b)
 	}
 
-	if _, err := MergeBaseline([]*Results{run(map[string]float64{"a": 1})}, ""); err == nil {
+	if _, err := MergeBaseline([]*Results{run(full, map[string]float64{"a": 1})}); err == nil {
 		t.Error("a baseline of one run merged")
 	}
-	if _, err := MergeBaseline([]*Results{run(map[string]float64{"a": 1}), run(nil)}, ""); err == nil || !strings.Contains(err.Error(), "run 2 of 2") {
+	if _, err := MergeBaseline([]*Results{run(full, map[string]float64{"a": 1}), run(full, nil)}); err == nil || !strings.Contains(err.Error(), "run 2 of 2") {
 		t.Errorf("a run without ratios: %v", err)
+	}
+	other := run(full, map[string]float64{"a": 1})
+	other.Machine.CPUModel = "Intel Xeon"
+	if _, err := MergeBaseline([]*Results{run(full, map[string]float64{"a": 1}), other}); err == nil || !strings.Contains(err.Error(), "another machine") {
+		t.Errorf("runs of two machines: %v", err)
 	}
 }
 

@@ -145,11 +145,16 @@ type Results struct {
 	// (see ComputeRatios): what a baseline records and a run is compared
 	// with.
 	Ratios map[string]float64 `json:"ratios,omitempty"`
+	// Command is the command line of the run, as the figures page shows
+	// it: what a baseline of several runs says it was made of.
+	Command string `json:"command,omitempty"`
 }
 
 // Machine describes where the figures were taken.
 type Machine struct {
-	CPUs      int    `json:"cpus"`
+	CPUs int `json:"cpus"`
+	// CPUModel is the processor's name (CPUModel), "" when unknown.
+	CPUModel  string `json:"cpu_model,omitempty"`
 	GoVersion string `json:"go_version"`
 	Time      string `json:"time"`
 	// API is how the bench reached the services' APIs: "unix" (the API
@@ -376,7 +381,7 @@ func (r *runner) follow(ctx context.Context) error {
 // returns their figures.
 func (r *runner) measure(ctx context.Context) (*Results, error) {
 	cfg := r.cfg
-	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339),
+	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), CPUModel: CPUModel(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339),
 		API: cfg.APITCP.transport(), HarnessGCPercent: cfg.HarnessGCPercent}}
 	// Footprint first, on fresh processes: the heap the later phases grow
 	// (10,000-device updates, churn) is returned to the OS only slowly and

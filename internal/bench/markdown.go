@@ -29,7 +29,7 @@ func WriteMarkdown(w io.Writer, r *Results, p MarkdownPage) error {
 	b.WriteString("Written by `make figures`; do not edit by hand — run it again to renew them.\n\n")
 	fmt.Fprintf(&b, "- **Measured:** %s\n", r.Machine.Time)
 	machine := MachineDescription(r.Machine)
-	if p.CPUModel != "" {
+	if r.Machine.CPUModel == "" && p.CPUModel != "" {
 		machine = p.CPUModel + ", " + machine
 	}
 	fmt.Fprintf(&b, "- **Machine:** %s\n", machine)
