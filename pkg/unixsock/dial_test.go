@@ -432,20 +432,27 @@ func swapAfterCheck(t *testing.T, how byte, victim string) (undo func()) {
 	}
 }
 
-// BenchmarkConnectRefused is what one redial of a socket that refuses
-// costs (the bind→listen gap, a stale socket): unconfined (a nil Confiner:
-// open, statx, socket, connect) and confined (the check and the walk as
-// well), four directories deep.
-func BenchmarkConnectRefused(b *testing.B) {
+// deepDir makes a short temporary directory (a socket's path must fit
+// sun_path) with four directories under it, and returns both.
+func deepDir(b *testing.B) (dir, deep string) {
 	dir, err := os.MkdirTemp("", "npb")
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = os.RemoveAll(dir) })
-	deep := filepath.Join(dir, "a", "b", "c", "d")
+	deep = filepath.Join(dir, "a", "b", "c", "d")
 	if err := os.MkdirAll(deep, 0o750); err != nil {
 		b.Fatal(err)
 	}
+	return dir, deep
+}
+
+// BenchmarkConnectRefused is what one redial of a socket that refuses
+// costs (the bind→listen gap, a stale socket): unconfined (a nil Confiner:
+// open, statx, socket, connect) and confined (the check and the walk as
+// well), four directories deep.
+func BenchmarkConnectRefused(b *testing.B) {
+	dir, deep := deepDir(b)
 	path := filepath.Join(deep, "stale.sock")
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -474,15 +481,7 @@ func BenchmarkConnectRefused(b *testing.B) {
 // directories deep, the connection closed again: confined and unconfined
 // Connect beside a plain net.Dial of the path, which checks nothing.
 func BenchmarkConnect(b *testing.B) {
-	dir, err := os.MkdirTemp("", "npb")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = os.RemoveAll(dir) })
-	deep := filepath.Join(dir, "a", "b", "c", "d")
-	if err := os.MkdirAll(deep, 0o750); err != nil {
-		b.Fatal(err)
-	}
+	dir, deep := deepDir(b)
 	path := filepath.Join(deep, "live.sock")
 	l, err := net.Listen("unix", path)
 	if err != nil {
