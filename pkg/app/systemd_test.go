@@ -25,9 +25,10 @@ import (
 // notifySocket is the service manager's end of sd_notify: a datagram
 // socket, as systemd binds it, whose messages the test reads in order.
 type notifySocket struct {
-	conn *net.UnixConn
-	mu   sync.Mutex
-	msgs []string
+	conn  *net.UnixConn
+	mu    sync.Mutex
+	msgs  []string
+	syncs int // markers sent by sync
 }
 
 func listenNotify(t *testing.T) *notifySocket {
@@ -55,6 +56,32 @@ func listenNotify(t *testing.T) *notifySocket {
 	t.Cleanup(func() { _ = conn.Close(); <-done })
 	t.Setenv("NOTIFY_SOCKET", path)
 	return n
+}
+
+// sync waits until every message sent before it has been read. What a
+// service sends is in the socket's queue once its send returns, but the
+// reader takes it later; the queue of a datagram socket is one FIFO, so
+// once a marker the test sends after them is read, so are they.
+func (n *notifySocket) sync(t *testing.T) {
+	t.Helper()
+	n.mu.Lock()
+	n.syncs++
+	marker := fmt.Sprintf("X_TEST_SYNC=%d", n.syncs)
+	n.mu.Unlock()
+	c, err := net.DialUnix("unixgram", nil, n.conn.LocalAddr().(*net.UnixAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte(marker)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the notify socket read up to "+marker, func() error {
+		if n.count(marker) == 0 {
+			return fmt.Errorf("not yet: %q", n.messages())
+		}
+		return nil
+	})
 }
 
 func (n *notifySocket) messages() []string {
@@ -112,6 +139,7 @@ func TestSystemdReadyWatchdogStopping(t *testing.T) {
 		}
 		return nil
 	})
+	n.sync(t)
 	if c := n.count("READY=1"); c != 0 {
 		t.Fatalf("READY=1 before the service said it was ready: %q", n.messages())
 	}
@@ -151,6 +179,9 @@ func TestSystemdReadyWatchdogStopping(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run after cancel: %v", err)
 	}
+	// STOPPING=1 was sent before Run returned; the reader may not have
+	// taken it yet.
+	n.sync(t)
 	if c := n.count("STOPPING=1"); c != 1 {
 		t.Fatalf("STOPPING=1 sent %d times on the way down: %q", c, n.messages())
 	}
@@ -158,6 +189,7 @@ func TestSystemdReadyWatchdogStopping(t *testing.T) {
 		t.Fatalf("READY=1 sent %d times: %q", c, n.messages())
 	}
 	ready() // after the stop: not said
+	n.sync(t)
 	if c := n.count("READY=1"); c != 1 {
 		t.Fatalf("READY=1 sent %d times, once after the stop: %q", c, n.messages())
 	}
@@ -201,6 +233,7 @@ func TestWatchdogPetsOnlyWhileAlive(t *testing.T) {
 	waitChecks("three failed checks", 3)
 	state.Store(1)
 	waitChecks("two checks timed out", 2)
+	n.sync(t)
 	if c := n.count("WATCHDOG=1"); c != 0 {
 		t.Fatalf("the watchdog was petted %d times while the service failed its check: %q", c, n.messages())
 	}
