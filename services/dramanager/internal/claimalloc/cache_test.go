@@ -166,6 +166,7 @@ func TestDeallocationFreesDevices(t *testing.T) {
 	ctx := context.Background()
 	e.slice(gpu, testNode, "a", "gpu-0", "gpu-1")
 	e.class(gpu, gpu)
+	e.viewed()
 	a, b := e.claim("a", req("gpu", gpu, 1)), e.claim("b", req("gpu", gpu, 1))
 	for _, ref := range []claims.ClaimRef{a, b} {
 		if _, err := e.alloc.Reserve(ctx, pod(ref.Name), ref); err != nil {

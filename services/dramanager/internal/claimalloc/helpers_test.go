@@ -112,6 +112,34 @@ func (e *env) class(name, driver string) {
 	}
 }
 
+// viewed waits until the allocator's informers hold every ResourceSlice of
+// the node and every DeviceClass the API holds, so that the next decision
+// is made from them: one made before they see a slice or class just
+// created is made again from the API, as it should be, which a test of
+// the informers' decisions does not count on.
+func (e *env) viewed() {
+	e.t.Helper()
+	ctx := context.Background()
+	sl, err := e.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	nodeSlices := 0
+	for _, s := range sl.Items {
+		if ptr.Deref(s.Spec.NodeName, "") == testNode {
+			nodeSlices++
+		}
+	}
+	cl, err := e.client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	testutil.WaitFor(e.t, "the allocator's informers hold the node's slices and the classes", func() bool {
+		c := e.alloc.cached.Load()
+		return c != nil && len(c.nodeSlices.List()) == nodeSlices && len(c.classes.List()) == len(cl.Items)
+	})
+}
+
 // claim creates a claim in ns "ns" with the requests.
 func (e *env) claim(name string, reqs ...resourcev1.DeviceRequest) claims.ClaimRef {
 	e.t.Helper()
