@@ -67,13 +67,10 @@ func appService() app.Service {
 			}
 			return setup(ctx, rt, grace, opts, draAddr, cdi)
 		},
-		// Half the collections of Go's default: in a burst of registrations
-		// the live heap is small while every plugin allocates, so at
-		// GOGC=100 the collector runs often (docs/performance.md has what
-		// it cost). The extra garbage lasts only as long as the burst: once
-		// the burst settles the manager collects and gives the memory back
-		// (manager.GiveBack).
-		GCPercent: 200,
+		// In a burst of registrations every plugin allocates while the live
+		// heap stays small (app.BurstGCPercent); once the burst settles the
+		// manager collects and gives the memory back (manager.GiveBack).
+		GCPercent: app.BurstGCPercent,
 		// As many handlers as the reconciler's parallel registrations (its
 		// executor runs 64, each a RegisterPlugin here): with fewer, the
 		// calls past the pool start a fresh goroutine whose stack grows

@@ -51,14 +51,11 @@ func appService() app.Service {
 	var ctr runtimeOptions
 	return app.Service{
 		Binary: "dramanager", DefaultMetrics: app.DefaultDRAManagerMetricsAddr,
-		// As the reconciler and the devicemanager run: in a burst of
-		// driver registrations the live heap is small while every
-		// RegisterDRADriver and every driver connection allocates, so at
-		// Go's default the collector ran for a tenth of the burst's CPU
-		// (docs/performance.md). The extra garbage lasts as long as the
-		// burst: once the heap has been quiet for a second, the memory is
-		// given back.
-		GCPercent: 200,
+		// In a burst of driver registrations every RegisterDRADriver and
+		// every driver connection allocates while the live heap stays small
+		// (app.BurstGCPercent); once the heap has been quiet for a second,
+		// the memory is given back.
+		GCPercent: app.BurstGCPercent,
 		Settle:    &app.Settle{},
 		// As many handlers as the reconciler's parallel registrations (its
 		// executor runs 64, each a RegisterDRADriver here), so that none

@@ -44,13 +44,10 @@ func appService() app.Service {
 	return app.Service{
 		Binary:         "reconciler",
 		DefaultMetrics: app.DefaultReconcilerMetricsAddr,
-		// Half the collections of Go's default: in a burst of
-		// registrations the reconciler's live heap is small while it
-		// allocates for every plugin, so the collector would run often
-		// (docs/performance.md has the measurements). The extra garbage
-		// lasts as long as the burst: once the heap has been quiet for a
-		// second, the memory is given back.
-		GCPercent: 200,
+		// In a burst of registrations the reconciler allocates for every
+		// plugin while its live heap stays small (app.BurstGCPercent); once
+		// the heap has been quiet for a second, the memory is given back.
+		GCPercent: app.BurstGCPercent,
 		Settle:    &app.Settle{},
 		Flags: func(fs *app.Flags) {
 			fs.StringVar(&cfg.WatcherAddr, "watcher-addr", "", "the watcher's API: a Unix socket path, or host:port with mutual TLS (default <root-dir>/nodeplug/watcher.sock)")
