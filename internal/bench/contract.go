@@ -589,7 +589,7 @@ func (r *runner) contractRound(ctx context.Context, w *warmContract, kind string
 	// Once every plugin is told, the round waits for the reconciler's
 	// Notify calls to be answered before the plugins go.
 	cpu0, cpu1 := w.cf.cpuSeconds(), 0.0
-	figs, err := r.round(rctx, kind, n, w.dir, func() error {
+	figs, err := r.round(rctx, kind, n, w.dir, nil, func() error {
 		err := w.cf.awaitRegistered(rctx, n)
 		cpu1 = w.cf.cpuSeconds()
 		return err

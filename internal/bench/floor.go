@@ -314,7 +314,7 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 			var p50, p99, total, contract, overhead []float64
 			for i := range rounds {
 				cpu0, cpu1 := sumCPU(r.cpuByService()), 0.0
-				np, err := r.round(ctx, kind, n, "", func() error { cpu1 = sumCPU(r.cpuByService()); return nil })
+				np, err := r.round(ctx, kind, n, "", nil, func() error { cpu1 = sumCPU(r.cpuByService()); return nil })
 				if err != nil {
 					return out, fmt.Errorf("nodeplug, %d %s plugins: %w", n, kind, err)
 				}
@@ -391,7 +391,7 @@ func (r *runner) floorRound(ctx context.Context, kind string, n int) (RoundFigur
 	}()
 	// Once every plugin is told, the registrar stops (its last answers
 	// received) before the plugins do.
-	return r.round(ctx, kind, n, dir, func() error { closed = true; return f.Close() })
+	return r.round(ctx, kind, n, dir, nil, func() error { closed = true; return f.Close() })
 }
 
 // fleetPlugin is one plugin of a round: it listens in staging and appears
@@ -404,12 +404,12 @@ type fleetPlugin struct {
 	started time.Time
 }
 
-// round starts n plugins of kind listening in a staging directory, renames
-// them into dir (plugins_registry when empty) one after the other, and
-// measures until each is told it is registered. Then it calls settle (when
-// set), removes them and, for nodeplug, waits until the reconciler forgot
-// them.
-func (r *runner) round(ctx context.Context, kind string, n int, dir string, settle func() error) (RoundFigures, error) {
+// round starts n plugins of kind listening in a staging directory, calls
+// appear (when set) once they all listen, renames them into dir
+// (plugins_registry when empty) one after the other, and measures until
+// each is told it is registered. Then it calls settle (when set), removes
+// them and, for nodeplug, waits until the reconciler forgot them.
+func (r *runner) round(ctx context.Context, kind string, n int, dir string, appear, settle func() error) (RoundFigures, error) {
 	nodeplug := dir == ""
 	if nodeplug {
 		dir = layout.PluginsRegistryDir(r.root)
@@ -446,6 +446,11 @@ func (r *runner) round(ctx context.Context, kind string, n int, dir string, sett
 			fp.reg, fp.stop = p.Registration, p.Stop
 		}
 		fleet = append(fleet, fp)
+	}
+	if appear != nil {
+		if err := appear(); err != nil {
+			return RoundFigures{}, err
+		}
 	}
 	for _, fp := range fleet {
 		fp.started = time.Now()
