@@ -246,7 +246,7 @@ func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 		fmt.Printf("\nfigures written to %s\n", o.out)
 	}
 	if o.markdown != "" {
-		page := bench.MarkdownPage{Command: res.Command, Commit: sourceCommit(), CPUModel: bench.CPUModel()}
+		page := bench.MarkdownPage{Commit: sourceCommit()}
 		if err := bench.WriteMarkdownFile(o.markdown, res, page); err != nil {
 			fmt.Fprintln(os.Stderr, "nodeplug-bench:", err)
 			return 1

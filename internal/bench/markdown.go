@@ -8,19 +8,18 @@ import (
 	"strings"
 )
 
-// MarkdownPage is what WriteMarkdown records beside the figures: where they
-// came from, so that a reader can tell their age and make them again.
+// MarkdownPage is what WriteMarkdown records beside the figures that the
+// figures do not hold themselves (their date, machine and command are in
+// Results): where they came from, so that a reader can tell their age and
+// make them again.
 type MarkdownPage struct {
-	// Command is the command line that measured them.
-	Command string
 	// Commit is the source they were measured on (git describe), if known.
 	Commit string
-	// CPUModel names the processor, if known.
-	CPUModel string
 }
 
 // WriteMarkdown writes r as a Markdown page to w: a heading, the date, the
-// machine and the command, then the table Print writes, unchanged.
+// machine and the command (r.Command), then the table Print writes,
+// unchanged.
 func WriteMarkdown(w io.Writer, r *Results, p MarkdownPage) error {
 	var table bytes.Buffer
 	Print(&table, r)
@@ -28,15 +27,11 @@ func WriteMarkdown(w io.Writer, r *Results, p MarkdownPage) error {
 	b.WriteString("# Measured figures: nodeplug-bench\n\n")
 	b.WriteString("Written by `make figures`; do not edit by hand — run it again to renew them.\n\n")
 	fmt.Fprintf(&b, "- **Measured:** %s\n", r.Machine.Time)
-	machine := MachineDescription(r.Machine)
-	if r.Machine.CPUModel == "" && p.CPUModel != "" {
-		machine = p.CPUModel + ", " + machine
-	}
-	fmt.Fprintf(&b, "- **Machine:** %s\n", machine)
+	fmt.Fprintf(&b, "- **Machine:** %s\n", MachineDescription(r.Machine))
 	if p.Commit != "" {
 		fmt.Fprintf(&b, "- **Source:** %s\n", p.Commit)
 	}
-	fmt.Fprintf(&b, "- **Command:** `%s`\n\n", p.Command)
+	fmt.Fprintf(&b, "- **Command:** `%s`\n\n", r.Command)
 	b.WriteString("What each line measures, and the targets, are explained in [the performance guide](../performance.md).\n\n")
 	b.WriteString("```text\n")
 	b.WriteString(strings.TrimRight(table.String(), "\n"))

@@ -8,13 +8,13 @@ import (
 )
 
 func TestWriteMarkdownFile(t *testing.T) {
-	r := &Results{Machine: Machine{CPUs: 2, GoVersion: "go1.26", Time: "2026-12-03T19:00:00Z"}}
+	r := &Results{Machine: Machine{CPUs: 2, CPUModel: "Some CPU", GoVersion: "go1.26", Time: "2026-12-03T19:00:00Z"}, Command: "nodeplug-bench -short"}
 	r.Floor = []FloorResult{{Kind: "dra", N: 10, RatioTotal: 1.5, Rounds: []FloorRound{{}}}}
 	path := filepath.Join(t.TempDir(), "bench.md")
 	if err := os.WriteFile(path, []byte("old figures\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	err := WriteMarkdownFile(path, r, MarkdownPage{Command: "nodeplug-bench -short", Commit: "abc1234", CPUModel: "Some CPU"})
+	err := WriteMarkdownFile(path, r, MarkdownPage{Commit: "abc1234"})
 	if err != nil {
 		t.Fatal(err)
 	}
