@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -97,6 +98,17 @@ func TestShortRun(t *testing.T) {
 		for _, rd := range f.Rounds {
 			if rd.Nodeplug.Notify.Count != f.N || rd.Floor.Notify.Count != f.N || rd.Contract.Notify.Count != f.N {
 				t.Errorf("floor %s N=%d round incomplete: %+v", f.Kind, f.N, rd)
+			}
+			// Each registrar's reconciler dials every plugin; the
+			// processes' shares add up to the total, but for rounding.
+			for who, fig := range map[string]RoundFigures{"nodeplug": rd.Nodeplug, "contract floor": rd.Contract} {
+				var sum float64
+				for _, v := range fig.CPUmsPerPluginByProcess {
+					sum += v
+				}
+				if fig.CPUmsPerPluginByProcess["reconciler"] <= 0 || math.Abs(sum-fig.CPUmsPerPlugin) > 0.01*float64(len(fig.CPUmsPerPluginByProcess)+1) {
+					t.Errorf("floor %s N=%d: %s's CPU by process %v does not make its CPU per plugin %v", f.Kind, f.N, who, fig.CPUmsPerPluginByProcess, fig.CPUmsPerPlugin)
+				}
 			}
 		}
 	}

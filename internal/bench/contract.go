@@ -397,6 +397,7 @@ func contractRegister(ctx context.Context, dm contractDM, ev *watcherv1.SocketEv
 // contractFloor is the contract floor's three running processes.
 type contractFloor struct {
 	procs  []*exec.Cmd
+	roles  []string        // each process's role, as procs
 	ended  []chan struct{} // closed when its process has ended
 	failed chan struct{}   // closed when the first process ends
 	// registered has a line for each registration the reconciler
@@ -434,7 +435,7 @@ func startContractFloor(ctx context.Context, dir, work, pprofDir string) (*contr
 			return nil, err
 		}
 		ended := make(chan struct{})
-		cf.procs, cf.ended = append(cf.procs, cmd), append(cf.ended, ended)
+		cf.procs, cf.roles, cf.ended = append(cf.procs, cmd), append(cf.roles, role), append(cf.ended, ended)
 		ready := make(chan struct{})
 		go func() {
 			sc := bufio.NewScanner(out)
@@ -481,15 +482,16 @@ func startContractFloor(ctx context.Context, dir, work, pprofDir string) (*contr
 	return cf, nil
 }
 
-// cpuSeconds returns the CPU seconds the processes have used so far.
-func (cf *contractFloor) cpuSeconds() float64 {
-	var t float64
-	for _, p := range cf.procs {
+// cpuByRole returns the CPU seconds each process has used so far, by its
+// role; a process whose clock cannot be read is left out.
+func (cf *contractFloor) cpuByRole() map[string]float64 {
+	out := make(map[string]float64, len(cf.procs))
+	for i, p := range cf.procs {
 		if v, err := cpuSeconds(p.Process.Pid); err == nil {
-			t += v
+			out[cf.roles[i]] = v
 		}
 	}
-	return t
+	return out
 }
 
 // awaitRegistered returns once the reconciler has finished n more
@@ -588,13 +590,16 @@ func (r *runner) contractRound(ctx context.Context, w *warmContract, kind string
 	}()
 	// Once every plugin is told, the round waits for the reconciler's
 	// Notify calls to be answered before the plugins go.
-	cpu0, cpu1 := w.cf.cpuSeconds(), 0.0
+	cpu0, cpu1 := w.cf.cpuByRole(), map[string]float64(nil)
 	figs, err := r.round(rctx, kind, n, w.dir, nil, func() error {
 		err := w.cf.awaitRegistered(rctx, n)
-		cpu1 = w.cf.cpuSeconds()
+		cpu1 = w.cf.cpuByRole()
 		return err
 	})
-	figs.CPUmsPerPlugin = round2((cpu1 - cpu0) * 1000 / float64(n))
+	if cpu1 != nil {
+		figs.CPUmsPerPlugin = round2((sumCPU(cpu1) - sumCPU(cpu0)) * 1000 / float64(n))
+		figs.CPUmsPerPluginByProcess = cpuPerPlugin(cpu0, cpu1, n)
+	}
 	if cause := context.Cause(rctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}

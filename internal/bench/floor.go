@@ -257,6 +257,28 @@ type RoundFigures struct {
 	// nodeplug's services or the contract floor's three processes. Zero
 	// for the floor, which shares its process with the plugins.
 	CPUmsPerPlugin float64 `json:"cpu_ms_per_plugin,omitempty"`
+	// CPUmsPerPluginByProcess is CPUmsPerPlugin process by process, by
+	// the service's name (nodeplug) or the role's (the contract floor:
+	// watcher, reconciler, devicemanager); a process that used no CPU in
+	// the round is left out.
+	CPUmsPerPluginByProcess map[string]float64 `json:"cpu_ms_per_plugin_by_process,omitempty"`
+}
+
+// cpuPerPlugin is each process's CPU between two readings of it (seconds,
+// by process) per plugin of n, in milliseconds; a process read only once,
+// or that used none, is left out.
+func cpuPerPlugin(before, after map[string]float64, n int) map[string]float64 {
+	out := map[string]float64{}
+	for p, a := range after {
+		b, ok := before[p]
+		if !ok || n <= 0 {
+			continue
+		}
+		if v := round2((a - b) * 1000 / float64(n)); v > 0 {
+			out[p] = v
+		}
+	}
+	return out
 }
 
 // FloorResult compares nodeplug with the floor for N plugins of a kind.
@@ -313,12 +335,13 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 			res := FloorResult{Kind: kind, N: n}
 			var p50, p99, total, contract, overhead []float64
 			for i := range rounds {
-				cpu0, cpu1 := sumCPU(r.cpuByService()), 0.0
-				np, err := r.round(ctx, kind, n, "", nil, func() error { cpu1 = sumCPU(r.cpuByService()); return nil })
+				cpu0, cpu1 := r.cpuByService(), map[string]float64(nil)
+				np, err := r.round(ctx, kind, n, "", nil, func() error { cpu1 = r.cpuByService(); return nil })
 				if err != nil {
 					return out, fmt.Errorf("nodeplug, %d %s plugins: %w", n, kind, err)
 				}
-				np.CPUmsPerPlugin = round2((cpu1 - cpu0) * 1000 / float64(n))
+				np.CPUmsPerPlugin = round2((sumCPU(cpu1) - sumCPU(cpu0)) * 1000 / float64(n))
+				np.CPUmsPerPluginByProcess = cpuPerPlugin(cpu0, cpu1, n)
 				fl, err := r.floorRound(ctx, kind, n)
 				if err != nil {
 					return out, fmt.Errorf("floor, %d %s plugins: %w", n, kind, err)

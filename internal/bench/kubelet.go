@@ -366,12 +366,30 @@ func (f FloorResult) median(which func(FloorRound) RoundFigures) RoundFigures {
 	return medianFigures(rounds)
 }
 
-// medianFigures is the median of each figure of rounds.
+// medianFigures is the median of each figure of rounds. A process's CPU
+// is the median over every round, zero in a round that left it out.
 func medianFigures(rounds []RoundFigures) RoundFigures {
 	var p50, p99, total, cpu []float64
+	byProcess := map[string][]float64{}
 	for _, f := range rounds {
 		p50, p99 = append(p50, f.Notify.P50), append(p99, f.Notify.P99)
 		total, cpu = append(total, f.TotalMs), append(cpu, f.CPUmsPerPlugin)
+		for p := range f.CPUmsPerPluginByProcess {
+			byProcess[p] = nil
+		}
 	}
-	return RoundFigures{Notify: Dist{P50: median(p50), P99: median(p99)}, TotalMs: median(total), CPUmsPerPlugin: median(cpu)}
+	out := RoundFigures{Notify: Dist{P50: median(p50), P99: median(p99)}, TotalMs: median(total), CPUmsPerPlugin: median(cpu)}
+	for p := range byProcess {
+		v := make([]float64, 0, len(rounds))
+		for _, f := range rounds {
+			v = append(v, f.CPUmsPerPluginByProcess[p])
+		}
+		if m := median(v); m > 0 {
+			if out.CPUmsPerPluginByProcess == nil {
+				out.CPUmsPerPluginByProcess = map[string]float64{}
+			}
+			out.CPUmsPerPluginByProcess[p] = m
+		}
+	}
+	return out
 }

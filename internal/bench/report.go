@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 )
 
 // Print writes the results as a table.
@@ -44,6 +45,10 @@ func Print(w io.Writer, r *Results) {
 			}
 			fmt.Fprintf(w, "  %-13s N=%-5d contract floor p50 %7.1f  p99 %7.1f  total %7.1f ms | total contract/floor %.2f×  nodeplug/contract %.2f×%s\n",
 				f.Kind, f.N, cf.Notify.P50, cf.Notify.P99, cf.TotalMs, f.ContractRatioTotal, f.OverheadRatioTotal, cpu)
+			if f.N >= 100 && (len(np.CPUmsPerPluginByProcess) > 0 || len(cf.CPUmsPerPluginByProcess) > 0) {
+				fmt.Fprintf(w, "  %-13s N=%-5d CPU per plugin by process, ms: nodeplug %s | contract floor %s\n",
+					"", f.N, byProcess(np.CPUmsPerPluginByProcess), byProcess(cf.CPUmsPerPluginByProcess))
+			}
 		}
 	}
 	PrintKubelet(w, r)
@@ -118,4 +123,40 @@ func printFootprint(w io.Writer, f FootprintResult) {
 			f.Bare.RSSKiBClosed/1024, f.Bare.ClosedOverBefore, f.Bare.GoroutinesClosed,
 			(f.Bare.RSSKiBClosed-f.Bare.RSSKiBBefore)/1024, f.DeviceManagerAfterMiB-f.DeviceManagerBaseMiB)
 	}
+}
+
+// processOrder is the order byProcess names processes in: registration's
+// path through nodeplug's services (and the contract floor's roles), then
+// any other in name order.
+var processOrder = []string{"watcher", "reconciler", "devicemanager", "dramanager", "apiserver"}
+
+// byProcess formats CPU per plugin by process, in ms: "watcher 0.05,
+// reconciler 0.61, …", or "-" when there is none.
+func byProcess(m map[string]float64) string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	rank := func(n string) int {
+		for i, o := range processOrder {
+			if o == n {
+				return i
+			}
+		}
+		return len(processOrder)
+	}
+	sort.Slice(names, func(i, j int) bool {
+		if ri, rj := rank(names[i]), rank(names[j]); ri != rj {
+			return ri < rj
+		}
+		return names[i] < names[j]
+	})
+	parts := make([]string, 0, len(names))
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s %.2f", n, m[n]))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
 }
