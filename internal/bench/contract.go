@@ -596,10 +596,7 @@ func (r *runner) contractRound(ctx context.Context, w *warmContract, kind string
 		cpu1 = w.cf.cpuByRole()
 		return err
 	})
-	if cpu1 != nil {
-		figs.CPUmsPerPlugin = round2((sumCPU(cpu1) - sumCPU(cpu0)) * 1000 / float64(n))
-		figs.CPUmsPerPluginByProcess = cpuPerPlugin(cpu0, cpu1, n)
-	}
+	figs.setCPU(cpu0, cpu1, n)
 	if cause := context.Cause(rctx); err != nil && cause != nil && !errors.Is(cause, context.Canceled) {
 		err = cause
 	}

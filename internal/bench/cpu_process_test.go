@@ -12,18 +12,33 @@ import (
 func TestCPUByProcess(t *testing.T) {
 	before := map[string]float64{"watcher": 1.0, "reconciler": 2.0, "devicemanager": 3.0, "apiserver": 4.0}
 	after := map[string]float64{"watcher": 1.004, "reconciler": 2.061, "devicemanager": 3.0561, "apiserver": 4.0, "dramanager": 9}
-	got := cpuPerPlugin(before, after, 100)
+	var f RoundFigures
+	f.setCPU(before, after, 100)
+	got := f.CPUmsPerPluginByProcess
 	want := map[string]float64{"watcher": 0.04, "reconciler": 0.61, "devicemanager": 0.56}
 	if len(got) != len(want) {
-		t.Fatalf("cpuPerPlugin = %v; want %v (an idle process and one read once left out)", got, want)
+		t.Fatalf("CPU by process = %v; want %v (an idle process and one read once left out)", got, want)
 	}
 	for p, v := range want {
 		if got[p] != v {
-			t.Errorf("cpuPerPlugin[%s] = %v; want %v", p, got[p], v)
+			t.Errorf("CPU of %s = %v; want %v", p, got[p], v)
 		}
 	}
-	if got := cpuPerPlugin(before, after, 0); len(got) != 0 {
-		t.Errorf("cpuPerPlugin of no plugin = %v; want none", got)
+	// The total is of the same processes: the dramanager, read once, is
+	// not counted whole (9 s) in it.
+	if f.CPUmsPerPlugin != 1.21 {
+		t.Errorf("CPU per plugin in all = %v; want 1.21 (the processes read twice)", f.CPUmsPerPlugin)
+	}
+	for _, tc := range []struct {
+		name  string
+		after map[string]float64
+		n     int
+	}{{"no plugin", after, 0}, {"no second reading", nil, 100}} {
+		var f RoundFigures
+		f.setCPU(before, tc.after, tc.n)
+		if f.CPUmsPerPlugin != 0 || len(f.CPUmsPerPluginByProcess) != 0 {
+			t.Errorf("%s: CPU %v, by process %v; want none", tc.name, f.CPUmsPerPlugin, f.CPUmsPerPluginByProcess)
+		}
 	}
 
 	round := func(total float64, by map[string]float64) RoundFigures {

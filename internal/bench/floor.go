@@ -264,21 +264,30 @@ type RoundFigures struct {
 	CPUmsPerPluginByProcess map[string]float64 `json:"cpu_ms_per_plugin_by_process,omitempty"`
 }
 
-// cpuPerPlugin is each process's CPU between two readings of it (seconds,
-// by process) per plugin of n, in milliseconds; a process read only once,
-// or that used none, is left out.
-func cpuPerPlugin(before, after map[string]float64, n int) map[string]float64 {
-	out := map[string]float64{}
+// setCPU sets f's CPU per plugin from two readings of a registrar's
+// processes' CPU clocks (seconds, by process) taken around its n
+// registrations: in all and process by process, in milliseconds. Only a
+// process read both times counts, in both; one that used no CPU is left
+// out of the breakdown. Without the second reading (a round that failed
+// first) f keeps none.
+func (f *RoundFigures) setCPU(before, after map[string]float64, n int) {
+	if n <= 0 || after == nil {
+		return
+	}
+	var total float64
+	by := map[string]float64{}
 	for p, a := range after {
 		b, ok := before[p]
-		if !ok || n <= 0 {
+		if !ok {
 			continue
 		}
+		total += a - b
 		if v := round2((a - b) * 1000 / float64(n)); v > 0 {
-			out[p] = v
+			by[p] = v
 		}
 	}
-	return out
+	f.CPUmsPerPlugin = round2(total * 1000 / float64(n))
+	f.CPUmsPerPluginByProcess = by
 }
 
 // FloorResult compares nodeplug with the floor for N plugins of a kind.
@@ -340,8 +349,7 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 				if err != nil {
 					return out, fmt.Errorf("nodeplug, %d %s plugins: %w", n, kind, err)
 				}
-				np.CPUmsPerPlugin = round2((sumCPU(cpu1) - sumCPU(cpu0)) * 1000 / float64(n))
-				np.CPUmsPerPluginByProcess = cpuPerPlugin(cpu0, cpu1, n)
+				np.setCPU(cpu0, cpu1, n)
 				fl, err := r.floorRound(ctx, kind, n)
 				if err != nil {
 					return out, fmt.Errorf("floor, %d %s plugins: %w", n, kind, err)
@@ -371,15 +379,6 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 		}
 	}
 	return out, nil
-}
-
-// sumCPU adds up the CPU seconds of cpuByService.
-func sumCPU(m map[string]float64) float64 {
-	var t float64
-	for _, v := range m {
-		t += v
-	}
-	return t
 }
 
 func median(v []float64) float64 {

@@ -340,7 +340,7 @@ func PrintKubelet(w io.Writer, r *Results) {
 		}
 		k, n := medianFigures(kl), medianFigures(np)
 		cpu := ""
-		if f.N >= 100 { // the kernel counts CPU in 10 ms ticks
+		if f.N >= cpuRatioMinN {
 			cpu = fmt.Sprintf(" | CPU per plugin: kubelet %.2f ms, nodeplug %.2f ms", k.CPUmsPerPlugin, n.CPUmsPerPlugin)
 		}
 		fmt.Fprintf(w, "  %-13s N=%-5d kubelet p50 %7.1f  p99 %7.1f  total %7.1f ms | nodeplug p50 %7.1f  p99 %7.1f  total %7.1f ms | nodeplug/kubelet p99 %.2f×  total %.2f×%s\n",
@@ -370,16 +370,16 @@ func (f FloorResult) median(which func(FloorRound) RoundFigures) RoundFigures {
 // is the median over every round, zero in a round that left it out.
 func medianFigures(rounds []RoundFigures) RoundFigures {
 	var p50, p99, total, cpu []float64
-	byProcess := map[string][]float64{}
+	processes := map[string]bool{}
 	for _, f := range rounds {
 		p50, p99 = append(p50, f.Notify.P50), append(p99, f.Notify.P99)
 		total, cpu = append(total, f.TotalMs), append(cpu, f.CPUmsPerPlugin)
 		for p := range f.CPUmsPerPluginByProcess {
-			byProcess[p] = nil
+			processes[p] = true
 		}
 	}
 	out := RoundFigures{Notify: Dist{P50: median(p50), P99: median(p99)}, TotalMs: median(total), CPUmsPerPlugin: median(cpu)}
-	for p := range byProcess {
+	for p := range processes {
 		v := make([]float64, 0, len(rounds))
 		for _, f := range rounds {
 			v = append(v, f.CPUmsPerPluginByProcess[p])

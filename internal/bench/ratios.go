@@ -25,8 +25,9 @@ const (
 // when it changes.
 const rssReferenceMiB = 20
 
-// cpuRatioMinN is the least N whose CPU figures make a ratio: the kernel
-// counts CPU time in 10 ms ticks, too coarse for fewer plugins.
+// cpuRatioMinN is the least N whose CPU figures make a ratio and are
+// shown: below it a round's CPU is mostly the burst's fixed costs, not
+// the registrations'.
 const cpuRatioMinN = 100
 
 // kubeletRatioMinN is the least N compared with the kubelet: below it the

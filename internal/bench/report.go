@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -40,12 +43,12 @@ func Print(w io.Writer, r *Results) {
 		for _, f := range r.Floor {
 			np, cf := f.median(func(rd FloorRound) RoundFigures { return rd.Nodeplug }), f.median(func(rd FloorRound) RoundFigures { return rd.Contract })
 			cpu := ""
-			if f.N >= 100 { // below, a registration's CPU is mostly the burst's fixed costs
+			if f.N >= cpuRatioMinN {
 				cpu = fmt.Sprintf(" | CPU per plugin: nodeplug %.2f ms, contract floor %.2f ms", np.CPUmsPerPlugin, cf.CPUmsPerPlugin)
 			}
 			fmt.Fprintf(w, "  %-13s N=%-5d contract floor p50 %7.1f  p99 %7.1f  total %7.1f ms | total contract/floor %.2f×  nodeplug/contract %.2f×%s\n",
 				f.Kind, f.N, cf.Notify.P50, cf.Notify.P99, cf.TotalMs, f.ContractRatioTotal, f.OverheadRatioTotal, cpu)
-			if f.N >= 100 && (len(np.CPUmsPerPluginByProcess) > 0 || len(cf.CPUmsPerPluginByProcess) > 0) {
+			if f.N >= cpuRatioMinN && (len(np.CPUmsPerPluginByProcess) > 0 || len(cf.CPUmsPerPluginByProcess) > 0) {
 				fmt.Fprintf(w, "  %-13s N=%-5d CPU per plugin by process, ms: nodeplug %s | contract floor %s\n",
 					"", f.N, byProcess(np.CPUmsPerPluginByProcess), byProcess(cf.CPUmsPerPluginByProcess))
 			}
@@ -133,30 +136,21 @@ var processOrder = []string{"watcher", "reconciler", "devicemanager", "dramanage
 // byProcess formats CPU per plugin by process, in ms: "watcher 0.05,
 // reconciler 0.61, …", or "-" when there is none.
 func byProcess(m map[string]float64) string {
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
+	if len(m) == 0 {
+		return "-"
 	}
 	rank := func(n string) int {
-		for i, o := range processOrder {
-			if o == n {
-				return i
-			}
+		if i := slices.Index(processOrder, n); i >= 0 {
+			return i
 		}
 		return len(processOrder)
 	}
-	sort.Slice(names, func(i, j int) bool {
-		if ri, rj := rank(names[i]), rank(names[j]); ri != rj {
-			return ri < rj
-		}
-		return names[i] < names[j]
+	names := slices.SortedFunc(maps.Keys(m), func(a, b string) int {
+		return cmp.Or(cmp.Compare(rank(a), rank(b)), strings.Compare(a, b))
 	})
 	parts := make([]string, 0, len(names))
 	for _, n := range names {
 		parts = append(parts, fmt.Sprintf("%s %.2f", n, m[n]))
-	}
-	if len(parts) == 0 {
-		return "-"
 	}
 	return strings.Join(parts, ", ")
 }
