@@ -23,6 +23,8 @@ import (
 
 	dmv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/devicemanager/v1"
 	watcherv1 "github.com/nodeplug/nodeplug/pkg/api/nodeplug/watcher/v1"
+	"github.com/nodeplug/nodeplug/pkg/app"
+	"github.com/nodeplug/nodeplug/pkg/memory"
 	"github.com/nodeplug/nodeplug/pkg/unixsock"
 )
 
@@ -42,6 +44,12 @@ import (
 //     registration that arrives meanwhile) before it answers;
 //     RegisterDRADriver makes a connection to the driver's endpoint that
 //     starts connecting at once, keeps it and answers.
+//
+// The reconciler and the devicemanager give the memory of a burst back to
+// the OS once the burst is gone, as DESIGN asks of nodeplug, each by the
+// rule of nodeplug's service of its role (see contractGiveBack): a
+// registrar that kept a burst's pages would get the next burst's memory
+// without a page fault, which nodeplug may not.
 //
 // There are no interceptors, stats handlers, spans, logs, metrics, status
 // views, validation, backoff or snapshots. So nodeplug/floor splits into
@@ -96,6 +104,8 @@ func ContractFloor(ctx context.Context, role string, args []string, stdout io.Wr
 			dmv1.RegisterDRAServiceServer(s, contractDRA{d: dm})
 		})
 	case "reconciler":
+		// nodeplug's reconciler's rule: once the heap's allocations settle.
+		go app.SettleLoop(ctx, app.Settle{}, nil, nil)
 		return contractReconcile(ctx, args[0], args[1], stdout)
 	}
 	return fmt.Errorf("contract floor: unknown role %q", role)
@@ -183,6 +193,7 @@ func (w *contractWatcher) WatchSocketEvents(_ *watcherv1.WatchSocketEventsReques
 type contractDeviceManager struct {
 	dmv1.UnimplementedDeviceManagerServiceServer
 	journal *os.File
+	give    *contractGiveBack
 
 	mu      sync.Mutex
 	conns   map[*grpc.ClientConn]struct{}
@@ -196,10 +207,11 @@ func newContractDeviceManager(journal string) (*contractDeviceManager, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &contractDeviceManager{journal: f, conns: map[*grpc.ClientConn]struct{}{}}, nil
+	return &contractDeviceManager{journal: f, conns: map[*grpc.ClientConn]struct{}{}, give: newContractGiveBack()}, nil
 }
 
 func (d *contractDeviceManager) close() {
+	d.give.stop()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for c := range d.conns {
@@ -233,6 +245,7 @@ func (d *contractDeviceManager) RegisterPlugin(ctx context.Context, req *dmv1.Re
 				delete(d.conns, conn)
 				d.mu.Unlock()
 				_ = conn.Close()
+				d.give.changed()
 				return
 			}
 		}
@@ -241,6 +254,7 @@ func (d *contractDeviceManager) RegisterPlugin(ctx context.Context, req *dmv1.Re
 	if err := d.commit([]byte(record)); err != nil {
 		return nil, err
 	}
+	d.give.changed()
 	return &dmv1.RegisterPluginResponse{InstanceId: "contract-floor"}, nil
 }
 
@@ -261,7 +275,75 @@ func (c contractDRA) RegisterDRADriver(_ context.Context, req *dmv1.RegisterDRAD
 	c.d.mu.Lock()
 	c.d.conns[conn] = struct{}{}
 	c.d.mu.Unlock()
+	c.d.give.changed()
 	return &dmv1.RegisterDRADriverResponse{InstanceId: "contract-floor"}, nil
+}
+
+// contractGiveBack is the contract floor devicemanager's memory give-back,
+// by the rule of nodeplug's devicemanager (manager.GiveBack's defaults):
+// once at least 64 endpoints have come or gone and a second has passed with
+// no more, a collection and every free page returned to the OS
+// (memory.Release), at most once every 10 s.
+type contractGiveBack struct {
+	release func() (before, after uint64)
+
+	mu     sync.Mutex
+	timer  *time.Timer // the due give-back; nil when none is
+	due    time.Time   // when timer fires
+	count  int         // changes since the last give-back
+	last   time.Time   // of the last give-back
+	closed bool
+}
+
+const (
+	contractGiveBackChanges  = 64
+	contractGiveBackQuiet    = time.Second
+	contractGiveBackInterval = 10 * time.Second
+)
+
+func newContractGiveBack() *contractGiveBack {
+	return &contractGiveBack{release: memory.Release}
+}
+
+// changed counts an endpoint's arrival or departure and, once they make a
+// burst, (re)arms the give-back: Quiet after this change, and not sooner
+// than Interval after the last give-back.
+func (g *contractGiveBack) changed() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.count++
+	if g.closed || g.count < contractGiveBackChanges {
+		return
+	}
+	now := time.Now()
+	g.due = now.Add(contractGiveBackQuiet)
+	if !g.last.IsZero() && g.last.Add(contractGiveBackInterval).After(g.due) {
+		g.due = g.last.Add(contractGiveBackInterval)
+	}
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+	g.timer = time.AfterFunc(g.due.Sub(now), g.give)
+}
+
+func (g *contractGiveBack) give() {
+	g.mu.Lock()
+	if g.closed || g.count < contractGiveBackChanges {
+		g.mu.Unlock()
+		return
+	}
+	g.count, g.last, g.timer = 0, time.Now(), nil
+	g.mu.Unlock()
+	g.release()
+}
+
+func (g *contractGiveBack) stop() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+	if g.timer != nil {
+		g.timer.Stop()
+	}
 }
 
 // commit appends record to the journal and returns once it is on disk.

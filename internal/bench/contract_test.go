@@ -93,3 +93,48 @@ func checkProfile(t *testing.T, path string) {
 		t.Fatalf("%s is empty or damaged: %d bytes, %v", path, len(data), err)
 	}
 }
+
+// TestContractGiveBack: the contract floor's devicemanager gives memory
+// back by nodeplug's devicemanager's rule: not for fewer than 64 endpoint
+// changes; a second after the 64th; the next burst not sooner than 10 s
+// after that give-back.
+func TestContractGiveBack(t *testing.T) {
+	released := make(chan struct{}, 4)
+	g := newContractGiveBack()
+	g.release = func() (uint64, uint64) { released <- struct{}{}; return 0, 0 }
+	defer g.stop()
+	for range contractGiveBackChanges - 1 {
+		g.changed()
+	}
+	g.mu.Lock()
+	armed := g.timer != nil
+	g.mu.Unlock()
+	if armed {
+		t.Fatalf("a give-back is due after %d changes", contractGiveBackChanges-1)
+	}
+	before := time.Now()
+	g.changed()
+	select {
+	case <-released:
+	case <-time.After(time.Minute):
+		t.Fatal("no give-back a minute after a burst of 64 changes")
+	}
+	if waited := time.Since(before); waited < contractGiveBackQuiet {
+		t.Fatalf("given back %v after the last change, before the burst was quiet for %v", waited, contractGiveBackQuiet)
+	}
+	g.mu.Lock()
+	last, count := g.last, g.count
+	g.mu.Unlock()
+	if count != 0 {
+		t.Fatalf("%d changes still counted after the give-back", count)
+	}
+	for range contractGiveBackChanges {
+		g.changed()
+	}
+	g.mu.Lock()
+	due, armed := g.due, g.timer != nil
+	g.mu.Unlock()
+	if !armed || due.Before(last.Add(contractGiveBackInterval)) {
+		t.Fatalf("next give-back armed %v, due %v: want it no sooner than %v after the last (%v)", armed, due, contractGiveBackInterval, last)
+	}
+}

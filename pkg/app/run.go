@@ -189,7 +189,7 @@ func serveUntilStopped(ctx context.Context, svc Service, cfg Config, l *listener
 	}
 	if svc.Settle != nil {
 		rt.Go(func(ctx context.Context) error {
-			settleLoop(ctx, *svc.Settle, log, reg)
+			SettleLoop(ctx, *svc.Settle, log, reg)
 			return nil
 		})
 	}

@@ -90,10 +90,11 @@ func (s *settler) tick(now time.Time, allocs uint64) bool {
 	return true
 }
 
-// settleLoop samples the heap every Period until ctx ends, and gives the
+// SettleLoop samples the heap every Period until ctx ends, and gives the
 // memory back (memory.Giver: the hook, a collection, then every free page
-// returned, counted and logged) when the settler says a burst is over.
-func settleLoop(ctx context.Context, cfg Settle, log *slog.Logger, reg prometheus.Registerer) {
+// returned, counted and logged) when the settler says a burst is over. A
+// Service with Settle runs it; log and reg may be nil.
+func SettleLoop(ctx context.Context, cfg Settle, log *slog.Logger, reg prometheus.Registerer) {
 	cfg = cfg.withDefaults()
 	g := memory.NewGiver(memory.GiverOptions{Hook: cfg.Hook, Metrics: "nodeplug_memory", Burst: "work", Registerer: reg, Log: log})
 	s := &settler{cfg: cfg}
