@@ -100,7 +100,7 @@ func parseFlags() *options {
 	flag.StringVar(&o.kinds, "kinds", "", "comma-separated plugin kinds of the floor phase, of device-plugin,dra (default: both)")
 	flag.StringVar(&o.kubeletHarness, "kubelet-harness", "", "the kubeletreg binary (make kubeletreg): the floor phase's rounds measure the kubelet's own plugin manager too; needs root "+
 		"(default: kubeletreg in the -bin directory when it is there and the bench runs as root; off: don't)")
-	flag.IntVar(&o.floorRounds, "floor-rounds", 0, "rounds of nodeplug, the floor and the contract floor per kind and N in the floor phase, their median reported (default 3; -short: 1); at N ≤ 100 one run's ratio varies widely on 2 cores, and more rounds steady it")
+	flag.IntVar(&o.floorRounds, "floor-rounds", 0, "rounds of nodeplug, the floor and the contract floor per kind and N in the floor phase, their median reported (default 10; -short: 1); at N ≤ 100 one round's CPU is a tenth of a second, which one collection or the page faults after a give-back swing by half, and more rounds steady the median")
 	flag.DurationVar(&o.journalLoop, "journal-loop", 0, "how long the durability phase's Allocate/Release loop follows the journal's size (default: 1m; -short: 1s)")
 	flag.IntVar(&o.harnessGC, "harness-gc-percent", bench.DefaultHarnessGCPercent, "the bench process's own GC percent during the allocation and durability phases, whose callers and in-process plugins it hosts (0: Go's default)")
 	flag.StringVar(&o.pprofDir, "pprof", "", "write a CPU profile of each service, taken over the measured phases' first -pprof-seconds, into this directory, and one of each contract floor process over its life")

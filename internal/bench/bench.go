@@ -101,7 +101,7 @@ func Default() Config {
 		AllocPlugins: 1000, JournalLoop: time.Minute,
 		Flips: 50, FlipDevices: 10000,
 		IdlePlugins: 1000, IdleWindow: 10 * time.Second, RSSPlugins: 1000,
-		StaleSockets: 1000, StaleSamples: 20, FloorRounds: 3,
+		StaleSockets: 1000, StaleSamples: 20, FloorRounds: 10,
 		ClaimCallers: []int{1, 8}, ClaimPairs: 100,
 		HarnessGCPercent: DefaultHarnessGCPercent,
 	}
