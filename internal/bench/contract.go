@@ -287,12 +287,12 @@ func (c contractDRA) RegisterDRADriver(_ context.Context, req *dmv1.RegisterDRAD
 type contractGiveBack struct {
 	release func() (before, after uint64)
 
-	mu     sync.Mutex
-	timer  *time.Timer // the due give-back; nil when none is
-	due    time.Time   // when timer fires
-	count  int         // changes since the last give-back
-	last   time.Time   // of the last give-back
-	closed bool
+	mu         sync.Mutex
+	timer      *time.Timer // armed once a burst is pending; nil when none is
+	count      int         // changes since the last give-back
+	lastChange time.Time
+	last       time.Time // of the last give-back
+	closed     bool
 }
 
 const (
@@ -305,30 +305,38 @@ func newContractGiveBack() *contractGiveBack {
 	return &contractGiveBack{release: memory.Release}
 }
 
-// changed counts an endpoint's arrival or departure and, once they make a
-// burst, (re)arms the give-back: Quiet after this change, and not sooner
-// than Interval after the last give-back.
+// changed counts an endpoint's arrival or departure, and arms the
+// give-back once they make a burst. A registration only records the time:
+// the one timer of a burst moves itself on while changes keep coming.
 func (g *contractGiveBack) changed() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.count++
-	if g.closed || g.count < contractGiveBackChanges {
+	g.lastChange = time.Now()
+	if g.closed || g.timer != nil || g.count < contractGiveBackChanges {
 		return
 	}
-	now := time.Now()
-	g.due = now.Add(contractGiveBackQuiet)
-	if !g.last.IsZero() && g.last.Add(contractGiveBackInterval).After(g.due) {
-		g.due = g.last.Add(contractGiveBackInterval)
+	g.timer = time.AfterFunc(time.Until(g.dueLocked()), g.give)
+}
+
+// dueLocked is when the pending burst may be given back: Quiet after its
+// last change, and not sooner than Interval after the last give-back.
+func (g *contractGiveBack) dueLocked() time.Time {
+	due := g.lastChange.Add(contractGiveBackQuiet)
+	if !g.last.IsZero() && g.last.Add(contractGiveBackInterval).After(due) {
+		due = g.last.Add(contractGiveBackInterval)
 	}
-	if g.timer != nil {
-		g.timer.Stop()
-	}
-	g.timer = time.AfterFunc(g.due.Sub(now), g.give)
+	return due
 }
 
 func (g *contractGiveBack) give() {
 	g.mu.Lock()
-	if g.closed || g.count < contractGiveBackChanges {
+	if g.closed {
+		g.mu.Unlock()
+		return
+	}
+	if wait := time.Until(g.dueLocked()); wait > 0 { // changes came since it was armed
+		g.timer = time.AfterFunc(wait, g.give)
 		g.mu.Unlock()
 		return
 	}

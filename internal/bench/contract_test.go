@@ -132,7 +132,7 @@ func TestContractGiveBack(t *testing.T) {
 		g.changed()
 	}
 	g.mu.Lock()
-	due, armed := g.due, g.timer != nil
+	due, armed := g.dueLocked(), g.timer != nil
 	g.mu.Unlock()
 	if !armed || due.Before(last.Add(contractGiveBackInterval)) {
 		t.Fatalf("next give-back armed %v, due %v: want it no sooner than %v after the last (%v)", armed, due, contractGiveBackInterval, last)
