@@ -91,13 +91,18 @@ func TestShortRun(t *testing.T) {
 		t.Errorf("floor comparisons %d, want %d", len(r.Floor), want)
 	}
 	for _, f := range r.Floor {
-		if len(f.Rounds) != cfg.FloorRounds || f.RatioTotal <= 0 || f.ContractRatioTotal <= 0 || f.OverheadRatioTotal <= 0 {
+		if len(f.Rounds) != cfg.FloorRounds || f.RatioTotal <= 0 || f.ContractRatioTotal <= 0 || f.OverheadRatioTotal <= 0 || f.AloneRatioTotal <= 0 {
 			t.Errorf("floor %s N=%d incomplete: %+v", f.Kind, f.N, f)
 			continue
 		}
 		for _, rd := range f.Rounds {
-			if rd.Nodeplug.Notify.Count != f.N || rd.Floor.Notify.Count != f.N || rd.Contract.Notify.Count != f.N {
+			if rd.Nodeplug.Notify.Count != f.N || rd.Floor.Notify.Count != f.N || rd.FloorAlone.Notify.Count != f.N || rd.Contract.Notify.Count != f.N {
 				t.Errorf("floor %s N=%d round incomplete: %+v", f.Kind, f.N, rd)
+			}
+			// The floor alone is one process: all its CPU is the
+			// registrar's.
+			if fa := rd.FloorAlone; fa.CPUmsPerPlugin <= 0 || fa.CPUmsPerPluginByProcess["floor"] != fa.CPUmsPerPlugin {
+				t.Errorf("floor %s N=%d: the floor alone's CPU per plugin %v, by process %v", f.Kind, f.N, fa.CPUmsPerPlugin, fa.CPUmsPerPluginByProcess)
 			}
 			// Each registrar's reconciler dials every plugin; the
 			// processes' shares add up to the total, but for rounding.

@@ -85,6 +85,12 @@ func ContractFloor(ctx context.Context, role string, args []string, stdout io.Wr
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if role == "floor" {
+		if len(args) != 1 {
+			return fmt.Errorf("floor: want 1 argument, got %d", len(args))
+		}
+		return floorProcess(ctx, args[0], stdout)
+	}
 	if len(args) != 2 {
 		return fmt.Errorf("contract floor %s: want 2 arguments, got %d", role, len(args))
 	}
@@ -503,14 +509,40 @@ type contractFloor struct {
 // startContractFloor starts the contract floor on dir, with its sockets
 // and journal in work, and returns once it is ready for plugins.
 func startContractFloor(ctx context.Context, dir, work, pprofDir string) (*contractFloor, error) {
+	ws, ds := filepath.Join(work, "w.sock"), filepath.Join(work, "dm.sock")
+	return startFloorProcesses(ctx, pprofDir, []floorProc{
+		{role: "watcher", args: []string{dir, ws}},
+		{role: "devicemanager", args: []string{ds, filepath.Join(work, "journal")}},
+		{role: "reconciler", args: []string{ws, ds}, ready: true},
+	})
+}
+
+// startFloorAlone starts the floor registrar on dir in a process of its
+// own (floorProcess) and returns once it watches dir. Its figures and CPU
+// are read as the contract floor's, its one role "floor".
+func startFloorAlone(ctx context.Context, dir, pprofDir string) (*contractFloor, error) {
+	return startFloorProcesses(ctx, pprofDir, []floorProc{{role: "floor", args: []string{dir}, ready: true}})
+}
+
+// floorProc is one process of startFloorProcesses: its role and the role's
+// arguments; ready: it writes "ready", and starting waits for it.
+type floorProc struct {
+	role  string
+	args  []string
+	ready bool
+}
+
+// startFloorProcesses starts procs, in their order, as processes of this
+// executable (ContractFloorFlag), each with its CPU profile in pprofDir
+// when set.
+func startFloorProcesses(ctx context.Context, pprofDir string, procs []floorProc) (*contractFloor, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	ws, ds := filepath.Join(work, "w.sock"), filepath.Join(work, "dm.sock")
 	cf := &contractFloor{failed: make(chan struct{}), registered: make(chan string, 64), stopping: make(chan struct{})}
 	var once sync.Once
-	start := func(role string, args ...string) (*exec.Cmd, error) {
+	start := func(role string, waitReady bool, args ...string) (*exec.Cmd, error) {
 		cmd := exec.Command(self, append([]string{"-" + ContractFloorFlag, role}, args...)...)
 		if pprofDir != "" {
 			cmd.Env = append(os.Environ(), ContractPprofEnv+"="+filepath.Join(pprofDir, "contract-"+role+".cpu.pprof"))
@@ -549,7 +581,7 @@ func startContractFloor(ctx context.Context, dir, work, pprofDir string) (*contr
 			close(ended)
 			once.Do(func() { close(cf.failed) })
 		}()
-		if role == "reconciler" {
+		if waitReady {
 			select {
 			case <-ready:
 			case <-cf.failed:
@@ -560,14 +592,10 @@ func startContractFloor(ctx context.Context, dir, work, pprofDir string) (*contr
 		}
 		return cmd, nil
 	}
-	if _, err := start("watcher", dir, ws); err != nil {
-		return cf, err
-	}
-	if _, err := start("devicemanager", ds, filepath.Join(work, "journal")); err != nil {
-		return cf, err
-	}
-	if _, err := start("reconciler", ws, ds); err != nil {
-		return cf, err
+	for _, p := range procs {
+		if _, err := start(p.role, p.ready, p.args...); err != nil {
+			return cf, err
+		}
 	}
 	return cf, nil
 }
@@ -625,6 +653,23 @@ func (cf *contractFloor) Close() error {
 // its processes are as warm as nodeplug's services when the rounds start.
 // Close it when done.
 func (r *runner) warmContractFloor(ctx context.Context) (*warmContract, error) {
+	return r.warmProcesses(ctx, "contract floor", func(dir, work string) (*contractFloor, error) {
+		return startContractFloor(ctx, dir, work, r.cfg.PprofDir)
+	})
+}
+
+// warmFloorAlone starts the floor registrar in a process of its own, warm
+// as warmContractFloor's. Its rounds are contractRound's.
+func (r *runner) warmFloorAlone(ctx context.Context) (*warmContract, error) {
+	return r.warmProcesses(ctx, "floor alone", func(dir, _ string) (*contractFloor, error) {
+		return startFloorAlone(ctx, dir, r.cfg.PprofDir)
+	})
+}
+
+// warmProcesses makes the directories of a registrar of this executable's
+// processes, starts it on them and registers one plugin of each kind
+// through it, unmeasured.
+func (r *runner) warmProcesses(ctx context.Context, name string, start func(dir, work string) (*contractFloor, error)) (*warmContract, error) {
 	seq := r.seq.Add(1)
 	w := &warmContract{
 		dir:  filepath.Join(r.root, fmt.Sprintf("contract-%d", seq)),
@@ -636,14 +681,14 @@ func (r *runner) warmContractFloor(ctx context.Context) (*warmContract, error) {
 		}
 	}
 	var err error
-	if w.cf, err = startContractFloor(ctx, w.dir, w.work, r.cfg.PprofDir); err != nil {
+	if w.cf, err = start(w.dir, w.work); err != nil {
 		_ = w.Close()
 		return nil, err
 	}
 	for _, kind := range r.cfg.floorKinds() {
 		if _, err := r.contractRound(ctx, w, kind, 1); err != nil {
 			_ = w.Close()
-			return nil, fmt.Errorf("contract floor warm-up: %w", err)
+			return nil, fmt.Errorf("%s warm-up: %w", name, err)
 		}
 	}
 	return w, nil

@@ -66,7 +66,7 @@ func TestFloorProfiles(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nodeplug-bench -phases floor -pprof: %v\n%s", err, out)
 	}
-	for _, role := range []string{"watcher", "reconciler", "devicemanager"} {
+	for _, role := range []string{"watcher", "reconciler", "devicemanager", "floor"} {
 		checkProfile(t, filepath.Join(profiles, "contract-"+role+".cpu.pprof"))
 	}
 	for _, s := range stack.Services {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -31,18 +32,22 @@ import (
 // logs; no state beyond the open connections, which Close ends; no
 // checkpoint.
 type floorRegistrar struct {
-	fsw  *fsnotify.Watcher
-	done chan struct{}
-	ctx  context.Context
-	stop context.CancelFunc
-	wg   sync.WaitGroup
+	fsw        *fsnotify.Watcher
+	done       chan struct{}
+	ctx        context.Context
+	stop       context.CancelFunc
+	wg         sync.WaitGroup
+	registered func(path string) // when set, told of each registration done
+	failed     chan struct{}     // closed at the first failure
 
 	mu    sync.Mutex
 	conns []*grpc.ClientConn
 	err   error
 }
 
-func newFloorRegistrar(dir string) (*floorRegistrar, error) {
+// newFloorRegistrar starts a floor registrar on dir; registered, when not
+// nil, is called with each plugin's socket once its Notify is answered.
+func newFloorRegistrar(dir string, registered func(path string)) (*floorRegistrar, error) {
 	fsw, err := fsnotify.NewBufferedWatcher(4096)
 	if err != nil {
 		return nil, err
@@ -51,7 +56,7 @@ func newFloorRegistrar(dir string) (*floorRegistrar, error) {
 		_ = fsw.Close()
 		return nil, err
 	}
-	f := &floorRegistrar{fsw: fsw, done: make(chan struct{})}
+	f := &floorRegistrar{fsw: fsw, done: make(chan struct{}), registered: registered, failed: make(chan struct{})}
 	f.ctx, f.stop = context.WithCancel(context.Background())
 	go f.run()
 	return f, nil
@@ -71,6 +76,8 @@ func (f *floorRegistrar) run() {
 					defer f.wg.Done()
 					if err := f.register(ev.Name); err != nil {
 						f.fail(err)
+					} else if f.registered != nil {
+						f.registered(ev.Name)
 					}
 				}()
 			}
@@ -88,6 +95,7 @@ func (f *floorRegistrar) fail(err error) {
 	defer f.mu.Unlock()
 	if f.err == nil {
 		f.err = err
+		close(f.failed)
 	}
 }
 
@@ -216,6 +224,42 @@ func (f *floorRegistrar) Close() error {
 	return errors.Join(f.err, err)
 }
 
+// floorProcess runs a floor registrar on dir until ctx ends, in a process
+// of its own (the role "floor" of ContractFloor): the floor of floorRound
+// apart from the plugins, as every real registrar is. It writes "ready"
+// once it watches dir and "registered <path>" once a plugin's Notify is
+// answered, and returns at the first registration that fails.
+func floorProcess(ctx context.Context, dir string, stdout io.Writer) error {
+	var outMu sync.Mutex
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	f, err := newFloorRegistrar(dir, func(path string) {
+		outMu.Lock()
+		defer outMu.Unlock()
+		if _, err := fmt.Fprintln(stdout, "registered", path); err != nil {
+			cancel(err)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	outMu.Lock()
+	_, err = fmt.Fprintln(stdout, "ready")
+	outMu.Unlock()
+	if err != nil {
+		return errors.Join(err, f.Close())
+	}
+	select {
+	case <-ctx.Done():
+	case <-f.failed:
+	}
+	err = f.Close()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		err = errors.Join(cause, err)
+	}
+	return err
+}
+
 // Plugin kinds of the registration figures.
 const (
 	KindDevicePlugin = "device plugin"
@@ -236,14 +280,18 @@ func (c Config) floorKinds() []string {
 }
 
 // FloorRound is one round of N plugins of a kind registered at once, by
-// nodeplug, by the floor registrar, by the contract floor and, with
+// nodeplug, by the floor registrar (in the plugins' process, then in one
+// of its own), by the contract floor and, with
 // Config.KubeletHarness, by the kubelet's plugin manager (kubelet.go), one
 // after the other.
 type FloorRound struct {
-	Nodeplug RoundFigures  `json:"nodeplug"`
-	Floor    RoundFigures  `json:"floor"`
-	Contract RoundFigures  `json:"contract_floor"`
-	Kubelet  *RoundFigures `json:"kubelet,omitempty"`
+	Nodeplug RoundFigures `json:"nodeplug"`
+	Floor    RoundFigures `json:"floor"`
+	// FloorAlone is the floor in a process of its own, apart from the
+	// plugins, with its CPU.
+	FloorAlone RoundFigures  `json:"floor_alone"`
+	Contract   RoundFigures  `json:"contract_floor"`
+	Kubelet    *RoundFigures `json:"kubelet,omitempty"`
 }
 
 // RoundFigures are one registrar's figures of a round: socket appears →
@@ -304,6 +352,12 @@ type FloorResult struct {
 	// least; nodeplug / contract floor is what nodeplug adds to that.
 	ContractRatioTotal float64 `json:"contract_ratio_total"`
 	OverheadRatioTotal float64 `json:"overhead_ratio_total"`
+	// The floor in a process of its own over the floor (medians as
+	// above): what sharing the plugins' process gives the floor. And, at
+	// N ≥ cpuRatioMinN, nodeplug's CPU per plugin over the floor alone's:
+	// over the least CPU any registrar spends.
+	AloneRatioTotal float64 `json:"alone_ratio_total"`
+	CPUOverAlone    float64 `json:"cpu_over_alone,omitempty"`
 	// nodeplug / the kubelet, medians as above, when the kubelet ran:
 	// below 1, nodeplug is faster.
 	KubeletRatioTotal float64 `json:"kubelet_ratio_total,omitempty"`
@@ -314,11 +368,11 @@ type FloorResult struct {
 var floorTargets = map[string]float64{KindDevicePlugin: 1.5, KindDRA: 1.2}
 
 // floor measures, for each kind and each N of cfg.RegistrationNs,
-// cfg.FloorRounds rounds of nodeplug and of the floor registrar on the same
-// kind of fleet, and the median ratios.
+// cfg.FloorRounds rounds of nodeplug and of the other registrars of a
+// FloorRound on the same kind of fleet, and the median ratios.
 func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 	rounds := max(r.cfg.FloorRounds, 1)
-	// The floor and the kubelet have no one watching them register, so
+	// The floor, the floor alone and the kubelet have no one watching them register, so
 	// nodeplug has none either while this phase runs: the bench's Watch
 	// streams would cost the services a message per change, and the
 	// bench, which hosts the plugins, the reading of it. The rounds wait
@@ -334,6 +388,11 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 		return nil, err
 	}
 	defer func() { _ = warm.Close() }()
+	alone, err := r.warmFloorAlone(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = alone.Close() }()
 	kubelet, err := r.warmKubelet(ctx) // nil without Config.KubeletHarness
 	if err != nil {
 		return nil, err
@@ -342,7 +401,7 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 	for _, kind := range r.cfg.floorKinds() {
 		for _, n := range r.cfg.RegistrationNs {
 			res := FloorResult{Kind: kind, N: n}
-			var p50, p99, total, contract, overhead []float64
+			var p50, p99, total, contract, overhead, aloneTotal, cpuAlone []float64
 			for i := range rounds {
 				cpu0, cpu1 := r.cpuByService(), map[string]float64(nil)
 				np, err := r.round(ctx, kind, n, "", nil, func() error { cpu1 = r.cpuByService(); return nil })
@@ -354,6 +413,10 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 				if err != nil {
 					return out, fmt.Errorf("floor, %d %s plugins: %w", n, kind, err)
 				}
+				fa, err := r.contractRound(ctx, alone, kind, n)
+				if err != nil {
+					return out, fmt.Errorf("floor alone, %d %s plugins: %w", n, kind, err)
+				}
 				cf, err := r.contractRound(ctx, warm, kind, n)
 				if err != nil {
 					return out, fmt.Errorf("contract floor, %d %s plugins: %w", n, kind, err)
@@ -362,16 +425,21 @@ func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 				if err != nil {
 					return out, fmt.Errorf("the kubelet, %d %s plugins: %w", n, kind, err)
 				}
-				res.Rounds = append(res.Rounds, FloorRound{Nodeplug: np, Floor: fl, Contract: cf, Kubelet: kl})
+				res.Rounds = append(res.Rounds, FloorRound{Nodeplug: np, Floor: fl, FloorAlone: fa, Contract: cf, Kubelet: kl})
 				p50 = append(p50, ratio(np.Notify.P50, fl.Notify.P50))
 				p99 = append(p99, ratio(np.Notify.P99, fl.Notify.P99))
 				total = append(total, ratio(np.TotalMs, fl.TotalMs))
 				contract = append(contract, ratio(cf.TotalMs, fl.TotalMs))
 				overhead = append(overhead, ratio(np.TotalMs, cf.TotalMs))
-				r.logf("floor: %d %s plugins, round %d: nodeplug %v total %.1f ms; floor %v total %.1f ms; contract floor %v total %.1f ms", n, kind, i+1, np.Notify, np.TotalMs, fl.Notify, fl.TotalMs, cf.Notify, cf.TotalMs)
+				aloneTotal = append(aloneTotal, ratio(fa.TotalMs, fl.TotalMs))
+				if n >= cpuRatioMinN {
+					cpuAlone = append(cpuAlone, ratio(np.CPUmsPerPlugin, fa.CPUmsPerPlugin))
+				}
+				r.logf("floor: %d %s plugins, round %d: nodeplug %v total %.1f ms cpu %.2f; floor %v total %.1f ms; floor alone %v total %.1f ms cpu %.2f; contract floor %v total %.1f ms cpu %.2f", n, kind, i+1, np.Notify, np.TotalMs, np.CPUmsPerPlugin, fl.Notify, fl.TotalMs, fa.Notify, fa.TotalMs, fa.CPUmsPerPlugin, cf.Notify, cf.TotalMs, cf.CPUmsPerPlugin)
 			}
 			res.RatioP50, res.RatioP99, res.RatioTotal = median(p50), median(p99), median(total)
 			res.ContractRatioTotal, res.OverheadRatioTotal = median(contract), median(overhead)
+			res.AloneRatioTotal, res.CPUOverAlone = median(aloneTotal), median(cpuAlone)
 			setKubeletRatios(&res)
 			r.logf("  ratios (median of %d): p50 %.2f, p99 %.2f, total %.2f (target ≤ %.1f); total contract/floor %.2f, nodeplug/contract %.2f",
 				rounds, res.RatioP50, res.RatioP99, res.RatioTotal, floorTargets[kind], res.ContractRatioTotal, res.OverheadRatioTotal)
@@ -401,7 +469,7 @@ func (r *runner) floorRound(ctx context.Context, kind string, n int) (RoundFigur
 		return RoundFigures{}, err
 	}
 	defer os.RemoveAll(dir)
-	f, err := newFloorRegistrar(dir)
+	f, err := newFloorRegistrar(dir, nil)
 	if err != nil {
 		return RoundFigures{}, err
 	}

@@ -53,6 +53,7 @@ func Print(w io.Writer, r *Results) {
 					"", f.N, byProcess(np.CPUmsPerPluginByProcess), byProcess(cf.CPUmsPerPluginByProcess))
 			}
 		}
+		printFloorAlone(w, r.Floor)
 	}
 	PrintKubelet(w, r)
 	// A phase that did not run leaves its figures zero: its section is
@@ -125,6 +126,24 @@ func printFootprint(w io.Writer, f FootprintResult) {
 		fmt.Fprintf(w, "  bare grpc-go client once it closed them: %.1f MiB, %.2f× its RSS before them (%d goroutines left; %.1f MiB kept, the devicemanager %.1f MiB)\n",
 			f.Bare.RSSKiBClosed/1024, f.Bare.ClosedOverBefore, f.Bare.GoroutinesClosed,
 			(f.Bare.RSSKiBClosed-f.Bare.RSSKiBBefore)/1024, f.DeviceManagerAfterMiB-f.DeviceManagerBaseMiB)
+	}
+}
+
+// printFloorAlone prints the floor registrar's figures in a process of its
+// own beside the floor's in the plugins' process, and nodeplug's CPU over
+// its CPU.
+func printFloorAlone(w io.Writer, floor []FloorResult) {
+	fmt.Fprintln(w, "Floor alone: the floor registrar in a process of its own, apart from the plugins as any registrar is; its CPU is")
+	fmt.Fprintln(w, "the least CPU a registrar spends on a registration")
+	for _, f := range floor {
+		fa := f.median(func(rd FloorRound) RoundFigures { return rd.FloorAlone })
+		cpu := ""
+		if f.N >= cpuRatioMinN {
+			np := f.median(func(rd FloorRound) RoundFigures { return rd.Nodeplug })
+			cpu = fmt.Sprintf(" | CPU per plugin: floor alone %.2f ms, nodeplug %.2f ms, nodeplug/floor alone %.2f×", fa.CPUmsPerPlugin, np.CPUmsPerPlugin, f.CPUOverAlone)
+		}
+		fmt.Fprintf(w, "  %-13s N=%-5d floor alone p50 %7.1f  p99 %7.1f  total %7.1f ms | total floor alone/floor %.2f×%s\n",
+			f.Kind, f.N, fa.Notify.P50, fa.Notify.P99, fa.TotalMs, f.AloneRatioTotal, cpu)
 	}
 }
 

@@ -25,7 +25,7 @@ func TestRoundAppearsOnceAllListen(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	f, err := newFloorRegistrar(dir)
+	f, err := newFloorRegistrar(dir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
