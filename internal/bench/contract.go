@@ -286,29 +286,21 @@ func (c contractDRA) RegisterDRADriver(_ context.Context, req *dmv1.RegisterDRAD
 }
 
 // contractGiveBack is the contract floor devicemanager's memory give-back,
-// by the rule of nodeplug's devicemanager (manager.GiveBack's defaults):
-// once at least 64 endpoints have come or gone and a second has passed with
-// no more, a collection and every free page returned to the OS
-// (memory.Release), at most once every 10 s.
+// by the rule of nodeplug's devicemanager (memory.BurstRule's defaults, as
+// manager.GiveBack takes them): once at least 64 endpoints have come or
+// gone and a second has passed with no more, a collection and every free
+// page returned to the OS (memory.Release), at most once every 10 s.
 type contractGiveBack struct {
 	release func() (before, after uint64)
 
-	mu         sync.Mutex
-	timer      *time.Timer // armed once a burst is pending; nil when none is
-	count      int         // changes since the last give-back
-	lastChange time.Time
-	last       time.Time // of the last give-back
-	closed     bool
+	mu     sync.Mutex
+	burst  *memory.Burst
+	timer  *time.Timer // armed once a burst is pending; nil when none is
+	closed bool
 }
 
-const (
-	contractGiveBackChanges  = 64
-	contractGiveBackQuiet    = time.Second
-	contractGiveBackInterval = 10 * time.Second
-)
-
 func newContractGiveBack() *contractGiveBack {
-	return &contractGiveBack{release: memory.Release}
+	return &contractGiveBack{release: memory.Release, burst: memory.NewBurst(memory.BurstRule{})}
 }
 
 // changed counts an endpoint's arrival or departure, and arms the
@@ -317,22 +309,13 @@ func newContractGiveBack() *contractGiveBack {
 func (g *contractGiveBack) changed() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.count++
-	g.lastChange = time.Now()
-	if g.closed || g.timer != nil || g.count < contractGiveBackChanges {
+	g.burst.Changed(time.Now(), 1)
+	if g.closed || g.timer != nil {
 		return
 	}
-	g.timer = time.AfterFunc(time.Until(g.dueLocked()), g.give)
-}
-
-// dueLocked is when the pending burst may be given back: Quiet after its
-// last change, and not sooner than Interval after the last give-back.
-func (g *contractGiveBack) dueLocked() time.Time {
-	due := g.lastChange.Add(contractGiveBackQuiet)
-	if !g.last.IsZero() && g.last.Add(contractGiveBackInterval).After(due) {
-		due = g.last.Add(contractGiveBackInterval)
+	if due, ok := g.burst.Due(); ok {
+		g.timer = time.AfterFunc(time.Until(due), g.give)
 	}
-	return due
 }
 
 func (g *contractGiveBack) give() {
@@ -341,12 +324,14 @@ func (g *contractGiveBack) give() {
 		g.mu.Unlock()
 		return
 	}
-	if wait := time.Until(g.dueLocked()); wait > 0 { // changes came since it was armed
-		g.timer = time.AfterFunc(wait, g.give)
+	if _, ok := g.burst.Take(time.Now()); !ok {
+		// Changes came since it was armed: wait for the burst to settle.
+		due, _ := g.burst.Due()
+		g.timer = time.AfterFunc(time.Until(due), g.give)
 		g.mu.Unlock()
 		return
 	}
-	g.count, g.last, g.timer = 0, time.Now(), nil
+	g.timer = nil
 	g.mu.Unlock()
 	g.release()
 }

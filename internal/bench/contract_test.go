@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodeplug/nodeplug/internal/stack"
 	"github.com/nodeplug/nodeplug/internal/testutil"
+	"github.com/nodeplug/nodeplug/pkg/memory"
 )
 
 // TestContractFloorProfile runs one contract floor process with
@@ -99,42 +100,47 @@ func checkProfile(t *testing.T, path string) {
 // changes; a second after the 64th; the next burst not sooner than 10 s
 // after that give-back.
 func TestContractGiveBack(t *testing.T) {
-	released := make(chan struct{}, 4)
+	rule := memory.BurstRule{}.WithDefaults()
+	released := make(chan time.Time, 4)
 	g := newContractGiveBack()
-	g.release = func() (uint64, uint64) { released <- struct{}{}; return 0, 0 }
+	g.release = func() (uint64, uint64) { released <- time.Now(); return 0, 0 }
 	defer g.stop()
-	for range contractGiveBackChanges - 1 {
+	for range rule.MinChanges - 1 {
 		g.changed()
 	}
 	g.mu.Lock()
 	armed := g.timer != nil
 	g.mu.Unlock()
 	if armed {
-		t.Fatalf("a give-back is due after %d changes", contractGiveBackChanges-1)
+		t.Fatalf("a give-back is due after %d changes", rule.MinChanges-1)
 	}
 	before := time.Now()
 	g.changed()
+	var given time.Time
 	select {
-	case <-released:
+	case given = <-released:
 	case <-time.After(time.Minute):
-		t.Fatal("no give-back a minute after a burst of 64 changes")
+		t.Fatalf("no give-back a minute after a burst of %d changes", rule.MinChanges)
 	}
-	if waited := time.Since(before); waited < contractGiveBackQuiet {
-		t.Fatalf("given back %v after the last change, before the burst was quiet for %v", waited, contractGiveBackQuiet)
+	if waited := given.Sub(before); waited < rule.Quiet {
+		t.Fatalf("given back %v after the last change, before the burst was quiet for %v", waited, rule.Quiet)
 	}
 	g.mu.Lock()
-	last, count := g.last, g.count
+	_, pending := g.burst.Due()
 	g.mu.Unlock()
-	if count != 0 {
-		t.Fatalf("%d changes still counted after the give-back", count)
+	if pending {
+		t.Fatal("a burst still pending after the give-back")
 	}
-	for range contractGiveBackChanges {
+	for range rule.MinChanges {
 		g.changed()
 	}
 	g.mu.Lock()
-	due, armed := g.dueLocked(), g.timer != nil
+	due, _ := g.burst.Due()
+	armed = g.timer != nil
 	g.mu.Unlock()
-	if !armed || due.Before(last.Add(contractGiveBackInterval)) {
-		t.Fatalf("next give-back armed %v, due %v: want it no sooner than %v after the last (%v)", armed, due, contractGiveBackInterval, last)
+	// The give-back counted itself given after before, so the next one is
+	// due no sooner than Interval after before.
+	if !armed || due.Before(before.Add(rule.Interval)) {
+		t.Fatalf("next give-back armed %v, due %v: want it no sooner than %v after the last (about %v)", armed, due, rule.Interval, given)
 	}
 }

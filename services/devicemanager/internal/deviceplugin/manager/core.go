@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodeplug/nodeplug/pkg/memory"
 	"github.com/nodeplug/nodeplug/pkg/stream"
 	"github.com/nodeplug/nodeplug/services/internal/store"
 )
@@ -51,7 +52,7 @@ type core struct {
 	freeing  []*freeing
 	seq      uint64
 	revision uint64
-	burst    *burst        // endpoint changes since memory was last given back
+	burst    *memory.Burst // endpoint changes since memory was last given back
 	wake     chan struct{} // a grace period started, or a burst: Run recomputes its timer
 	flush    chan struct{} // asks Run to write the state soon
 
@@ -72,7 +73,7 @@ func newCore(cfg Config) *core {
 		live:      map[string]map[*entry]struct{}{},
 		ledger:    newLedger(),
 		staged:    map[journalKey]struct{}{},
-		burst:     newBurst(cfg.GiveBack),
+		burst:     memory.NewBurst(cfg.GiveBack),
 		wake:      make(chan struct{}, 1),
 		flush:     make(chan struct{}, 1),
 	}
@@ -227,7 +228,7 @@ func (c *core) poke() {
 // removals at now for the give-back (see GiveBack), and wakes Run when
 // they make a burst.
 func (c *core) changesLocked(now time.Time, n int) {
-	if c.burst.changed(now, n) {
+	if c.burst.Changed(now, n) {
 		c.poke()
 	}
 }
@@ -289,8 +290,8 @@ func (c *core) expireLocked(now time.Time) (next time.Time, removed bool) {
 func (c *core) tick(now time.Time) (next time.Time, changes int, give bool) {
 	c.mu.Lock()
 	next, removed := c.expireLocked(now)
-	changes, give = c.burst.take(now)
-	if at, ok := c.burst.due(); ok && (next.IsZero() || at.Before(next)) {
+	changes, give = c.burst.Take(now)
+	if at, ok := c.burst.Due(); ok && (next.IsZero() || at.Before(next)) {
 		next = at
 	}
 	c.mu.Unlock()
