@@ -57,20 +57,22 @@ import (
 // well they are built, and nodeplug/contract, what nodeplug adds to them.
 
 // ContractFloorFlag is the hidden flag of nodeplug-bench that runs one
-// process of the contract floor: its value is the role, and the
-// command line's other arguments are the role's.
+// process of the contract floor, or the floor alone (the role "floor"):
+// its value is the role, and the command line's other arguments are the
+// role's.
 const ContractFloorFlag = "contract-floor"
 
 // ContractPprofEnv names the file a contract floor process writes its CPU
 // profile to, from its start to its end; the bench sets it with -pprof.
 const ContractPprofEnv = "NODEPLUG_BENCH_CONTRACT_PPROF"
 
-// ContractFloor runs one role of the contract floor until ctx ends.
-// watcher: the directory, its socket. devicemanager: its socket, the
-// journal file. reconciler: the watcher's socket, the devicemanager's
-// socket; it writes "ready" to stdout once the watcher's stream is synced
-// and "registered <path>" once a plugin's Notify is answered, and returns
-// at the first registration that fails.
+// ContractFloor runs one role of the contract floor, or the floor alone,
+// until ctx ends. watcher: the directory, its socket. devicemanager: its
+// socket, the journal file. reconciler: the watcher's socket, the
+// devicemanager's socket; it writes "ready" to stdout once the watcher's
+// stream is synced and "registered <path>" once a plugin's Notify is
+// answered, and returns at the first registration that fails. floor: the
+// directory; it writes the same lines (floorProcess).
 func ContractFloor(ctx context.Context, role string, args []string, stdout io.Writer) error {
 	if path := os.Getenv(ContractPprofEnv); path != "" {
 		// A profile of the whole life of this process, beside the
@@ -85,14 +87,12 @@ func ContractFloor(ctx context.Context, role string, args []string, stdout io.Wr
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if role == "floor" {
-		if len(args) != 1 {
-			return fmt.Errorf("floor: want 1 argument, got %d", len(args))
-		}
-		return floorProcess(ctx, args[0], stdout)
+	want, ok := roleArgs[role]
+	if !ok {
+		return fmt.Errorf("contract floor: unknown role %q", role)
 	}
-	if len(args) != 2 {
-		return fmt.Errorf("contract floor %s: want 2 arguments, got %d", role, len(args))
+	if len(args) != want {
+		return fmt.Errorf("contract floor %s: want %d arguments, got %d", role, want, len(args))
 	}
 	switch role {
 	case "watcher":
@@ -113,9 +113,13 @@ func ContractFloor(ctx context.Context, role string, args []string, stdout io.Wr
 		// nodeplug's reconciler's rule: once the heap's allocations settle.
 		go app.SettleLoop(ctx, app.Settle{}, nil, nil)
 		return contractReconcile(ctx, args[0], args[1], stdout)
+	default: // "floor"
+		return floorProcess(ctx, args[0], stdout)
 	}
-	return fmt.Errorf("contract floor: unknown role %q", role)
 }
+
+// roleArgs is how many arguments each role of ContractFloor takes.
+var roleArgs = map[string]int{"watcher": 2, "devicemanager": 2, "reconciler": 2, "floor": 1}
 
 func serveUntil(ctx context.Context, socket string, register func(*grpc.Server)) error {
 	l, err := unixsock.Listen(socket)
@@ -309,13 +313,15 @@ func newContractGiveBack() *contractGiveBack {
 func (g *contractGiveBack) changed() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.burst.Changed(time.Now(), 1)
-	if g.closed || g.timer != nil {
-		return
+	if g.burst.Changed(time.Now(), 1) && !g.closed {
+		g.armLocked()
 	}
-	if due, ok := g.burst.Due(); ok {
-		g.timer = time.AfterFunc(time.Until(due), g.give)
-	}
+}
+
+// armLocked sets the timer for when the pending burst is due.
+func (g *contractGiveBack) armLocked() {
+	due, _ := g.burst.Due()
+	g.timer = time.AfterFunc(time.Until(due), g.give)
 }
 
 func (g *contractGiveBack) give() {
@@ -326,8 +332,7 @@ func (g *contractGiveBack) give() {
 	}
 	if _, ok := g.burst.Take(time.Now()); !ok {
 		// Changes came since it was armed: wait for the burst to settle.
-		due, _ := g.burst.Due()
-		g.timer = time.AfterFunc(time.Until(due), g.give)
+		g.armLocked()
 		g.mu.Unlock()
 		return
 	}
@@ -475,7 +480,8 @@ func contractRegister(ctx context.Context, dm contractDM, ev *watcherv1.SocketEv
 	})
 }
 
-// contractFloor is the contract floor's three running processes.
+// contractFloor is the running processes of the contract floor (its three
+// roles) or of the floor alone (one).
 type contractFloor struct {
 	procs  []*exec.Cmd
 	roles  []string        // each process's role, as procs
@@ -696,8 +702,8 @@ func (w *warmContract) Close() error {
 	return err
 }
 
-// contractRound runs one round against the contract floor. The round fails
-// as soon as one of the floor's processes ends.
+// contractRound runs one round against the contract floor, or the floor
+// alone. The round fails as soon as one of the floor's processes ends.
 func (r *runner) contractRound(ctx context.Context, w *warmContract, kind string, n int) (RoundFigures, error) {
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

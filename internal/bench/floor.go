@@ -372,7 +372,7 @@ var floorTargets = map[string]float64{KindDevicePlugin: 1.5, KindDRA: 1.2}
 // FloorRound on the same kind of fleet, and the median ratios.
 func (r *runner) floor(ctx context.Context) (out []FloorResult, err error) {
 	rounds := max(r.cfg.FloorRounds, 1)
-	// The floor, the floor alone and the kubelet have no one watching them register, so
+	// The floors and the kubelet have no one watching them register, so
 	// nodeplug has none either while this phase runs: the bench's Watch
 	// streams would cost the services a message per change, and the
 	// bench, which hosts the plugins, the reading of it. The rounds wait
