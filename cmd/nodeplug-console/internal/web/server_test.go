@@ -2,6 +2,7 @@ package web
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -158,5 +159,26 @@ func TestTraceJSON(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Errorf("GET %s: status %d", path, resp.StatusCode)
 		}
+	}
+	// The pages name an icon, and /favicon.ico, which browsers ask for
+	// whatever a page names, is the same icon: no page load ends in a 404.
+	resp = get(t, ctx, srv.URL+"/plugins", token)
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(page), `<link rel="icon" href="/static/favicon.svg"`) {
+		t.Errorf("the plugins page links no icon:\n%s", page)
+	}
+	var icons [][]byte
+	for _, path := range []string{"/static/favicon.svg", "/favicon.ico"} {
+		resp := get(t, ctx, srv.URL+path, token)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "image/svg+xml" || !bytes.HasPrefix(body, []byte("<svg ")) {
+			t.Errorf("GET %s: status %d, Content-Type %q, %.40q", path, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+		}
+		icons = append(icons, body)
+	}
+	if !bytes.Equal(icons[0], icons[1]) {
+		t.Error("/favicon.ico is not the icon the pages link")
 	}
 }
