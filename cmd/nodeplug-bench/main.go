@@ -235,7 +235,7 @@ func runBench(cfg bench.Config, o *options, base *bench.Baseline) int {
 	regressed := false
 	if base != nil {
 		c := bench.Compare(base, res.Ratios)
-		bench.PrintComparison(os.Stdout, os.Stderr, o.baseline, base, c)
+		bench.PrintComparison(os.Stdout, os.Stderr, o.baseline, base, res.Machine, c)
 		regressed = c.HasRegression()
 	}
 	if o.out != "" {

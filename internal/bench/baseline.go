@@ -32,10 +32,14 @@ const regressionMargin = 0.25
 // Baseline is the ratios (Results.Ratios) of one run, or the median of
 // several, kept in a file for later runs to be compared with.
 type Baseline struct {
-	Date    string             `json:"date"`    // when the run was, YYYY-MM-DD (UTC)
-	Machine string             `json:"machine"` // what it ran on (MachineDescription)
-	Note    string             `json:"note"`    // how it was made, for whoever reads the file
-	Ratios  map[string]float64 `json:"ratios"`
+	Date    string `json:"date"`    // when the run was, YYYY-MM-DD (UTC)
+	Machine string `json:"machine"` // what it ran on (MachineDescription)
+	// Processor is the processor it ran on (Machine.Processor), which a
+	// run's is compared with; "" in a baseline written before it was
+	// recorded.
+	Processor string             `json:"processor,omitempty"`
+	Note      string             `json:"note"` // how it was made, for whoever reads the file
+	Ratios    map[string]float64 `json:"ratios"`
 	// Runs is how many runs Ratios is the median of (0 or 1: one), and
 	// Range each ratio's lowest and highest value over them: how far the
 	// same source moved from run to run on that machine.
@@ -46,10 +50,11 @@ type Baseline struct {
 // NewBaseline is r's ratios as a baseline dated today, described by note.
 func NewBaseline(r *Results, note string) *Baseline {
 	return &Baseline{
-		Date:    time.Now().UTC().Format(time.DateOnly),
-		Machine: MachineDescription(r.Machine),
-		Note:    note,
-		Ratios:  maps.Clone(r.Ratios),
+		Date:      time.Now().UTC().Format(time.DateOnly),
+		Machine:   MachineDescription(r.Machine),
+		Processor: r.Machine.Processor(),
+		Note:      note,
+		Ratios:    maps.Clone(r.Ratios),
 	}
 }
 
@@ -64,8 +69,8 @@ func MergeBaseline(runs []*Results) (*Baseline, error) {
 		return nil, fmt.Errorf("a baseline of several runs needs at least two, got %d", len(runs))
 	}
 	for i, r := range runs[1:] {
-		if a, b := runs[0].Machine, r.Machine; a.CPUs != b.CPUs || a.CPUModel != b.CPUModel {
-			return nil, fmt.Errorf("run %d of %d is of another machine (%d CPUs, %q) than run 1 (%d CPUs, %q): a baseline is one machine's", i+2, len(runs), b.CPUs, b.CPUModel, a.CPUs, a.CPUModel)
+		if a, b := runs[0].Machine.Processor(), r.Machine.Processor(); a != b {
+			return nil, fmt.Errorf("run %d of %d is of another machine (%s) than run 1 (%s): a baseline is one machine's", i+2, len(runs), b, a)
 		}
 	}
 	values := map[string][]float64{}
@@ -78,12 +83,13 @@ func MergeBaseline(runs []*Results) (*Baseline, error) {
 		}
 	}
 	b := &Baseline{
-		Date:    time.Now().UTC().Format(time.DateOnly),
-		Machine: MachineDescription(runs[0].Machine),
-		Note:    mergedNote(runs),
-		Ratios:  make(map[string]float64, len(values)),
-		Runs:    len(runs),
-		Range:   make(map[string][2]float64, len(values)),
+		Date:      time.Now().UTC().Format(time.DateOnly),
+		Machine:   MachineDescription(runs[0].Machine),
+		Processor: runs[0].Machine.Processor(),
+		Note:      mergedNote(runs),
+		Ratios:    make(map[string]float64, len(values)),
+		Runs:      len(runs),
+		Range:     make(map[string][2]float64, len(values)),
 	}
 	for name, vs := range values {
 		slices.Sort(vs)
@@ -147,10 +153,33 @@ func MachineDescription(m Machine) string {
 		kernel = fmt.Sprintf("%s %s %s", unix.ByteSliceToString(u.Sysname[:]), unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Machine[:]))
 	}
 	d := fmt.Sprintf("%d CPUs, %s, %s", m.CPUs, m.GoVersion, kernel)
-	if m.CPUModel != "" {
-		d = m.CPUModel + ", " + d
+	if p := m.cpu(); p != "" {
+		d = p + ", " + d
 	}
 	return d
+}
+
+// Processor is what a run's and a baseline's machines are compared by:
+// the CPU count and the processor's name and identity ("2 CPUs, AMD EPYC
+// (AuthenticAMD family 25 model 17 stepping 1)"). It leaves out the Go
+// version and the kernel, which a baseline may outlive.
+func (m Machine) Processor() string {
+	if p := m.cpu(); p != "" {
+		return fmt.Sprintf("%d CPUs, %s", m.CPUs, p)
+	}
+	return fmt.Sprintf("%d CPUs", m.CPUs)
+}
+
+// cpu is the processor's name and identity, as far as they are known.
+func (m Machine) cpu() string {
+	switch {
+	case m.CPUModel != "" && m.CPUID != "":
+		return m.CPUModel + " (" + m.CPUID + ")"
+	case m.CPUModel != "":
+		return m.CPUModel
+	default:
+		return m.CPUID
+	}
 }
 
 // ReadBaseline reads the baseline file at path. Every error names the
@@ -279,10 +308,26 @@ func Compare(baseline *Baseline, now map[string]float64) Comparison {
 // HasRegression reports whether a ratio regressed.
 func (c Comparison) HasRegression() bool { return len(c.Regressed) > 0 }
 
-// PrintComparison writes c, a run's comparison with the baseline b read
-// from file, to w. The regressions, when there are any, go to loud too
+// PrintComparison writes c, the comparison of a run on machine run with
+// the baseline b read from file, to w. The regressions, when there are any, go to loud too
 // (stderr, which is seen when stdout goes to a file or a pipe).
-func PrintComparison(w, loud io.Writer, file string, b *Baseline, c Comparison) {
+func PrintComparison(w, loud io.Writer, file string, b *Baseline, run Machine, c Comparison) {
+	// Ratios move with the machine as well as with the code: a run on
+	// another processor than the baseline's says so before its verdict,
+	// on both writers when it reports a regression.
+	var machine string
+	switch now := run.Processor(); {
+	case b.Processor == "":
+		machine = fmt.Sprintf("Note: %s does not record the processor it was taken on (its machine: %s); this run's is %s. If that is another machine, the ratios can differ by the machine as well as by the code.\n", file, b.Machine, now)
+	case b.Processor != now:
+		machine = fmt.Sprintf("Note: %s was taken on another processor (%s) than this run's (%s): the ratios can differ by the machine as well as by the code.\n", file, b.Processor, now)
+	}
+	if machine != "" {
+		fmt.Fprint(w, "\n"+machine)
+		if c.HasRegression() {
+			fmt.Fprint(loud, "\n"+machine)
+		}
+	}
 	against := fmt.Sprintf("%s (%s)", file, b.Date)
 	runs := ""
 	if b.Runs > 1 {

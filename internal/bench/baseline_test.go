@@ -68,7 +68,7 @@ func TestPrintComparison(t *testing.T) {
 		map[string]float64{"floor/dra/n=1000/total": 1.8, "floor/dra/n=1000/p99": 1.6, "cpu/dra/n=1000/over_contract": 1.2, "floor/dra/n=1/total": 1},
 	)
 	var out, loud bytes.Buffer
-	PrintComparison(&out, &loud, "bench/baseline.json", b, c)
+	PrintComparison(&out, &loud, "bench/baseline.json", b, Machine{}, c)
 	block := "!!! REGRESSION: 2 ratios are more than 25% worse than bench/baseline.json (2026-12-03):\n" +
 		"!!!   floor/dra/n=1000/p99    baseline 1.20×  now 1.60×  (+33%)\n" +
 		"!!!   floor/dra/n=1000/total  baseline 1.31×  now 1.80×  (+37%)\n"
@@ -90,9 +90,45 @@ func TestPrintComparison(t *testing.T) {
 
 	out.Reset()
 	loud.Reset()
-	PrintComparison(&out, &loud, "bench/baseline.json", b, Compare(&Baseline{Ratios: map[string]float64{"a": 1, "b": 2}}, map[string]float64{"a": 1.1, "b": 2}))
+	PrintComparison(&out, &loud, "bench/baseline.json", b, Machine{}, Compare(&Baseline{Ratios: map[string]float64{"a": 1, "b": 2}}, map[string]float64{"a": 1.1, "b": 2}))
 	if want := "No regression: 2 ratios compared with bench/baseline.json (2026-12-03), none more than 25% worse.\n"; !strings.Contains(out.String(), want) || loud.Len() > 0 {
 		t.Errorf("without a regression: stdout %q (want %q), stderr %q", out.String(), want, loud.String())
+	}
+}
+
+// A run on another processor than the baseline's, or against a baseline
+// that does not record its processor, says so; on stderr too when it
+// reports a regression, since the machine may be the cause.
+func TestPrintComparisonMachine(t *testing.T) {
+	epyc25 := Machine{CPUs: 2, CPUModel: "AMD EPYC", CPUID: "AuthenticAMD family 25 model 17 stepping 1"}
+	epyc26 := Machine{CPUs: 2, CPUModel: "AMD EPYC", CPUID: "AuthenticAMD family 26 model 2 stepping 1"}
+	ratios := map[string]float64{"a": 1}
+	b := &Baseline{Date: "2026-12-07", Machine: MachineDescription(epyc25), Processor: epyc25.Processor(), Ratios: ratios}
+	old := &Baseline{Date: "2026-11-02", Machine: "AMD EPYC, 2 CPUs, go1.26.8, Linux", Ratios: ratios}
+	for _, tc := range []struct {
+		name     string
+		b        *Baseline
+		run      Machine
+		now      float64 // the ratio a now; 2 regresses
+		want     string  // the note, "" for none
+		wantLoud bool
+	}{
+		{"same processor", b, epyc25, 2, "", false},
+		{"another generation", b, epyc26, 1, "Note: bench/baseline.json was taken on another processor (2 CPUs, AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)) than this run's (2 CPUs, AMD EPYC (AuthenticAMD family 26 model 2 stepping 1))", false},
+		{"another generation, regressed", b, epyc26, 2, "was taken on another processor", true},
+		{"unrecorded", old, epyc25, 1, "Note: bench/baseline.json does not record the processor it was taken on (its machine: AMD EPYC, 2 CPUs, go1.26.8, Linux); this run's is 2 CPUs, AMD EPYC (AuthenticAMD family 25 model 17 stepping 1).", false},
+	} {
+		var out, loud bytes.Buffer
+		PrintComparison(&out, &loud, "bench/baseline.json", tc.b, tc.run, Compare(tc.b, map[string]float64{"a": tc.now}))
+		if tc.want == "" && strings.Contains(out.String()+loud.String(), "Note:") {
+			t.Errorf("%s: a note on the machine:\nstdout:\n%s\nstderr:\n%s", tc.name, out.String(), loud.String())
+		}
+		if tc.want != "" && !strings.Contains(out.String(), tc.want) {
+			t.Errorf("%s: stdout lacks %q:\n%s", tc.name, tc.want, out.String())
+		}
+		if gotLoud := strings.Contains(loud.String(), "Note:"); tc.want != "" && gotLoud != tc.wantLoud {
+			t.Errorf("%s: the note on stderr %v, want %v:\n%s", tc.name, gotLoud, tc.wantLoud, loud.String())
+		}
 	}
 }
 
@@ -130,7 +166,7 @@ func TestCompareWithTheRunsRange(t *testing.T) {
 	}
 
 	var out, loud bytes.Buffer
-	PrintComparison(&out, &loud, "bench/baseline.json", &Baseline{Date: "2026-12-07", Runs: 3, Ratios: b.Ratios, Range: b.Range}, c)
+	PrintComparison(&out, &loud, "bench/baseline.json", &Baseline{Date: "2026-12-07", Runs: 3, Ratios: b.Ratios, Range: b.Range}, Machine{}, c)
 	block := "!!! REGRESSION: 1 ratio is more than 25% worse than bench/baseline.json (2026-12-07, median of 3 runs) and than any of its runs:\n" +
 		"!!!   floor/dra/n=1000/total  baseline 1.30× (runs 1.25–1.40×)  now 1.70×  (+31%)\n"
 	if !strings.Contains(out.String(), block) || !strings.Contains(loud.String(), block) {
@@ -143,7 +179,7 @@ func TestCompareWithTheRunsRange(t *testing.T) {
 // the median of those that have it.
 func TestMergeBaseline(t *testing.T) {
 	run := func(command string, ratios map[string]float64) *Results {
-		return &Results{Machine: Machine{CPUs: 2, CPUModel: "AMD EPYC", GoVersion: "go1.99"}, Command: command, Ratios: ratios}
+		return &Results{Machine: Machine{CPUs: 2, CPUModel: "AMD EPYC", CPUID: "AuthenticAMD family 25 model 17 stepping 1", GoVersion: "go1.99"}, Command: command, Ratios: ratios}
 	}
 	full, floor := "nodeplug-bench -floor-rounds 5", "nodeplug-bench -floor-rounds 5 -phases floor,footprint"
 	b, err := MergeBaseline([]*Results{
@@ -160,7 +196,8 @@ func TestMergeBaseline(t *testing.T) {
 	if want := map[string][2]float64{"a": {1.1, 1.4}, "b": {2, 4}, "c": {5, 7}}; !maps.Equal(b.Range, want) {
 		t.Errorf("range %v, want %v", b.Range, want)
 	}
-	if b.Runs != 3 || !strings.HasPrefix(b.Machine, "AMD EPYC, 2 CPUs, go1.99, ") {
+	if b.Runs != 3 || !strings.HasPrefix(b.Machine, "AMD EPYC (AuthenticAMD family 25 model 17 stepping 1), 2 CPUs, go1.99, ") ||
+		b.Processor != "2 CPUs, AMD EPYC (AuthenticAMD family 25 model 17 stepping 1)" {
 		t.Errorf("baseline %+v", b)
 	}
 	for _, want := range []string{"the median of 3 runs", "`" + full + "` (1), `" + floor + "` (2)"} {
@@ -177,7 +214,7 @@ func TestMergeBaseline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Runs != 3 || !maps.Equal(got.Range, b.Range) || !maps.Equal(got.Ratios, b.Ratios) {
+	if got.Runs != 3 || got.Processor != b.Processor || !maps.Equal(got.Range, b.Range) || !maps.Equal(got.Ratios, b.Ratios) {
 		t.Errorf("read back %+v, wrote %+v", got, b)
 	}
 
@@ -187,10 +224,18 @@ func TestMergeBaseline(t *testing.T) {
 	if _, err := MergeBaseline([]*Results{run(full, map[string]float64{"a": 1}), run(full, nil)}); err == nil || !strings.Contains(err.Error(), "run 2 of 2") {
 		t.Errorf("a run without ratios: %v", err)
 	}
-	other := run(full, map[string]float64{"a": 1})
-	other.Machine.CPUModel = "Intel Xeon"
-	if _, err := MergeBaseline([]*Results{run(full, map[string]float64{"a": 1}), other}); err == nil || !strings.Contains(err.Error(), "another machine") {
-		t.Errorf("runs of two machines: %v", err)
+	// Runs of two machines are refused, and so are runs of two processor
+	// generations that share a name.
+	for _, other := range []func(*Machine){
+		func(m *Machine) { m.CPUModel = "Intel Xeon" },
+		func(m *Machine) { m.CPUID = "AuthenticAMD family 26 model 2 stepping 1" },
+		func(m *Machine) { m.CPUs = 4 },
+	} {
+		r := run(full, map[string]float64{"a": 1})
+		other(&r.Machine)
+		if _, err := MergeBaseline([]*Results{run(full, map[string]float64{"a": 1}), r}); err == nil || !strings.Contains(err.Error(), "another machine") {
+			t.Errorf("runs of two machines (%s): %v", r.Machine.Processor(), err)
+		}
 	}
 }
 

@@ -153,8 +153,13 @@ type Results struct {
 // Machine describes where the figures were taken.
 type Machine struct {
 	CPUs int `json:"cpus"`
-	// CPUModel is the processor's name (CPUModel), "" when unknown.
-	CPUModel  string `json:"cpu_model,omitempty"`
+	// CPUModel is the processor's name (ReadCPU), "" when unknown.
+	CPUModel string `json:"cpu_model,omitempty"`
+	// CPUID is the processor's vendor, family, model and stepping
+	// (ReadCPU), "" when unknown: virtual machines of two processor
+	// generations, one much faster than the other, both call theirs
+	// "AMD EPYC".
+	CPUID     string `json:"cpu_id,omitempty"`
 	GoVersion string `json:"go_version"`
 	Time      string `json:"time"`
 	// API is how the bench reached the services' APIs: "unix" (the API
@@ -381,7 +386,8 @@ func (r *runner) follow(ctx context.Context) error {
 // returns their figures.
 func (r *runner) measure(ctx context.Context) (*Results, error) {
 	cfg := r.cfg
-	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), CPUModel: CPUModel(), GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339),
+	cpuModel, cpuID := ReadCPU()
+	res := &Results{Machine: Machine{CPUs: runtime.NumCPU(), CPUModel: cpuModel, CPUID: cpuID, GoVersion: runtime.Version(), Time: time.Now().UTC().Format(time.RFC3339),
 		API: cfg.APITCP.transport(), HarnessGCPercent: cfg.HarnessGCPercent}}
 	// Footprint first, on fresh processes: the heap the later phases grow
 	// (10,000-device updates, churn) is returned to the OS only slowly and

@@ -53,17 +53,33 @@ func WriteMarkdownFile(path string, r *Results, p MarkdownPage) error {
 	return nil
 }
 
-// CPUModel is the processor's name from /proc/cpuinfo, or "" when it
-// cannot be read.
-func CPUModel() string {
+// ReadCPU reads the first processor's name ("AMD EPYC") and its identity
+// (vendor, family, model and stepping: "AuthenticAMD family 25 model 17
+// stepping 1") from /proc/cpuinfo; each is "" when it cannot be read.
+func ReadCPU() (model, id string) {
 	data, err := os.ReadFile("/proc/cpuinfo")
 	if err != nil {
-		return ""
+		return "", ""
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
+	return parseCPUInfo(string(data))
+}
+
+// parseCPUInfo is ReadCPU on the text of /proc/cpuinfo. The identity needs
+// all four fields, each as the first processor gives it.
+func parseCPUInfo(text string) (model, id string) {
+	fields := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		if strings.TrimSpace(line) == "" && len(fields) > 0 {
+			break // the end of the first processor
+		}
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			if k := strings.TrimSpace(k); fields[k] == "" {
+				fields[k] = strings.TrimSpace(v)
+			}
 		}
 	}
-	return ""
+	if v, f, m, st := fields["vendor_id"], fields["cpu family"], fields["model"], fields["stepping"]; v != "" && f != "" && m != "" && st != "" {
+		id = fmt.Sprintf("%s family %s model %s stepping %s", v, f, m, st)
+	}
+	return fields["model name"], id
 }

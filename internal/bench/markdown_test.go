@@ -46,3 +46,20 @@ func TestWriteMarkdownFile(t *testing.T) {
 		t.Error("writing into a missing directory succeeded")
 	}
 }
+
+// ReadCPU's parsing takes the first processor's name and identity, and no
+// identity when a field of it is missing.
+func TestParseCPUInfo(t *testing.T) {
+	two := "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nstepping\t: 1\n\n" +
+		"processor\t: 1\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: Intel Xeon\nstepping\t: 8\n\n"
+	if model, id := parseCPUInfo(two); model != "AMD EPYC" || id != "AuthenticAMD family 25 model 17 stepping 1" {
+		t.Errorf("got %q, %q", model, id)
+	}
+	// An arm64 /proc/cpuinfo names none of them.
+	if model, id := parseCPUInfo("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n\n"); model != "" || id != "" {
+		t.Errorf("without the fields: %q, %q", model, id)
+	}
+	if _, id := parseCPUInfo("vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel name\t: AMD EPYC\n"); id != "" {
+		t.Errorf("without model and stepping: id %q", id)
+	}
+}
