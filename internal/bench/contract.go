@@ -501,42 +501,46 @@ type contractFloor struct {
 // and journal in work, and returns once it is ready for plugins.
 func startContractFloor(ctx context.Context, dir, work, pprofDir string) (*contractFloor, error) {
 	ws, ds := filepath.Join(work, "w.sock"), filepath.Join(work, "dm.sock")
-	return startFloorProcesses(ctx, pprofDir, []floorProc{
-		{role: "watcher", args: []string{dir, ws}},
-		{role: "devicemanager", args: []string{ds, filepath.Join(work, "journal")}},
-		{role: "reconciler", args: []string{ws, ds}, ready: true},
+	return startFloorProcesses(ctx, "contract floor", pprofDir, []floorProc{
+		{role: "watcher", profile: "contract-watcher", args: []string{dir, ws}},
+		{role: "devicemanager", profile: "contract-devicemanager", args: []string{ds, filepath.Join(work, "journal")}},
+		{role: "reconciler", profile: "contract-reconciler", args: []string{ws, ds}, ready: true},
 	})
 }
 
 // startFloorAlone starts the floor registrar on dir in a process of its
 // own (floorProcess) and returns once it watches dir. Its figures and CPU
-// are read as the contract floor's, its one role "floor".
+// are read as the contract floor's, its one role "floor"; its profile is
+// floor-alone.cpu.pprof.
 func startFloorAlone(ctx context.Context, dir, pprofDir string) (*contractFloor, error) {
-	return startFloorProcesses(ctx, pprofDir, []floorProc{{role: "floor", args: []string{dir}, ready: true}})
+	return startFloorProcesses(ctx, "floor alone", pprofDir, []floorProc{{role: "floor", profile: "floor-alone", args: []string{dir}, ready: true}})
 }
 
 // floorProc is one process of startFloorProcesses: its role and the role's
-// arguments; ready: it writes "ready", and starting waits for it.
+// arguments; profile: its CPU profile's name in the profiles' directory,
+// without ".cpu.pprof"; ready: it writes "ready", and starting waits for
+// it.
 type floorProc struct {
-	role  string
-	args  []string
-	ready bool
+	role, profile string
+	args          []string
+	ready         bool
 }
 
-// startFloorProcesses starts procs, in their order, as processes of this
-// executable (ContractFloorFlag), each with its CPU profile in pprofDir
-// when set.
-func startFloorProcesses(ctx context.Context, pprofDir string, procs []floorProc) (*contractFloor, error) {
+// startFloorProcesses starts procs, the registrar name, in their order, as
+// processes of this executable (ContractFloorFlag), each with its CPU
+// profile in pprofDir when set.
+func startFloorProcesses(ctx context.Context, name, pprofDir string, procs []floorProc) (*contractFloor, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	cf := &contractFloor{failed: make(chan struct{}), registered: make(chan string, 64), stopping: make(chan struct{})}
 	var once sync.Once
-	start := func(role string, waitReady bool, args ...string) (*exec.Cmd, error) {
-		cmd := exec.Command(self, append([]string{"-" + ContractFloorFlag, role}, args...)...)
+	start := func(p floorProc) (*exec.Cmd, error) {
+		role := p.role
+		cmd := exec.Command(self, append([]string{"-" + ContractFloorFlag, role}, p.args...)...)
 		if pprofDir != "" {
-			cmd.Env = append(os.Environ(), ContractPprofEnv+"="+filepath.Join(pprofDir, "contract-"+role+".cpu.pprof"))
+			cmd.Env = append(os.Environ(), ContractPprofEnv+"="+filepath.Join(pprofDir, p.profile+".cpu.pprof"))
 		}
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
@@ -566,13 +570,13 @@ func startFloorProcesses(ctx context.Context, pprofDir string, procs []floorProc
 			err := cmd.Wait()
 			cf.mu.Lock()
 			if !cf.closing && cf.err == nil {
-				cf.err = fmt.Errorf("contract floor %s ended: %v: %s", role, err, strings.TrimSpace(stderr.String()))
+				cf.err = fmt.Errorf("%s: its %s ended: %v: %s", name, role, err, strings.TrimSpace(stderr.String()))
 			}
 			cf.mu.Unlock()
 			close(ended)
 			once.Do(func() { close(cf.failed) })
 		}()
-		if waitReady {
+		if p.ready {
 			select {
 			case <-ready:
 			case <-cf.failed:
@@ -584,7 +588,7 @@ func startFloorProcesses(ctx context.Context, pprofDir string, procs []floorProc
 		return cmd, nil
 	}
 	for _, p := range procs {
-		if _, err := start(p.role, p.ready, p.args...); err != nil {
+		if _, err := start(p); err != nil {
 			return cf, err
 		}
 	}
@@ -644,7 +648,7 @@ func (cf *contractFloor) Close() error {
 // its processes are as warm as nodeplug's services when the rounds start.
 // Close it when done.
 func (r *runner) warmContractFloor(ctx context.Context) (*warmContract, error) {
-	return r.warmProcesses(ctx, "contract floor", func(dir, work string) (*contractFloor, error) {
+	return r.warmProcesses(ctx, "contract floor", "contract", true, func(dir, work string) (*contractFloor, error) {
 		return startContractFloor(ctx, dir, work, r.cfg.PprofDir)
 	})
 }
@@ -652,21 +656,25 @@ func (r *runner) warmContractFloor(ctx context.Context) (*warmContract, error) {
 // warmFloorAlone starts the floor registrar in a process of its own, warm
 // as warmContractFloor's. Its rounds are contractRound's.
 func (r *runner) warmFloorAlone(ctx context.Context) (*warmContract, error) {
-	return r.warmProcesses(ctx, "floor alone", func(dir, _ string) (*contractFloor, error) {
+	return r.warmProcesses(ctx, "floor alone", "alone", false, func(dir, _ string) (*contractFloor, error) {
 		return startFloorAlone(ctx, dir, r.cfg.PprofDir)
 	})
 }
 
 // warmProcesses makes the directories of a registrar of this executable's
-// processes, starts it on them and registers one plugin of each kind
-// through it, unmeasured.
-func (r *runner) warmProcesses(ctx context.Context, name string, start func(dir, work string) (*contractFloor, error)) (*warmContract, error) {
+// processes (its plugin directory, prefix-<seq>, and a work directory for
+// its own sockets when it has some), starts it on them and registers one
+// plugin of each kind through it, unmeasured.
+func (r *runner) warmProcesses(ctx context.Context, name, prefix string, hasWork bool, start func(dir, work string) (*contractFloor, error)) (*warmContract, error) {
 	seq := r.seq.Add(1)
-	w := &warmContract{
-		dir:  filepath.Join(r.root, fmt.Sprintf("contract-%d", seq)),
-		work: filepath.Join(r.root, fmt.Sprintf("cf%d", seq)), // short: the sockets live here
+	w := &warmContract{dir: filepath.Join(r.root, fmt.Sprintf("%s-%d", prefix, seq))}
+	if hasWork {
+		w.work = filepath.Join(r.root, fmt.Sprintf("cf%d", seq)) // short: the sockets live here
 	}
 	for _, d := range []string{w.dir, w.work} {
+		if d == "" {
+			continue
+		}
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, err
 		}

@@ -67,8 +67,8 @@ func TestFloorProfiles(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nodeplug-bench -phases floor -pprof: %v\n%s", err, out)
 	}
-	for _, role := range []string{"watcher", "reconciler", "devicemanager", "floor"} {
-		checkProfile(t, filepath.Join(profiles, "contract-"+role+".cpu.pprof"))
+	for _, name := range []string{"contract-watcher", "contract-reconciler", "contract-devicemanager", "floor-alone"} {
+		checkProfile(t, filepath.Join(profiles, name+".cpu.pprof"))
 	}
 	for _, s := range stack.Services {
 		checkProfile(t, filepath.Join(profiles, s+".cpu.pprof"))
