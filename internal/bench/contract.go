@@ -536,9 +536,8 @@ func startFloorProcesses(ctx context.Context, name, pprofDir string, procs []flo
 	}
 	cf := &contractFloor{failed: make(chan struct{}), registered: make(chan string, 64), stopping: make(chan struct{})}
 	var once sync.Once
-	start := func(p floorProc) (*exec.Cmd, error) {
-		role := p.role
-		cmd := exec.Command(self, append([]string{"-" + ContractFloorFlag, role}, p.args...)...)
+	start := func(p floorProc) error {
+		cmd := exec.Command(self, append([]string{"-" + ContractFloorFlag, p.role}, p.args...)...)
 		if pprofDir != "" {
 			cmd.Env = append(os.Environ(), ContractPprofEnv+"="+filepath.Join(pprofDir, p.profile+".cpu.pprof"))
 		}
@@ -546,13 +545,13 @@ func startFloorProcesses(ctx context.Context, name, pprofDir string, procs []flo
 		cmd.Stderr = &stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if err := cmd.Start(); err != nil {
-			return nil, err
+			return err
 		}
 		ended := make(chan struct{})
-		cf.procs, cf.roles, cf.ended = append(cf.procs, cmd), append(cf.roles, role), append(cf.ended, ended)
+		cf.procs, cf.roles, cf.ended = append(cf.procs, cmd), append(cf.roles, p.role), append(cf.ended, ended)
 		ready := make(chan struct{})
 		go func() {
 			sc := bufio.NewScanner(out)
@@ -570,7 +569,7 @@ func startFloorProcesses(ctx context.Context, name, pprofDir string, procs []flo
 			err := cmd.Wait()
 			cf.mu.Lock()
 			if !cf.closing && cf.err == nil {
-				cf.err = fmt.Errorf("%s: its %s ended: %v: %s", name, role, err, strings.TrimSpace(stderr.String()))
+				cf.err = fmt.Errorf("%s: its %s ended: %v: %s", name, p.role, err, strings.TrimSpace(stderr.String()))
 			}
 			cf.mu.Unlock()
 			close(ended)
@@ -580,15 +579,15 @@ func startFloorProcesses(ctx context.Context, name, pprofDir string, procs []flo
 			select {
 			case <-ready:
 			case <-cf.failed:
-				return cmd, cf.failure()
+				return cf.failure()
 			case <-ctx.Done():
-				return cmd, ctx.Err()
+				return ctx.Err()
 			}
 		}
-		return cmd, nil
+		return nil
 	}
 	for _, p := range procs {
-		if _, err := start(p); err != nil {
+		if err := start(p); err != nil {
 			return cf, err
 		}
 	}
@@ -668,13 +667,12 @@ func (r *runner) warmFloorAlone(ctx context.Context) (*warmContract, error) {
 func (r *runner) warmProcesses(ctx context.Context, name, prefix string, hasWork bool, start func(dir, work string) (*contractFloor, error)) (*warmContract, error) {
 	seq := r.seq.Add(1)
 	w := &warmContract{dir: filepath.Join(r.root, fmt.Sprintf("%s-%d", prefix, seq))}
+	dirs := []string{w.dir}
 	if hasWork {
 		w.work = filepath.Join(r.root, fmt.Sprintf("cf%d", seq)) // short: the sockets live here
+		dirs = append(dirs, w.work)
 	}
-	for _, d := range []string{w.dir, w.work} {
-		if d == "" {
-			continue
-		}
+	for _, d := range dirs {
 		if err := os.MkdirAll(d, 0o750); err != nil {
 			return nil, err
 		}

@@ -64,8 +64,9 @@ func ReadCPU() (model, id string) {
 	return parseCPUInfo(string(data))
 }
 
-// parseCPUInfo is ReadCPU on the text of /proc/cpuinfo. The identity needs
-// all four fields, each as the first processor gives it.
+// parseCPUInfo is ReadCPU on the text of /proc/cpuinfo, whose processors
+// are blocks of lines with a blank line after each: it reads the first
+// block. The identity needs all four fields.
 func parseCPUInfo(text string) (model, id string) {
 	fields := map[string]string{}
 	for _, line := range strings.Split(text, "\n") {
@@ -73,9 +74,7 @@ func parseCPUInfo(text string) (model, id string) {
 			break // the end of the first processor
 		}
 		if k, v, ok := strings.Cut(line, ":"); ok {
-			if k := strings.TrimSpace(k); fields[k] == "" {
-				fields[k] = strings.TrimSpace(v)
-			}
+			fields[strings.TrimSpace(k)] = strings.TrimSpace(v)
 		}
 	}
 	if v, f, m, st := fields["vendor_id"], fields["cpu family"], fields["model"], fields["stepping"]; v != "" && f != "" && m != "" && st != "" {
